@@ -1,0 +1,1 @@
+"""Example OpenEnv environments built with the real ``openenv`` package."""

@@ -1,0 +1,27 @@
+"""``python -m examples.envs NAME --port P``: serve an example environment on loopback."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from examples.envs import EXAMPLE_ENVS, build_example_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve a Kiln example OpenEnv environment.")
+    parser.add_argument("name", choices=sorted(EXAMPLE_ENVS))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8990)
+    parser.add_argument("--max-concurrent-envs", type=int, default=8)
+    parser.add_argument("--schema-variant", type=int, default=1)
+    args = parser.parse_args(argv)
+    app = build_example_app(
+        args.name, max_concurrent_envs=args.max_concurrent_envs, schema_variant=args.schema_variant
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

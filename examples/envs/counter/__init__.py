@@ -1,0 +1,1 @@
+"""The counter environment: count up to a seeded target without overshooting."""

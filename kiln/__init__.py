@@ -1,0 +1,7 @@
+"""Kiln's domain core: OpenEnv discovery, collection, training, evaluation and receipts.
+
+Nothing under ``kiln/`` imports temporalio or fastapi; only ``kiln.policy`` and ``kiln.train``
+import torch (and only in the modules that need it).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,252 @@
+"""Run request, training configuration and small cross-process records (pydantic, versioned).
+
+``RunRequest`` is what the CLI, the REST API and ``temporal workflow start`` all submit. The
+workflow receives it as a plain JSON object; the admission activity parses it here, so a bad
+request fails at admission with field-level messages before any environment is contacted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kiln.canonical import compact_json, digest_json, sha256_bytes
+from kiln.errors import InvalidRequest
+
+RUN_REQUEST_SCHEMA = "kiln.openenv-run-request.v1"
+MAX_SEED = 2**63 - 1
+MAX_RESET_OPTIONS_BYTES = 16 * 1024 * 1024 - 1024
+_ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_CREDENTIAL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+BASE_ADAPTER_ALIASES = {"base", "none", "null"}
+
+
+def normalize_adapter(name: str | None) -> str | None:
+    """``base``/``none``/``null`` (any case, trimmed) and None mean the base model → None."""
+    if name is None:
+        return None
+    text = name.strip()
+    if text.lower() in BASE_ADAPTER_ALIASES:
+        return None
+    return text
+
+
+def check_adapter_name(name: str, field: str) -> str:
+    if not _ADAPTER_NAME_RE.match(name):
+        raise ValueError(
+            f"{field} {name!r} is not a valid adapter name: use 1-128 characters from "
+            "A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )
+    return name
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class EchoConfig(StrictModel):
+    """ECHO: λ·(cross-entropy on observation tokens), added to the GRPO loss. λ=0 disables."""
+
+    lambda_: float = Field(default=0.05, alias="lambda", ge=0.0)
+    env_mask_mode: Literal["env_only", "full_obs"] = "env_only"
+    warning_filter: bool = True
+
+
+class TrainingConfig(StrictModel):
+    """GRPO + ECHO hyper-parameters. Travels inside the run request (hence in history)."""
+
+    learning_rate: float = Field(default=2e-3, gt=0.0)
+    lora_rank: int = Field(default=16, ge=1, le=256)
+    lora_alpha: float = Field(default=32.0, gt=0.0)
+    clip_epsilon: float = Field(default=0.2, ge=0.0, lt=1.0)
+    kl_coeff: float = Field(default=0.0, ge=0.0)
+    epochs: int = Field(default=4, ge=1, le=64)
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    seed: int = Field(default=0, ge=0)
+    checkpoint_interval: int | None = Field(default=None, ge=1)
+    behavior_policy: Literal["no_importance_correction", "recorded"] = "no_importance_correction"
+    echo: EchoConfig | None = Field(default_factory=EchoConfig)
+
+
+class RunRequest(StrictModel):
+    """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
+
+    kind: Literal["rollout", "train"] = "rollout"
+    idempotency_key: str | None = None
+    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
+    credential_ids: list[str | None] = Field(default_factory=list)
+    adapter: str | None = "base"
+    output_adapter: str | None = None
+    groups: int = Field(default=8, ge=1, le=16384)
+    group_size: int = Field(default=4, ge=1, le=256)
+    seed_start: int = Field(default=0, ge=0, le=MAX_SEED)
+    reset_options: dict[str, Any] = Field(default_factory=dict)
+    environment_reset_options: list[dict[str, Any]] = Field(default_factory=list)
+    max_steps: int = Field(default=8, ge=1, le=256)
+    concurrency: int = Field(default=4, ge=1, le=256)
+    max_action_tokens: int = Field(default=256, ge=1, le=16384)
+    thinking: bool = True
+    thinking_budget_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    protocol_error_reward: float = -1.0
+    max_recoverable_errors: int = Field(default=3, ge=0, le=64)
+    capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
+    training_config: TrainingConfig | None = None
+    on_interrupt: Literal["resume", "fail"] = "resume"
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _idempotency(cls, value: str | None) -> str | None:
+        if value is not None and not _IDEMPOTENCY_RE.match(value):
+            raise ValueError(
+                "idempotency_key must be 1-128 characters from A-Z a-z 0-9 . _ : -"
+            )
+        return value
+
+    @field_validator("environment_urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for index, url in enumerate(value):
+            if not isinstance(url, str) or not url.strip():
+                raise ValueError(f"environment_urls[{index}] is empty")
+        return value
+
+    @field_validator("credential_ids")
+    @classmethod
+    def _credentials(cls, value: list[str | None]) -> list[str | None]:
+        for index, item in enumerate(value):
+            if item is not None and not _CREDENTIAL_ID_RE.match(item):
+                raise ValueError(
+                    f"credential_ids[{index}] must match [A-Za-z0-9_-]{{1,64}} or be null"
+                )
+        return value
+
+    @field_validator("temperature", "protocol_error_reward")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, value: str | None) -> str | None:
+        normalized = normalize_adapter(value)
+        if normalized is None:
+            return "base"
+        return check_adapter_name(normalized, "adapter")
+
+    @field_validator("output_adapter")
+    @classmethod
+    def _output_adapter(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return check_adapter_name(value.strip(), "output_adapter")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "RunRequest":
+        urls = len(self.environment_urls)
+        if self.groups < urls:
+            raise ValueError(
+                f"groups ({self.groups}) must be >= the number of environment_urls ({urls}) "
+                "so every environment is exercised"
+            )
+        if self.groups * self.group_size > 16384:
+            raise ValueError("groups × group_size must be <= 16384 rollouts")
+        if self.seed_start + self.groups - 1 > MAX_SEED:
+            raise ValueError("seed_start + groups - 1 must be <= 9223372036854775807")
+        if self.credential_ids and len(self.credential_ids) != urls:
+            raise ValueError("credential_ids must be empty or have one entry per environment URL")
+        if self.reset_options and self.environment_reset_options:
+            raise ValueError(
+                "reset_options and environment_reset_options are mutually exclusive: give one"
+            )
+        if self.environment_reset_options and len(self.environment_reset_options) != urls:
+            raise ValueError(
+                "environment_reset_options must have one object per environment URL"
+            )
+        if self.thinking_budget_tokens is not None:
+            if not self.thinking:
+                raise ValueError("thinking_budget_tokens requires thinking=true")
+            if self.thinking_budget_tokens >= self.max_action_tokens:
+                raise ValueError("thinking_budget_tokens must be < max_action_tokens")
+        if self.kind == "train":
+            if not self.output_adapter:
+                raise ValueError("kind 'train' requires output_adapter (the adapter to produce)")
+            if self.group_size < 2:
+                raise ValueError(
+                    "group_size must be >= 2 for training: GRPO needs several candidates per seed"
+                )
+            if self.output_adapter == self.adapter:
+                raise ValueError("output_adapter must differ from the behaviour adapter")
+        else:
+            if self.output_adapter is not None or self.training_config is not None:
+                raise ValueError(
+                    "kind 'rollout' does not take output_adapter or training_config "
+                    "(use kind 'train')"
+                )
+        return self
+
+    def effective_training_config(self) -> TrainingConfig:
+        return self.training_config or TrainingConfig()
+
+    def behaviour_adapter(self) -> str | None:
+        return normalize_adapter(self.adapter)
+
+    def reset_templates(self) -> list[dict[str, Any]]:
+        """One seed-free reset template per environment URL (R3.1)."""
+        urls = len(self.environment_urls)
+        if self.environment_reset_options:
+            templates = [dict(item) for item in self.environment_reset_options]
+        else:
+            templates = [dict(self.reset_options) for _ in range(urls)]
+        for template in templates:
+            template.pop("seed", None)
+            if len(compact_json(template)) > MAX_RESET_OPTIONS_BYTES:
+                raise InvalidRequest("a reset options object is larger than 16 MiB - 1024 bytes")
+        return templates
+
+
+def reset_plan_sha256(templates: list[dict[str, Any]]) -> str:
+    """SHA-256 of the compact JSON array of reset templates, in environment order (R3.1)."""
+    return sha256_bytes(compact_json(templates))
+
+
+def reset_payload(template: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The effective reset payload: the template with the group seed inserted (R3.2)."""
+    payload = dict(template)
+    payload["seed"] = seed
+    return payload
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """Field-level, content-free message: ``field.path: reason`` per problem."""
+    parts: list[str] = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in item.get("loc", ())) or "request"
+        msg = str(item.get("msg", "invalid"))
+        msg = msg.removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_run_request(data: Any) -> RunRequest:
+    """Parse and validate a run request; raise ``InvalidRequest`` naming every bad field."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("the run request must be a JSON object")
+    try:
+        return RunRequest.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(
+            f"invalid run request: {format_validation_error(exc)}",
+            hint="fix the named fields; see `kiln openenv train --help` for bounds and defaults",
+        ) from None
+
+
+def request_digest(request: RunRequest) -> str:
+    """Digest of the typed, default-filled request (idempotency comparisons use it)."""
+    return digest_json(request.model_dump(mode="json", by_alias=False))

@@ -1,0 +1,254 @@
+"""The one KilnError tree: every failure Kiln reports carries a stable ``code`` string.
+
+The same codes appear in the CLI, the REST API, run status and Temporal failures (the activity
+adapters turn a KilnError into an ``ApplicationError`` whose ``type`` is the code). Messages must
+never contain secrets (bearer tokens); callers redact before constructing an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_MESSAGE_BYTES = 4096
+
+
+def truncate_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """Cut a message to ``limit`` UTF-8 bytes, marking the cut with ``...``."""
+    raw = message.encode("utf-8")
+    if len(raw) <= limit:
+        return message
+    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
+
+
+class KilnError(Exception):
+    """Base of every Kiln failure. Subclasses fix ``code``, ``retryable`` and ``http_status``."""
+
+    code: str = "internal_error"
+    retryable: bool = False
+    http_status: int = 500
+    stage: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        code: str | None = None,
+        retryable: bool | None = None,
+        stage: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self.message = truncate_message(message)
+        super().__init__(self.message)
+        self.hint = hint
+        if code is not None:
+            self.code = code
+        if retryable is not None:
+            self.retryable = retryable
+        if stage is not None:
+            self.stage = stage
+        self.details = dict(details or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form used by the API, run status and Temporal failure details."""
+        out: dict[str, Any] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.hint:
+            out["hint"] = self.hint
+        if self.stage:
+            out["stage"] = self.stage
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidRequest(KilnError):
+    """The run request (or a CLI/API argument) is malformed; nothing was started."""
+
+    code = "openenv_invalid_request"
+    http_status = 400
+    stage = "admission"
+
+
+class InvalidUrl(InvalidRequest):
+    code = "openenv_invalid_url"
+
+
+class RemoteEnvironmentForbidden(KilnError):
+    code = "openenv_remote_environment_forbidden"
+    http_status = 403
+    stage = "admission"
+
+
+class InvalidCredential(InvalidRequest):
+    code = "openenv_invalid_credential"
+
+
+class EnvironmentUnavailable(KilnError):
+    """The environment could not be reached, or answered with an unusable HTTP status."""
+
+    code = "environment_unavailable"
+    retryable = True
+    http_status = 502
+
+
+class EnvironmentProtocolError(KilnError):
+    """The environment broke the OpenEnv protocol (bad frame, oversize, unsolicited, reflection)."""
+
+    code = "environment_protocol_error"
+    http_status = 502
+
+
+class EnvironmentCapacityExhausted(KilnError):
+    code = "environment_capacity_exhausted"
+    retryable = True
+    http_status = 503
+
+
+class InvalidActionSchema(KilnError):
+    """The environment advertises an action schema that does not compile (or is external)."""
+
+    code = "environment_protocol_error"
+    http_status = 502
+
+
+class EnvironmentIdentityChanged(KilnError):
+    code = "environment_identity_changed"
+    retryable = True
+    stage = "identity_verification"
+    http_status = 409
+
+
+class CollectionFailed(KilnError):
+    code = "collection_failed"
+    retryable = True
+    stage = "collection"
+
+
+class ExecutorInterrupted(KilnError):
+    """A worker died while running an activity attempt; the attempt is retried."""
+
+    code = "executor_interrupted"
+    retryable = True
+
+
+class RunInterrupted(KilnError):
+    code = "run_interrupted"
+    retryable = True
+
+
+class PolicyIdentityChanged(KilnError):
+    code = "policy_identity_changed"
+    stage = "collection"
+
+
+class ModelNotFound(KilnError):
+    code = "model_not_found"
+    http_status = 400
+
+
+class AdapterNotFound(KilnError):
+    code = "adapter_not_found"
+    http_status = 404
+
+
+class ArtifactPublicationFailed(KilnError):
+    code = "artifact_publication_failed"
+    stage = "artifact_publication"
+
+
+class ArtifactIntegrityFailed(KilnError):
+    code = "openenv_artifact_integrity_failed"
+    http_status = 409
+
+
+class ArtifactNotFound(KilnError):
+    code = "openenv_artifact_not_found"
+    http_status = 404
+
+
+class StorageUnavailable(KilnError):
+    code = "storage_unavailable"
+    retryable = True
+    http_status = 503
+
+
+class RetainedBudgetExceeded(KilnError):
+    code = "retained_budget_exceeded"
+    stage = "artifact_publication"
+
+
+class TrainingFailed(KilnError):
+    code = "training_failed"
+    stage = "training"
+
+
+class TrainingEvidenceInvalid(KilnError):
+    code = "training_evidence_invalid"
+    stage = "training"
+
+
+class RunNotFound(KilnError):
+    code = "openenv_run_not_found"
+    http_status = 404
+
+
+class RunCancelled(KilnError):
+    code = "cancelled"
+
+
+class InternalError(KilnError):
+    code = "internal_error"
+
+
+ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
+    InvalidRequest,
+    InvalidUrl,
+    RemoteEnvironmentForbidden,
+    InvalidCredential,
+    EnvironmentUnavailable,
+    EnvironmentProtocolError,
+    EnvironmentCapacityExhausted,
+    InvalidActionSchema,
+    EnvironmentIdentityChanged,
+    CollectionFailed,
+    ExecutorInterrupted,
+    RunInterrupted,
+    PolicyIdentityChanged,
+    ModelNotFound,
+    AdapterNotFound,
+    ArtifactPublicationFailed,
+    ArtifactIntegrityFailed,
+    ArtifactNotFound,
+    StorageUnavailable,
+    RetainedBudgetExceeded,
+    TrainingFailed,
+    TrainingEvidenceInvalid,
+    RunNotFound,
+    RunCancelled,
+    InternalError,
+)
+
+
+def error_from_dict(data: dict[str, Any]) -> KilnError:
+    """Rebuild a KilnError from its ``to_dict`` form (used across process boundaries)."""
+    code = str(data.get("code") or "internal_error")
+    cls: type[KilnError] = KilnError
+    for candidate in ALL_ERROR_TYPES:
+        if candidate.code == code:
+            cls = candidate
+            break
+    return cls(
+        str(data.get("message") or code),
+        hint=data.get("hint"),
+        code=code,
+        retryable=bool(data.get("retryable", False)),
+        stage=data.get("stage"),
+        details=data.get("details") or None,
+    )

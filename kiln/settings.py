@@ -1,0 +1,60 @@
+"""Process settings from ``KILN_*`` environment variables. Read only by entry points.
+
+Domain code receives the values it needs as arguments; it never reads the environment itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CONTROL_TASK_QUEUE = "kiln-control"
+GPU_TASK_QUEUE = "kiln-gpu"
+
+
+class Settings(BaseSettings):
+    """Every knob an operator can set. Unset Temporal/S3 means "start the embedded stack"."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    home: Path = Path(".kiln")
+    temporal_address: str | None = None
+    temporal_namespace: str = "default"
+    temporal_port: int = 7233
+    temporal_ui_port: int = 8233
+    s3_endpoint: str | None = None
+    s3_access_key: str = "kiln"
+    s3_secret_key: str = "kiln-secret-key"
+    s3_bucket: str = "kiln"
+    s3_region: str = "us-east-1"
+    s3_port: int = 8333
+    model_path: Path | None = None
+    api_host: str = "127.0.0.1"
+    api_port: int = 8780
+    api_url: str | None = None
+    control_task_queue: str = CONTROL_TASK_QUEUE
+    gpu_task_queue: str = GPU_TASK_QUEUE
+    allow_remote_environments: bool = False
+    gpu_max_concurrent_activities: int = 2
+
+    @property
+    def resolved_api_url(self) -> str:
+        return self.api_url or f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def default_model_path(self) -> Path:
+        """Where the demo's tiny model lives when ``KILN_MODEL_PATH`` is not set."""
+        return self.model_path or (self.home / "models" / "tiny")
+
+    @property
+    def effective_temporal_address(self) -> str:
+        return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def effective_s3_endpoint(self) -> str:
+        return self.s3_endpoint or f"http://127.0.0.1:{self.s3_port}"
+
+
+def load_settings() -> Settings:
+    return Settings()
