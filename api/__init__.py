@@ -1,1 +1,1 @@
-"""Package."""
+"""FastAPI REST facade over Temporal: ``create_app(settings)``."""

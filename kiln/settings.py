@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     temporal_namespace: str = "default"
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
+    temporal_ui_url: str | None = None
     s3_endpoint: str | None = None
     s3_access_key: str = "kiln"
     s3_secret_key: str = "kiln-secret-key"
@@ -46,6 +47,21 @@ class Settings(BaseSettings):
     def default_model_path(self) -> Path:
         """Where the demo's tiny model lives when ``KILN_MODEL_PATH`` is not set."""
         return self.model_path or (self.home / "models" / "tiny")
+
+    @property
+    def effective_temporal_ui_url(self) -> str | None:
+        if self.temporal_ui_url:
+            return self.temporal_ui_url.rstrip("/")
+        if self.temporal_address:
+            return None
+        return f"http://127.0.0.1:{self.temporal_ui_port}"
+
+    def run_ui_link(self, run_id: str) -> str | None:
+        """The Temporal Web UI page of a run, when the UI's address is known."""
+        base = self.effective_temporal_ui_url
+        if base is None:
+            return None
+        return f"{base}/namespaces/{self.temporal_namespace}/workflows/{run_id}"
 
     @property
     def effective_temporal_address(self) -> str:

@@ -1,1 +1,1 @@
-"""Package."""
+"""Worker processes: ``python -m workers control|gpu|all``."""

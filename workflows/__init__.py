@@ -1,1 +1,1 @@
-"""Package."""
+"""Deterministic orchestration only: no I/O, no torch, no httpx. Activities run the work."""

@@ -1,0 +1,78 @@
+"""What every activity shares: KilnError → ApplicationError, stored-object conversion, JSON blobs."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+from typing import Any, Callable, TypeVar
+
+from temporalio.exceptions import ApplicationError
+
+from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.canonical import canonical_json
+from kiln.errors import InternalError, KilnError
+from kiln.stages import StoredObject
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def to_application_error(error: KilnError) -> ApplicationError:
+    """The Temporal failure for a KilnError: ``type`` is the stable code; details carry the dict."""
+    return ApplicationError(
+        error.message,
+        error.to_dict(),
+        type=error.code,
+        non_retryable=not error.retryable,
+    )
+
+
+def kiln_errors(fn: F) -> F:
+    """Decorate an activity so KilnErrors surface with their code; unknown errors stay retryable."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except KilnError as err:
+                raise to_application_error(err) from None
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KilnError as err:
+            raise to_application_error(err) from None
+
+    return sync_wrapper  # type: ignore[return-value]
+
+
+def stored(ref: ObjectRef) -> StoredObject:
+    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
+
+
+def object_ref(obj: StoredObject) -> ObjectRef:
+    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
+
+
+def put_json(store: S3Store, value: Any) -> StoredObject:
+    return stored(store.put_blob(canonical_json(value)))
+
+
+def get_json(store: S3Store, obj: StoredObject) -> Any:
+    try:
+        return json.loads(store.get_bytes(object_ref(obj)))
+    except json.JSONDecodeError as exc:  # pragma: no cover - content-addressed, cannot drift
+        raise InternalError(f"stored object {obj.uri} is not JSON: {exc}") from None
+
+
+async def aput_json(store: S3Store, value: Any) -> StoredObject:
+    return await asyncio.to_thread(put_json, store, value)
+
+
+async def aget_json(store: S3Store, obj: StoredObject) -> Any:
+    return await asyncio.to_thread(get_json, store, obj)

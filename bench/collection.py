@@ -1,0 +1,117 @@
+"""Collection throughput: Kiln's ``EnvSession`` versus the ``openenv`` package's own client.
+
+Both clients run identical scripted episodes (reset with a seed, ``{"amount": 1}`` until done or
+8 steps, final ``state``, close) against one real counter server (``openenv==0.10.0``, 8 sessions)
+at concurrency 1, 2, 4 and 8. Kiln's episode includes everything the protocol requires of it (a
+status-only ``/health`` before each upgrade, reply validation, lock-step checks). Rounds alternate
+the order of the two clients; the best round of each is kept. Prints episodes/s and the ratio
+(target: Kiln >= 0.9x the reference). Runtime: well under two minutes.
+
+Run: ``python -m bench.collection [--episodes 48] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kiln.openenv import normalize_url, open_session_and_reset  # noqa: E402
+from tests.support.servers import serve_example_env  # noqa: E402
+
+MAX_STEPS = 8
+CONCURRENCY = (1, 2, 4, 8)
+
+
+async def kiln_episode(base_url: str, seed: int) -> int:
+    url = normalize_url(base_url)
+    session, result, _ = await open_session_and_reset(url, {"seed": seed}, capacity_wait_s=30)
+    steps = 0
+    try:
+        while not result.done and steps < MAX_STEPS:
+            result = await session.step({"amount": 1})
+            steps += 1
+        await session.state()
+    finally:
+        await session.close()
+    return steps
+
+
+async def reference_episode(base_url: str, seed: int) -> int:
+    from openenv.core.generic_client import GenericEnvClient
+
+    steps = 0
+    async with GenericEnvClient(base_url=base_url) as env:
+        result = await env.reset(seed=seed)
+        while not result.done and steps < MAX_STEPS:
+            result = await env.step({"amount": 1})
+            steps += 1
+        await env.state()
+    return steps
+
+
+async def run_batch(episode, base_url: str, episodes: int, concurrency: int) -> tuple[float, int]:
+    queue = list(range(episodes))
+    total_steps = 0
+
+    async def worker() -> None:
+        nonlocal total_steps
+        while queue:
+            seed = queue.pop()
+            steps = await episode(base_url, seed)
+            total_steps += steps
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return episodes / (time.perf_counter() - started), total_steps
+
+
+async def main_async(base_url: str, episodes: int, rounds: int) -> list[tuple[int, float, float]]:
+    await run_batch(kiln_episode, base_url, 8, 2)  # warm both paths (imports, server caches)
+    await run_batch(reference_episode, base_url, 8, 2)
+    rows = []
+    for concurrency in CONCURRENCY:
+        best = {"kiln": 0.0, "reference": 0.0}
+        steps = {}
+        for round_index in range(rounds):
+            order = [("kiln", kiln_episode), ("reference", reference_episode)]
+            if round_index % 2:
+                order.reverse()
+            for name, episode in order:
+                rate, total = await run_batch(episode, base_url, episodes, concurrency)
+                best[name] = max(best[name], rate)
+                steps[name] = total
+        if steps["kiln"] != steps["reference"]:
+            raise SystemExit(f"episodes differ: kiln {steps['kiln']} vs reference {steps['reference']} steps")
+        rows.append((concurrency, best["kiln"], best["reference"]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-ratio", type=float, default=0.9)
+    args = parser.parse_args(argv)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        os.environ.pop(var, None)
+    started = time.perf_counter()
+    with serve_example_env("counter", max_concurrent_envs=8) as base_url:
+        rows = asyncio.run(main_async(base_url, args.episodes, args.rounds))
+    print(f"{'concurrency':>11} {'kiln ep/s':>10} {'openenv ep/s':>13} {'ratio':>6}")
+    worst = float("inf")
+    for concurrency, kiln_rate, reference_rate in rows:
+        ratio = kiln_rate / reference_rate
+        worst = min(worst, ratio)
+        print(f"{concurrency:>11} {kiln_rate:>10.1f} {reference_rate:>13.1f} {ratio:>6.2f}")
+    print(f"worst ratio {worst:.2f} (target >= {args.min_ratio}); {time.perf_counter() - started:.1f}s total")
+    return 0 if worst >= args.min_ratio else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

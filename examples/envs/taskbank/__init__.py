@@ -1,0 +1,1 @@
+"""Taskbank: a tiny dataset-backed OpenEnv environment with a Task API."""

@@ -1,0 +1,488 @@
+"""The S3 object store Kiln keeps every large artifact in (boto3, path-style addressing).
+
+This module owns how bytes get into and out of S3-compatible storage (SeaweedFS, MinIO, AWS):
+
+- content-addressed blobs under ``blobs/sha256/<hex>``, uploaded with the SHA-256 checksum so
+  the server rejects corrupted uploads; big files go up as multipart with per-part checksums;
+- verified reads: size and digest are checked against the :class:`ObjectRef` on every read, and a
+  mismatch raises :class:`~kiln.errors.ArtifactIntegrityFailed`;
+- conditional publication (``If-None-Match: *``) for manifests and other write-once keys;
+- error mapping: connection failures and 5xx become retryable
+  :class:`~kiln.errors.StorageUnavailable` naming the endpoint (never the secret key).
+
+Only :class:`ObjectRef` (``uri``, ``sha256``, ``bytes``) crosses Temporal; it is tiny.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+import botocore.exceptions as bce
+from botocore.config import Config
+
+from kiln.canonical import hex_of, is_digest, sha256_bytes
+from kiln.errors import (
+    ArtifactIntegrityFailed,
+    ArtifactNotFound,
+    ArtifactPublicationFailed,
+    StorageUnavailable,
+)
+
+if TYPE_CHECKING:
+    from kiln.settings import Settings
+
+__all__ = ["ObjectRef", "S3Store", "BLOB_PREFIX", "blob_key"]
+
+BLOB_PREFIX = "blobs/sha256/"
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+MULTIPART_CHUNK = 16 * 1024 * 1024
+_READ_CHUNK = 1024 * 1024
+
+
+def blob_key(digest: str) -> str:
+    """The content-addressed key of a ``sha256:<hex>`` digest."""
+    return BLOB_PREFIX + hex_of(digest)
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A reference to one stored object: where it is, its digest and its size in bytes."""
+
+    uri: str  # s3://bucket/key
+    sha256: str  # "sha256:<hex>" of the bytes
+    bytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or not self.uri.startswith("s3://"):
+            raise ValueError(f"ObjectRef.uri must be an s3:// URI, got {self.uri!r}")
+        bucket, _, key = self.uri[len("s3://") :].partition("/")
+        if not bucket or not key:
+            raise ValueError(f"ObjectRef.uri must name a bucket and a key, got {self.uri!r}")
+        if not is_digest(self.sha256):
+            raise ValueError(f"ObjectRef.sha256 must be 'sha256:<64 hex>', got {self.sha256!r}")
+        if not isinstance(self.bytes, int) or isinstance(self.bytes, bool) or self.bytes < 0:
+            raise ValueError(f"ObjectRef.bytes must be a non-negative int, got {self.bytes!r}")
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://") :].partition("/")[0]
+
+    @property
+    def key(self) -> str:
+        return self.uri[len("s3://") :].partition("/")[2]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uri": self.uri, "sha256": self.sha256, "bytes": self.bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ObjectRef:
+        return cls(uri=str(data["uri"]), sha256=str(data["sha256"]), bytes=int(data["bytes"]))
+
+
+def _b64_sha256(raw_digest: bytes) -> str:
+    return base64.b64encode(raw_digest).decode("ascii")
+
+
+class S3Store:
+    """A bucket on an S3-compatible endpoint, with verified reads and content-addressed writes."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        bucket: str,
+        region: str = "us-east-1",
+        connect_timeout_s: float = 5,
+        read_timeout_s: float = 60,
+        max_attempts: int = 3,
+    ) -> None:
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.region = region
+        config = Config(
+            region_name=region,
+            s3={"addressing_style": "path"},
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            signature_version="s3v4",
+        )
+        session = boto3.session.Session()
+        self._client = session.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=config,
+        )
+
+    def __repr__(self) -> str:  # never shows credentials
+        return f"S3Store(endpoint={self.endpoint!r}, bucket={self.bucket!r})"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> S3Store:
+        return cls(
+            endpoint=settings.effective_s3_endpoint,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key,
+            bucket=settings.s3_bucket,
+            region=settings.s3_region,
+        )
+
+    @property
+    def client(self) -> Any:
+        """The underlying boto3 client (for tests and tools; domain code uses the methods)."""
+        return self._client
+
+    def uri_for(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # ----------------------------------------------------------------------------- error mapping
+
+    def _unavailable(self, exc: BaseException, action: str) -> StorageUnavailable:
+        return StorageUnavailable(
+            f"S3 storage at {self.endpoint} is unavailable ({action}): {type(exc).__name__}: "
+            f"{_safe(exc)}",
+            hint="check that the S3 server is running and KILN_S3_ENDPOINT is right",
+            details={"endpoint": self.endpoint, "bucket": self.bucket},
+        )
+
+    def _map(self, exc: BaseException, action: str, key: str | None = None) -> Exception:
+        """Turn a botocore failure into a KilnError (or return it unchanged if unknown)."""
+        if isinstance(
+            exc,
+            (
+                bce.EndpointConnectionError,
+                bce.ConnectTimeoutError,
+                bce.ReadTimeoutError,
+                bce.ConnectionClosedError,
+                bce.ConnectionError,
+                bce.HTTPClientError,
+            ),
+        ):
+            return self._unavailable(exc, action)
+        if isinstance(exc, bce.ClientError):
+            code = _error_code(exc)
+            status = _status(exc)
+            where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket!r}"
+            if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+                if code == "NoSuchBucket":
+                    return ArtifactNotFound(
+                        f"bucket {self.bucket!r} does not exist at {self.endpoint}",
+                        hint="run ensure_bucket() or create the bucket",
+                        details={"endpoint": self.endpoint, "bucket": self.bucket},
+                    )
+                return ArtifactNotFound(f"{where} not found at {self.endpoint} ({action})",
+                                        details={"uri": where})
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
+                return ArtifactIntegrityFailed(
+                    f"the server rejected the upload of {where}: checksum mismatch ({code})",
+                    retryable=True,
+                    details={"uri": where},
+                )
+            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId",
+                                                 "SignatureDoesNotMatch"):
+                return StorageUnavailable(
+                    f"S3 storage at {self.endpoint} refused the credentials ({action}: {code})",
+                    retryable=False,
+                    hint="check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY",
+                    details={"endpoint": self.endpoint, "bucket": self.bucket},
+                )
+            if status is not None and status >= 500 or code in ("SlowDown", "ServiceUnavailable",
+                                                                 "InternalError"):
+                return self._unavailable(exc, action)
+        return exc  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------ bucket
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when it does not exist (idempotent, tolerant of a concurrent create)."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+            return
+        except bce.ClientError as exc:
+            if _status(exc) not in (404, 400) and _error_code(exc) not in ("NoSuchBucket", "404"):
+                raise self._map(exc, "head bucket") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "head bucket") from exc
+        try:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket}
+            if self.region and self.region != "us-east-1":
+                kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+            self._client.create_bucket(**kwargs)
+        except bce.ClientError as exc:
+            if _error_code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            raise self._map(exc, "create bucket") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "create bucket") from exc
+
+    # ------------------------------------------------------------------------------------ writes
+
+    def put_blob(self, data: bytes) -> ObjectRef:
+        """Store ``data`` under its content address; idempotent (same key, same bytes)."""
+        data = bytes(data)
+        raw = hashlib.sha256(data).digest()
+        digest = "sha256:" + raw.hex()
+        key = blob_key(digest)
+        try:
+            self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, ChecksumSHA256=_b64_sha256(raw)
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "put blob", key) from exc
+        return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=len(data))
+
+    def put_file(
+        self,
+        path: Path,
+        *,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+        part_size: int = MULTIPART_CHUNK,
+    ) -> ObjectRef:
+        """Stream a file to its content address (multipart with per-part SHA-256 when big)."""
+        path = Path(path)
+        hasher = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_READ_CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+        digest = "sha256:" + hasher.hexdigest()
+        key = blob_key(digest)
+        try:
+            if size < multipart_threshold:
+                with open(path, "rb") as fh:
+                    self._client.put_object(
+                        Bucket=self.bucket,
+                        Key=key,
+                        Body=fh,
+                        ContentLength=size,
+                        ChecksumSHA256=_b64_sha256(hasher.digest()),
+                    )
+            else:
+                self._multipart_upload(path, key, part_size)
+        except (ArtifactIntegrityFailed, StorageUnavailable):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "put file", key) from exc
+        self._check_size(key, size)
+        return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=size)
+
+    def _multipart_upload(self, path: Path, key: str, part_size: int) -> None:
+        upload = self._client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
+        )
+        upload_id = upload["UploadId"]
+        parts: list[dict[str, Any]] = []
+        try:
+            with open(path, "rb") as fh:
+                number = 1
+                while chunk := fh.read(part_size):
+                    checksum = _b64_sha256(hashlib.sha256(chunk).digest())
+                    resp = self._client.upload_part(
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=chunk,
+                        ChecksumSHA256=checksum,
+                    )
+                    parts.append(
+                        {"PartNumber": number, "ETag": resp["ETag"], "ChecksumSHA256": checksum}
+                    )
+                    number += 1
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            try:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except Exception:  # noqa: BLE001 - best effort; the original error matters
+                pass
+            raise
+
+    def _check_size(self, key: str, size: int) -> None:
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "head after put", key) from exc
+        if int(head.get("ContentLength", -1)) != size:
+            raise ArtifactIntegrityFailed(
+                f"s3://{self.bucket}/{key} has {head.get('ContentLength')} bytes after upload, "
+                f"expected {size}",
+                retryable=True,
+                details={"uri": self.uri_for(key)},
+            )
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist (``If-None-Match: *``).
+
+        True when written; False when it already holds exactly ``data``;
+        :class:`ArtifactPublicationFailed` when it holds different bytes.
+        """
+        data = bytes(data)
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=data,
+                IfNoneMatch="*",
+                ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
+            )
+            return True
+        except bce.ClientError as exc:
+            if _status(exc) not in (412, 409) and _error_code(exc) not in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+            ):
+                raise self._map(exc, "conditional put", key) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "conditional put", key) from exc
+        existing = self.get_key(key)
+        if existing == data:
+            return False
+        raise ArtifactPublicationFailed(
+            f"s3://{self.bucket}/{key} already exists with different content "
+            f"({sha256_bytes(existing) if existing is not None else 'unreadable'} != "
+            f"{sha256_bytes(data)})",
+            details={"uri": self.uri_for(key)},
+        )
+
+    # ------------------------------------------------------------------------------------- reads
+
+    def _open(self, ref: ObjectRef) -> tuple[Any, int]:
+        try:
+            resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key)
+        except Exception as exc:  # noqa: BLE001
+            mapped = self._map(exc, "get", ref.key)
+            if isinstance(mapped, ArtifactNotFound):
+                mapped = ArtifactNotFound(
+                    f"{ref.uri} not found at {self.endpoint}", details={"uri": ref.uri}
+                )
+            raise mapped from exc
+        length = int(resp.get("ContentLength", -1))
+        if length != ref.bytes:
+            resp["Body"].close()
+            raise ArtifactIntegrityFailed(
+                f"{ref.uri} holds {length} bytes, expected {ref.bytes}",
+                details={"uri": ref.uri, "expected_bytes": ref.bytes, "actual_bytes": length},
+            )
+        return resp["Body"], length
+
+    def iter_verified(self, ref: ObjectRef, chunk_size: int = 64 * 1024) -> Iterator[bytes]:
+        """Yield the object's bytes; raise ArtifactIntegrityFailed at the end on any mismatch."""
+        body, _ = self._open(ref)
+        hasher = hashlib.sha256()
+        seen = 0
+        try:
+            try:
+                for chunk in body.iter_chunks(chunk_size):
+                    seen += len(chunk)
+                    if seen > ref.bytes:
+                        break
+                    hasher.update(chunk)
+                    yield chunk
+            except (bce.ReadTimeoutError, bce.ResponseStreamingError, OSError) as exc:
+                raise self._unavailable(exc, f"read {ref.uri}") from exc
+        finally:
+            body.close()
+        actual = "sha256:" + hasher.hexdigest()
+        if seen != ref.bytes or actual != ref.sha256:
+            raise ArtifactIntegrityFailed(
+                f"{ref.uri} failed verification: expected {ref.sha256} ({ref.bytes} bytes), "
+                f"read {actual if seen == ref.bytes else 'a different size'} ({seen} bytes)",
+                details={"uri": ref.uri, "expected": ref.sha256, "actual": actual},
+            )
+
+    def get_bytes(self, ref: ObjectRef, *, max_bytes: int = 256 * 1024 * 1024) -> bytes:
+        """The object's bytes, verified against ``ref`` (size and SHA-256)."""
+        if ref.bytes > max_bytes:
+            raise ValueError(
+                f"{ref.uri} is {ref.bytes} bytes, over max_bytes={max_bytes}; use get_to_file"
+            )
+        return b"".join(self.iter_verified(ref, chunk_size=_READ_CHUNK))
+
+    def get_to_file(self, ref: ObjectRef, path: Path) -> None:
+        """Stream the object to ``path``: staged next to it, verified, fsynced, renamed."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.part")
+        try:
+            with open(staged, "wb") as fh:
+                for chunk in self.iter_verified(ref, chunk_size=_READ_CHUNK):
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(staged, path)
+        finally:
+            if staged.exists():
+                staged.unlink()
+
+    def get_key(self, key: str) -> bytes | None:
+        """The raw bytes at ``key`` in this bucket, or None when absent (unverified)."""
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key)
+            try:
+                return resp["Body"].read()
+            finally:
+                resp["Body"].close()
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc) != "NoSuchBucket" and (
+                _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound")
+            ):
+                return None
+            raise self._map(exc, "get", key) from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except bce.ClientError as exc:
+            if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound", "404"):
+                return False
+            raise self._map(exc, "head", key) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "head", key) from exc
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, sorted."""
+        keys: list[str] = []
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                keys.extend(item["Key"] for item in page.get("Contents", []) or [])
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "list", prefix) from exc
+        return sorted(keys)
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, bce.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _status(exc: BaseException) -> int | None:
+    if isinstance(exc, bce.ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None
+
+
+def _safe(exc: BaseException) -> str:
+    """A short description of ``exc`` (botocore messages never contain the secret key)."""
+    text = str(exc)
+    return text if len(text) <= 300 else text[:297] + "..."

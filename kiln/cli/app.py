@@ -1,0 +1,303 @@
+"""``kiln``: serve the stack, build the demo model, inspect environments, submit and follow runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from kiln.errors import KilnError
+from kiln.settings import load_settings
+
+app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
+openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
+model_app = typer.Typer(help="Local models.", no_args_is_help=True)
+app.add_typer(openenv_app, name="openenv")
+app.add_typer(model_app, name="model")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(error: KilnError) -> None:
+    err_console.print(f"[red]error[/] {error.code}: {error.message}")
+    if error.hint:
+        err_console.print(f"hint: {error.hint}")
+    raise typer.Exit(2)
+
+
+def _api() -> Any:
+    from kiln.cli.api_client import ApiClient
+
+    return ApiClient(load_settings().resolved_api_url)
+
+
+@app.command()
+def serve() -> None:
+    """Start the embedded stack (Temporal dev server, SeaweedFS), the workers and the REST API.
+
+    Set KILN_TEMPORAL_ADDRESS / KILN_S3_ENDPOINT (+ KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY,
+    KILN_S3_BUCKET) to use existing servers instead. KILN_MODEL_PATH selects the local model.
+    """
+    from kiln.cli.serve import serve as run_serve
+
+    try:
+        run_serve(load_settings(), console)
+    except KilnError as error:
+        _fail(error)
+
+
+@model_app.command("tiny")
+def model_tiny(directory: Path = typer.Argument(..., help="Folder to write the tiny model into.")) -> None:
+    """Build the deterministic tiny Qwen3-architecture demo model (same bytes every time)."""
+    from kiln.policy.tiny import build_tiny_model
+
+    path = build_tiny_model(directory)
+    console.print(f"tiny model written to {path}")
+
+
+@app.command("example-env")
+def example_env(
+    name: str = typer.Argument("counter", help="Example environment name (counter)."),
+    port: int = typer.Option(8990, help="Port on 127.0.0.1."),
+    max_concurrent_envs: int = typer.Option(8, help="Maximum concurrent WebSocket sessions."),
+) -> None:
+    """Serve an example OpenEnv environment (a real openenv server) on loopback."""
+    from examples.envs.__main__ import main as serve_env
+
+    serve_env([name, "--port", str(port), "--max-concurrent-envs", str(max_concurrent_envs)])
+
+
+@openenv_app.command("inspect")
+def inspect_cmd(
+    environment: str = typer.Option(..., "--environment", help="Environment base URL."),
+    as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
+) -> None:
+    """Discover an environment: identity, digests and action schema (direct, no server needed)."""
+    from kiln.openenv.discovery import inspect_environment
+    from kiln.openenv.urls import normalize_url, require_allowed_host
+
+    settings = load_settings()
+    try:
+        url = normalize_url(environment)
+        require_allowed_host(url, allow_remote=settings.allow_remote_environments)
+        inspection = asyncio.run(inspect_environment(url))
+    except KilnError as error:
+        _fail(error)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(inspection, indent=2, sort_keys=True) + "\n")
+        return
+    identity = inspection["identity"]
+    metadata = identity.get("metadata") or {}
+    console.print(f"environment     {metadata.get('name')} — {metadata.get('description')}")
+    console.print(f"base url        {identity['base_url']}")
+    console.print(f"websocket url   {identity['websocket_url']}")
+    console.print(f"client profile  {identity['client_profile']}")
+    console.print(f"openapi version {identity.get('openapi_version')}")
+    console.print(f"environments    {', '.join(identity.get('environments') or []) or '(not advertised)'}")
+    console.print(f"schema sha256   {identity['schema_sha256']}")
+    console.print(f"discovery sha256 {identity.get('discovery_sha256')}")
+    console.print("action schema:")
+    console.print_json(json.dumps(inspection["schema"]["action"]))
+
+
+def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool) -> None:
+    from kiln.cli.follow import follow, print_outcome
+
+    api = _api()
+    try:
+        code, status = api.submit(request)
+    except KilnError as error:
+        _fail(error)
+        return
+    run_id = status["run_id"]
+    if not follow_run:
+        if as_json:
+            sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
+        else:
+            console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
+            if status.get("temporal_ui"):
+                console.print(f"web ui {status['temporal_ui']}")
+        return
+    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    if status.get("temporal_ui"):
+        console.print(f"web ui {status['temporal_ui']}")
+    final = follow(lambda: api.status(run_id), console)
+    if as_json:
+        sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
+        raise typer.Exit(0 if final.get("state") == "completed" else 1)
+    raise typer.Exit(print_outcome(final, console))
+
+
+def _request_from_flags(
+    kind: str,
+    environment: list[str],
+    groups: int,
+    group_size: int,
+    seed_start: int,
+    max_steps: int,
+    concurrency: int,
+    max_action_tokens: int,
+    temperature: float,
+    thinking: bool,
+    thinking_budget_tokens: Optional[int],
+    adapter: str,
+    output_adapter: Optional[str],
+    idempotency_key: Optional[str],
+    reset_options: Optional[Path],
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "kind": kind,
+        "environment_urls": environment,
+        "groups": groups,
+        "group_size": group_size,
+        "seed_start": seed_start,
+        "max_steps": max_steps,
+        "concurrency": concurrency,
+        "max_action_tokens": max_action_tokens,
+        "temperature": temperature,
+        "thinking": thinking,
+        "adapter": adapter,
+    }
+    if thinking_budget_tokens is not None:
+        request["thinking_budget_tokens"] = thinking_budget_tokens
+    if output_adapter is not None:
+        request["output_adapter"] = output_adapter
+    if idempotency_key is not None:
+        request["idempotency_key"] = idempotency_key
+    if reset_options is not None:
+        request["reset_options"] = json.loads(reset_options.read_text())
+    return request
+
+
+ENV_OPT = typer.Option(..., "--environment", help="Environment base URL (repeat for a portfolio).")
+
+
+@openenv_app.command("train")
+def train_cmd(
+    environment: list[str] = ENV_OPT,
+    groups: int = typer.Option(8, help="Seed groups to collect (1-16384)."),
+    group_size: int = typer.Option(4, help="Candidates per seed group (2-256 for training)."),
+    output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
+    seed_start: int = typer.Option(0, help="Seed of the first group; group g uses seed_start+g."),
+    max_steps: int = typer.Option(8, help="Environment steps per episode (1-256)."),
+    concurrency: int = typer.Option(4, help="Concurrent sessions per group (1-256)."),
+    max_action_tokens: int = typer.Option(256, help="Token limit of one action (1-16384)."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (>= 0)."),
+    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason in <think> first."),
+    thinking_budget_tokens: Optional[int] = typer.Option(None, help="Bound on reasoning tokens (< max-action-tokens)."),
+    adapter: str = typer.Option("base", help="Behaviour policy adapter (base = the base model)."),
+    idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
+    reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options for every environment."),
+    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+) -> None:
+    """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
+    request = _request_from_flags(
+        "train", environment, groups, group_size, seed_start, max_steps, concurrency,
+        max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
+        idempotency_key, reset_options,
+    )
+    _submit_and_follow(request, follow_run, as_json)
+
+
+@openenv_app.command("rollout")
+def rollout_cmd(
+    environment: list[str] = ENV_OPT,
+    groups: int = typer.Option(8, help="Seed groups to collect."),
+    group_size: int = typer.Option(4, help="Candidates per seed group."),
+    seed_start: int = typer.Option(0, help="Seed of the first group."),
+    max_steps: int = typer.Option(8, help="Environment steps per episode."),
+    concurrency: int = typer.Option(4, help="Concurrent sessions per group."),
+    max_action_tokens: int = typer.Option(256, help="Token limit of one action."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason first."),
+    thinking_budget_tokens: Optional[int] = typer.Option(None, help="Bound on reasoning tokens."),
+    adapter: str = typer.Option("base", help="Behaviour policy adapter."),
+    idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
+    reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options."),
+    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+) -> None:
+    """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts."""
+    request = _request_from_flags(
+        "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
+        max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
+        idempotency_key, reset_options,
+    )
+    _submit_and_follow(request, follow_run, as_json)
+
+
+@openenv_app.command("start")
+def start_cmd(
+    request_file: Path = typer.Option(..., "--request", help="JSON run request file (≤ 1 MiB)."),
+    follow_run: bool = typer.Option(False, "--follow/--no-follow", help="Follow progress."),
+    as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
+) -> None:
+    """Submit a run request file (the body of POST /v1/openenv/runs)."""
+    if request_file.stat().st_size > 1024 * 1024:
+        _fail(KilnError("request file is larger than 1 MiB", code="openenv_invalid_request"))
+    _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json)
+
+
+@openenv_app.command("status")
+def status_cmd(
+    run_id: str = typer.Argument(..., help="Run id."),
+    follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
+    as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
+) -> None:
+    """Show a run's phase, progress, returns, training and artifacts (exit 1 failed, 3 cancelled)."""
+    from kiln.cli.follow import follow, print_outcome
+
+    api = _api()
+    try:
+        status = follow(lambda: api.status(run_id), console) if follow_run else api.status(run_id)
+    except KilnError as error:
+        _fail(error)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
+        return
+    code = print_outcome(status, console)
+    if status.get("state") in ("completed", "failed", "cancelled"):
+        raise typer.Exit(code)
+
+
+@openenv_app.command("runs")
+def runs_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """List runs, newest first."""
+    try:
+        runs = _api().runs()
+    except KilnError as error:
+        _fail(error)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(runs, indent=2) + "\n")
+        return
+    for run in runs:
+        console.print(f"{run['run_id']}  {run['state']:<10} {run['started_at']}")
+
+
+@openenv_app.command("cancel")
+def cancel_cmd(run_id: str = typer.Argument(..., help="Run id.")) -> None:
+    """Request cancellation of a running run."""
+    try:
+        _api().cancel(run_id)
+    except KilnError as error:
+        _fail(error)
+        return
+    console.print(f"cancellation requested for {run_id}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Turning the policy's final text into one action object (R3.12).
+
+Owns: trimming, the optional code fence (```json ... ```), parsing exactly one JSON object, and
+the two harness failure codes. Error messages are content-free: they never quote the model output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kiln.openenv.schema import ActionValidator, describe_issues
+
+INVALID_MODEL_ACTION = "INVALID_MODEL_ACTION"
+ACTION_SCHEMA_VALIDATION_FAILED = "ACTION_SCHEMA_VALIDATION_FAILED"
+MODEL_ACTION_NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"
+_FENCE = "```"
+
+
+class ActionParseError(Exception):
+    """The model output is not one JSON object (harness code ``INVALID_MODEL_ACTION``)."""
+
+    code = INVALID_MODEL_ACTION
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def to_harness_error(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class ActionSchemaValidationError(Exception):
+    """The action object fails the advertised schema (``ACTION_SCHEMA_VALIDATION_FAILED``)."""
+
+    code = ACTION_SCHEMA_VALIDATION_FAILED
+
+    def __init__(self, issues: list[dict[str, str]], truncated: bool) -> None:
+        self.issues = issues
+        self.truncated = truncated
+        self.message = describe_issues(issues, truncated)
+        super().__init__(self.message)
+
+    def to_harness_error(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError("non-finite")
+
+
+def _finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def strip_code_fence(text: str) -> str:
+    """Trim; unwrap one ```/```json fence (which must be closed at the end)."""
+    body = text.strip()
+    if not body:
+        raise ActionParseError("model output is empty")
+    if body.startswith(_FENCE):
+        body = body[len(_FENCE) :]
+        if body.startswith("json") or body.startswith("JSON"):
+            body = body[4:]
+        body = body.lstrip()
+        if not body.endswith(_FENCE):
+            raise ActionParseError("model output opened a code fence but did not close it")
+        body = body[: -len(_FENCE)].rstrip()
+    return body
+
+
+def parse_action_text(text: str) -> dict:
+    """R3.12: one JSON object from the model's final content, or ``ActionParseError``."""
+    if not isinstance(text, str):
+        raise ActionParseError("model output is not text")
+    body = strip_code_fence(text)
+    try:
+        value = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise ActionParseError("model output is not exactly one JSON value") from None
+    if not isinstance(value, dict):
+        raise ActionParseError("model output is a JSON value but not an object")
+    if not _finite(value):
+        raise ActionParseError("model output holds a non-finite number")
+    return value
+
+
+def parse_and_validate_action(text: str, validator: ActionValidator) -> dict:
+    """Parse then validate; raises ``ActionParseError`` or ``ActionSchemaValidationError``."""
+    action = parse_action_text(text)
+    issues, truncated = validator.issues(action)
+    if issues:
+        raise ActionSchemaValidationError(issues, truncated)
+    return action

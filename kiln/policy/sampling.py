@@ -1,0 +1,183 @@
+"""Batched, seeded KV-cache sampling loop with exact behaviour log-probs (torch).
+
+One forward pass per generated token for the whole batch: prompts are left-padded, the attention
+mask grows with the generated tokens and ``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``
+(the same positions :func:`completion_logprobs` uses, so the recorded log-probs match a single
+unpadded forward). Each row owns a ``torch.Generator`` seeded with its u64 seed; all the uniforms
+a row may need are drawn up front (one call per row, none per token) and a token is picked by
+inverse-CDF sampling, so a row's tokens depend only on its prompt, its seed and the batch
+composition (through padding numerics).
+
+Temperature 0 means greedy; its recorded log-probs are those of the untempered (temperature 1)
+distribution, and :func:`completion_logprobs` follows the same rule.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+U64 = 1 << 64
+
+
+@dataclass
+class Sample:
+    """One sampled completion."""
+
+    ids: list[int]  # generated ids, including the stop token when produced
+    logprobs: list[float]  # behaviour log-prob of each id under the sampling distribution used
+    finished: bool  # the stop token was produced within the limits
+
+
+def torch_seed(seed: int) -> int:
+    """Map any integer seed deterministically into ``torch.Generator.manual_seed``'s u64 range."""
+    return int(seed) % U64
+
+
+def cache_kwarg(model) -> str:
+    """The forward kwarg carrying the KV cache (``cache`` in transformers 5.24, else the old name)."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _out_cache(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+@torch.inference_mode()
+def sample_batch(
+    model,
+    prompts: list[list[int]],
+    seeds: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    stop_id: int,
+    pad_id: int,
+    think_close_id: int | None = None,
+    think_budget: int | None = None,
+    device: str = "cpu",
+) -> list[Sample]:
+    """Sample every prompt in one batch; see the module docstring for the guarantees."""
+    if len(prompts) != len(seeds):
+        raise ValueError("prompts and seeds must have the same length")
+    if not prompts:
+        return []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    batch = len(prompts)
+    width = max(len(p) for p in prompts)
+    total = width + max(int(max_new_tokens), 0)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, total), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[i, width - len(prompt) : width] = 1
+    mask[:, width:] = 1
+    input_ids = input_ids.to(device)
+    mask = mask.to(device)
+    if max_new_tokens <= 0:
+        return [Sample(ids=[], logprobs=[], finished=False) for _ in prompts]
+
+    uniforms = None
+    if temperature > 0:
+        rows = []
+        for seed in seeds:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(torch_seed(seed))
+            rows.append(torch.rand(max_new_tokens, generator=gen, dtype=torch.float64))
+        uniforms = torch.stack(rows).to(device)
+
+    kw = cache_kwarg(model)
+    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask[:, :width],
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = _out_cache(out)
+    logits = out.logits[:, -1, :]
+    next_pos = positions[:, -1:] + 1
+
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    token_lps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    closed = torch.zeros(batch, dtype=torch.bool, device=device)
+    budget = think_budget if (think_budget is not None and think_close_id is not None) else None
+
+    for t in range(max_new_tokens):
+        lp = _log_probs(logits, temperature)
+        if uniforms is None:
+            tok = lp.argmax(dim=-1)
+        else:
+            cdf = lp.double().exp().cumsum(dim=-1)
+            u = uniforms[:, t : t + 1] * cdf[:, -1:]
+            tok = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        live = ~done
+        tok = torch.where(live, tok, torch.full_like(tok, pad_id))
+        tokens[:, t] = tok
+        token_lps[:, t] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        lengths += live.long()
+        hit_stop = live & (tok == stop_id)
+        finished |= hit_stop
+        done |= hit_stop
+        if budget is not None:
+            closed |= tok == think_close_id
+            done |= live & ~closed & (lengths >= budget)
+        if t + 1 == max_new_tokens or bool(done.all()):
+            break
+        out = model(
+            input_ids=tok.unsqueeze(-1),
+            attention_mask=mask[:, : width + t + 1],
+            position_ids=next_pos,
+            use_cache=True,
+            **{kw: cache},
+        )
+        cache = _out_cache(out)
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+
+    tokens_l = tokens.cpu().tolist()
+    lps_l = token_lps.cpu().tolist()
+    lengths_l = lengths.cpu().tolist()
+    finished_l = finished.cpu().tolist()
+    return [
+        Sample(ids=tokens_l[i][: lengths_l[i]], logprobs=lps_l[i][: lengths_l[i]], finished=bool(finished_l[i]))
+        for i in range(batch)
+    ]
+
+
+@torch.inference_mode()
+def completion_logprobs(
+    model, prompt_ids: list[int], completion_ids: list[int], *, temperature: float, device: str = "cpu"
+) -> list[float]:
+    """Log-probs of ``completion_ids`` after ``prompt_ids`` in one unpadded forward pass."""
+    if not completion_ids:
+        return []
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    n = len(completion_ids)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=n + 1)
+    logits = out.logits[0, :-1, :]
+    lp = _log_probs(logits, temperature)
+    target = ids[0, -n:]
+    return lp.gather(-1, target.unsqueeze(-1)).squeeze(-1).cpu().tolist()

@@ -1,0 +1,151 @@
+"""The rollout bundle: rollouts JSONL, replay transcript and summary, built from group documents.
+
+Everything here is a pure function of the group documents and the run request, so re-collecting a
+group after a crash yields byte-identical files. Wall-clock timings are deliberately absent (they
+live in run status) — that is what makes the bundle reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.canonical import canonical_json, pretty_json, sha256_bytes
+from kiln.rollout.prompts import PROMPT_VERSION
+
+REPLAY_SCHEMA = "kiln.openenv-replay.v1"
+SUMMARY_SCHEMA = "kiln.openenv-rollout-summary.v5"
+CLIENT_PROFILE = "openenv-http/1.x"
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+
+
+def dataset_bytes(groups: list[dict[str, Any]]) -> bytes:
+    """One canonical compact ``AgenticGroup`` per line, each followed by ``\\n``."""
+    ordered = sorted(groups, key=lambda doc: doc["group_index"])
+    return b"".join(canonical_json(doc["line"]) + b"\n" for doc in ordered)
+
+
+def replay_document(
+    groups: list[dict[str, Any]],
+    *,
+    inspections: list[dict[str, Any]],
+    dataset_sha256: str,
+    protocol_error_reward: float,
+    max_steps: int,
+) -> dict[str, Any]:
+    ordered = sorted(groups, key=lambda doc: doc["group_index"])
+    return {
+        "schema": REPLAY_SCHEMA,
+        "client_profile": CLIENT_PROFILE,
+        "dataset_sha256": dataset_sha256,
+        "protocol_error_reward": protocol_error_reward,
+        "max_steps": max_steps,
+        "environments": inspections,
+        "groups": [doc["replay"] for doc in ordered],
+    }
+
+
+def rollout_records(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ordered = sorted(groups, key=lambda doc: doc["group_index"])
+    return [record for doc in ordered for record in doc["records"]]
+
+
+def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures a user looks at first (R4.5 stats, without wall-clock latency)."""
+    returns = [float(r["episode_return"]) for r in records]
+    terminations = [r["termination"] for r in records]
+    return {
+        "rollouts": len(records),
+        "mean_episode_return": (sum(returns) / len(returns)) if returns else 0.0,
+        "min_episode_return": min(returns) if returns else None,
+        "max_episode_return": max(returns) if returns else None,
+        "done_count": terminations.count("done"),
+        "max_steps_count": terminations.count("max_steps"),
+        "invalid_model_action_count": terminations.count("invalid_model_action"),
+        "protocol_error_count": terminations.count("protocol_error"),
+        "recoverable_protocol_error_count": sum(r["recoverable_protocol_errors"] for r in records),
+        "capacity_retry_count": sum(r["capacity_retries"] for r in records),
+        "total_environment_steps": sum(r["steps"] for r in records),
+        "total_model_tokens": sum(r["model_tokens"] for r in records),
+    }
+
+
+def summary_document(
+    groups: list[dict[str, Any]],
+    *,
+    request: dict[str, Any],
+    inspections: list[dict[str, Any]],
+    behavior_policy: dict[str, Any],
+    reset_plan_sha256: str,
+    dataset: bytes,
+    replay: bytes,
+    training_selection: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    records = rollout_records(groups)
+    adapter = request.get("adapter")
+    adapter = None if adapter in (None, "base") else adapter
+    out: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA,
+        "prompt_version": PROMPT_VERSION,
+        "adapter": adapter,
+        "adapter_label": adapter or "base",
+        "behavior_policy": behavior_policy,
+        "environments": inspections,
+        "groups": len(groups),
+        "group_size": request["group_size"],
+        "rollout_count": len(records),
+        "seed_start": request["seed_start"],
+        "max_steps": request["max_steps"],
+        "concurrency": request["concurrency"],
+        "max_action_tokens": request["max_action_tokens"],
+        "thinking_budget_tokens": request.get("thinking_budget_tokens"),
+        "temperature": request["temperature"],
+        "thinking": request["thinking"],
+        "protocol_error_reward": request["protocol_error_reward"],
+        "max_recoverable_errors": request["max_recoverable_errors"],
+        "capacity_wait_seconds": request["capacity_wait_seconds"],
+        "reset_plan_sha256": reset_plan_sha256,
+        "dataset_sha256": sha256_bytes(dataset),
+        "dataset_bytes": len(dataset),
+        "replay_sha256": sha256_bytes(replay),
+        "replay_bytes": len(replay),
+        "stats": rollout_stats(records),
+        "rollouts": records,
+    }
+    if training_selection is not None:
+        out["training_selection"] = training_selection
+    return out
+
+
+def build_bundle(
+    groups: list[dict[str, Any]],
+    *,
+    request: dict[str, Any],
+    inspections: list[dict[str, Any]],
+    behavior_policy: dict[str, Any],
+    reset_plan_sha256: str,
+    training_selection: dict[str, Any] | None = None,
+) -> dict[str, bytes]:
+    """``{"rollouts.jsonl", "replay.json", "summary.json"}`` → bytes."""
+    dataset = dataset_bytes(groups)
+    replay = pretty_json(
+        replay_document(
+            groups,
+            inspections=inspections,
+            dataset_sha256=sha256_bytes(dataset),
+            protocol_error_reward=request["protocol_error_reward"],
+            max_steps=request["max_steps"],
+        )
+    )
+    summary = pretty_json(
+        summary_document(
+            groups,
+            request=request,
+            inspections=inspections,
+            behavior_policy=behavior_policy,
+            reset_plan_sha256=reset_plan_sha256,
+            dataset=dataset,
+            replay=replay,
+            training_selection=training_selection,
+        )
+    )
+    return {"rollouts.jsonl": dataset, "replay.json": replay, "summary.json": summary}

@@ -1,0 +1,41 @@
+"""What the collector needs from a policy: the port ``kiln.policy.runtime.PolicyRuntime`` fills.
+
+Kept as a Protocol so ``kiln.rollout`` never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+
+class SampleLike(Protocol):
+    ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+class PolicyPort(Protocol):
+    def identity(self, adapter_dir: Path | None = None) -> dict[str, Any]: ...
+
+    def encode_prompt(self, messages: list[dict[str, Any]], *, thinking: bool) -> list[int]: ...
+
+    def encode_observation_turn(
+        self, content: str, *, thinking: bool
+    ) -> tuple[list[int], list[int], list[int]]: ...
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        adapter_dir: Path | None = None,
+        stop_after_think_budget: int | None = None,
+        thinking: bool = True,
+    ) -> Sequence[SampleLike]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def split_action(self, ids: list[int], *, thinking: bool) -> tuple[str, str | None]: ...

@@ -1,0 +1,79 @@
+"""Collection of one seed group on a gpu worker: verify the policy, run the group, store it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.canonical import canonical_json
+from kiln.errors import PolicyIdentityChanged
+from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.rollout.policy_port import PolicyPort
+from kiln.stages import CollectGroupInput, CollectGroupResult, StoredObject
+from kiln.steps.credentials import resolve_bearer_token
+
+
+def behavior_policy_of(policy: PolicyPort, adapter: str | None, adapter_dir: Path | None) -> dict[str, Any]:
+    """The identity every action of a run is bound to (base digest + runtime + adapter digest)."""
+    identity = dict(policy.identity(adapter_dir))
+    identity["adapter"] = adapter
+    return identity
+
+
+def check_behavior_policy(expected: dict[str, Any], live: dict[str, Any]) -> None:
+    if canonical_json(expected) != canonical_json(live):
+        changed = sorted(k for k in set(expected) | set(live) if expected.get(k) != live.get(k))
+        raise PolicyIdentityChanged(
+            "the gpu worker's policy differs from the one this run was admitted with: "
+            + ", ".join(changed),
+            hint="all gpu workers of a run must serve the same model folder and adapter",
+            details={"changed_fields": changed},
+        )
+
+
+async def collect(
+    inp: CollectGroupInput,
+    *,
+    store: S3Store,
+    policy: PolicyPort,
+    adapter_dir: Path | None,
+    attempt: int = 1,
+    heartbeat: Callable[[dict[str, Any]], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> CollectGroupResult:
+    check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter, adapter_dir))
+    raw = await asyncio.to_thread(
+        store.get_bytes,
+        ObjectRef(uri=inp.inspection.uri, sha256=inp.inspection.sha256, bytes=inp.inspection.bytes),
+    )
+    task = GroupTask(
+        group_index=inp.group_index,
+        environment_index=inp.environment_index,
+        seed=inp.seed,
+        reset_payload=inp.reset_payload,
+        inspection=json.loads(raw),
+        settings=EpisodeSettings(**inp.settings),
+        behavior_policy=inp.behavior_policy,
+        adapter_dir=adapter_dir,
+        bearer_token=resolve_bearer_token(inp.credential_id),
+    )
+    collector = GroupCollector(task, policy, should_cancel=should_cancel, heartbeat=heartbeat)
+    document = await collector.run()
+    ref = await asyncio.to_thread(store.put_blob, canonical_json(document))
+    records = document["records"]
+    terminations: dict[str, int] = {}
+    for record in records:
+        terminations[record["termination"]] = terminations.get(record["termination"], 0) + 1
+    return CollectGroupResult(
+        group_index=inp.group_index,
+        group=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+        returns=[float(r["episode_return"]) for r in records],
+        steps=sum(r["steps"] for r in records),
+        terminations=terminations,
+        model_tokens=sum(r["model_tokens"] for r in records),
+        model_latency_ms=collector.timings()["model_latency_ms"],
+        attempt=attempt,
+    )

@@ -1,0 +1,60 @@
+"""Discovery and identity revalidation of a run's environments (R1.3–R1.9)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.canonical import canonical_json
+from kiln.errors import EnvironmentIdentityChanged
+from kiln.steps.credentials import resolve_bearer_token
+from kiln.openenv.discovery import identity_differences, inspect_environment
+from kiln.rollout.group import environment_name
+from kiln.stages import DiscoveryInput, DiscoveryResult, EnvironmentRef, RevalidationInput, StoredObject
+
+
+def _credential(credential_ids: list[str | None], index: int) -> str | None:
+    if not credential_ids:
+        return None
+    return resolve_bearer_token(credential_ids[index])
+
+
+async def discover(store: S3Store, inp: DiscoveryInput) -> DiscoveryResult:
+    """Inspect every URL in order and store each inspection as a content-addressed object."""
+    environments: list[EnvironmentRef] = []
+    for index, url in enumerate(inp.environment_urls):
+        inspection = await inspect_environment(url, bearer_token=_credential(inp.credential_ids, index))
+        ref = await asyncio.to_thread(store.put_blob, canonical_json(inspection))
+        identity = inspection["identity"]
+        environments.append(
+            EnvironmentRef(
+                base_url=identity["base_url"],
+                name=environment_name(identity),
+                discovery_sha256=identity.get("discovery_sha256"),
+                schema_sha256=identity["schema_sha256"],
+                inspection=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+            )
+        )
+    return DiscoveryResult(environments=environments)
+
+
+def load_inspection(store: S3Store, obj: StoredObject) -> dict[str, Any]:
+    return json.loads(store.get_bytes(ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)))
+
+
+async def revalidate(store: S3Store, inp: RevalidationInput) -> None:
+    """Re-inspect every endpoint; any drift fails with ``environment_identity_changed``."""
+    for index, env in enumerate(inp.environments):
+        first = await asyncio.to_thread(load_inspection, store, env.inspection)
+        second = await inspect_environment(env.base_url, bearer_token=_credential(inp.credential_ids, index))
+        changed = identity_differences(first, second)
+        if changed:
+            raise EnvironmentIdentityChanged(
+                f"environment {env.base_url} changed between discovery and revalidation: "
+                + ", ".join(changed),
+                hint="the environment server was restarted or redeployed mid-run; "
+                "submit a new run against the current environment",
+                details={"environment_url": env.base_url, "changed_fields": changed},
+            )

@@ -1,0 +1,134 @@
+"""Training on a gpu worker: load the groups, select, train GRPO+ECHO, store adapter and receipt.
+
+Imports ``kiln.train`` (torch): only the gpu worker imports this module.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.canonical import pretty_json
+from kiln.contracts import TrainingConfig
+from kiln.errors import PolicyIdentityChanged
+from kiln.policy.identity import model_content_sha256
+from kiln.stages import AdapterFile, StoredObject, TrainInput, TrainResult
+from kiln.steps.adapters import materialise_adapter
+from kiln.train.selection import select_groups
+from kiln.train.trainer import train_grpo
+
+
+def _ref(obj: StoredObject) -> ObjectRef:
+    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
+
+
+def _stored(ref: ObjectRef) -> StoredObject:
+    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
+
+
+def load_group_lines(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
+    documents = [json.loads(store.get_bytes(_ref(obj))) for obj in groups]
+    documents.sort(key=lambda doc: doc["group_index"])
+    return [doc["line"] for doc in documents]
+
+
+def pack_folder(folder: Path) -> bytes:
+    """A deterministic tar of a checkpoint folder (sorted names, zeroed metadata)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            info = tarfile.TarInfo(str(path.relative_to(folder)))
+            data = path.read_bytes()
+            info.size = len(data)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def unpack_folder(data: bytes, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def train(
+    inp: TrainInput,
+    *,
+    store: S3Store,
+    model_path: Path,
+    work_dir: Path,
+    cache_dir: Path,
+    heartbeat: Callable[[dict[str, Any]], None],
+    should_cancel: Callable[[], bool],
+    resume_checkpoint: StoredObject | None = None,
+) -> TrainResult:
+    lines = load_group_lines(store, inp.groups)
+    kept, selection = select_groups(lines)  # train_grpo selects again and reports the same counts
+    if not kept:
+        return TrainResult(
+            trained=False,
+            skip_reason="every seed group was skipped before training: "
+            + "; ".join(selection.get("warnings", [])),
+            selection=selection,
+        )
+    live_base = model_content_sha256(model_path)
+    if inp.behavior_policy.get("base_model_sha256") != live_base:
+        raise PolicyIdentityChanged(
+            "the trainer's base model differs from the model the rollouts were sampled with",
+            hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
+        )
+    config = TrainingConfig.model_validate(inp.training_config)
+    base_adapter_dir = materialise_adapter(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
+    resume_dir = None
+    if resume_checkpoint is not None:
+        resume_dir = unpack_folder(store.get_bytes(_ref(resume_checkpoint)), work_dir / "resume")
+
+    last_checkpoint: dict[str, Any] = {}
+
+    def on_progress(details: dict[str, Any]) -> None:
+        heartbeat({**details, **last_checkpoint})
+
+    def on_checkpoint(step: int, folder: Path) -> None:
+        ref = store.put_blob(pack_folder(folder))
+        last_checkpoint.clear()
+        last_checkpoint["checkpoint"] = _stored(ref).model_dump()
+        last_checkpoint["checkpoint_step"] = step
+        heartbeat(dict(last_checkpoint))
+
+    result = train_grpo(
+        model_path=model_path,
+        groups=lines,
+        config=config,
+        output_dir=work_dir / "out",
+        base_adapter_dir=base_adapter_dir,
+        expected_behavior_policy=inp.behavior_policy,
+        progress=on_progress,
+        resume_from=resume_dir,
+        checkpoint_sink=on_checkpoint,
+        should_cancel=should_cancel,
+    )
+    receipt = dict(result.receipt)
+    receipt["adapter_name"] = inp.output_adapter
+    receipt["run_id"] = inp.run_id
+    receipt["selection"] = selection
+    receipt_ref = store.put_blob(pretty_json(receipt))
+    files = [
+        AdapterFile(name=path.name, object=_stored(store.put_file(path)))
+        for path in sorted(result.adapter_dir.iterdir())
+        if path.is_file()
+    ]
+    losses = receipt.get("losses") or []
+    return TrainResult(
+        trained=True,
+        selection=selection,
+        adapter_files=files,
+        adapter_sha256=receipt.get("adapter_sha256"),
+        receipt=_stored(receipt_ref),
+        steps=result.steps,
+        final_loss=float(losses[-1]) if losses else None,
+    )

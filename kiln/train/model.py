@@ -1,0 +1,115 @@
+"""Policy model for training: load the base, attach (or warm-start) LoRA, save and hash adapters."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.canonical import pretty_json
+from kiln.errors import TrainingFailed
+from kiln.policy import identity as _identity
+from kiln.policy.identity import ADAPTER_FILES
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def load_base_model(model_path: Path, device: torch.device) -> Any:
+    """The base causal LM in float32, eval mode (no dropout), from a local folder only."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError) as exc:
+        raise TrainingFailed(f"cannot load base model from {model_path}: {exc}") from exc
+    model.to(device)
+    model.eval()
+    return model
+
+
+def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_dir: Path | None):
+    """Wrap ``model`` with a trainable LoRA.
+
+    ``base_adapter_dir`` warm-starts from an existing adapter
+    (its own rank/alpha/targets win); otherwise a fresh adapter is seeded with ``seed``."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(seed)
+    if base_adapter_dir is not None:
+        try:
+            peft_model = PeftModel.from_pretrained(model, str(base_adapter_dir), is_trainable=True)
+        except (OSError, ValueError) as exc:
+            raise TrainingFailed(f"cannot load base adapter {base_adapter_dir}: {exc}") from exc
+    else:
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            target_modules=list(LORA_TARGETS),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        peft_model = get_peft_model(model, config)
+    peft_model.eval()  # deterministic: no dropout anywhere
+    return peft_model
+
+
+def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """Trainable (LoRA) parameters in a stable order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def save_adapter(model: Any, adapter_dir: Path) -> str:
+    """Write a standard PEFT adapter and return its content digest.
+
+    ``adapter_config.json`` is rewritten in canonical pretty form with ``base_model_name_or_path``
+    set to null, so the bytes do not depend on where the base model lives on this machine.
+    """
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(adapter_dir))
+    config_path = adapter_dir / "adapter_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = None
+    config_path.write_bytes(pretty_json(config))
+    readme = adapter_dir / "README.md"
+    if readme.exists():
+        readme.unlink()
+    return adapter_content_sha256(adapter_dir)
+
+
+def adapter_content_sha256(adapter_dir: Path) -> str:
+    """The adapter content digest shared with the policy runtime (kiln.policy.identity)."""
+    try:
+        return _identity.adapter_content_sha256(Path(adapter_dir))
+    except FileNotFoundError as exc:
+        raise TrainingFailed(str(exc), code="adapter_not_found") from exc
+
+
+def model_content_sha256(model_path: Path) -> str:
+    """The base-model content digest shared with the policy runtime (kiln.policy.identity)."""
+    try:
+        return _identity.model_content_sha256(Path(model_path))
+    except FileNotFoundError as exc:
+        raise TrainingFailed(str(exc), code="model_not_found") from exc
+
+
+def lora_delta_norms(model: Any) -> tuple[float, dict[str, float]]:
+    """Frobenius norm of each module's ``scale·B@A`` and the root-sum-square total."""
+    from peft.tuners.lora import LoraLayer
+
+    norms: dict[str, float] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for adapter in module.lora_A:
+            a = module.lora_A[adapter].weight.detach().float()
+            b = module.lora_B[adapter].weight.detach().float()
+            delta = (b @ a) * float(module.scaling[adapter])
+            norms[f"{name}.{adapter}"] = float(torch.linalg.matrix_norm(delta).item())
+    total = math.sqrt(math.fsum(v * v for v in norms.values()))
+    return total, norms

@@ -1,0 +1,65 @@
+"""Group selection before training (R5.4). Pure Python: no torch.
+
+Artifacts keep every completion; only the trainer's view is filtered:
+
+- a completion whose harness code is ``MODEL_ACTION_NO_OUTPUT`` (the model produced no final action)
+  is dropped from its group;
+- a group with no completion left is skipped ("produced no final model actions");
+- a group whose remaining rewards are all exactly equal is skipped (no reward variation: its
+  group-normalised advantages are all zero, so training on it is zero-gradient work);
+- a kept group that lost some no-output completions gets a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NO_OUTPUT_CODE = "MODEL_ACTION_NO_OUTPUT"
+
+
+def select_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Return ``(kept_groups, selection)``.
+
+    Kept groups are shallow copies with filtered completions.
+
+    Group numbers in warnings are 1-based positions in ``groups``.
+    """
+    kept: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    rollouts = 0
+    discarded = 0
+    no_usable = 0
+    no_gradient = 0
+    for number, group in enumerate(groups, start=1):
+        completions = list(group.get("completions") or [])
+        rollouts += len(completions)
+        usable = [c for c in completions if c.get("harness_code") != NO_OUTPUT_CODE]
+        dropped = len(completions) - len(usable)
+        discarded += dropped
+        if not usable:
+            no_usable += 1
+            warnings.append(f"group {number} produced no final model actions; skipped")
+            continue
+        rewards = [float(c["reward"]) for c in usable]
+        if all(r == rewards[0] for r in rewards):
+            no_gradient += 1
+            warnings.append(
+                f"group {number} has no reward variation (all rewards {rewards[0]!r}); "
+                "zero-gradient work skipped"
+            )
+            continue
+        if dropped:
+            warnings.append(
+                f"group {number}: dropped {dropped} of {len(completions)} completions "
+                "that produced no final model action"
+            )
+        kept.append({**group, "completions": usable})
+    selection = {
+        "groups_submitted": len(groups),
+        "rollouts_submitted": rollouts,
+        "no_output_rollouts_discarded": discarded,
+        "no_usable_output_groups_skipped": no_usable,
+        "no_reward_gradient_groups_skipped": no_gradient,
+        "warnings": warnings,
+    }
+    return kept, selection

@@ -1,0 +1,94 @@
+"""Session fixtures: real Temporal dev server, real SeaweedFS, the tiny model, example envs.
+
+Every process a fixture starts is stopped by its own PID at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _torch_single_thread() -> None:
+    try:
+        import torch
+    except ImportError:  # control-plane-only install
+        return
+    torch.set_num_threads(1)
+
+
+_torch_single_thread()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The deterministic tiny demo model, built once per test session."""
+    from kiln.policy.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.support.stack import start_test_temporal
+
+    proc, address = start_test_temporal(tmp_path_factory.mktemp("temporal"))
+    try:
+        yield address
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    from tests.support.stack import start_test_seaweedfs
+
+    proc, endpoint, access_key, secret_key = start_test_seaweedfs(
+        tmp_path_factory.mktemp("seaweedfs"), bucket="kiln-test"
+    )
+    try:
+        yield {"endpoint": endpoint, "access_key": access_key, "secret_key": secret_key, "bucket": "kiln-test"}
+    finally:
+        proc.stop()
+
+
+@pytest.fixture()
+def kiln_settings(
+    temporal_server: str, s3_server: dict[str, str], tiny_model_dir: Path, tmp_path: Path
+) -> Callable[..., object]:
+    """Settings pointing at the session's servers, with task queues unique to the test."""
+    from kiln.settings import Settings
+
+    def make(**overrides: object) -> Settings:
+        suffix = uuid.uuid4().hex[:8]
+        values: dict[str, object] = {
+            "home": tmp_path / "kiln-home",
+            "temporal_address": temporal_server,
+            "s3_endpoint": s3_server["endpoint"],
+            "s3_access_key": s3_server["access_key"],
+            "s3_secret_key": s3_server["secret_key"],
+            "s3_bucket": s3_server["bucket"],
+            "model_path": tiny_model_dir,
+            "control_task_queue": f"kiln-control-{suffix}",
+            "gpu_task_queue": f"kiln-gpu-{suffix}",
+            "temporal_ui_url": "http://127.0.0.1:8233",
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def counter_env_url() -> Iterator[str]:
+    from tests.support.servers import serve_example_env
+
+    with serve_example_env("counter", max_concurrent_envs=8) as url:
+        yield url

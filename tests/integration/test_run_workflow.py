@@ -1,0 +1,245 @@
+"""The whole OpenEnvRunWorkflow on real parts: Temporal dev server, SeaweedFS, counter env, tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import random
+import socket
+import threading
+import uuid
+from typing import Any
+
+import boto3
+import pytest
+from safetensors.numpy import load as load_safetensors
+from temporalio import activity
+from temporalio.client import WorkflowFailureError
+
+from activities.control import ControlActivities
+from api.runs import RunService
+from kiln.artifacts.manifest import manifest_key
+from kiln.artifacts.store import S3Store
+from kiln.contracts import parse_run_request
+from kiln.stages import RevalidationInput
+from tests.support.kiln_workers import running_workers
+from tests.support.servers import example_env_argv, free_port, serve_app_process
+from workflows.options import WORKFLOW_NAME
+
+pytestmark = pytest.mark.asyncio
+
+SMALL_RUN = {
+    "kind": "train",
+    "groups": 4,
+    "group_size": 4,
+    "max_steps": 4,
+    "max_action_tokens": 48,
+    "output_adapter": "counter-agent",
+    "training_config": {"epochs": 2, "lora_rank": 4, "lora_alpha": 8},
+}
+
+
+def _s3(settings: Any) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=settings.s3_secret_key,
+        region_name="us-east-1",
+    )
+
+
+def _object(settings: Any, uri: str) -> bytes:
+    bucket, key = uri.removeprefix("s3://").split("/", 1)
+    return _s3(settings).get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _replay_counter_env(seed: int, actions: list[int]) -> list[float]:
+    """The counter environment's rule, recomputed independently from the seed and the actions."""
+    target = random.Random(seed).randint(8, 12)
+    count, rewards = 0, []
+    for amount in actions:
+        count += amount
+        rewards.append(0.0 if count > target else 1.0)
+        if count >= target:
+            break
+    return rewards
+
+
+async def test_train_run_end_to_end(kiln_settings: Any, counter_env_url: str) -> None:
+    settings = kiln_settings()
+    request = parse_run_request({**SMALL_RUN, "environment_urls": [counter_env_url]})
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        status, created = await service.submit(request)
+        assert created is True
+        run_id = status["run_id"]
+        final = await client.get_workflow_handle(run_id).result()
+        described = await service.status(run_id)
+
+    assert final["state"] == "completed" and described["state"] == "completed"
+    assert described["temporal_ui"].endswith(f"/workflows/{run_id}")
+    artifacts = {a["name"]: a for a in final["artifacts"]}
+    assert {"rollouts.jsonl", "replay.json", "summary.json", "train_receipt.json"} <= set(artifacts)
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(artifacts)
+
+    # Every manifest digest equals the SHA-256 of the bytes actually in S3.
+    manifest_bytes = _s3(settings).get_object(Bucket=settings.s3_bucket, Key=manifest_key(run_id))["Body"].read()
+    manifest = json.loads(manifest_bytes)
+    assert "sha256:" + hashlib.sha256(manifest_bytes).hexdigest() == final["manifest"]["sha256"]
+    assert len(manifest["artifacts"]) == len(final["artifacts"])
+    for entry in manifest["artifacts"]:
+        data = _object(settings, entry["uri"])
+        assert len(data) == entry["bytes"]
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == entry["sha256"]
+
+    # groups × group_size episodes, and each return is what the environment actually sent.
+    lines = _object(settings, artifacts["rollouts.jsonl"]["uri"]).decode().splitlines()
+    assert len(lines) == 4
+    episodes = 0
+    replay = json.loads(_object(settings, artifacts["replay.json"]["uri"]))
+    for line, group in zip(lines, replay["groups"]):
+        completions = json.loads(line)["completions"]
+        assert len(completions) == 4
+        for completion, candidate in zip(completions, group["candidates"]):
+            episodes += 1
+            actions = [ex["action"]["amount"] for ex in candidate["exchanges"]]
+            wire_rewards = [ex["result"]["observation"]["reward"] for ex in candidate["exchanges"]]
+            assert wire_rewards == _replay_counter_env(group["seed"], actions)
+            penalty = -1.0 if candidate["termination"] == "invalid_model_action" else 0.0
+            assert completion["reward"] == sum(wire_rewards) + penalty
+            assert completion["reward"] == candidate["episode_return"]
+    assert episodes == 16
+    summary = json.loads(_object(settings, artifacts["summary.json"]["uri"]))
+    assert summary["rollout_count"] == 16
+    assert summary["dataset_sha256"] == artifacts["rollouts.jsonl"]["sha256"]
+
+    # The trained adapter's weights differ from the initial LoRA (whose B matrices are zero).
+    tensors = load_safetensors(_object(settings, artifacts["adapter/adapter_model.safetensors"]["uri"]))
+    lora_b = [name for name in tensors if "lora_B" in name]
+    assert lora_b, "the adapter has no LoRA B matrices"
+    assert max(float(abs(tensors[name]).max()) for name in lora_b) > 0.0
+    assert final["training"]["trained"] is True and final["training"]["steps"] > 0
+
+
+class _SwapSchemaBeforeRevalidation(ControlActivities):
+    """Restarts the environment with a changed action schema just before revalidation runs."""
+
+    swap: Any = None
+
+    @activity.defn(name="revalidate_environments")
+    async def revalidate_environments(self, inp: RevalidationInput) -> None:  # type: ignore[override]
+        await asyncio.to_thread(type(self).swap)
+        return await super().revalidate_environments(inp)
+
+
+async def test_identity_change_fails_run_without_manifest(kiln_settings: Any) -> None:
+    port = free_port()
+    first = serve_app_process(example_env_argv("counter", port), port=port)
+    url = first.__enter__()
+    swapped: list[Any] = []
+
+    def swap() -> None:
+        first.__exit__(None, None, None)
+        second = serve_app_process(example_env_argv("counter", port, schema_variant=2), port=port)
+        second.__enter__()
+        swapped.append(second)
+
+    _SwapSchemaBeforeRevalidation.swap = staticmethod(swap)
+    settings = kiln_settings()
+    run_id = str(uuid.uuid4())
+    try:
+        async with running_workers(settings, control_factory=_SwapSchemaBeforeRevalidation) as client:
+            request = {**SMALL_RUN, "groups": 1, "group_size": 2, "max_steps": 2, "environment_urls": [url]}
+            handle = await client.start_workflow(
+                WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            status = await handle.query("status")
+    finally:
+        for server in swapped:
+            server.__exit__(None, None, None)
+        if not swapped:
+            first.__exit__(None, None, None)
+    assert failure.value.cause.type == "environment_identity_changed"
+    assert status["failure"]["code"] == "environment_identity_changed"
+    assert status["failure"]["stage"] == "identity_verification"
+    assert "schema.action" in status["failure"]["details"]["changed_fields"]
+    store = S3Store.from_settings(settings)
+    assert not store.exists(manifest_key(run_id))
+    assert status["manifest"] is None and status["state"] == "failed"
+
+
+async def test_unreachable_url_fails_at_discovery_naming_url_and_route(kiln_settings: Any) -> None:
+    settings = kiln_settings()
+    url = f"http://127.0.0.1:{free_port()}"
+    run_id = str(uuid.uuid4())
+    async with running_workers(settings, roles=("control",)) as client:
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            {**SMALL_RUN, "environment_urls": [url]},
+            id=run_id,
+            task_queue=settings.control_task_queue,
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        status = await handle.query("status")
+    failure = status["failure"]
+    assert failure["code"] == "environment_unavailable"
+    assert failure["stage"] == "discovery"
+    assert f"{url}/health" in failure["message"]
+
+
+class _ConnectionCounter:
+    """A loopback TCP listener that only counts connection attempts (an environment never used)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_invalid_request_rejected_at_admission_without_contact(kiln_settings: Any) -> None:
+    settings = kiln_settings()
+    listener = _ConnectionCounter()
+    url = f"http://127.0.0.1:{listener.port}"
+    bad = {**SMALL_RUN, "group_size": 1, "environment_urls": [url]}
+    try:
+        async with running_workers(settings, roles=("control",)) as client:
+            handle = await client.start_workflow(
+                WORKFLOW_NAME, bad, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            status = await handle.query("status")
+    finally:
+        listener.close()
+    assert failure.value.cause.type == "openenv_invalid_request"
+    assert status["failure"]["stage"] == "admission"
+    assert "group_size" in status["failure"]["message"]
+    assert listener.accepted == 0
+    # The API rejects the same request before any workflow starts, with the same code.
+    from kiln.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as api_error:
+        parse_run_request(bad)
+    assert api_error.value.code == "openenv_invalid_request"

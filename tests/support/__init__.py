@@ -1,0 +1,1 @@
+"""Test support: real servers started as subprocesses on loopback and stopped by PID."""

@@ -1,0 +1,73 @@
+"""The tiny demo model: deterministic build, architecture, tokenizer and template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kiln.policy.chat_template import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS, render
+from kiln.policy.identity import file_sha256, model_content_sha256
+from kiln.policy.testing import shared_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    return shared_tiny_model(tmp_path_factory)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.name: file_sha256(p) for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def test_build_is_byte_identical(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from kiln.policy.tiny import build_tiny_model
+
+    again = build_tiny_model(tmp_path / "again")
+    assert _digests(again) == _digests(tiny_model_dir)
+    assert model_content_sha256(again) == model_content_sha256(tiny_model_dir)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(
+        _digests(again)
+    )
+
+
+def test_architecture(tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen3"
+    assert config["hidden_size"] == 64
+    assert config["num_hidden_layers"] == 2
+    assert config["num_attention_heads"] == 4
+    assert config["num_key_value_heads"] == 2
+    assert config["intermediate_size"] == 128
+    assert config["tie_word_embeddings"] is True
+    assert config["initializer_range"] == pytest.approx(0.2)
+    assert (tiny_model_dir / "model.safetensors").stat().st_size < 2_000_000
+
+
+def test_tokenizer_and_template(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    assert 700 <= len(tok) <= 1100
+    for token in SPECIAL_TOKENS + ADDED_TOKENS:
+        tid = tok.convert_tokens_to_ids(token)
+        assert tok.decode([tid]) == token
+        assert tok.encode(token, add_special_tokens=False) == [tid]
+    assert tok.chat_template == CHAT_TEMPLATE
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Count is 3."},
+        {"role": "assistant", "reasoning_content": "hmm", "content": '{"amount": 1}'},
+        {"role": "user", "content": "Count is 4."},
+    ]
+    for thinking in (True, False):
+        jinja = tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+        assert jinja == render(messages, thinking=thinking, add_generation_prompt=True)
+    text = "héllo wörld {\"amount\": 3} 12345 <think>\n</think>\n\n"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text

@@ -1,0 +1,68 @@
+"""Build the Temporal client and the control/gpu workers from settings (one implementation)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pydantic
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.control import ControlActivities
+from kiln.artifacts.store import S3Store
+from kiln.settings import Settings
+from workflows.openenv_run import OpenEnvRunWorkflow
+
+ROLES = ("control", "gpu")
+
+
+async def connect_client(settings: Settings) -> Client:
+    return await Client.connect(
+        settings.effective_temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+def build_workers(
+    client: Client,
+    settings: Settings,
+    roles: Sequence[str],
+    *,
+    store: S3Store | None = None,
+    model_path: Path | None = None,
+    sticky_timeout: timedelta = timedelta(seconds=10),
+    control_factory: Callable[[Settings, S3Store], ControlActivities] = ControlActivities,
+) -> list[Worker]:
+    store = store or S3Store.from_settings(settings)
+    workers: list[Worker] = []
+    if "control" in roles:
+        control = control_factory(settings, store)
+        workers.append(
+            Worker(
+                client,
+                task_queue=settings.control_task_queue,
+                workflows=[OpenEnvRunWorkflow],
+                activities=control.all(),
+                workflow_failure_exception_types=[pydantic.ValidationError],
+                sticky_queue_schedule_to_start_timeout=sticky_timeout,
+            )
+        )
+    if "gpu" in roles:
+        from activities.gpu import GpuActivities
+
+        gpu = GpuActivities(settings, store, model_path or settings.default_model_path)
+        workers.append(
+            Worker(
+                client,
+                task_queue=settings.gpu_task_queue,
+                activities=gpu.all(),
+                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
+                max_concurrent_activities=settings.gpu_max_concurrent_activities,
+            )
+        )
+    return workers

@@ -1,0 +1,356 @@
+"""``OpenEnvRunWorkflow``: admission → discovery → collection → revalidation → training → publication.
+
+One workflow per run; the workflow id is the run id. History carries only small records (see
+``kiln.stages``); every stage's work happens in an activity. The ``status`` query is the single
+source of a run's progress for the API, the CLI and the Web UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from kiln.stages import (
+        AdmissionInput,
+        AdmissionResult,
+        CollectGroupInput,
+        CollectGroupResult,
+        DiscoveryInput,
+        DiscoveryResult,
+        PolicyInput,
+        PolicyResult,
+        PublishInput,
+        PublishResult,
+        RevalidationInput,
+        TrainInput,
+        TrainResult,
+    )
+    from workflows import options
+
+KILN_PHASE = SearchAttributeKey.for_keyword("KilnPhase")
+KILN_STATUS = SearchAttributeKey.for_keyword("KilnStatus")
+KILN_ENVIRONMENT = SearchAttributeKey.for_keyword("KilnEnvironment")
+KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword("KilnOutputAdapter")
+KILN_RUN_KIND = SearchAttributeKey.for_keyword("KilnRunKind")
+
+STATUS_SCHEMA = "kiln.run-status.v1"
+TERMINAL_PHASES = frozenset({"completed", "failed", "cancelled"})
+
+
+def _stage_of(phase: str) -> str:
+    return {
+        "admitting": "admission",
+        "discovering": "discovery",
+        "collecting": "collection",
+        "revalidating": "identity_verification",
+        "training": "training",
+        "publishing": "artifact_publication",
+    }.get(phase, "orchestration")
+
+
+@workflow.defn(name=options.WORKFLOW_NAME)
+class OpenEnvRunWorkflow:
+    def __init__(self) -> None:
+        self._status: dict[str, Any] = {
+            "schema": STATUS_SCHEMA,
+            "run_id": "",
+            "kind": None,
+            "phase": "admitting",
+            "state": "running",
+            "progress": {
+                "groups_completed": 0,
+                "groups_total": 0,
+                "rollouts_completed": 0,
+                "rollouts_total": 0,
+            },
+            "mean_return": None,
+            "environments": [],
+            "training": None,
+            "manifest": None,
+            "artifacts": [],
+            "warnings": [],
+            "interruptions": [],
+            "failure": None,
+        }
+        self._returns: list[float] = []
+
+    @workflow.query
+    def status(self) -> dict[str, Any]:
+        return self._status
+
+    # ------------------------------------------------------------------ helpers
+    def _phase(self, phase: str) -> None:
+        self._status["phase"] = phase
+        workflow.upsert_search_attributes([KILN_PHASE.value_set(phase)])
+
+    def _finish(self, state: str) -> None:
+        self._status["state"] = state
+        if state in TERMINAL_PHASES:
+            self._status["phase"] = state
+        workflow.upsert_search_attributes(
+            [KILN_STATUS.value_set(state), KILN_PHASE.value_set(self._status["phase"])]
+        )
+
+    # ------------------------------------------------------------------ run
+    @workflow.run
+    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        run_id = workflow.info().workflow_id
+        self._status["run_id"] = run_id
+        workflow.upsert_search_attributes([KILN_STATUS.value_set("running"), KILN_PHASE.value_set("admitting")])
+        try:
+            await self._execute(run_id, request)
+        except (ActivityError, ApplicationError) as err:
+            failure = self._failure_from(err)
+            self._status["failure"] = failure
+            self._finish("failed")
+            raise ApplicationError(
+                f"{failure['code']}: {failure['message']}",
+                failure,
+                type=failure["code"],
+                non_retryable=True,
+            ) from None
+        except asyncio.CancelledError:
+            self._status["warnings"].append(f"cancelled during {self._status['phase']}")
+            self._status["cancelled_stage"] = _stage_of(self._status["phase"])
+            self._finish("cancelled")
+            raise
+        return self._status
+
+    def _failure_from(self, err: BaseException) -> dict[str, Any]:
+        cause: BaseException | None = err
+        while isinstance(cause, ActivityError) and cause.cause is not None:
+            cause = cause.cause
+        stage = _stage_of(self._status["phase"])
+        if isinstance(cause, ApplicationError):
+            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+            return {
+                "code": cause.type or details.get("code") or "internal_error",
+                "message": details.get("message") or cause.message,
+                "stage": details.get("stage") or stage,
+                "retryable": bool(details.get("retryable", False)),
+                "hint": details.get("hint"),
+                "details": details.get("details"),
+            }
+        if isinstance(cause, CancelledError):
+            return {"code": "cancelled", "message": str(cause), "stage": stage, "retryable": False}
+        return {
+            "code": "internal_error",
+            "message": str(cause or err),
+            "stage": stage,
+            "retryable": False,
+        }
+
+    async def _execute(self, run_id: str, raw_request: dict[str, Any]) -> None:
+        # 1. admission: validate before any environment is contacted.
+        admission: AdmissionResult = await workflow.execute_activity(
+            "admit_run",
+            AdmissionInput(run_id=run_id, request=raw_request),
+            result_type=AdmissionResult,
+            task_queue=workflow.info().task_queue,
+            start_to_close_timeout=options.ADMISSION_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary="validate the run request",
+        )
+        request = admission.request
+        gpu_queue = admission.gpu_task_queue
+        control_queue = workflow.info().task_queue
+        self._status["kind"] = request["kind"]
+        self._status["request_sha256"] = admission.request_sha256
+        self._status["reset_plan_sha256"] = admission.reset_plan_sha256
+        groups_total = request["groups"]
+        self._status["progress"]["groups_total"] = groups_total
+        self._status["progress"]["rollouts_total"] = groups_total * request["group_size"]
+        attrs = [KILN_RUN_KIND.value_set(request["kind"])]
+        attrs.append(KILN_ENVIRONMENT.value_set(request["environment_urls"][0]))
+        if request.get("output_adapter"):
+            attrs.append(KILN_OUTPUT_ADAPTER.value_set(request["output_adapter"]))
+        workflow.upsert_search_attributes(attrs)
+
+        # 2. discovery.
+        self._phase("discovering")
+        discovery: DiscoveryResult = await workflow.execute_activity(
+            "discover_environments",
+            DiscoveryInput(
+                run_id=run_id,
+                environment_urls=request["environment_urls"],
+                credential_ids=request.get("credential_ids") or [],
+            ),
+            result_type=DiscoveryResult,
+            task_queue=control_queue,
+            start_to_close_timeout=options.DISCOVERY_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary=f"discover {len(request['environment_urls'])} environment(s)",
+        )
+        self._status["environments"] = [
+            {
+                "base_url": env.base_url,
+                "name": env.name,
+                "discovery_sha256": env.discovery_sha256,
+                "schema_sha256": env.schema_sha256,
+            }
+            for env in discovery.environments
+        ]
+
+        # 3. collection: one activity per seed group on the gpu queue.
+        self._phase("collecting")
+        adapter = request.get("adapter")
+        adapter = None if adapter in (None, "base") else adapter
+        policy: PolicyResult = await workflow.execute_activity(
+            "resolve_policy",
+            PolicyInput(adapter=adapter),
+            result_type=PolicyResult,
+            task_queue=gpu_queue,
+            start_to_close_timeout=options.POLICY_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary=f"resolve behaviour policy ({adapter or 'base'})",
+        )
+        self._status["behavior_policy"] = policy.behavior_policy
+        results = await self._collect(run_id, request, admission, discovery, policy, gpu_queue)
+        group_refs = [r.group for r in sorted(results, key=lambda r: r.group_index)]
+
+        # 4. identity revalidation before any artifact is derived.
+        self._phase("revalidating")
+        await workflow.execute_activity(
+            "revalidate_environments",
+            RevalidationInput(
+                run_id=run_id,
+                environments=discovery.environments,
+                credential_ids=request.get("credential_ids") or [],
+            ),
+            task_queue=control_queue,
+            start_to_close_timeout=options.DISCOVERY_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary="re-inspect environments and compare identities",
+        )
+
+        # 5. training.
+        training: TrainResult | None = None
+        if request["kind"] == "train":
+            self._phase("training")
+            training = await workflow.execute_activity(
+                "train_adapter",
+                TrainInput(
+                    run_id=run_id,
+                    groups=group_refs,
+                    training_config=request.get("training_config") or {},
+                    output_adapter=request["output_adapter"],
+                    behavior_policy=policy.behavior_policy,
+                    base_adapter=adapter,
+                ),
+                result_type=TrainResult,
+                task_queue=gpu_queue,
+                start_to_close_timeout=options.TRAIN_TIMEOUT,
+                heartbeat_timeout=options.TRAIN_HEARTBEAT,
+                retry_policy=options.TRAIN_RETRY,
+                summary=f"GRPO+ECHO training of {request['output_adapter']}",
+            )
+            self._status["training"] = {
+                "trained": training.trained,
+                "steps": training.steps,
+                "final_loss": training.final_loss,
+                "adapter_sha256": training.adapter_sha256,
+                "selection": training.selection,
+                "skip_reason": training.skip_reason,
+            }
+            self._status["warnings"].extend(training.selection.get("warnings", []))
+
+        # 6. publication: manifest written last.
+        self._phase("publishing")
+        published: PublishResult = await workflow.execute_activity(
+            "publish_run",
+            PublishInput(
+                run_id=run_id,
+                request=request,
+                environments=discovery.environments,
+                groups=group_refs,
+                behavior_policy=policy.behavior_policy,
+                reset_plan_sha256=admission.reset_plan_sha256,
+                training=training,
+            ),
+            result_type=PublishResult,
+            task_queue=control_queue,
+            start_to_close_timeout=options.PUBLISH_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary="publish artifacts and manifest",
+        )
+        self._status["manifest"] = {"uri": published.manifest_uri, "sha256": published.manifest_sha256}
+        self._status["artifacts"] = [a.model_dump() for a in published.artifacts]
+        self._status["rollout_stats"] = published.stats
+        self._finish("completed")
+
+    async def _collect(
+        self,
+        run_id: str,
+        request: dict[str, Any],
+        admission: AdmissionResult,
+        discovery: DiscoveryResult,
+        policy: PolicyResult,
+        gpu_queue: str,
+    ) -> list[CollectGroupResult]:
+        environments = discovery.environments
+        settings = {
+            key: request[key]
+            for key in (
+                "group_size",
+                "max_steps",
+                "concurrency",
+                "max_action_tokens",
+                "thinking",
+                "thinking_budget_tokens",
+                "temperature",
+                "protocol_error_reward",
+                "max_recoverable_errors",
+                "capacity_wait_seconds",
+            )
+        }
+        credential_ids = request.get("credential_ids") or []
+        adapter = request.get("adapter")
+        adapter = None if adapter in (None, "base") else adapter
+        gate = asyncio.Semaphore(options.MAX_PARALLEL_GROUPS)
+        results: list[CollectGroupResult] = []
+
+        async def one(group_index: int) -> None:
+            env_index = group_index % len(environments)
+            seed = request["seed_start"] + group_index
+            payload = dict(admission.reset_templates[env_index])
+            payload["seed"] = seed
+            async with gate:
+                result: CollectGroupResult = await workflow.execute_activity(
+                    "collect_group",
+                    CollectGroupInput(
+                        run_id=run_id,
+                        group_index=group_index,
+                        environment_index=env_index,
+                        seed=seed,
+                        reset_payload=payload,
+                        inspection=environments[env_index].inspection,
+                        settings=settings,
+                        behavior_policy=policy.behavior_policy,
+                        adapter=adapter,
+                        credential_id=credential_ids[env_index] if credential_ids else None,
+                    ),
+                    result_type=CollectGroupResult,
+                    task_queue=gpu_queue,
+                    start_to_close_timeout=options.GROUP_TIMEOUT,
+                    heartbeat_timeout=options.GROUP_HEARTBEAT,
+                    retry_policy=options.GROUP_RETRY,
+                    summary=f"group {group_index} seed {seed} on {environments[env_index].base_url}",
+                )
+            results.append(result)
+            if result.attempt > 1:
+                self._status["interruptions"].append(
+                    {"group_index": group_index, "attempts": result.attempt}
+                )
+            self._returns.extend(result.returns)
+            progress = self._status["progress"]
+            progress["groups_completed"] += 1
+            progress["rollouts_completed"] += len(result.returns)
+            self._status["mean_return"] = sum(self._returns) / len(self._returns)
+
+        await asyncio.gather(*(one(index) for index in range(request["groups"])))
+        return results
