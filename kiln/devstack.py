@@ -188,6 +188,23 @@ def s3_healthy(endpoint: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _master_volumes(master_port: int, *, timeout_s: float = 2.0) -> tuple[int, int] | None:
+    """(data nodes, volumes) the SeaweedFS master knows about, or None when it does not answer."""
+    url = f"http://{LOOPBACK}:{master_port}/dir/status"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            status = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    nodes = volumes = 0
+    for dc in (status.get("Topology") or {}).get("DataCenters") or []:
+        for rack in dc.get("Racks") or []:
+            for node in rack.get("DataNodes") or []:
+                nodes += 1
+                volumes += int(node.get("Volumes") or 0)
+    return nodes, volumes
+
+
 def _ports_free(ports: list[int]) -> bool:
     return all(
         port_is_free(p, reuse_addr=True) and port_is_free(p + GRPC_OFFSET, reuse_addr=True)
@@ -246,6 +263,9 @@ def start_seaweedfs(
     for p, what in ((s3_port, "SeaweedFS S3"), (s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC")):
         _require_free(p, what, "stop whatever listens there or pick another S3 port")
     internal = _seaweed_internal_ports(data_dir, s3_port)
+    # Volumes already on disk must be registered with the master before reads work: /healthz
+    # answers earlier, and a read in between fails with "volume N not found" (HTTP 500).
+    volumes_on_disk = len(list(data_dir.glob("*.dat")))
     argv = [
         weed_binary(),
         "mini",
@@ -280,6 +300,18 @@ def start_seaweedfs(
             lambda: s3_healthy(endpoint),
             timeout_s=timeout_s,
             what=f"SeaweedFS S3 at {endpoint}/healthz",
+            process=proc,
+        )
+
+        def volumes_registered() -> bool:
+            known = _master_volumes(internal["master"])
+            return known is not None and known[0] >= 1 and known[1] >= volumes_on_disk
+
+        wait_until(
+            volumes_registered,
+            timeout_s=timeout_s,
+            what=f"the SeaweedFS volume server to register {volumes_on_disk} volume(s) "
+            f"with the master on port {internal['master']}",
             process=proc,
         )
         from kiln.artifacts.store import S3Store  # boto3 only when S3 is actually started

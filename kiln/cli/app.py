@@ -20,8 +20,8 @@ model_app = typer.Typer(help="Local models.", no_args_is_help=True)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(error: KilnError) -> None:

@@ -40,7 +40,7 @@ from kiln.errors import (
     RunCancelled,
 )
 from kiln.openenv.credentials import bearer_headers, contains_token, prepare_token
-from kiln.openenv.httpio import check_health, make_client
+from kiln.openenv.probe import health_probe
 from kiln.openenv.rewards import is_valid_wire_reward, training_reward
 from kiln.openenv.urls import EnvironmentUrl, coerce_url
 
@@ -163,19 +163,18 @@ class EnvSession:
         """Health check (exactly 200, R1.8), then upgrade ``/ws``."""
         env_url = coerce_url(url)
         token = prepare_token(env_url, bearer_token)
-        async with make_client(
-            bearer_token=token, connect_timeout_s=connect_timeout_s, timeout_s=request_timeout_s
-        ) as client:
-            await check_health(
-                client,
-                env_url.route("/health"),
-                timeout_s=request_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-            )
+        sock = await health_probe(
+            env_url,
+            bearer_token=token,
+            connect_timeout_s=connect_timeout_s,
+            timeout_s=request_timeout_s,
+        )
         ws_url = env_url.websocket_url
+        extra: dict[str, Any] = {} if sock is None else {"sock": sock}
         try:
             ws = await connect(
                 ws_url,
+                **extra,
                 additional_headers=bearer_headers(token),
                 open_timeout=connect_timeout_s,
                 max_size=max_frame_bytes,
@@ -206,6 +205,9 @@ class EnvSession:
                 f"WebSocket upgrade {ws_url}: failed ({type(exc).__name__})",
                 details={"url": ws_url},
             ) from None
+        finally:
+            if sock is not None and sock.fileno() != -1 and "ws" not in locals():
+                sock.close()
         return cls(
             env_url,
             ws,

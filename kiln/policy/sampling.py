@@ -102,15 +102,26 @@ def sample_batch(
 
     kw = cache_kwarg(model)
     positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+    # Prefill each distinct prompt once (a group's candidates share their first prompt), then
+    # expand the KV cache to one row per candidate.
+    first_row: dict[tuple[int, ...], int] = {}
+    row_to_unique = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
+    unique_rows = [row_to_unique.index(u) for u in range(len(first_row))]
+    dedup = len(unique_rows) < batch
+    sel = torch.tensor(unique_rows, dtype=torch.long, device=device)
     out = model(
-        input_ids=input_ids,
-        attention_mask=mask[:, :width],
-        position_ids=positions,
+        input_ids=input_ids[sel] if dedup else input_ids,
+        attention_mask=mask[sel, :width] if dedup else mask[:, :width],
+        position_ids=positions[sel] if dedup else positions,
         use_cache=True,
         logits_to_keep=1,
     )
     cache = _out_cache(out)
     logits = out.logits[:, -1, :]
+    if dedup:
+        expand = torch.tensor(row_to_unique, dtype=torch.long, device=device)
+        cache.reorder_cache(expand)
+        logits = logits[expand]
     next_pos = positions[:, -1:] + 1
 
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)

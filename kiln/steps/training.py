@@ -122,7 +122,7 @@ def train(
         for path in sorted(result.adapter_dir.iterdir())
         if path.is_file()
     ]
-    losses = receipt.get("losses") or []
+    loss = receipt.get("loss") or {}
     return TrainResult(
         trained=True,
         selection=selection,
@@ -130,5 +130,5 @@ def train(
         adapter_sha256=receipt.get("adapter_sha256"),
         receipt=_stored(receipt_ref),
         steps=result.steps,
-        final_loss=float(losses[-1]) if losses else None,
+        final_loss=loss.get("final"),
     )
