@@ -94,8 +94,8 @@ async def main_async(base_url: str, episodes: int, rounds: int) -> list[tuple[in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-ratio", type=float, default=0.9)
     args = parser.parse_args(argv)
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):

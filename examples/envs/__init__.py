@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-EXAMPLE_ENVS = {"counter": "examples.envs.counter.server"}
+EXAMPLE_ENVS = {
+    "counter": "examples.envs.counter.server",
+    "taskbank": "examples.envs.taskbank.server",
+}
 
 
 def build_example_app(name: str, **options: Any) -> Any:

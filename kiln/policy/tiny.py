@@ -9,14 +9,15 @@ What gets written into ``out_dir`` (same bytes every run on the same machine kin
 
 **Format warm-up.** A randomly initialised model never writes valid JSON, so an RL run on it could
 learn nothing. After initialisation the model gets a short deterministic supervised warm-up (fixed
-seed, one CPU thread, a few hundred AdamW steps, a few seconds) on synthetic ChatML transcripts:
-varied generic system and user texts (state descriptions with numbers, requests for a JSON reply),
-one to several turns, thinking on (the assistant turn continues the template's ``<think>\\n``
-generation prompt with an empty or short reasoning, ``</think>\\n\\n``, then ``{"amount": N}``) or
-off (the JSON directly), always closed by ``<|im_end|>``. ``N`` is uniform over 1..5 and independent
-of the text, so the warmed-up policy emits the action format reliably (>90 % parseable at
-temperature 1) while its choice of amount stays roughly uniform: there is something left for RL
-to learn (small amounts score best in the counter environment). The loss covers only the
+seed, one CPU thread, 130 AdamW steps of ~1.5k tokens, about 5-6 s) on synthetic ChatML
+transcripts: varied generic system and user texts (state descriptions with numbers, requests for a
+JSON reply; not only the counter's exact wording), 1 to 12 turns (one turn count per batch, so
+later turns of long episodes keep the format); thinking on (the assistant turn continues the
+template's ``<think>\\n`` generation prompt with an empty or short reasoning, ``</think>\\n\\n``,
+then ``{"amount": N}``) or off (the JSON directly), always closed by ``<|im_end|>``. ``N`` is
+uniform over 1..5 and independent of the text, so the warmed-up policy emits the action format
+reliably (>90 % parseable at temperature 1) while its choice of amount stays roughly uniform:
+there is something left for RL to learn (small amounts score best in the counter environment). The loss covers only the
 assistant-written tokens. This is a demo/test model, not a language model.
 """
 

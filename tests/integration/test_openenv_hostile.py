@@ -210,3 +210,12 @@ async def test_terminal_code_closes_session(hostile):
         assert info.value.details["reason"] == "session_closed"
     finally:
         await session.close()
+
+
+async def test_session_probe_refuses_redirect_and_sends_no_upgrade(hostile):
+    with pytest.raises(EnvironmentUnavailable) as info:
+        await EnvSession.open(normalize_url(f"{hostile}/redirect_health"), bearer_token=TOKEN)
+    assert info.value.message.endswith("/redirect_health/health: HTTP 302 redirect refused (redirects are never followed)")
+    _assert_clean(info.value)
+    hits = await _hits(hostile)
+    assert hits.get("redirect_health ws", 0) == 0 and hits.get("_probe redirected", 0) == 0

@@ -243,3 +243,42 @@ async def test_invalid_request_rejected_at_admission_without_contact(kiln_settin
     with pytest.raises(InvalidRequest) as api_error:
         parse_run_request(bad)
     assert api_error.value.code == "openenv_invalid_request"
+
+
+async def test_temporal_cli_starts_the_same_run(kiln_settings: Any, counter_env_url: str) -> None:
+    """`temporal workflow start --type OpenEnvRunWorkflow --input '{…}'` runs a real (rollout) run."""
+    import subprocess
+
+    from kiln.devstack import temporal_binary
+
+    settings = kiln_settings()
+    run_id = str(uuid.uuid4())
+    request = {
+        "kind": "rollout",
+        "environment_urls": [counter_env_url],
+        "groups": 1,
+        "group_size": 2,
+        "max_steps": 2,
+        "max_action_tokens": 32,
+    }
+    async with running_workers(settings) as client:
+        started = await asyncio.to_thread(
+            subprocess.run,
+            [
+                temporal_binary(), "workflow", "start",
+                "--address", settings.temporal_address,
+                "--type", WORKFLOW_NAME,
+                "--task-queue", settings.control_task_queue,
+                "--workflow-id", run_id,
+                "--input", json.dumps(request),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert started.returncode == 0, started.stderr
+        final = await client.get_workflow_handle(run_id).result()
+    assert final["state"] == "completed" and final["kind"] == "rollout"
+    assert final["progress"]["rollouts_completed"] == 2
+    assert {a["name"] for a in final["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json"}
+    assert final["training"] is None

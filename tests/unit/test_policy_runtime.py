@@ -211,3 +211,20 @@ def test_model_copy_has_same_identity_until_a_byte_changes(tiny_model_dir: Path,
     raw[-1] ^= 1
     (copy / "model.safetensors").write_bytes(bytes(raw))
     assert model_content_sha256(copy) != model_content_sha256(tiny_model_dir)
+
+
+def test_group_sampling_equals_one_at_a_time(rt) -> None:
+    prompt = rt.encode_prompt(MESSAGES, thinking=True)
+    seeds = [21, 22, 23, 24]
+    group = rt.sample([prompt] * 4, seeds, max_new_tokens=32, temperature=1.0)
+    for seed, g in zip(seeds, group):
+        (single,) = rt.sample([prompt], [seed], max_new_tokens=32, temperature=1.0)
+        assert single.ids == g.ids and single.finished == g.finished
+        assert max(abs(a - b) for a, b in zip(single.logprobs, g.logprobs)) < 1e-5
+
+
+def test_budget_ignored_without_thinking(rt) -> None:
+    prompt = rt.encode_prompt(MESSAGES, thinking=False)
+    samples = rt.sample([prompt] * 4, [1, 2, 3, 4], max_new_tokens=32, temperature=1.0,
+                        stop_after_think_budget=1, thinking=False)
+    assert all(s.finished and len(s.ids) > 1 for s in samples)
