@@ -72,6 +72,50 @@ class TrainingConfig(StrictModel):
     echo: EchoConfig | None = Field(default_factory=EchoConfig)
 
 
+TRAINING_CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"
+
+
+class GateConfig(StrictModel):
+    """Promotion gate of the paired held-out evaluation (R8.1)."""
+
+    min_mean_return: float | None = None
+    min_mean_improvement: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("min_mean_return", "min_mean_improvement")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("gate thresholds must be finite")
+        return value
+
+
+class EnvironmentEvalConfig(StrictModel):
+    """Paired held-out evaluation after training: baseline vs candidate on identical seeds."""
+
+    groups: int = Field(default=20, ge=1, le=16384)
+    group_size: int = Field(default=1, ge=1, le=256)
+    seed_start: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    gate: GateConfig | None = None
+
+    @model_validator(mode="after")
+    def _gate_needs_groups(self) -> "EnvironmentEvalConfig":
+        if self.gate is not None and self.groups < 20:
+            raise ValueError("environment_eval with a gate needs groups >= 20 (paired seed groups)")
+        return self
+
+
+class TrainingContract(StrictModel):
+    """The sealed training contract (preflight): a run executes from it, never re-deriving defaults."""
+
+    schema_: Literal["kiln.openenv-training-contract.v1"] = Field(
+        default=TRAINING_CONTRACT_SCHEMA, alias="schema"
+    )
+    effective_config: TrainingConfig
+    behavior_policy: dict[str, Any]
+    output_adapter: str
+    base_adapter: str | None = None
+
+
 class RunRequest(StrictModel):
     """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
 
@@ -96,6 +140,9 @@ class RunRequest(StrictModel):
     max_recoverable_errors: int = Field(default=3, ge=0, le=64)
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
     training_config: TrainingConfig | None = None
+    training_contract: TrainingContract | None = None
+    auto_load: bool = True
+    environment_eval: EnvironmentEvalConfig | None = None
     on_interrupt: Literal["resume", "fail"] = "resume"
 
     @field_validator("idempotency_key")
@@ -183,15 +230,52 @@ class RunRequest(StrictModel):
                 )
             if self.output_adapter == self.adapter:
                 raise ValueError("output_adapter must differ from the behaviour adapter")
+            contract = self.training_contract
+            if contract is not None:
+                if contract.output_adapter != self.output_adapter:
+                    raise ValueError("training_contract.output_adapter differs from output_adapter")
+                if contract.base_adapter != self.behaviour_adapter():
+                    raise ValueError("training_contract.base_adapter differs from adapter")
+                if self.training_config is not None and canonical_differs(
+                    contract.effective_config, self.training_config
+                ):
+                    raise ValueError(
+                        "training_contract.effective_config differs from training_config"
+                    )
+            evaluation = self.environment_eval
+            if evaluation is not None:
+                eval_start = self.eval_seed_start()
+                train_end = self.seed_start + self.groups
+                if eval_start < train_end and self.seed_start < eval_start + evaluation.groups:
+                    raise ValueError(
+                        f"environment_eval seeds [{eval_start}, {eval_start + evaluation.groups}) "
+                        f"overlap the training seeds [{self.seed_start}, {train_end})"
+                    )
+                if eval_start + evaluation.groups - 1 > MAX_SEED:
+                    raise ValueError("environment_eval seed range exceeds 2^63-1")
         else:
-            if self.output_adapter is not None or self.training_config is not None:
+            if (
+                self.output_adapter is not None
+                or self.training_config is not None
+                or self.training_contract is not None
+                or self.environment_eval is not None
+            ):
                 raise ValueError(
-                    "kind 'rollout' does not take output_adapter or training_config "
-                    "(use kind 'train')"
+                    "kind 'rollout' does not take output_adapter, training_config, "
+                    "training_contract or environment_eval (use kind 'train')"
                 )
         return self
 
+    def eval_seed_start(self) -> int:
+        """Held-out seeds start right after the training seeds unless given (R8.1)."""
+        evaluation = self.environment_eval
+        if evaluation is not None and evaluation.seed_start is not None:
+            return evaluation.seed_start
+        return self.seed_start + self.groups
+
     def effective_training_config(self) -> TrainingConfig:
+        if self.training_contract is not None:
+            return self.training_contract.effective_config
         return self.training_config or TrainingConfig()
 
     def behaviour_adapter(self) -> str | None:
@@ -209,6 +293,12 @@ class RunRequest(StrictModel):
             if len(compact_json(template)) > MAX_RESET_OPTIONS_BYTES:
                 raise InvalidRequest("a reset options object is larger than 16 MiB - 1024 bytes")
         return templates
+
+
+def canonical_differs(first: BaseModel, second: BaseModel) -> bool:
+    return digest_json(first.model_dump(mode="json", by_alias=True)) != digest_json(
+        second.model_dump(mode="json", by_alias=True)
+    )
 
 
 def reset_plan_sha256(templates: list[dict[str, Any]]) -> str:

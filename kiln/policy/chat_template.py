@@ -69,7 +69,8 @@ def render(messages: list[dict], *, thinking: bool, add_generation_prompt: bool)
         if message["role"] == "assistant":
             out.append(IM_START + "assistant\n")
             if thinking:
-                out.append(THINK_OPEN + "\n" + (message.get("reasoning_content") or "") + THINK_CLOSE + "\n\n")
+                reasoning = message.get("reasoning_content") or ""
+                out.append(THINK_OPEN + "\n" + reasoning + THINK_CLOSE + "\n\n")
             out.append(content + IM_END + "\n")
         else:
             out.append(IM_START + message["role"] + "\n" + content + IM_END + "\n")

@@ -179,7 +179,9 @@ class PolicyRuntime:
         )
         return self._encode(text)
 
-    def encode_observation_turn(self, content: str, *, thinking: bool) -> tuple[list[int], list[int], list[int]]:
+    def encode_observation_turn(
+        self, content: str, *, thinking: bool
+    ) -> tuple[list[int], list[int], list[int]]:
         """Ids appended after an action ending with ``<|im_end|>``: (glue_before, content, glue_after)."""
         return (
             self._encode(GLUE_BEFORE_OBSERVATION),

@@ -169,7 +169,11 @@ def sample_batch(
     lengths_l = lengths.cpu().tolist()
     finished_l = finished.cpu().tolist()
     return [
-        Sample(ids=tokens_l[i][: lengths_l[i]], logprobs=lps_l[i][: lengths_l[i]], finished=bool(finished_l[i]))
+        Sample(
+            ids=tokens_l[i][: lengths_l[i]],
+            logprobs=lps_l[i][: lengths_l[i]],
+            finished=bool(finished_l[i]),
+        )
         for i in range(batch)
     ]
 
@@ -187,7 +191,13 @@ def completion_logprobs(
     mask = torch.ones_like(ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     n = len(completion_ids)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=n + 1)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=n + 1,
+    )
     logits = out.logits[0, :-1, :]
     lp = _log_probs(logits, temperature)
     target = ids[0, -n:]

@@ -17,8 +17,8 @@ template's ``<think>\\n`` generation prompt with an empty or short reasoning, ``
 then ``{"amount": N}``) or off (the JSON directly), always closed by ``<|im_end|>``. ``N`` is
 uniform over 1..5 and independent of the text, so the warmed-up policy emits the action format
 reliably (>90 % parseable at temperature 1) while its choice of amount stays roughly uniform:
-there is something left for RL to learn (small amounts score best in the counter environment). The loss covers only the
-assistant-written tokens. This is a demo/test model, not a language model.
+there is something left for RL to learn (small amounts score best in the counter environment).
+The loss covers only the assistant-written tokens. This is a demo/test model, not a language model.
 """
 
 from __future__ import annotations
