@@ -30,9 +30,9 @@ _torch_single_thread()
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The deterministic tiny demo model, built once per test session."""
-    from kiln.policy.tiny import build_tiny_model
+    from kiln.policy.testing import shared_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")
+    return shared_tiny_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
