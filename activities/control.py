@@ -18,10 +18,15 @@ from kiln.stages import (
     AdmissionResult,
     DiscoveryInput,
     DiscoveryResult,
+    EvaluateInput,
+    EvaluationResult,
     PublishInput,
     PublishResult,
     RevalidationInput,
+    SideBundle,
+    SideBundleInput,
 )
+from kiln.steps.evaluation import evaluate, store_side_bundle
 from activities.common import kiln_errors
 
 
@@ -64,10 +69,22 @@ class ControlActivities:
     async def publish_run(self, inp: PublishInput) -> PublishResult:
         return await asyncio.to_thread(publish, self.store, inp)
 
+    @activity.defn(name="store_side_bundle")
+    @kiln_errors
+    async def store_side_bundle(self, inp: SideBundleInput) -> SideBundle:
+        return await asyncio.to_thread(store_side_bundle, self.store, inp)
+
+    @activity.defn(name="evaluate_run")
+    @kiln_errors
+    async def evaluate_run(self, inp: EvaluateInput) -> EvaluationResult:
+        return await asyncio.to_thread(evaluate, self.store, inp)
+
     def all(self) -> list[Any]:
         return [
             self.admit_run,
             self.discover_environments,
             self.revalidate_environments,
+            self.store_side_bundle,
+            self.evaluate_run,
             self.publish_run,
         ]

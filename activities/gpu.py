@@ -16,9 +16,20 @@ from temporalio import activity
 
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
-from kiln.stages import CollectGroupInput, CollectGroupResult, PolicyInput, PolicyResult, StoredObject, TrainInput, TrainResult
-from kiln.steps.adapters import materialise_adapter
-from kiln.steps.collection import behavior_policy_of, collect
+from kiln.stages import (
+    AdapterRef,
+    CollectGroupInput,
+    CollectGroupResult,
+    PolicyInput,
+    PolicyResult,
+    StoredObject,
+    TrainInput,
+    TrainResult,
+    WorldModelInput,
+    WorldModelResult,
+)
+from kiln.steps.adapters import materialise, read_pointer
+from kiln.steps.collection import behavior_policy_of, check_behavior_policy, collect
 from activities.common import kiln_errors
 
 
@@ -58,24 +69,30 @@ class GpuActivities:
                 self._policy = LockedPolicy(PolicyRuntime.load(self.model_path))
             return self._policy
 
-    def _adapter_dir(self, adapter: str | None) -> Path | None:
-        if adapter is None:
+    def _adapter_dir(self, ref: AdapterRef | None) -> Path | None:
+        if ref is None:
             return None
-        return materialise_adapter(self.store, adapter, self.cache_dir)
+        return materialise(self.store, ref, self.cache_dir)
+
+    def _resolve(self, inp: PolicyInput) -> PolicyResult:
+        ref = inp.adapter_ref
+        if ref is None and inp.adapter is not None:
+            ref = read_pointer(self.store, inp.adapter)
+        identity = behavior_policy_of(self.policy(), ref, self._adapter_dir(ref))
+        if inp.expected is not None:
+            check_behavior_policy(inp.expected, identity)
+        return PolicyResult(behavior_policy=identity, adapter_ref=ref)
 
     @activity.defn(name="resolve_policy")
     @kiln_errors
     async def resolve_policy(self, inp: PolicyInput) -> PolicyResult:
-        policy = await asyncio.to_thread(self.policy)
-        adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter)
-        identity = await asyncio.to_thread(behavior_policy_of, policy, inp.adapter, adapter_dir)
-        return PolicyResult(behavior_policy=identity)
+        return await asyncio.to_thread(self._resolve, inp)
 
     @activity.defn(name="collect_group")
     @kiln_errors
     async def collect_group(self, inp: CollectGroupInput) -> CollectGroupResult:
         policy = await asyncio.to_thread(self.policy)
-        adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter)
+        adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
         info = activity.info()
         return await collect(
             inp,
@@ -109,5 +126,19 @@ class GpuActivities:
                 resume_checkpoint=resume,
             )
 
+    @activity.defn(name="world_model_gain")
+    @kiln_errors
+    def world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
+        """Observation cross-entropy of the base model vs the candidate on evaluation transcripts."""
+        from kiln.evaluation.receipt import world_model_block
+        from kiln.steps.training import load_group_lines
+        from kiln.train.world_model import world_model_comparison
+
+        lines = load_group_lines(self.store, inp.groups)
+        adapter_dir = self._adapter_dir(inp.adapter_ref)
+        assert adapter_dir is not None
+        base, candidate = world_model_comparison(self.model_path, lines, adapter_dir=adapter_dir)
+        return WorldModelResult(block=world_model_block(base, candidate, transcripts="candidate"))
+
     def all(self) -> list[Any]:
-        return [self.resolve_policy, self.collect_group, self.train_adapter]
+        return [self.resolve_policy, self.collect_group, self.train_adapter, self.world_model_gain]

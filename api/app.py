@@ -1,92 +1,48 @@
-"""``create_app(settings)``: the REST facade. Routes stay thin; errors use the KilnError codes."""
+"""``create_app(settings)``: the REST facade over Temporal and S3 (OpenAPI at ``/docs``).
+
+Routes stay thin: runs live in ``api.run_routes``, environment discovery and the training
+preflight in ``api.discovery_routes``. Every failure answers the KilnError envelope
+(``api.errors``). Access and body-size rules are ASGI middleware (``api.access``).
+"""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from fastapi import FastAPI
+from temporalio.client import Client
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-
-from api.runs import RunService
-from kiln.contracts import parse_run_request
-from kiln.errors import InvalidRequest, KilnError
-from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.urls import normalize_url, require_allowed_host
+from api import discovery_routes, run_routes
+from api.access import BearerAccess, BodyLimit, required_token
+from api.errors import install_error_handlers
+from api.services import Services
+from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
-from workers.factory import connect_client
 
 MAX_BODY_BYTES = 1024 * 1024
 
 
-def error_response(error: KilnError) -> JSONResponse:
-    return JSONResponse(status_code=error.http_status, content=error.to_dict())
+def create_app(settings: Settings, *, client: Client | None = None, store: S3Store | None = None) -> FastAPI:
+    """Build the API. Refuses (``api_configuration_invalid``) a non-loopback bind without a token.
 
+    ``client``/``store`` may be injected (tests); otherwise they are created on first use.
+    """
+    token = required_token(settings)
+    app = FastAPI(
+        title="Kiln",
+        version="0.1.0",
+        description="OpenEnv environments in, verified LoRA adapters out. Every run is a Temporal workflow.",
+    )
+    app.state.services = Services(settings, client=client, store=store)
+    install_error_handlers(app)
 
-async def read_json(request: Request) -> Any:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise InvalidRequest("request body is larger than 1 MiB")
-    try:
-        import json
-
-        return json.loads(body or b"null")
-    except ValueError:
-        raise InvalidRequest("request body is not valid JSON") from None
-
-
-def create_app(settings: Settings) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = await connect_client(settings)
-        app.state.runs = RunService(client, settings)
-        yield
-
-    app = FastAPI(title="Kiln", version="0.1.0", lifespan=lifespan)
-
-    @app.exception_handler(KilnError)
-    async def _kiln_error(_request: Request, error: KilnError) -> JSONResponse:
-        return error_response(error)
-
-    @app.get("/healthz")
+    @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/openenv/runs")
-    async def create_run(request: Request) -> JSONResponse:
-        run_request = parse_run_request(await read_json(request))
-        for url in run_request.environment_urls:
-            require_allowed_host(normalize_url(url), allow_remote=settings.allow_remote_environments)
-        status, created = await request.app.state.runs.submit(run_request)
-        return JSONResponse(status_code=202 if created else 200, content=status)
-
-    @app.get("/v1/openenv/runs")
-    async def list_runs(request: Request) -> dict[str, Any]:
-        return {"runs": await request.app.state.runs.list_runs()}
-
-    @app.get("/v1/openenv/runs/{run_id}")
-    async def get_run(run_id: str, request: Request) -> dict[str, Any]:
-        return await request.app.state.runs.status(run_id)
-
-    @app.post("/v1/openenv/runs/{run_id}/cancel")
-    async def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-        return await request.app.state.runs.cancel(run_id)
-
-    @app.post("/v1/openenv/inspect")
-    async def inspect(request: Request) -> dict[str, Any]:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise InvalidRequest("body must be an object with environment_urls")
-        urls = body.get("environment_urls") or body.get("environments")
-        if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
-            raise InvalidRequest("environment_urls: give 1-64 environment URLs")
-        inspections = []
-        for url in urls:
-            normalized = normalize_url(url)
-            require_allowed_host(normalized, allow_remote=settings.allow_remote_environments)
-            inspections.append(await inspect_environment(normalized))
-        return {"schema": "kiln.openenv-inspection.v1", "environments": inspections}
-
+    app.include_router(run_routes.router)
+    app.include_router(discovery_routes.router)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    if token is not None:
+        app.add_middleware(BearerAccess, token=token)  # outermost: runs before the body is read
     return app
 
 

@@ -1,43 +1,42 @@
-"""Run submission and status over Temporal: the one place the API talks to workflows.
+"""Run submission, status, listing and cancellation over Temporal: where the API meets workflows.
 
 Run ids: a request with an ``idempotency_key`` maps to a deterministic UUID (uuid5 of the key), so
-concurrent identical submissions converge on one workflow; without a key the id is a fresh uuid4.
-The canonical request digest is stored in the workflow memo and compared on retries.
+concurrent identical submissions converge on one workflow id; Temporal itself guarantees that only
+one start wins (``id_conflict_policy=FAIL``, ``id_reuse_policy=REJECT_DUPLICATE``: the key stays
+bound while the run is retained). The canonical request digest is stored in the workflow memo at
+start, so every later submission with the key is compared against exactly what was started:
+equal → the existing run (200), different → ``openenv_run_idempotency_conflict`` (409).
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
+from api.errors import IdempotencyConflict, RunNotCancellable
 from kiln.contracts import RunRequest, request_digest
-from kiln.errors import KilnError, RunNotFound
+from kiln.errors import InvalidRequest, RunNotFound
 from kiln.settings import Settings
+from workflows.openenv_run import (
+    KILN_ENVIRONMENT,
+    KILN_OUTPUT_ADAPTER,
+    KILN_PHASE,
+    KILN_RUN_KIND,
+)
 from workflows.options import WORKFLOW_NAME
 
+__all__ = ["RunService", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
+
 _KEY_NAMESPACE = uuid.UUID("6f1c1f1e-8d2a-4c55-9a57-4b9a3c1d2e10")
-
-
-class IdempotencyConflict(KilnError):
-    code = "openenv_run_idempotency_conflict"
-    http_status = 409
-
-
-class RunNotCancellable(KilnError):
-    code = "openenv_run_not_cancellable"
-    http_status = 409
-
-
-def run_id_for(request: RunRequest) -> str:
-    if request.idempotency_key:
-        return str(uuid.uuid5(_KEY_NAMESPACE, request.idempotency_key))
-    return str(uuid.uuid4())
-
+RUN_LIST_SCHEMA = "kiln.openenv-run-list.v1"
+QUERY_TIMEOUT = timedelta(seconds=5)
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 
 _STATE_OF = {
     WorkflowExecutionStatus.RUNNING: "running",
@@ -48,15 +47,41 @@ _STATE_OF = {
     WorkflowExecutionStatus.TIMED_OUT: "failed",
     WorkflowExecutionStatus.CONTINUED_AS_NEW: "running",
 }
+# The Temporal visibility filter of each run state.
+RUN_STATES: dict[str, str] = {
+    "running": "ExecutionStatus = 'Running'",
+    "completed": "ExecutionStatus = 'Completed'",
+    "failed": "(ExecutionStatus = 'Failed' OR ExecutionStatus = 'Terminated' "
+    "OR ExecutionStatus = 'TimedOut')",
+    "cancelled": "ExecutionStatus = 'Canceled'",
+}
+
+
+def run_id_for(request: RunRequest) -> str:
+    """uuid5 of the idempotency key (stable across retries), else a fresh uuid4."""
+    if request.idempotency_key:
+        return str(uuid.uuid5(_KEY_NAMESPACE, request.idempotency_key))
+    return str(uuid.uuid4())
+
+
+def _state(status: WorkflowExecutionStatus | None) -> str:
+    return _STATE_OF.get(status, "running") if status is not None else "running"
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
 
 
 class RunService:
+    """Thin, stateless operations on run workflows (the client is shared, the settings fixed)."""
+
     def __init__(self, client: Client, settings: Settings) -> None:
         self.client = client
         self.settings = settings
 
+    # ------------------------------------------------------------------ submit
     async def submit(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
-        """Start the run; returns (status, created). Same key + same body → the existing run."""
+        """Start the run; returns ``(status, created)``. Same key + same body → existing run."""
         run_id = run_id_for(request)
         digest = request_digest(request)
         body = request.model_dump(mode="json", exclude_none=False)
@@ -68,14 +93,13 @@ class RunService:
                 task_queue=self.settings.control_task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                memo={"request_sha256": digest},
+                memo={"request_sha256": digest, "idempotency_key": request.idempotency_key},
                 static_summary=f"{request.kind} on {request.environment_urls[0]}",
             )
             created = True
         except WorkflowAlreadyStartedError:
             created = False
-            existing = await self._memo_digest(run_id)
-            if existing != digest:
+            if request.idempotency_key is None or await self._memo_digest(run_id) != digest:
                 raise IdempotencyConflict(
                     f"idempotency_key {request.idempotency_key!r} was already used with a different request",
                     hint="reuse a key only to retry the identical request; choose a new key for new work",
@@ -87,48 +111,111 @@ class RunService:
         memo = await description.memo()
         return memo.get("request_sha256")
 
-    async def status(self, run_id: str) -> dict[str, Any]:
-        handle = self.client.get_workflow_handle(run_id)
+    # ------------------------------------------------------------------ status
+    async def describe(self, run_id: str) -> Any:
+        """The Temporal description of run ``run_id``; ``RunNotFound`` when it is not a run."""
         try:
-            description = await handle.describe()
-        except RPCError:
-            raise RunNotFound(f"no run with id {run_id}") from None
+            uuid.UUID(run_id)
+        except ValueError:
+            raise RunNotFound(f"no run with id {run_id!r}") from None
+        try:
+            description = await self.client.get_workflow_handle(run_id).describe()
+        except RPCError as err:
+            if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                raise RunNotFound(f"no run with id {run_id}") from None
+            raise
         if description.workflow_type != WORKFLOW_NAME:
             raise RunNotFound(f"no run with id {run_id}")
-        try:
-            status = dict(await handle.query("status"))
-        except Exception:  # no worker to answer: fall back to what the server knows
-            status = {"run_id": run_id, "phase": "unknown"}
-        state = _STATE_OF.get(description.status, "running") if description.status else "running"
+        return description
+
+    async def status(self, run_id: str) -> dict[str, Any]:
+        """The workflow's ``status`` query, completed with what Temporal knows about the run."""
+        description = await self.describe(run_id)
+        state = _state(description.status)
+        status = await self._workflow_status(run_id, state)
         status["state"] = state
-        if state in ("completed", "failed", "cancelled"):
+        if state in TERMINAL_STATES:
             status["phase"] = state
         status["run_id"] = run_id
-        status["started_at"] = description.start_time.isoformat() if description.start_time else None
-        status["closed_at"] = description.close_time.isoformat() if description.close_time else None
+        memo = await description.memo()
+        status["request_sha256"] = status.get("request_sha256") or memo.get("request_sha256")
+        status["started_at"] = _iso(description.start_time)
+        status["closed_at"] = _iso(description.close_time)
         status["temporal_ui"] = self.settings.run_ui_link(run_id)
         return status
 
-    async def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
+    async def _workflow_status(self, run_id: str, state: str) -> dict[str, Any]:
+        """Completed runs: the workflow result (no worker needed). Others: the live query, or
+        what the closed history says when no worker answers within ``QUERY_TIMEOUT``."""
+        handle = self.client.get_workflow_handle(run_id)
+        if state == "completed":
+            result = await handle.result()
+            if isinstance(result, dict):
+                return dict(result)
+        try:
+            return dict(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
+        except Exception:  # noqa: BLE001 - no worker to answer: fall back to history
+            pass
+        status: dict[str, Any] = {"run_id": run_id, "phase": "unknown", "failure": None}
+        if state == "failed":
+            try:
+                await handle.result()
+            except WorkflowFailureError as err:
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
+                    status["failure"] = cause.details[0]
+                else:
+                    status["failure"] = {"code": "internal_error", "message": str(cause or err)}
+            except Exception:  # noqa: BLE001
+                pass
+        return status
+
+    # ------------------------------------------------------------------ list
+    async def list_runs(self, state: str | None = None, limit: int = 200) -> dict[str, Any]:
+        """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled)."""
+        query = f"WorkflowType = '{WORKFLOW_NAME}'"
+        if state is not None:
+            if state not in RUN_STATES:
+                raise InvalidRequest(
+                    f"unknown run state {state!r}: use one of {', '.join(RUN_STATES)}"
+                )
+            query += f" AND {RUN_STATES[state]}"
         runs: list[dict[str, Any]] = []
-        async for execution in self.client.list_workflows(f"WorkflowType = '{WORKFLOW_NAME}'"):
+        async for execution in self.client.list_workflows(query, limit=limit):
+            attrs = execution.typed_search_attributes
+            run_state = _state(execution.status)
             runs.append(
                 {
                     "run_id": execution.id,
-                    "state": _STATE_OF.get(execution.status, "running") if execution.status else "running",
-                    "started_at": execution.start_time.isoformat() if execution.start_time else None,
-                    "closed_at": execution.close_time.isoformat() if execution.close_time else None,
+                    "state": run_state,
+                    "phase": run_state if run_state in TERMINAL_STATES else attrs.get(KILN_PHASE),
+                    "kind": attrs.get(KILN_RUN_KIND),
+                    "environment": attrs.get(KILN_ENVIRONMENT),
+                    "output_adapter": attrs.get(KILN_OUTPUT_ADAPTER),
+                    "started_at": _iso(execution.start_time),
+                    "closed_at": _iso(execution.close_time),
                 }
             )
-            if len(runs) >= limit:
-                break
         runs.sort(key=lambda r: r["started_at"] or "", reverse=True)
-        return runs
+        return {"schema": RUN_LIST_SCHEMA, "runs": runs}
 
+    # ------------------------------------------------------------------ cancel
     async def cancel(self, run_id: str) -> dict[str, Any]:
+        """Request cancellation of a running run; terminal runs → ``openenv_run_not_cancellable``."""
+        description = await self.describe(run_id)
+        state = _state(description.status)
+        if state != "running":
+            raise RunNotCancellable(
+                f"run {run_id} is already {state}",
+                hint="only a running run can be cancelled",
+                details={"state": state},
+            )
+        try:
+            await self.client.get_workflow_handle(run_id).cancel()
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise RunNotCancellable(f"run {run_id} ended before it could be cancelled") from None
         status = await self.status(run_id)
-        if status["state"] != "running":
-            raise RunNotCancellable(f"run {run_id} is already {status['state']}")
-        await self.client.get_workflow_handle(run_id).cancel()
         status["cancel_requested"] = True
         return status

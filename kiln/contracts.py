@@ -59,7 +59,7 @@ class EchoConfig(StrictModel):
 class TrainingConfig(StrictModel):
     """GRPO + ECHO hyper-parameters. Travels inside the run request (hence in history)."""
 
-    learning_rate: float = Field(default=2e-3, gt=0.0)
+    learning_rate: float = Field(default=1e-4, gt=0.0)
     lora_rank: int = Field(default=16, ge=1, le=256)
     lora_alpha: float = Field(default=32.0, gt=0.0)
     clip_epsilon: float = Field(default=0.2, ge=0.0, lt=1.0)

@@ -62,12 +62,28 @@ class RevalidationInput(Record):
     credential_ids: list[str | None] = Field(default_factory=list)
 
 
+class AdapterFile(Record):
+    name: str
+    object: StoredObject
+
+
+class AdapterRef(Record):
+    """A LoRA adapter pinned by content: its name, content digest and stored files."""
+
+    name: str
+    adapter_sha256: str
+    files: list[AdapterFile]
+
+
 class PolicyInput(Record):
     adapter: str | None = None
+    adapter_ref: AdapterRef | None = None
+    expected: dict[str, Any] | None = None
 
 
 class PolicyResult(Record):
     behavior_policy: dict[str, Any]
+    adapter_ref: AdapterRef | None = None
 
 
 class CollectGroupInput(Record):
@@ -79,7 +95,7 @@ class CollectGroupInput(Record):
     inspection: StoredObject
     settings: dict[str, Any]
     behavior_policy: dict[str, Any]
-    adapter: str | None = None
+    adapter_ref: AdapterRef | None = None
     credential_id: str | None = None
 
 
@@ -100,12 +116,7 @@ class TrainInput(Record):
     training_config: dict[str, Any]
     output_adapter: str
     behavior_policy: dict[str, Any]
-    base_adapter: str | None = None
-
-
-class AdapterFile(Record):
-    name: str
-    object: StoredObject
+    base_adapter: AdapterRef | None = None
 
 
 class TrainResult(Record):
@@ -127,6 +138,8 @@ class PublishInput(Record):
     behavior_policy: dict[str, Any]
     reset_plan_sha256: str
     training: TrainResult | None = None
+    evaluation: "EvaluationResult | None" = None
+    promote: bool = False
 
 
 class PublishedArtifact(Record):
@@ -141,3 +154,56 @@ class PublishResult(Record):
     manifest_sha256: str
     artifacts: list[PublishedArtifact]
     stats: dict[str, Any]
+
+
+class SideBundleInput(Record):
+    """Build one evaluation side's bundle (rollouts, replay, summary) from its groups."""
+
+    run_id: str
+    side: str
+    request: dict[str, Any]
+    environments: list[EnvironmentRef]
+    groups: list[StoredObject]
+    behavior_policy: dict[str, Any]
+    reset_plan_sha256: str
+
+
+class SideBundle(Record):
+    side: str
+    files: dict[str, StoredObject]
+    stats: dict[str, Any]
+
+
+class WorldModelInput(Record):
+    groups: list[StoredObject]
+    adapter_ref: AdapterRef
+
+
+class WorldModelResult(Record):
+    block: dict[str, Any] | None = None
+
+
+class EvaluateInput(Record):
+    run_id: str
+    config: dict[str, Any]
+    seed_start: int
+    auto_load: bool
+    baseline: SideBundle
+    candidate: SideBundle
+    baseline_adapter: str | None
+    candidate_adapter: str
+    candidate_adapter_sha256: str | None
+    world_model: dict[str, Any] | None = None
+
+
+class EvaluationResult(Record):
+    decision: str
+    outcome: str
+    verdict: str
+    evidence: dict[str, Any]
+    receipt: StoredObject
+    baseline: SideBundle
+    candidate: SideBundle
+
+
+PublishInput.model_rebuild()

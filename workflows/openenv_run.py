@@ -16,19 +16,27 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from kiln.stages import (
+        AdapterRef,
         AdmissionInput,
         AdmissionResult,
         CollectGroupInput,
         CollectGroupResult,
         DiscoveryInput,
         DiscoveryResult,
+        EvaluateInput,
+        EvaluationResult,
         PolicyInput,
         PolicyResult,
         PublishInput,
         PublishResult,
         RevalidationInput,
+        SideBundle,
+        SideBundleInput,
+        StoredObject,
         TrainInput,
         TrainResult,
+        WorldModelInput,
+        WorldModelResult,
     )
     from workflows import options
 
@@ -49,6 +57,7 @@ def _stage_of(phase: str) -> str:
         "collecting": "collection",
         "revalidating": "identity_verification",
         "training": "training",
+        "evaluating": "environment_evaluation",
         "publishing": "artifact_publication",
     }.get(phase, "orchestration")
 
@@ -71,13 +80,13 @@ class OpenEnvRunWorkflow:
             "mean_return": None,
             "environments": [],
             "training": None,
+            "environment_evaluation": None,
             "manifest": None,
             "artifacts": [],
             "warnings": [],
             "interruptions": [],
             "failure": None,
         }
-        self._returns: list[float] = []
 
     @workflow.query
     def status(self) -> dict[str, Any]:
@@ -200,18 +209,25 @@ class OpenEnvRunWorkflow:
         self._phase("collecting")
         adapter = request.get("adapter")
         adapter = None if adapter in (None, "base") else adapter
-        policy: PolicyResult = await workflow.execute_activity(
-            "resolve_policy",
-            PolicyInput(adapter=adapter),
-            result_type=PolicyResult,
-            task_queue=gpu_queue,
-            start_to_close_timeout=options.POLICY_TIMEOUT,
-            retry_policy=options.CONTROL_RETRY,
-            summary=f"resolve behaviour policy ({adapter or 'base'})",
+        contract = request.get("training_contract")
+        policy = await self._resolve_policy(
+            gpu_queue,
+            PolicyInput(adapter=adapter, expected=contract["behavior_policy"] if contract else None),
         )
         self._status["behavior_policy"] = policy.behavior_policy
-        results = await self._collect(run_id, request, admission, discovery, policy, gpu_queue)
-        group_refs = [r.group for r in sorted(results, key=lambda r: r.group_index)]
+        group_refs = await self._collect(
+            run_id,
+            request,
+            admission,
+            discovery,
+            policy,
+            gpu_queue,
+            seed_start=request["seed_start"],
+            groups=request["groups"],
+            group_size=request["group_size"],
+            progress=self._status["progress"],
+            label="group",
+        )
 
         # 4. identity revalidation before any artifact is derived.
         self._phase("revalidating")
@@ -237,10 +253,12 @@ class OpenEnvRunWorkflow:
                 TrainInput(
                     run_id=run_id,
                     groups=group_refs,
-                    training_config=request.get("training_config") or {},
+                    training_config=(contract or {}).get("effective_config")
+                    or request.get("training_config")
+                    or {},
                     output_adapter=request["output_adapter"],
                     behavior_policy=policy.behavior_policy,
-                    base_adapter=adapter,
+                    base_adapter=policy.adapter_ref,
                 ),
                 result_type=TrainResult,
                 task_queue=gpu_queue,
@@ -259,7 +277,22 @@ class OpenEnvRunWorkflow:
             }
             self._status["warnings"].extend(training.selection.get("warnings", []))
 
-        # 6. publication: manifest written last.
+        # 6. paired held-out evaluation and the promotion gate.
+        evaluation: EvaluationResult | None = None
+        if training is not None and training.trained and request.get("environment_eval"):
+            self._phase("evaluating")
+            evaluation = await self._evaluate(
+                run_id, request, admission, discovery, policy, training, gpu_queue, control_queue
+            )
+        decision = evaluation.decision if evaluation is not None else None
+        promote = bool(
+            training is not None
+            and training.trained
+            and request.get("auto_load", True)
+            and decision in (None, "diagnostic", "passed")
+        )
+
+        # 7. publication: manifest written last; the adapter name is promoted only if allowed.
         self._phase("publishing")
         published: PublishResult = await workflow.execute_activity(
             "publish_run",
@@ -271,6 +304,8 @@ class OpenEnvRunWorkflow:
                 behavior_policy=policy.behavior_policy,
                 reset_plan_sha256=admission.reset_plan_sha256,
                 training=training,
+                evaluation=evaluation,
+                promote=promote,
             ),
             result_type=PublishResult,
             task_queue=control_queue,
@@ -281,7 +316,140 @@ class OpenEnvRunWorkflow:
         self._status["manifest"] = {"uri": published.manifest_uri, "sha256": published.manifest_sha256}
         self._status["artifacts"] = [a.model_dump() for a in published.artifacts]
         self._status["rollout_stats"] = published.stats
+        self._status["promoted"] = promote
         self._finish("completed")
+
+    async def _resolve_policy(self, gpu_queue: str, inp: PolicyInput) -> PolicyResult:
+        label = inp.adapter_ref.name if inp.adapter_ref else (inp.adapter or "base")
+        return await workflow.execute_activity(
+            "resolve_policy",
+            inp,
+            result_type=PolicyResult,
+            task_queue=gpu_queue,
+            start_to_close_timeout=options.POLICY_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary=f"resolve policy identity ({label})",
+        )
+
+    async def _evaluate(
+        self,
+        run_id: str,
+        request: dict[str, Any],
+        admission: AdmissionResult,
+        discovery: DiscoveryResult,
+        baseline_policy: PolicyResult,
+        training: TrainResult,
+        gpu_queue: str,
+        control_queue: str,
+    ) -> EvaluationResult:
+        """Baseline (behaviour policy) then candidate (trained adapter) on identical held-out seeds."""
+        config = request["environment_eval"]
+        seed_start = config.get("seed_start")
+        if seed_start is None:
+            seed_start = request["seed_start"] + request["groups"]
+        groups, group_size = config["groups"], config["group_size"]
+        block: dict[str, Any] = {
+            "state": "collecting_baseline",
+            "seed_start": seed_start,
+            "groups": groups,
+            "group_size": group_size,
+            "progress": {
+                "groups_completed": 0,
+                "groups_total": 2 * groups,
+                "rollouts_completed": 0,
+                "rollouts_total": 2 * groups * group_size,
+            },
+        }
+        self._status["environment_evaluation"] = block
+        candidate_ref = AdapterRef(
+            name=request["output_adapter"],
+            adapter_sha256=training.adapter_sha256 or "",
+            files=training.adapter_files,
+        )
+        candidate_policy = await self._resolve_policy(gpu_queue, PolicyInput(adapter_ref=candidate_ref))
+        sides: dict[str, SideBundle] = {}
+        side_groups: dict[str, list[StoredObject]] = {}
+        for side, policy in (("baseline", baseline_policy), ("candidate", candidate_policy)):
+            block["state"] = f"collecting_{side}"
+            refs = await self._collect(
+                run_id,
+                {**request, "concurrency": min(request["concurrency"], group_size)},
+                admission,
+                discovery,
+                policy,
+                gpu_queue,
+                seed_start=seed_start,
+                groups=groups,
+                group_size=group_size,
+                progress=block["progress"],
+                label=f"eval {side}",
+            )
+            side_groups[side] = refs
+            sides[side] = await workflow.execute_activity(
+                "store_side_bundle",
+                SideBundleInput(
+                    run_id=run_id,
+                    side=side,
+                    request={
+                        **request,
+                        "groups": groups,
+                        "group_size": group_size,
+                        "seed_start": seed_start,
+                        "adapter": policy.adapter_ref.name if policy.adapter_ref else "base",
+                    },
+                    environments=discovery.environments,
+                    groups=refs,
+                    behavior_policy=policy.behavior_policy,
+                    reset_plan_sha256=admission.reset_plan_sha256,
+                ),
+                result_type=SideBundle,
+                task_queue=control_queue,
+                start_to_close_timeout=options.PUBLISH_TIMEOUT,
+                retry_policy=options.CONTROL_RETRY,
+                summary=f"store the {side} evaluation bundle",
+            )
+            block[f"{side}_stats"] = sides[side].stats
+        world: WorldModelResult = await workflow.execute_activity(
+            "world_model_gain",
+            WorldModelInput(groups=side_groups["candidate"], adapter_ref=candidate_ref),
+            result_type=WorldModelResult,
+            task_queue=gpu_queue,
+            start_to_close_timeout=options.TRAIN_TIMEOUT,
+            heartbeat_timeout=options.TRAIN_HEARTBEAT,
+            retry_policy=options.TRAIN_RETRY,
+            summary="observation cross-entropy: base vs candidate",
+        )
+        result: EvaluationResult = await workflow.execute_activity(
+            "evaluate_run",
+            EvaluateInput(
+                run_id=run_id,
+                config=config,
+                seed_start=seed_start,
+                auto_load=request.get("auto_load", True),
+                baseline=sides["baseline"],
+                candidate=sides["candidate"],
+                baseline_adapter=baseline_policy.adapter_ref.name if baseline_policy.adapter_ref else None,
+                candidate_adapter=candidate_ref.name,
+                candidate_adapter_sha256=candidate_ref.adapter_sha256 or None,
+                world_model=world.block,
+            ),
+            result_type=EvaluationResult,
+            task_queue=control_queue,
+            start_to_close_timeout=options.PUBLISH_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary="paired sign test and promotion gate",
+        )
+        block.update(
+            {
+                "state": "completed",
+                "decision": result.decision,
+                "outcome": result.outcome,
+                "verdict": result.verdict,
+                "evidence": result.evidence,
+                "world_model": world.block,
+            }
+        )
+        return result
 
     async def _collect(
         self,
@@ -291,12 +459,17 @@ class OpenEnvRunWorkflow:
         discovery: DiscoveryResult,
         policy: PolicyResult,
         gpu_queue: str,
-    ) -> list[CollectGroupResult]:
+        *,
+        seed_start: int,
+        groups: int,
+        group_size: int,
+        progress: dict[str, Any],
+        label: str,
+    ) -> list[StoredObject]:
         environments = discovery.environments
         settings = {
             key: request[key]
             for key in (
-                "group_size",
                 "max_steps",
                 "concurrency",
                 "max_action_tokens",
@@ -308,15 +481,15 @@ class OpenEnvRunWorkflow:
                 "capacity_wait_seconds",
             )
         }
+        settings["group_size"] = group_size
         credential_ids = request.get("credential_ids") or []
-        adapter = request.get("adapter")
-        adapter = None if adapter in (None, "base") else adapter
         gate = asyncio.Semaphore(options.MAX_PARALLEL_GROUPS)
+        returns: list[float] = []
         results: list[CollectGroupResult] = []
 
         async def one(group_index: int) -> None:
             env_index = group_index % len(environments)
-            seed = request["seed_start"] + group_index
+            seed = seed_start + group_index
             payload = dict(admission.reset_templates[env_index])
             payload["seed"] = seed
             async with gate:
@@ -331,7 +504,7 @@ class OpenEnvRunWorkflow:
                         inspection=environments[env_index].inspection,
                         settings=settings,
                         behavior_policy=policy.behavior_policy,
-                        adapter=adapter,
+                        adapter_ref=policy.adapter_ref,
                         credential_id=credential_ids[env_index] if credential_ids else None,
                     ),
                     result_type=CollectGroupResult,
@@ -339,18 +512,19 @@ class OpenEnvRunWorkflow:
                     start_to_close_timeout=options.GROUP_TIMEOUT,
                     heartbeat_timeout=options.GROUP_HEARTBEAT,
                     retry_policy=options.GROUP_RETRY,
-                    summary=f"group {group_index} seed {seed} on {environments[env_index].base_url}",
+                    summary=f"{label} {group_index} seed {seed} on {environments[env_index].base_url}",
                 )
             results.append(result)
             if result.attempt > 1:
                 self._status["interruptions"].append(
-                    {"group_index": group_index, "attempts": result.attempt}
+                    {"stage": label, "group_index": group_index, "attempts": result.attempt}
                 )
-            self._returns.extend(result.returns)
-            progress = self._status["progress"]
+            returns.extend(result.returns)
             progress["groups_completed"] += 1
             progress["rollouts_completed"] += len(result.returns)
-            self._status["mean_return"] = sum(self._returns) / len(self._returns)
+            progress["mean_return"] = sum(returns) / len(returns)
+            if progress is self._status["progress"]:
+                self._status["mean_return"] = progress["mean_return"]
 
-        await asyncio.gather(*(one(index) for index in range(request["groups"])))
-        return results
+        await asyncio.gather(*(one(index) for index in range(groups)))
+        return [r.group for r in sorted(results, key=lambda r: r.group_index)]

@@ -16,10 +16,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8990)
     parser.add_argument("--max-concurrent-envs", type=int, default=8)
     parser.add_argument("--schema-variant", type=int, default=1)
-    args = parser.parse_args(argv)
-    app = build_example_app(
-        args.name, max_concurrent_envs=args.max_concurrent_envs, schema_variant=args.schema_variant
+    parser.add_argument(
+        "--drift-step",
+        type=int,
+        default=None,
+        help="counter only: answer a different reward at this step index (replay drift tests)",
     )
+    args = parser.parse_args(argv)
+    options: dict[str, object] = {
+        "max_concurrent_envs": args.max_concurrent_envs,
+        "schema_variant": args.schema_variant,
+    }
+    if args.drift_step is not None:
+        options["drift_step"] = args.drift_step
+    app = build_example_app(args.name, **options)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

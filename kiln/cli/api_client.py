@@ -1,8 +1,16 @@
-"""A small client of Kiln's REST API for the CLI (``KILN_API_URL``, default the local one)."""
+"""A small client of Kiln's REST API for the CLI (``KILN_API_URL``, default the local one).
+
+Sends ``Authorization: Bearer $KILN_API_TOKEN`` when that variable is set; never follows
+redirects; turns error envelopes back into KilnErrors with the same code.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -14,37 +22,101 @@ class ApiUnavailable(KilnError):
     retryable = True
 
 
+def run_path(run_id: str, *parts: str) -> str:
+    """``/v1/openenv/runs/<run_id>[/part…]`` with each component percent-encoded."""
+    path = f"/v1/openenv/runs/{quote(run_id, safe='')}"
+    for part in parts:
+        path += "/" + quote(part, safe="/")
+    return path
+
+
+def artifact_path(run_id: str, name: str) -> str:
+    """The canonical download path of a manifest-declared artifact."""
+    return run_path(run_id, "artifacts", name)
+
+
 class ApiClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, follow_redirects=False)
+        if token is None:
+            token = os.environ.get("KILN_API_TOKEN") or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(
+            base_url=self.base_url, timeout=timeout_s, follow_redirects=False, headers=headers
+        )
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"ApiClient({self.base_url!r})"
+
+    def _unavailable(self, exc: Exception) -> ApiUnavailable:
+        return ApiUnavailable(
+            f"cannot reach the Kiln API at {self.base_url}: {type(exc).__name__}",
+            hint="start it with `kiln serve` or set KILN_API_URL",
+        )
+
+    @staticmethod
+    def _raise_for(response: httpx.Response, method: str, path: str) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and "code" in body:
+            raise error_from_dict(body)
+        raise KilnError(f"{method} {path} answered HTTP {response.status_code}")
 
     def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
         try:
             response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ApiUnavailable(
-                f"cannot reach the Kiln API at {self.base_url}: {type(exc).__name__}",
-                hint="start it with `kiln serve` or set KILN_API_URL",
-            ) from None
+            raise self._unavailable(exc) from None
+        self._raise_for(response, method, path)
         try:
-            body = response.json()
+            return response.status_code, response.json()
         except ValueError:
-            body = {"code": "internal_error", "message": response.text[:500]}
-        if response.status_code >= 400:
-            if isinstance(body, dict) and "code" in body:
-                raise error_from_dict(body)
-            raise KilnError(f"{method} {path} answered HTTP {response.status_code}")
-        return response.status_code, body
+            raise KilnError(f"{method} {path} answered a body that is not JSON") from None
 
+    def get_bytes(self, path: str) -> bytes:
+        try:
+            response = self._client.get(path, headers={"Accept-Encoding": "identity"})
+        except httpx.HTTPError as exc:
+            raise self._unavailable(exc) from None
+        self._raise_for(response, "GET", path)
+        return response.content
+
+    @contextlib.contextmanager
+    def stream(self, path: str) -> Iterator[httpx.Response]:
+        """A streamed GET (identity encoding, no redirects); error envelopes raise KilnErrors."""
+        try:
+            with self._client.stream("GET", path, headers={"Accept-Encoding": "identity"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response, "GET", path)
+                yield response
+        except httpx.HTTPError as exc:
+            raise self._unavailable(exc) from None
+
+    # ------------------------------------------------------------------ runs
     def submit(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return self._call("POST", "/v1/openenv/runs", json=request)
 
     def status(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/openenv/runs/{run_id}")[1]
+        return self._call("GET", run_path(run_id))[1]
 
-    def runs(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/openenv/runs")[1]["runs"]
+    def runs(self, state: str | None = None) -> list[dict[str, Any]]:
+        params = {"state": state} if state else None
+        return self._call("GET", "/v1/openenv/runs", params=params)[1]["runs"]
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/openenv/runs/{run_id}/cancel")[1]
+        return self._call("POST", run_path(run_id, "cancel"))[1]
+
+    def manifest_bytes(self, run_id: str) -> bytes:
+        return self.get_bytes(run_path(run_id, "artifacts"))
+
+    # ------------------------------------------------------------------ environments
+    def tasks(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/openenv/tasks", json=body)[1]
+
+    def preflight(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/openenv/training/preflight", json=body, timeout=400.0)[1]

@@ -195,6 +195,21 @@ def train_cmd(
     adapter: str = typer.Option("base", help="Behaviour policy adapter (base = the base model)."),
     idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
     reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options for every environment."),
+    learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA parameters."),
+    epochs: int = typer.Option(4, help="Passes over the collected groups (one optimizer step per group)."),
+    lora_rank: int = typer.Option(16, help="LoRA rank (attention and MLP projections)."),
+    lora_alpha: float = typer.Option(32.0, help="LoRA alpha."),
+    kl_coeff: float = typer.Option(0.0, help="k1 KL penalty to the base policy (0 = off)."),
+    echo_lambda: float = typer.Option(0.05, help="ECHO weight on observation cross-entropy (0 = off)."),
+    checkpoint_interval: Optional[int] = typer.Option(None, help="Checkpoint every N optimizer steps."),
+    eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none)."),
+    eval_group_size: int = typer.Option(1, help="Episodes per held-out seed group."),
+    eval_seed_start: Optional[int] = typer.Option(None, help="First held-out seed (default: after the training seeds)."),
+    gate: bool = typer.Option(False, "--gate/--no-gate", help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
+    min_mean_improvement: float = typer.Option(0.0, help="Gate: minimum candidate - baseline mean return."),
+    min_mean_return: Optional[float] = typer.Option(None, help="Gate: minimum candidate mean return."),
+    auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name when allowed."),
+    credential_id: list[str] = typer.Option([], "--credential-id", help="Credential id per --environment ('-' = public); the token is KILN_CREDENTIAL_<ID> on the workers."),
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
@@ -204,6 +219,29 @@ def train_cmd(
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
         idempotency_key, reset_options,
     )
+    request["training_config"] = {
+        "learning_rate": learning_rate,
+        "epochs": epochs,
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+        "kl_coeff": kl_coeff,
+        "checkpoint_interval": checkpoint_interval,
+        "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
+    }
+    request["auto_load"] = auto_load
+    if credential_id:
+        request["credential_ids"] = [None if c == "-" else c for c in credential_id]
+    if eval_groups > 0:
+        evaluation: dict[str, Any] = {"groups": eval_groups, "group_size": eval_group_size}
+        if eval_seed_start is not None:
+            evaluation["seed_start"] = eval_seed_start
+        if gate:
+            evaluation["gate"] = {"min_mean_improvement": min_mean_improvement}
+            if min_mean_return is not None:
+                evaluation["gate"]["min_mean_return"] = min_mean_return
+        request["environment_eval"] = evaluation
+    elif gate:
+        _fail(KilnError("--gate needs --eval-groups >= 20", code="openenv_invalid_request"))
     _submit_and_follow(request, follow_run, as_json)
 
 

@@ -1,17 +1,29 @@
-"""Follow a run until it ends, with a live progress line; the exit code tells the outcome."""
+"""Follow a run until it ends, with a live progress panel; the exit code tells the outcome.
+
+Exit codes: 0 completed, 1 failed, 3 cancelled (and 1 for anything unexpected).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 TERMINAL = {"completed", "failed", "cancelled"}
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3}
 
 
+def exit_code(status: dict[str, Any]) -> int:
+    """0 completed, 1 failed (or unknown), 3 cancelled."""
+    return EXIT_CODES.get(str(status.get("state")), 1)
+
+
 def progress_line(status: dict[str, Any]) -> str:
+    """One line: phase, groups, episodes, mean return, training steps."""
     progress = status.get("progress") or {}
     mean = status.get("mean_return")
     parts = [
@@ -27,37 +39,64 @@ def progress_line(status: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def progress_view(status: dict[str, Any]) -> Group:
+    """The live panel: a small key/value table plus the run's warnings."""
+    progress = status.get("progress") or {}
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("run", str(status.get("run_id")))
+    table.add_row("phase", str(status.get("phase")))
+    table.add_row("groups", f"{progress.get('groups_completed', 0)}/{progress.get('groups_total', 0)}")
+    table.add_row(
+        "episodes", f"{progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}"
+    )
+    mean = status.get("mean_return")
+    table.add_row("mean return", "-" if mean is None else f"{mean:.3f}")
+    training = status.get("training") or {}
+    table.add_row("training step", str(training.get("steps") or "-"))
+    warnings = [Text(f"warning: {w}", style="yellow") for w in status.get("warnings") or []]
+    return Group(table, *warnings)
+
+
 def follow(
     fetch: Callable[[], dict[str, Any]],
     console: Console,
     *,
     poll_s: float = 1.0,
     timeout_s: float | None = None,
+    live: bool = True,
 ) -> dict[str, Any]:
+    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status."""
     started = time.monotonic()
-    last = ""
-    with console.status("waiting for the run…") as spinner:
-        while True:
-            status = fetch()
-            line = progress_line(status)
-            if line != last:
-                spinner.update(line)
-                last = line
-            if status.get("state") in TERMINAL:
-                return status
+    status = fetch()
+    if not live:
+        while status.get("state") not in TERMINAL:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
-                return status
+                break
             time.sleep(poll_s)
+            status = fetch()
+        return status
+    with Live(progress_view(status), console=console, refresh_per_second=4, transient=True) as view:
+        while status.get("state") not in TERMINAL:
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                break
+            time.sleep(poll_s)
+            status = fetch()
+            view.update(progress_view(status))
+    return status
 
 
 def print_outcome(status: dict[str, Any], console: Console) -> int:
+    """Print the run's outcome (stats, training, artifacts, failure); returns the exit code."""
     state = status.get("state")
     console.print(f"run      {status.get('run_id')}")
     if status.get("temporal_ui"):
         console.print(f"web ui   {status['temporal_ui']}")
     console.print(f"state    {state}")
+    console.print(f"progress {progress_line(status)}")
     stats = status.get("rollout_stats") or {}
-    if stats:
+    if stats and stats.get("mean_episode_return") is not None:
         console.print(
             f"episodes {stats.get('rollouts')}  mean return {stats.get('mean_episode_return'):.3f}  "
             f"min {stats.get('min_episode_return')}  max {stats.get('max_episode_return')}  "
@@ -74,6 +113,22 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
             )
         else:
             console.print(f"training skipped: {training.get('skip_reason')}")
+    evaluation = status.get("environment_evaluation")
+    if evaluation and evaluation.get("evidence"):
+        evidence = evaluation["evidence"]
+        console.print(
+            f"held-out evaluation ({evidence['paired_groups']} seed groups): mean return "
+            f"base {evidence['baseline_mean_return']:.3f} -> adapter {evidence['candidate_mean_return']:.3f} "
+            f"(wins {evidence['improved_groups']}, losses {evidence['regressed_groups']}, ties {evidence['tied_groups']}, "
+            f"sign-test p={evidence['exact_sign_test_p_value']:.4g})"
+        )
+        console.print(f"gate     {evaluation.get('decision')} → {evaluation.get('outcome')}: {evaluation.get('verdict')}")
+        world = evaluation.get("world_model") or {}
+        if world.get("world_model_gain") is not None:
+            console.print(
+                f"world model: observation CE base {world['base_mean_env_ce']:.4f} -> adapter "
+                f"{world['candidate_mean_env_ce']:.4f} (gain {world['world_model_gain']:+.4f})"
+            )
     for warning in status.get("warnings") or []:
         console.print(f"[yellow]warning[/] {warning}")
     manifest = status.get("manifest")
@@ -86,4 +141,6 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
         console.print(f"[red]failed[/] {failure.get('code')} at {failure.get('stage')}: {failure.get('message')}")
         if failure.get("hint"):
             console.print(f"hint: {failure['hint']}")
-    return EXIT_CODES.get(str(state), 1)
+    if state == "cancelled":
+        console.print("[yellow]cancelled[/]")
+    return exit_code(status)

@@ -41,7 +41,7 @@ VOCAB_SIZE = 1024
 WARMUP_STEPS = 130
 WARMUP_BATCH = 16
 WARMUP_LR = 1e-2
-MAX_WARMUP_TOKENS = 640
+MAX_WARMUP_TOKENS = 768
 TURNS = (1, 1, 2, 3, 4, 6, 8, 12)
 
 _SYSTEMS = [
@@ -116,6 +116,39 @@ _FILLER = [
 ]
 
 
+def _kiln_system_prompt(rng: random.Random) -> str:
+    """A system prompt exactly as Kiln's collector writes it, for a counter-like environment."""
+    from kiln.rollout.prompts import system_prompt
+
+    top = rng.randint(3, 9)
+    schema = {
+        "additionalProperties": False,
+        "properties": {
+            "amount": {
+                "description": rng.choice(["How much to add to the count (1-5)", "Amount to add", "Step size"]),
+                "maximum": top,
+                "minimum": 1,
+                "title": "Amount",
+                "type": "integer",
+            }
+        },
+        "required": ["amount"],
+        "title": rng.choice(["CounterAction", "StepAction", "Action"]),
+        "type": "object",
+    }
+    metadata = {
+        "name": rng.choice(["counter", "steps", "count-up", "adder"]),
+        "description": rng.choice(
+            [
+                "Count up to the target without going over; small steps score more.",
+                "Add numbers until the goal is reached.",
+                "A counting game.",
+            ]
+        ),
+    }
+    return system_prompt(metadata, schema)
+
+
 def _user_text(rng: random.Random) -> str:
     state = rng.choice(_STATES).format(a=rng.randint(0, 15), b=rng.randint(1, 20))
     request = rng.choice(_REQUESTS)
@@ -126,7 +159,10 @@ def _transcript(rng: random.Random, turns: int | None = None) -> tuple[list[dict
     """One synthetic conversation (messages, thinking) ending with an assistant turn."""
     thinking = rng.random() < 0.7
     messages: list[dict] = []
-    if rng.random() < 0.85:
+    roll = rng.random()
+    if roll < 0.5:
+        messages.append({"role": "system", "content": _kiln_system_prompt(rng)})
+    elif roll < 0.9:
         messages.append({"role": "system", "content": rng.choice(_SYSTEMS)})
     turns = turns or rng.choice(TURNS)
     for _ in range(turns):

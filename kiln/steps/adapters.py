@@ -1,7 +1,8 @@
 """Named adapters: the pointer ``adapters/<name>.json`` → the published adapter files in S3.
 
-Publication writes the pointer (promotion) only after the manifest is stored; collection resolves
-a behaviour adapter by name and materialises its files into a local cache keyed by content.
+A run resolves a behaviour adapter's name ONCE (``resolve_policy``) into an ``AdapterRef`` pinned by
+content, so a later promotion of the same name cannot change a running run's policy. Publication
+writes the pointer (promotion) only after the manifest is stored and only when the gate allows it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import AdapterNotFound
+from kiln.stages import AdapterFile, AdapterRef
 
 POINTER_SCHEMA = "kiln.adapter-pointer.v1"
 
@@ -21,36 +23,39 @@ def pointer_key(name: str) -> str:
     return f"adapters/{name}.json"
 
 
-def write_pointer(store: S3Store, name: str, *, run_id: str, adapter_sha256: str, files: list[dict[str, Any]], manifest_uri: str) -> dict[str, Any]:
+def write_pointer(store: S3Store, ref: AdapterRef, *, run_id: str, manifest_uri: str) -> dict[str, Any]:
+    """Point ``ref.name`` at ``ref`` (promotion). Plain overwrite: the newest promotion wins."""
     pointer = {
         "schema": POINTER_SCHEMA,
-        "name": name,
         "run_id": run_id,
-        "adapter_sha256": adapter_sha256,
-        "files": files,
         "manifest_uri": manifest_uri,
+        "adapter": ref.model_dump(),
     }
-    store.client.put_object(Bucket=store.bucket, Key=pointer_key(name), Body=canonical_json(pointer))
+    store.client.put_object(Bucket=store.bucket, Key=pointer_key(ref.name), Body=canonical_json(pointer))
     return pointer
 
 
-def read_pointer(store: S3Store, name: str) -> dict[str, Any]:
+def read_pointer(store: S3Store, name: str) -> AdapterRef:
     raw = store.get_key(pointer_key(name))
     if raw is None:
         raise AdapterNotFound(
             f"adapter {name!r} is not published in this Kiln store",
             hint="train it first (kiln openenv train --output-adapter NAME) or use --adapter base",
         )
-    return json.loads(raw)
+    return AdapterRef.model_validate(json.loads(raw)["adapter"])
 
 
-def materialise_adapter(store: S3Store, name: str, cache_root: Path) -> Path:
-    """Download adapter ``name`` into ``cache_root/<adapter_sha256 hex>`` (verified) and return it."""
-    pointer = read_pointer(store, name)
-    folder = cache_root / pointer["adapter_sha256"].removeprefix("sha256:")
-    for item in pointer["files"]:
-        target = folder / item["name"]
+def materialise(store: S3Store, ref: AdapterRef, cache_root: Path) -> Path:
+    """Download ``ref``'s files into ``cache_root/<sha256 hex>`` (verified, atomic) and return it."""
+    folder = cache_root / ref.adapter_sha256.removeprefix("sha256:")
+    for item in ref.files:
+        target = folder / item.name
         if not target.exists():
             folder.mkdir(parents=True, exist_ok=True)
-            store.get_to_file(ObjectRef.from_dict(item["object"]), target)
+            obj = item.object
+            store.get_to_file(ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes), target)
     return folder
+
+
+def adapter_ref_from_files(name: str, adapter_sha256: str, files: list[AdapterFile]) -> AdapterRef:
+    return AdapterRef(name=name, adapter_sha256=adapter_sha256, files=list(files))

@@ -12,14 +12,14 @@ from kiln.canonical import canonical_json
 from kiln.errors import PolicyIdentityChanged
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
-from kiln.stages import CollectGroupInput, CollectGroupResult, StoredObject
+from kiln.stages import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
 from kiln.steps.credentials import resolve_bearer_token
 
 
-def behavior_policy_of(policy: PolicyPort, adapter: str | None, adapter_dir: Path | None) -> dict[str, Any]:
+def behavior_policy_of(policy: PolicyPort, adapter_ref: AdapterRef | None, adapter_dir: Path | None) -> dict[str, Any]:
     """The identity every action of a run is bound to (base digest + runtime + adapter digest)."""
     identity = dict(policy.identity(adapter_dir))
-    identity["adapter"] = adapter
+    identity["adapter"] = adapter_ref.name if adapter_ref is not None else None
     return identity
 
 
@@ -44,7 +44,7 @@ async def collect(
     heartbeat: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
 ) -> CollectGroupResult:
-    check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter, adapter_dir))
+    check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
     raw = await asyncio.to_thread(
         store.get_bytes,
         ObjectRef(uri=inp.inspection.uri, sha256=inp.inspection.sha256, bytes=inp.inspection.bytes),

@@ -12,12 +12,11 @@ from typing import Any
 
 from kiln.artifacts.budget import RetainedBudget
 from kiln.artifacts.manifest import build_manifest, manifest_key, verify_manifest_against_store
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
-from kiln.rollout.bundle import build_bundle
 from kiln.stages import PublishedArtifact, PublishInput, PublishResult, StoredObject
-from kiln.steps.adapters import write_pointer
-from kiln.steps.discovery import load_inspection
+from kiln.steps.adapters import adapter_ref_from_files, write_pointer
+from kiln.steps.evaluation import make_bundle
 
 MEDIA_TYPES = {
     "rollouts.jsonl": "application/x-ndjson",
@@ -27,22 +26,20 @@ MEDIA_TYPES = {
 }
 
 
-def _ref(obj: StoredObject) -> ObjectRef:
-    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
+def _artifact(name: str, obj: StoredObject, media_type: str) -> dict[str, Any]:
+    return {"name": name, "uri": obj.uri, "sha256": obj.sha256, "bytes": obj.bytes, "media_type": media_type}
 
 
 def publish(store: S3Store, inp: PublishInput) -> PublishResult:
     budget = RetainedBudget()
-    documents = []
     for obj in inp.groups:
         budget.charge(obj.bytes, f"group object {obj.uri}")
-        documents.append(json.loads(store.get_bytes(_ref(obj))))
-    inspections = [load_inspection(store, env.inspection) for env in inp.environments]
     training = inp.training
-    bundle = build_bundle(
-        documents,
+    bundle = make_bundle(
+        store,
         request=inp.request,
-        inspections=inspections,
+        environments=inp.environments,
+        groups=inp.groups,
         behavior_policy=inp.behavior_policy,
         reset_plan_sha256=inp.reset_plan_sha256,
         training_selection=training.selection if training else None,
@@ -77,6 +74,15 @@ def publish(store: S3Store, inp: PublishInput) -> PublishResult:
                     "media_type": "application/json",
                 }
             )
+    evaluation = inp.evaluation
+    if evaluation is not None:
+        for side in (evaluation.baseline, evaluation.candidate):
+            for name, obj in sorted(side.files.items()):
+                label = f"environment_eval/{side.side}/{name}"
+                budget.charge(obj.bytes, label)
+                artifacts.append(_artifact(label, obj, MEDIA_TYPES[name]))
+        budget.charge(evaluation.receipt.bytes, "environment_eval/receipt.json")
+        artifacts.append(_artifact("environment_eval/receipt.json", evaluation.receipt, "application/json"))
     summary = json.loads(bundle["summary.json"])
     manifest = build_manifest(
         inp.run_id,
@@ -88,6 +94,12 @@ def publish(store: S3Store, inp: PublishInput) -> PublishResult:
             "behavior_policy": inp.behavior_policy,
             "reset_plan_sha256": inp.reset_plan_sha256,
             "stats": summary["stats"],
+            "environment_eval": (
+                {"decision": evaluation.decision, "outcome": evaluation.outcome, "verdict": evaluation.verdict}
+                if evaluation is not None
+                else None
+            ),
+            "promoted": bool(inp.promote and training is not None and training.trained),
         },
     )
     verify_manifest_against_store(manifest, store)
@@ -95,13 +107,13 @@ def publish(store: S3Store, inp: PublishInput) -> PublishResult:
     key = manifest_key(inp.run_id)
     store.put_if_absent(key, manifest_bytes)
     manifest_uri = store.uri_for(key)
-    if training is not None and training.trained and inp.request.get("output_adapter"):
+    if inp.promote and training is not None and training.trained and inp.request.get("output_adapter"):
         write_pointer(
             store,
-            inp.request["output_adapter"],
+            adapter_ref_from_files(
+                inp.request["output_adapter"], training.adapter_sha256 or "", training.adapter_files
+            ),
             run_id=inp.run_id,
-            adapter_sha256=training.adapter_sha256 or "",
-            files=[{"name": f.name, "object": f.object.model_dump()} for f in training.adapter_files],
             manifest_uri=manifest_uri,
         )
     return PublishResult(

@@ -17,7 +17,7 @@ from kiln.contracts import TrainingConfig
 from kiln.errors import PolicyIdentityChanged
 from kiln.policy.identity import model_content_sha256
 from kiln.stages import AdapterFile, StoredObject, TrainInput, TrainResult
-from kiln.steps.adapters import materialise_adapter
+from kiln.steps.adapters import materialise
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
 
@@ -83,7 +83,7 @@ def train(
             hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
         )
     config = TrainingConfig.model_validate(inp.training_config)
-    base_adapter_dir = materialise_adapter(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
+    base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
     resume_dir = None
     if resume_checkpoint is not None:
         resume_dir = unpack_folder(store.get_bytes(_ref(resume_checkpoint)), work_dir / "resume")

@@ -7,7 +7,9 @@ policy adds small amounts (1 each turn gives the maximal return ``min(target, ma
 which a tiny model can learn from group-relative advantages.
 
 Knobs (for tests): ``schema_variant`` adds an optional field to the action schema (a different
-environment identity); ``max_concurrent_envs`` allows several sessions.
+environment identity); ``max_concurrent_envs`` allows several sessions; ``drift_step`` (replay
+tests) makes every episode answer reward ``0.5`` at that step index instead of the normal reward,
+with the same identity (metadata, schemas, OpenAPI), so only a live replay can notice.
 """
 
 from __future__ import annotations
@@ -61,10 +63,7 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
         )
 
     def _text(self) -> str:
-        return (
-            f"Count is {self._state.count}. Target is {self._state.target}. "
-            'Reply with {"amount": N} where N is 1-5.'
-        )
+        return f"Count is {self._state.count}. Target is {self._state.target}."
 
     def reset(
         self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any
@@ -101,10 +100,32 @@ class CounterEnvironment(Environment[CounterAction, CounterObservation, CounterS
         return self._state
 
 
-def build_app(*, max_concurrent_envs: int = 8, schema_variant: int = 1) -> Any:
+DRIFT_REWARD = 0.5
+
+
+def _drifting(drift_step: int) -> type[CounterEnvironment]:
+    """A counter whose step ``drift_step`` (0-based) answers reward ``DRIFT_REWARD``."""
+
+    class DriftingCounterEnvironment(CounterEnvironment):
+        def step(
+            self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any
+        ) -> CounterObservation:
+            index = self._state.step_count
+            observation = super().step(action, timeout_s=timeout_s, **kwargs)
+            if index == drift_step:
+                observation.reward = DRIFT_REWARD
+            return observation
+
+    return DriftingCounterEnvironment
+
+
+def build_app(
+    *, max_concurrent_envs: int = 8, schema_variant: int = 1, drift_step: int | None = None
+) -> Any:
     action_cls = CounterActionV2 if schema_variant == 2 else CounterAction
+    env_cls = CounterEnvironment if drift_step is None else _drifting(drift_step)
     return create_app(
-        CounterEnvironment,
+        env_cls,
         action_cls,
         CounterObservation,
         env_name="counter",

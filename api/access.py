@@ -1,0 +1,154 @@
+"""Who may call the API, and how much they may send.
+
+- Bearer access: when the API binds a non-loopback host, every route except ``/healthz`` needs
+  ``Authorization: Bearer <KILN_API_TOKEN>`` (compared in constant time). Building the app for a
+  non-loopback host without a token is refused. The token is never logged or echoed.
+- Body limit: request bodies over 1 MiB are refused (413) before any route parses them, using
+  Content-Length when given and counting streamed bytes otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from typing import Any, Awaitable, Callable
+
+from kiln.openenv.urls import is_loopback_host
+
+from api.errors import ApiConfigurationError, RequestTooLarge, Unauthorized
+
+MAX_BODY_BYTES = 1024 * 1024
+OPEN_PATHS = frozenset({"/healthz"})
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def configured_token(settings: Any) -> str | None:
+    """``settings.api_token`` when the field exists, else ``KILN_API_TOKEN``; blank means none."""
+    token = getattr(settings, "api_token", None)
+    if token is None:
+        token = os.environ.get("KILN_API_TOKEN")
+    if token is not None and hasattr(token, "get_secret_value"):
+        token = token.get_secret_value()
+    token = (token or "").strip()
+    return token or None
+
+
+def required_token(settings: Any) -> str | None:
+    """The token every request must carry, or None on a loopback bind.
+
+    Raises ``ApiConfigurationError`` for a non-loopback bind without a token.
+    """
+    host = str(getattr(settings, "api_host", "127.0.0.1"))
+    if is_loopback_host(host):
+        return configured_token(settings)
+    token = configured_token(settings)
+    if token is None:
+        raise ApiConfigurationError(
+            f"refusing to serve the Kiln API on non-loopback host {host!r} without an access token",
+            hint="set KILN_API_TOKEN (clients send it as 'Authorization: Bearer <token>'), "
+            "or bind 127.0.0.1",
+        )
+    return token
+
+
+def bearer_matches(header: str | None, token: str) -> bool:
+    """Constant-time check of an ``Authorization`` header against ``Bearer <token>``."""
+    if not header:
+        return False
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode("utf-8"), token.encode("utf-8"))
+
+
+async def _send_error(send: Send, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]]) -> None:
+    raw = json.dumps(body).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class BearerAccess:
+    """ASGI middleware: every HTTP route except ``OPEN_PATHS`` needs the bearer token."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._token = token
+
+    def __repr__(self) -> str:  # never shows the token
+        return "BearerAccess(token=[redacted])"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = None
+        for name, value in scope.get("headers") or []:
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        if not bearer_matches(header, self._token):
+            error = Unauthorized(
+                "missing or wrong bearer token",
+                hint="send 'Authorization: Bearer <KILN_API_TOKEN>'",
+            )
+            await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``limit`` bytes with 413.
+
+    The body (at most ``limit`` bytes) is read up front and replayed to the app, so a route never
+    sees a partial body and an oversize one is refused before any parsing.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = RequestTooLarge(f"request body is larger than {self.limit} bytes (1 MiB)")
+        for name, value in scope.get("headers") or []:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = self.limit + 1
+                if declared > self.limit:
+                    await _send_error(send, 413, too_large.to_dict(), [])
+                    return
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await _send_error(send, 413, too_large.to_dict(), [])
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,101 @@
+"""``/v1/openenv/inspect``, ``/v1/openenv/tasks`` and ``/v1/openenv/training/preflight``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.errors import InspectionFailed, TaskCatalogFailed
+from api.preflight import PreflightRequest, preflight
+from api.services import Services, services
+from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable, InvalidRequest, KilnError
+from kiln.openenv.discovery import inspect_environment
+from kiln.openenv.tasks import TASK_CATALOG_SCHEMA, task_catalog
+from kiln.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
+from kiln.steps.credentials import resolve_bearer_token
+
+router = APIRouter(prefix="/v1/openenv", tags=["environments"])
+INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"
+
+
+class EnvironmentsBody(BaseModel):
+    """Environment URLs with optional opaque credential ids aligned to them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
+    credential_ids: list[str | None] = Field(default_factory=list)
+
+    def targets(self, allow_remote: bool) -> list[tuple[EnvironmentUrl, str | None]]:
+        """Each normalised, allowed URL with its bearer token (None = public)."""
+        if self.credential_ids and len(self.credential_ids) != len(self.environment_urls):
+            raise InvalidRequest("credential_ids must be empty or have one entry per environment URL")
+        out = []
+        for index, text in enumerate(self.environment_urls):
+            url = normalize_url(text)
+            require_allowed_host(url, allow_remote=allow_remote)
+            credential = self.credential_ids[index] if self.credential_ids else None
+            out.append((url, resolve_bearer_token(credential)))
+        return out
+
+
+class TasksBody(EnvironmentsBody):
+    """``POST /v1/openenv/tasks`` body (R2.5)."""
+
+    environment_name: str | None = Field(default=None, min_length=1, max_length=256)
+    split: str | None = Field(default=None, min_length=1, max_length=256)
+    start: int = 0
+    limit: int = 50
+
+
+def _wrap(error: KilnError, cls: type[KilnError], url: EnvironmentUrl) -> KilnError:
+    return cls(
+        f"{url.base_url}: {error.message}",
+        hint=error.hint,
+        retryable=error.retryable,
+        details={"cause": error.code, "base_url": url.base_url},
+    )
+
+
+@router.post("/inspect")
+async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> dict[str, Any]:
+    """Discover each environment: identity, digests and action schema (R1.11)."""
+    inspections = []
+    for url, token in body.targets(svc.settings.allow_remote_environments):
+        try:
+            inspections.append(await inspect_environment(url, bearer_token=token))
+        except (EnvironmentUnavailable, EnvironmentProtocolError) as error:
+            raise _wrap(error, InspectionFailed, url) from None
+    return {"schema": INSPECTION_SCHEMA, "environments": inspections}
+
+
+@router.post("/tasks")
+async def tasks(body: TasksBody, svc: Services = Depends(services)) -> dict[str, Any]:
+    """One page of each environment's Task API catalog (R2.5); discovery only, never episodes."""
+    if not 1 <= body.limit <= 200 or body.start < 0:
+        raise InvalidRequest(
+            "task page needs 1 <= limit <= 200 and start >= 0", code="openenv_invalid_task_page"
+        )
+    catalogs = []
+    for url, token in body.targets(svc.settings.allow_remote_environments):
+        try:
+            catalog = await task_catalog(
+                url,
+                environment_name=body.environment_name,
+                split=body.split,
+                start=body.start,
+                limit=body.limit,
+                bearer_token=token,
+            )
+        except (EnvironmentUnavailable, EnvironmentProtocolError) as error:
+            raise _wrap(error, TaskCatalogFailed, url) from None
+        catalogs.append({"base_url": url.base_url, "catalog": catalog})
+    return {"schema": TASK_CATALOG_SCHEMA, "catalogs": catalogs}
+
+
+@router.post("/training/preflight")
+async def training_preflight(body: PreflightRequest, svc: Services = Depends(services)) -> dict[str, Any]:
+    """Seal a training contract: defaults filled, behaviour policy resolved by a gpu worker."""
+    return await preflight(await svc.client(), svc.settings, body)

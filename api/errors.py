@@ -1,0 +1,124 @@
+"""The API's error envelope: every failure answers ``{code, message, retryable, hint?, details?}``.
+
+KilnError subclasses carry their own code and HTTP status. FastAPI's own failures (request
+validation, unknown route, wrong method) are mapped onto the same envelope so a client only ever
+parses one error shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kiln.errors import InvalidRequest, KilnError
+
+
+class IdempotencyConflict(KilnError):
+    code = "openenv_run_idempotency_conflict"
+    http_status = 409
+
+
+class RunNotCancellable(KilnError):
+    code = "openenv_run_not_cancellable"
+    http_status = 409
+
+
+class Unauthorized(KilnError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class RouteNotFound(KilnError):
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(KilnError):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class RequestTooLarge(KilnError):
+    code = "openenv_request_too_large"
+    http_status = 413
+
+
+class TaskCatalogFailed(KilnError):
+    code = "openenv_task_catalog_failed"
+    http_status = 502
+
+
+class InspectionFailed(KilnError):
+    code = "openenv_inspection_failed"
+    http_status = 502
+
+
+class PreflightFailed(KilnError):
+    code = "openenv_training_preflight_failed"
+    http_status = 503
+    retryable = True
+
+
+class ApiConfigurationError(KilnError):
+    code = "api_configuration_invalid"
+
+
+def error_response(error: KilnError) -> JSONResponse:
+    """The JSON envelope of ``error`` with its HTTP status (401 adds ``WWW-Authenticate``)."""
+    headers = {"WWW-Authenticate": "Bearer"} if error.http_status == 401 else None
+    if error.http_status == 503:
+        headers = {"Retry-After": "5"}
+    return JSONResponse(status_code=error.http_status, content=error.to_dict(), headers=headers)
+
+
+def validation_message(errors: list[dict[str, Any]]) -> str:
+    """``field.path: reason`` per problem, without echoing submitted values."""
+    parts: list[str] = []
+    for item in errors:
+        loc = [str(p) for p in item.get("loc", ()) if p != "body"]
+        msg = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc) or 'body'}: {msg}")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into the one envelope."""
+
+    @app.exception_handler(KilnError)
+    async def _kiln(_request: Request, error: KilnError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, error: RequestValidationError) -> JSONResponse:
+        return error_response(_invalid(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 404:
+            return error_response(RouteNotFound("no such route"))
+        if error.status_code == 405:
+            return error_response(MethodNotAllowed("method not allowed on this route"))
+        return error_response(_status_error(error.status_code, str(error.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+        return error_response(
+            KilnError(f"internal error: {type(error).__name__}", code="internal_error")
+        )
+
+
+def _invalid(error: RequestValidationError) -> KilnError:
+    return InvalidRequest(
+        f"invalid request: {validation_message(list(error.errors()))}",
+        hint="fix the named fields; unknown fields are rejected",
+    )
+
+
+def _status_error(status: int, detail: str) -> KilnError:
+    error = KilnError(detail, code=f"http_{status}")
+    error.http_status = status
+    return error

@@ -1,0 +1,102 @@
+"""Training preflight: seal the training contract a run will execute from (R6.10).
+
+The effective configuration is the requested ``TrainingConfig`` with every default filled in; the
+behaviour-policy identity is resolved by a gpu worker (the one holding the model) through the
+``PreflightWorkflow`` on the control task queue. The receipt reserves no capacity.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTimeoutError
+
+from api.errors import PreflightFailed
+from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, normalize_adapter
+from kiln.errors import error_from_dict
+from kiln.settings import Settings
+from workflows.preflight import PreflightInput, PreflightResult, PreflightWorkflow
+
+PREFLIGHT_SCHEMA = "kiln.openenv-training-preflight.v1"
+PREFLIGHT_TIMEOUT = timedelta(minutes=6)
+
+
+class PreflightRequest(BaseModel):
+    """``POST /v1/openenv/training/preflight`` body (unknown fields rejected)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: str | None = Field(default="base", description="Behaviour adapter; base/none/null = base model.")
+    output_adapter: str = Field(description="Name of the adapter the run will train.")
+    training_config: TrainingConfig | None = Field(
+        default=None, description="GRPO + ECHO configuration; defaults are filled in."
+    )
+    auto_load: bool = True
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, value: str | None) -> str:
+        normalized = normalize_adapter(value)
+        return "base" if normalized is None else check_adapter_name(normalized, "adapter")
+
+    @field_validator("output_adapter")
+    @classmethod
+    def _output(cls, value: str) -> str:
+        return check_adapter_name(value.strip(), "output_adapter")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "PreflightRequest":
+        if self.output_adapter == self.adapter:
+            raise ValueError("output_adapter must differ from the behaviour adapter")
+        return self
+
+
+async def resolve_behavior_policy(client: Client, settings: Settings, adapter: str | None) -> dict[str, Any]:
+    """Run ``PreflightWorkflow`` and return the gpu worker's behaviour-policy identity."""
+    try:
+        result: PreflightResult = await client.execute_workflow(
+            PreflightWorkflow.run,
+            PreflightInput(adapter=adapter, gpu_task_queue=settings.gpu_task_queue),
+            id=f"kiln-preflight-{uuid.uuid4()}",
+            task_queue=settings.control_task_queue,
+            execution_timeout=PREFLIGHT_TIMEOUT,
+            result_type=PreflightResult,
+        )
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
+            raise error_from_dict(cause.details[0]) from None
+        if isinstance(cause, TemporalTimeoutError):
+            raise PreflightFailed(
+                "no gpu worker resolved the behaviour policy in time",
+                hint="start a gpu worker (`python -m workers gpu`) on " + settings.gpu_task_queue,
+            ) from None
+        raise PreflightFailed(f"training preflight failed: {cause or err}") from None
+    return result.behavior_policy
+
+
+async def preflight(client: Client, settings: Settings, request: PreflightRequest) -> dict[str, Any]:
+    """The preflight receipt: ``{schema, contract, effective_config, behavior_policy, ...}``."""
+    base_adapter = normalize_adapter(request.adapter)
+    behavior_policy = await resolve_behavior_policy(client, settings, base_adapter)
+    contract = TrainingContract(
+        effective_config=request.training_config or TrainingConfig(),
+        behavior_policy=behavior_policy,
+        output_adapter=request.output_adapter,
+        base_adapter=base_adapter,
+    )
+    sealed = contract.model_dump(mode="json", by_alias=True)
+    return {
+        "schema": PREFLIGHT_SCHEMA,
+        "contract": sealed,
+        "effective_config": sealed["effective_config"],
+        "behavior_policy": behavior_policy,
+        "auto_load": request.auto_load,
+        "checked_unix_ms": int(time.time() * 1000),
+        "capacity_reserved": False,
+    }

@@ -1,0 +1,92 @@
+"""``/v1/openenv/runs``: submit (exactly once per idempotency key), list, status, cancel, artifacts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api.artifacts import artifact_headers
+from api.services import Services, services
+from kiln.contracts import RunRequest
+from kiln.errors import ArtifactNotFound
+from kiln.openenv.urls import normalize_url, require_allowed_host
+
+router = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
+
+ERRORS = {400: {"description": "invalid request"}, 404: {"description": "run not found"},
+          409: {"description": "conflict"}}
+
+
+@router.post("", status_code=202, responses={200: {"description": "idempotent replay"}, **ERRORS})
+async def create_run(request: RunRequest, svc: Services = Depends(services)) -> JSONResponse:
+    """Start a run: 202 with the new run's status, 200 with the existing run's status when the
+    same ``idempotency_key`` is retried with the identical request, 409 when it differs."""
+    for url in request.environment_urls:
+        require_allowed_host(normalize_url(url), allow_remote=svc.settings.allow_remote_environments)
+    status, created = await (await svc.runs()).submit(request)
+    return JSONResponse(status_code=202 if created else 200, content=status)
+
+
+@router.get("")
+async def list_runs(
+    state: str | None = Query(default=None, description="running | completed | failed | cancelled"),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """Runs newest first: ``{schema, runs: [{run_id, state, phase, kind, ...}]}``."""
+    return await (await svc.runs()).list_runs(state)
+
+
+@router.get("/{run_id}", responses=ERRORS)
+async def get_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+    """The run's status (phase, progress, returns, training, manifest, artifacts, failure)."""
+    return await (await svc.runs()).status(run_id)
+
+
+@router.post("/{run_id}/cancel", responses=ERRORS)
+async def cancel_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+    """Request cancellation of a running run (409 ``openenv_run_not_cancellable`` when it ended)."""
+    return await (await svc.runs()).cancel(run_id)
+
+
+@router.delete("/{run_id}", responses=ERRORS)
+async def delete_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+    """Same as ``POST /{run_id}/cancel``."""
+    return await (await svc.runs()).cancel(run_id)
+
+
+async def _published_manifest(run_id: str, svc: Services) -> Any:
+    status = await (await svc.runs()).status(run_id)
+    recorded = (status.get("manifest") or {}).get("sha256")
+    if status.get("state") != "completed" and recorded is None:
+        raise ArtifactNotFound(
+            f"run {run_id} is {status.get('state')} and has published no artifacts",
+            hint="artifacts appear when the run completes",
+        )
+    return await svc.artifacts().manifest(run_id, recorded)
+
+
+@router.get("/{run_id}/artifacts", responses=ERRORS)
+async def get_manifest(run_id: str, svc: Services = Depends(services)) -> Response:
+    """The run's manifest, byte for byte as published (ETag = its SHA-256)."""
+    manifest = await _published_manifest(run_id, svc)
+    return Response(
+        content=manifest.raw,
+        media_type="application/json",
+        headers={"ETag": f'"{manifest.sha256}"', "Cache-Control": "private, no-store",
+                 "X-Content-Type-Options": "nosniff"},
+    )
+
+
+@router.get("/{run_id}/artifacts/{name:path}", responses=ERRORS)
+async def get_artifact(run_id: str, name: str, svc: Services = Depends(services)) -> StreamingResponse:
+    """One manifest-declared artifact, verified (size + SHA-256) before the first byte is sent."""
+    manifest = await _published_manifest(run_id, svc)
+    artifact = await svc.artifacts().verified(manifest, name)
+    return StreamingResponse(
+        artifact.chunks(),
+        status_code=200,
+        media_type=artifact.entry["media_type"],
+        headers=artifact_headers(run_id, artifact.entry),
+    )

@@ -1,0 +1,48 @@
+"""The API's shared clients, created once per app on first use (works with or without lifespan)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+from temporalio.client import Client
+
+from api.artifacts import ArtifactService
+from api.runs import RunService
+from kiln.artifacts.store import S3Store
+from kiln.settings import Settings
+from workers.factory import connect_client
+
+
+class Services:
+    """Temporal client, run service and artifact service of one app instance."""
+
+    def __init__(self, settings: Settings, client: Client | None = None, store: S3Store | None = None) -> None:
+        self.settings = settings
+        self._client = client
+        self._store = store
+        self._lock: asyncio.Lock | None = None
+
+    async def client(self) -> Client:
+        if self._client is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if self._client is None:
+                    self._client = await connect_client(self.settings)
+        return self._client
+
+    async def runs(self) -> RunService:
+        return RunService(await self.client(), self.settings)
+
+    def artifacts(self) -> ArtifactService:
+        if self._store is None:
+            self._store = S3Store.from_settings(self.settings)
+        return ArtifactService(self._store)
+
+
+def services(request: Request) -> Services:
+    """FastAPI dependency: the app's ``Services``."""
+    found: Any = request.app.state.services
+    return found

@@ -1,0 +1,414 @@
+"""CLI commands that talk to the REST API about persisted runs: runs, status, cancel, artifact,
+tasks and preflight (``register(openenv_app)`` adds them to ``kiln openenv``).
+
+Artifact downloads trust nothing but the run's current manifest: its bytes must hash to the digest
+the run recorded, the artifact's URL is the canonical path built from the declared name, and the
+declared size and SHA-256 are rechecked on the streamed bytes. Bytes are staged beside the target,
+fsynced, and published atomically (never over an existing file unless forced); a failed download
+leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from kiln.artifacts.manifest import parse_manifest
+from kiln.canonical import sha256_bytes
+from kiln.cli.api_client import ApiClient, artifact_path
+from kiln.cli.follow import TERMINAL, exit_code, follow, print_outcome
+from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
+
+DOWNLOAD_RECEIPT_SCHEMA = "kiln.openenv-artifact-download.v1"
+MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
+_CHUNK = 256 * 1024
+# Manifest names of a rollout run's three local outputs.
+ROLLOUT_OUTPUTS = ("rollouts.jsonl", "replay.json", "summary.json")
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+class OutputExists(KilnError):
+    code = "openenv_artifact_output_exists"
+    http_status = 409
+
+
+def api_client() -> ApiClient:
+    """The API client for ``KILN_API_URL`` (token from ``KILN_API_TOKEN``)."""
+    from kiln.settings import load_settings
+
+    settings = load_settings()
+    token = getattr(settings, "api_token", None)
+    if token is not None and hasattr(token, "get_secret_value"):
+        token = token.get_secret_value()
+    return ApiClient(settings.resolved_api_url, token=token or None)
+
+
+def fail(error: KilnError) -> None:
+    """Print a KilnError (code, message, hint) on stderr and exit 2."""
+    err_console.print(f"[red]error[/] {error.code}: {error.message}")
+    if error.hint:
+        err_console.print(f"hint: {error.hint}")
+    raise typer.Exit(2)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------- downloads
+
+
+def current_manifest(api: ApiClient, run_id: str) -> dict[str, Any]:
+    """The run's manifest, checked against the manifest digest the run itself recorded."""
+    status = api.status(run_id)
+    recorded = (status.get("manifest") or {}).get("sha256")
+    if not recorded:
+        raise ArtifactNotFound(
+            f"run {run_id} is {status.get('state')} and has published no artifacts",
+            hint="artifacts appear when the run completes",
+        )
+    raw = api.manifest_bytes(run_id)
+    if sha256_bytes(raw) != recorded:
+        raise ArtifactIntegrityFailed(
+            f"the manifest served for run {run_id} does not hash to the digest the run recorded",
+            details={"expected": recorded, "actual": sha256_bytes(raw)},
+        )
+    try:
+        manifest = parse_manifest(raw)
+    except ValueError as err:
+        raise ArtifactIntegrityFailed(f"the manifest of run {run_id} is invalid: {err}") from None
+    if manifest["run_id"] != run_id:
+        raise ArtifactIntegrityFailed(f"the manifest served for run {run_id} names another run")
+    return manifest
+
+
+def manifest_entry(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    for entry in manifest["artifacts"]:
+        if entry["name"] == name:
+            return entry
+    raise ArtifactNotFound(
+        f"run {manifest['run_id']} declares no artifact named {name!r}",
+        hint="declared: " + ", ".join(e["name"] for e in manifest["artifacts"]),
+    )
+
+
+def _check_target(output: Path, force: bool) -> None:
+    if output.is_dir():
+        raise OutputExists(f"{output} is a directory", hint="give a file path to --output")
+    if output.exists() and not force:
+        raise OutputExists(f"{output} already exists", hint="pass --force to replace it")
+
+
+def _check_headers(response: Any, entry: dict[str, Any]) -> None:
+    headers = response.headers
+    problems = []
+    if headers.get("content-length") != str(entry["bytes"]):
+        problems.append(f"Content-Length {headers.get('content-length')!r} != {entry['bytes']}")
+    if headers.get("etag") != f'"{entry["sha256"]}"':
+        problems.append(f"ETag {headers.get('etag')!r} != the manifest digest")
+    if "no-store" not in (headers.get("cache-control") or ""):
+        problems.append("Cache-Control lacks no-store")
+    if (headers.get("x-content-type-options") or "").lower() != "nosniff":
+        problems.append("X-Content-Type-Options is not nosniff")
+    if (headers.get("content-encoding") or "identity").lower() != "identity":
+        problems.append(f"Content-Encoding {headers.get('content-encoding')!r} is not identity")
+    if problems:
+        raise ArtifactIntegrityFailed(
+            f"artifact {entry['name']!r}: the response does not match the manifest: " + "; ".join(problems)
+        )
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(staged: Path, output: Path, force: bool) -> None:
+    """Atomically move ``staged`` to ``output`` (``link`` refuses an existing target)."""
+    if force:
+        os.replace(staged, output)
+    else:
+        try:
+            os.link(staged, output)
+        except FileExistsError:
+            raise OutputExists(f"{output} already exists", hint="pass --force to replace it") from None
+        staged.unlink()
+    _fsync_dir(output.parent)
+
+
+def download_entry(
+    api: ApiClient, run_id: str, entry: dict[str, Any], output: Path, *, force: bool = False
+) -> dict[str, Any]:
+    """Stream one manifest entry to ``output``, verified; returns the download receipt."""
+    output = Path(output).absolute()
+    _check_target(output, force)
+    if entry["bytes"] > MAX_DOWNLOAD_BYTES:
+        raise ArtifactIntegrityFailed(f"artifact {entry['name']!r} is over the 256 MiB download limit")
+    source = artifact_path(run_id, entry["name"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staged = output.parent / f".{output.name}.{uuid.uuid4().hex[:12]}.part"
+    try:
+        hasher = hashlib.sha256()
+        seen = 0
+        with api.stream(source) as response, open(staged, "xb") as fh:
+            if response.status_code != 200:
+                raise ArtifactIntegrityFailed(f"GET {source} answered HTTP {response.status_code}")
+            _check_headers(response, entry)
+            for chunk in response.iter_raw(_CHUNK):
+                seen += len(chunk)
+                if seen > entry["bytes"]:
+                    raise ArtifactIntegrityFailed(
+                        f"artifact {entry['name']!r}: more bytes than the manifest's {entry['bytes']}"
+                    )
+                hasher.update(chunk)
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        digest = "sha256:" + hasher.hexdigest()
+        if seen != entry["bytes"] or digest != entry["sha256"]:
+            raise ArtifactIntegrityFailed(
+                f"artifact {entry['name']!r}: received {seen} bytes hashing to {digest}, "
+                f"the manifest declares {entry['bytes']} bytes and {entry['sha256']}"
+            )
+        _publish(staged, output, force)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()
+    return {
+        "schema": DOWNLOAD_RECEIPT_SCHEMA,
+        "run_id": run_id,
+        "kind": entry["name"],
+        "source_url": source,
+        "output_path": str(output),
+        "sha256": entry["sha256"],
+        "bytes": entry["bytes"],
+    }
+
+
+def download_artifact(
+    api: ApiClient, run_id: str, name: str, output: Path, *, force: bool = False
+) -> dict[str, Any]:
+    """Download artifact ``name`` of ``run_id`` to ``output`` (verified, atomic)."""
+    _check_target(Path(output), force)
+    entry = manifest_entry(current_manifest(api, run_id), name)
+    return download_entry(api, run_id, entry, Path(output), force=force)
+
+
+def download_run_outputs(
+    api: ApiClient, run_id: str, mapping: dict[str, Path], *, force: bool = False
+) -> list[dict[str, Any]]:
+    """Download several artifacts (manifest name → local path) from one manifest.
+
+    Every target is checked before any byte is fetched, so a refused overwrite downloads nothing.
+    """
+    targets = {name: Path(path) for name, path in mapping.items()}
+    for path in targets.values():
+        _check_target(path, force)
+    manifest = current_manifest(api, run_id)
+    entries = {name: manifest_entry(manifest, name) for name in targets}
+    return [download_entry(api, run_id, entries[name], targets[name], force=force) for name in targets]
+
+
+def rollout_output_mapping(
+    output: Optional[Path], replay_output: Optional[Path], summary_output: Optional[Path]
+) -> dict[str, Path]:
+    """``--output/--replay-output/--summary-output`` → {manifest name: path} (unset ones skipped)."""
+    pairs = zip(ROLLOUT_OUTPUTS, (output, replay_output, summary_output))
+    return {name: path for name, path in pairs if path is not None}
+
+
+def follow_and_download(
+    api: ApiClient, run_id: str, mapping: dict[str, Path], *, force: bool = False,
+    out: Console | None = None, poll_s: float = 1.0,
+) -> int:
+    """Follow the run to its end, print the outcome, download ``mapping`` if it completed.
+
+    Returns the CLI exit code (0 completed, 1 failed, 3 cancelled, 2 download refused/failed).
+    """
+    out = out or console
+    final = follow(lambda: api.status(run_id), out, poll_s=poll_s)
+    code = print_outcome(final, out)
+    if code != 0 or not mapping:
+        return code
+    try:
+        for receipt in download_run_outputs(api, run_id, mapping, force=force):
+            out.print(f"wrote {receipt['output_path']} ({receipt['bytes']} B, {receipt['sha256']})")
+    except KilnError as error:
+        err_console.print(f"[red]error[/] {error.code}: {error.message}")
+        return 2
+    return 0
+
+
+# --------------------------------------------------------------------------------- commands
+
+
+def register(openenv_app: typer.Typer) -> None:
+    """Add runs, status, cancel, artifact, tasks and preflight to ``kiln openenv``."""
+
+    @openenv_app.command("runs")
+    def runs_cmd(
+        state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
+        as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    ) -> None:
+        """List runs, newest first."""
+        try:
+            runs = api_client().runs(state)
+        except KilnError as error:
+            fail(error)
+            return
+        if as_json:
+            print_json(runs)
+            return
+        if not runs:
+            console.print("no runs")
+        for run in runs:
+            console.print(
+                f"{run['run_id']}  {run['state']:<10} {str(run.get('kind') or '-'):<8} "
+                f"{str(run.get('phase') or '-'):<12} {run.get('started_at')}"
+            )
+
+    @openenv_app.command("status")
+    def status_cmd(
+        run_id: str = typer.Argument(..., help="Run id."),
+        follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
+        as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+        poll_seconds: float = typer.Option(1.0, "--poll-seconds", min=0.1, help="Polling interval."),
+    ) -> None:
+        """Show a run's phase, progress, returns, training and artifacts.
+
+        Exit code of a finished run: 0 completed, 1 failed, 3 cancelled.
+        """
+        api = api_client()
+        try:
+            if follow_run:
+                status = follow(lambda: api.status(run_id), console, poll_s=poll_seconds, live=not as_json)
+            else:
+                status = api.status(run_id)
+        except KilnError as error:
+            fail(error)
+            return
+        if as_json:
+            print_json(status)
+            code = exit_code(status)
+        else:
+            code = print_outcome(status, console)
+        if status.get("state") in TERMINAL:
+            raise typer.Exit(code)
+
+    @openenv_app.command("cancel")
+    def cancel_cmd(
+        run_id: str = typer.Argument(..., help="Run id."),
+        as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    ) -> None:
+        """Request cancellation of a running run (exit 2 if it already ended)."""
+        try:
+            status = api_client().cancel(run_id)
+        except KilnError as error:
+            fail(error)
+            return
+        if as_json:
+            print_json(status)
+            return
+        console.print(f"cancellation requested for {run_id}")
+
+    @openenv_app.command("artifact")
+    def artifact_cmd(
+        run_id: str = typer.Argument(..., help="Run id."),
+        name: str = typer.Argument(..., help="Artifact name as listed in the run's manifest."),
+        output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+        as_json: bool = typer.Option(False, "--json", help="Print the download receipt as JSON."),
+    ) -> None:
+        """Download one artifact, verified against the run's manifest (size and SHA-256)."""
+        try:
+            receipt = download_artifact(api_client(), run_id, name, output, force=force)
+        except KilnError as error:
+            fail(error)
+            return
+        if as_json:
+            print_json(receipt)
+            return
+        console.print(f"wrote {receipt['output_path']} ({receipt['bytes']} B, {receipt['sha256']})")
+
+    @openenv_app.command("tasks")
+    def tasks_cmd(
+        environment: list[str] = typer.Option(..., "--environment", help="Environment base URL (repeatable)."),
+        environment_name: Optional[str] = typer.Option(None, "--environment-name", help="Environment on a multi-environment server."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split to page through (case-insensitive)."),
+        start: int = typer.Option(0, "--start", help="First task index."),
+        limit: int = typer.Option(50, "--limit", help="Page size (1-200)."),
+        as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    ) -> None:
+        """Browse an environment's Task API catalog (splits and task rows) through the API."""
+        body: dict[str, Any] = {"environment_urls": environment, "start": start, "limit": limit}
+        if environment_name is not None:
+            body["environment_name"] = environment_name
+        if split is not None:
+            body["split"] = split
+        try:
+            result = api_client().tasks(body)
+        except KilnError as error:
+            fail(error)
+            return
+        if as_json:
+            print_json(result)
+            return
+        for item in result["catalogs"]:
+            catalog = item["catalog"]
+            console.print(f"{item['base_url']}  environment {catalog.get('environment_name')}  "
+                          f"task api {catalog.get('task_api')}")
+            for entry in catalog.get("splits") or []:
+                console.print(f"  split {entry.get('name')} ({entry.get('type')})")
+            if "selected_split" in catalog:
+                console.print(f"  {catalog['selected_split']}: tasks {catalog['start']}..{catalog['stop']} "
+                              f"of {catalog['num_tasks']}")
+                for row in catalog.get("tasks") or []:
+                    text = json.dumps(row, sort_keys=True)
+                    console.print(f"    {text if len(text) <= 160 else text[:157] + '...'}", markup=False)
+
+    @openenv_app.command("preflight")
+    def preflight_cmd(
+        output_adapter: str = typer.Option(..., "--output-adapter", help="Adapter the run will train."),
+        adapter: str = typer.Option("base", "--adapter", help="Behaviour adapter (base = the base model)."),
+        training_config: Optional[Path] = typer.Option(None, "--training-config", help="JSON file of GRPO/ECHO settings."),
+        contract_output: Optional[Path] = typer.Option(None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."),
+        as_json: bool = typer.Option(False, "--json", help="Print the preflight receipt as JSON."),
+    ) -> None:
+        """Seal a training contract: effective config with defaults and the behaviour policy identity."""
+        body: dict[str, Any] = {"adapter": adapter, "output_adapter": output_adapter}
+        try:
+            if training_config is not None:
+                body["training_config"] = json.loads(training_config.read_text())
+            receipt = api_client().preflight(body)
+        except (OSError, ValueError) as err:
+            fail(KilnError(f"cannot read --training-config: {err}", code="openenv_invalid_request"))
+            return
+        except KilnError as error:
+            fail(error)
+            return
+        if contract_output is not None:
+            contract_output.write_text(json.dumps(receipt["contract"], indent=2, sort_keys=True) + "\n")
+        if as_json:
+            print_json(receipt)
+            return
+        policy = receipt["behavior_policy"]
+        console.print(f"output adapter   {receipt['contract']['output_adapter']}")
+        console.print(f"base adapter     {receipt['contract'].get('base_adapter') or 'base'}")
+        console.print(f"behaviour policy {json.dumps(policy, sort_keys=True)}", markup=False)
+        console.print(f"effective config {json.dumps(receipt['effective_config'], sort_keys=True)}", markup=False)
+        console.print(f"capacity reserved {receipt['capacity_reserved']}")

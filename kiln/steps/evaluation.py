@@ -1,0 +1,107 @@
+"""Paired held-out evaluation: store each side's bundle, pair them, decide, write the receipt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.canonical import pretty_json
+from kiln.evaluation.gate import evidence_and_decision, outcome_for
+from kiln.evaluation.pairing import pair_summaries
+from kiln.evaluation.receipt import build_receipt, policy_identity
+from kiln.rollout.bundle import build_bundle
+from kiln.stages import EvaluateInput, EvaluationResult, SideBundle, SideBundleInput, StoredObject
+from kiln.steps.discovery import load_inspection
+
+
+def _ref(obj: StoredObject) -> ObjectRef:
+    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
+
+
+def _stored(ref: ObjectRef) -> StoredObject:
+    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
+
+
+def load_group_documents(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
+    return [json.loads(store.get_bytes(_ref(obj))) for obj in groups]
+
+
+def make_bundle(
+    store: S3Store,
+    *,
+    request: dict[str, Any],
+    environments: list[Any],
+    groups: list[StoredObject],
+    behavior_policy: dict[str, Any],
+    reset_plan_sha256: str,
+    training_selection: dict[str, Any] | None = None,
+) -> dict[str, bytes]:
+    """The three bundle files of a set of stored groups (pure function of their content)."""
+    return build_bundle(
+        load_group_documents(store, groups),
+        request=request,
+        inspections=[load_inspection(store, env.inspection) for env in environments],
+        behavior_policy=behavior_policy,
+        reset_plan_sha256=reset_plan_sha256,
+        training_selection=training_selection,
+    )
+
+
+def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
+    files = make_bundle(
+        store,
+        request=inp.request,
+        environments=inp.environments,
+        groups=inp.groups,
+        behavior_policy=inp.behavior_policy,
+        reset_plan_sha256=inp.reset_plan_sha256,
+    )
+    stored = {name: _stored(store.put_blob(data)) for name, data in files.items()}
+    return SideBundle(side=inp.side, files=stored, stats=json.loads(files["summary.json"])["stats"])
+
+
+def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
+    """R8.3–R8.7: pair baseline and candidate, apply the gate, bind everything in one receipt."""
+    blobs = {
+        (side.side, name): store.get_bytes(_ref(obj))
+        for side in (inp.baseline, inp.candidate)
+        for name, obj in side.files.items()
+        if name in ("summary.json", "replay.json")
+    }
+    paired = pair_summaries(
+        json.loads(blobs[("baseline", "summary.json")]),
+        json.loads(blobs[("candidate", "summary.json")]),
+        json.loads(blobs[("baseline", "replay.json")]),
+        json.loads(blobs[("candidate", "replay.json")]),
+    )
+    gate = inp.config.get("gate")
+    evidence = evidence_and_decision(paired, gate)
+    outcome = outcome_for(evidence["decision"], auto_load=inp.auto_load)
+    receipt = build_receipt(
+        inp.run_id,
+        inp.config,
+        inp.seed_start,
+        policy_identity(inp.baseline_adapter),
+        policy_identity(inp.candidate_adapter, adapter_content_revision=inp.candidate_adapter_sha256),
+        blobs[("baseline", "summary.json")],
+        blobs[("candidate", "summary.json")],
+        evidence,
+        outcome,
+        world_model=inp.world_model,
+    )
+    receipt_ref = store.put_blob(pretty_json(receipt))
+    return EvaluationResult(
+        decision=evidence["decision"],
+        outcome=outcome,
+        verdict=receipt["verdict"],
+        evidence=evidence,
+        receipt=_stored(receipt_ref),
+        baseline=inp.baseline,
+        candidate=inp.candidate,
+    )
+
+
+def promotion_allowed(decision: str | None, *, auto_load: bool) -> bool:
+    """Promote the trained adapter's name only when auto_load holds and the gate (if any) passed."""
+    return auto_load and decision in (None, "diagnostic", "passed")
