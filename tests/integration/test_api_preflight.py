@@ -71,7 +71,7 @@ async def test_preflight_contract_is_sealed_and_executed(kiln_settings: Any, cou
             # The same contract with a tampered behaviour policy fails closed, before collection.
             tampered = {**contract, "behavior_policy": {**policy, "base_model_sha256": "sha256:" + "0" * 64}}
             created = await http.post(
-                "/v1/openenv/runs", json=_train_request(counter_env_url, tampered, output_adapter + "-t")
+                "/v1/openenv/runs", json=_train_request(counter_env_url, tampered, output_adapter)
             )
             assert created.status_code == 202, created.text
             run_id = created.json()["run_id"]
