@@ -6,6 +6,9 @@ import asyncio
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
 
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request, request_digest, reset_plan_sha256
@@ -28,6 +31,15 @@ from kiln.stages import (
 )
 from kiln.steps.evaluation import evaluate, store_side_bundle
 from activities.common import kiln_errors
+from kiln.errors import KilnError
+from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id
+
+
+class RunCapacityFull(KilnError):
+    code = "openenv_run_capacity_full"
+    http_status = 503
+    retryable = True
+    stage = "admission"
 
 
 class ControlActivities:
@@ -52,7 +64,36 @@ class ControlActivities:
             reset_templates=templates,
             reset_plan_sha256=reset_plan_sha256(templates),
             gpu_task_queue=self.settings.gpu_task_queue,
+            queue_workflow_id=queue_workflow_id(self.settings.control_task_queue),
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
         )
+
+    @activity.defn(name="enqueue_run")
+    @kiln_errors
+    async def enqueue_run(self, inp: SlotRequest) -> SlotReply:
+        """Join the FIFO run queue (starting the queue workflow if needed): update-with-start."""
+        settings = self.settings
+        try:
+            return await activity.client().execute_update_with_start_workflow(
+                RunQueueWorkflow.request_slot,
+                inp,
+                start_workflow_operation=WithStartWorkflowOperation(
+                    RunQueueWorkflow.run,
+                    QueueState(
+                        max_active_runs=settings.max_active_runs,
+                        max_tracked_runs=settings.max_tracked_runs,
+                    ),
+                    id=queue_workflow_id(settings.control_task_queue),
+                    task_queue=settings.control_task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                ),
+                result_type=SlotReply,
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == RunCapacityFull.code:
+                raise RunCapacityFull(cause.message, retryable=False) from None
+            raise
 
     @activity.defn(name="discover_environments")
     @kiln_errors
@@ -82,6 +123,7 @@ class ControlActivities:
     def all(self) -> list[Any]:
         return [
             self.admit_run,
+            self.enqueue_run,
             self.discover_environments,
             self.revalidate_environments,
             self.store_side_bundle,

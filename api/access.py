@@ -73,10 +73,27 @@ async def _send_error(send: Send, status: int, body: dict[str, Any], extra: list
     await send({"type": "http.response.body", "body": raw})
 
 
+class SecretToken:
+    """A token whose ``repr``/``str`` never show the value (middleware kwargs get printed)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "SecretToken([redacted])"
+
+    __str__ = __repr__
+
+
 class BearerAccess:
     """ASGI middleware: every HTTP route except ``OPEN_PATHS`` needs the bearer token."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: SecretToken) -> None:
         self.app = app
         self._token = token
 
@@ -92,7 +109,7 @@ class BearerAccess:
             if name == b"authorization":
                 header = value.decode("latin-1")
                 break
-        if not bearer_matches(header, self._token):
+        if not bearer_matches(header, self._token.reveal()):
             error = Unauthorized(
                 "missing or wrong bearer token",
                 hint="send 'Authorization: Bearer <KILN_API_TOKEN>'",

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import discovery_routes, run_routes
-from api.access import BearerAccess, BodyLimit, required_token
+from api.access import BearerAccess, BodyLimit, SecretToken, required_token
 from api.errors import install_error_handlers
 from api.services import Services
 from kiln.artifacts.store import S3Store
@@ -42,7 +42,7 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     app.include_router(discovery_routes.router)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     if token is not None:
-        app.add_middleware(BearerAccess, token=token)  # outermost: runs before the body is read
+        app.add_middleware(BearerAccess, token=SecretToken(token))  # outermost: runs before the body is read
     return app
 
 

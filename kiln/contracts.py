@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.canonical import compact_json, digest_json, sha256_bytes
+from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidRequest
 
 RUN_REQUEST_SCHEMA = "kiln.openenv-run-request.v1"
@@ -302,8 +302,11 @@ def canonical_differs(first: BaseModel, second: BaseModel) -> bool:
 
 
 def reset_plan_sha256(templates: list[dict[str, Any]]) -> str:
-    """SHA-256 of the compact JSON array of reset templates, in environment order (R3.1)."""
-    return sha256_bytes(compact_json(templates))
+    """SHA-256 of the canonical JSON array of reset templates, in environment order (R3.1).
+
+    Object keys are sorted (Kiln's canonical choice), so the digest is independent of the order
+    in which a caller wrote the options."""
+    return digest_json(templates)
 
 
 def reset_payload(template: dict[str, Any], seed: int) -> dict[str, Any]:

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False
     gpu_max_concurrent_activities: int = 2
+    max_active_runs: int = 4
+    max_tracked_runs: int = 128
+    heartbeat_timeout_s: float = 30.0
+    api_token: str | None = None
 
     @property
     def resolved_api_url(self) -> str:

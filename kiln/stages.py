@@ -34,6 +34,8 @@ class AdmissionResult(Record):
     reset_templates: list[dict[str, Any]]
     reset_plan_sha256: str
     gpu_task_queue: str
+    queue_workflow_id: str
+    heartbeat_timeout_s: float = 30.0
 
 
 class DiscoveryInput(Record):
@@ -97,6 +99,7 @@ class CollectGroupInput(Record):
     behavior_policy: dict[str, Any]
     adapter_ref: AdapterRef | None = None
     credential_id: str | None = None
+    on_interrupt: str = "resume"
 
 
 class CollectGroupResult(Record):
@@ -108,6 +111,7 @@ class CollectGroupResult(Record):
     model_tokens: int
     model_latency_ms: float
     attempt: int = 1
+    interruption_code: str | None = None
 
 
 class TrainInput(Record):

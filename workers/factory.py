@@ -16,6 +16,7 @@ from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
 from workflows.openenv_run import OpenEnvRunWorkflow
+from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow
 
 ROLES = ("control", "gpu")
@@ -47,7 +48,7 @@ def build_workers(
             Worker(
                 client,
                 task_queue=settings.control_task_queue,
-                workflows=[OpenEnvRunWorkflow, PreflightWorkflow],
+                workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow],
                 activities=control.all(),
                 workflow_failure_exception_types=[pydantic.ValidationError],
                 sticky_queue_schedule_to_start_timeout=sticky_timeout,

@@ -8,6 +8,7 @@ source of a run's progress for the API, the CLI and the Web UI.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -39,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         WorldModelResult,
     )
     from workflows import options
+    from workflows.run_queue import SlotReply, SlotRequest
 
 KILN_PHASE = SearchAttributeKey.for_keyword("KilnPhase")
 KILN_STATUS = SearchAttributeKey.for_keyword("KilnStatus")
@@ -53,6 +55,7 @@ TERMINAL_PHASES = frozenset({"completed", "failed", "cancelled"})
 def _stage_of(phase: str) -> str:
     return {
         "admitting": "admission",
+        "queued": "admission",
         "discovering": "discovery",
         "collecting": "collection",
         "revalidating": "identity_verification",
@@ -86,11 +89,25 @@ class OpenEnvRunWorkflow:
             "warnings": [],
             "interruptions": [],
             "failure": None,
+            "admission": None,
         }
+        self._granted = False
+        self._queue_id: str | None = None
+        self._heartbeat = options.GROUP_HEARTBEAT
 
     @workflow.query
     def status(self) -> dict[str, Any]:
         return self._status
+
+    @workflow.signal
+    def slot_granted(self) -> None:
+        self._granted = True
+
+    @workflow.signal
+    def queue_position(self, position: int) -> None:
+        admission = self._status.get("admission")
+        if admission is not None and not self._granted:
+            admission["queue_position"] = position
 
     # ------------------------------------------------------------------ helpers
     def _phase(self, phase: str) -> None:
@@ -114,6 +131,7 @@ class OpenEnvRunWorkflow:
         try:
             await self._execute(run_id, request)
         except (ActivityError, ApplicationError) as err:
+            await self._release(run_id)
             failure = self._failure_from(err)
             self._status["failure"] = failure
             self._finish("failed")
@@ -124,11 +142,28 @@ class OpenEnvRunWorkflow:
                 non_retryable=True,
             ) from None
         except asyncio.CancelledError:
-            self._status["warnings"].append(f"cancelled during {self._status['phase']}")
-            self._status["cancelled_stage"] = _stage_of(self._status["phase"])
+            await self._release(run_id)
+            stage = _stage_of(self._status["phase"])
+            self._status["warnings"].append(
+                "cancelled while queued (no environment was contacted)"
+                if self._status["phase"] == "queued"
+                else f"cancelled during {self._status['phase']}; nothing was published"
+            )
+            self._status["cancelled_stage"] = stage
             self._finish("cancelled")
             raise
+        await self._release(run_id)
         return self._status
+
+    async def _release(self, run_id: str) -> None:
+        """Give the run's queue slot back (also when it never got one); never fails the run."""
+        if self._queue_id is None:
+            return
+        queue_id, self._queue_id = self._queue_id, None
+        try:
+            await workflow.get_external_workflow_handle(queue_id).signal("release_slot", run_id)
+        except Exception:  # the queue is gone: nothing holds the slot any more
+            workflow.logger.warning("could not release the queue slot of %s", run_id)
 
     def _failure_from(self, err: BaseException) -> dict[str, Any]:
         cause: BaseException | None = err
@@ -167,6 +202,7 @@ class OpenEnvRunWorkflow:
         )
         request = admission.request
         gpu_queue = admission.gpu_task_queue
+        self._heartbeat = timedelta(seconds=admission.heartbeat_timeout_s)
         control_queue = workflow.info().task_queue
         self._status["kind"] = request["kind"]
         self._status["request_sha256"] = admission.request_sha256
@@ -179,6 +215,33 @@ class OpenEnvRunWorkflow:
         if request.get("output_adapter"):
             attrs.append(KILN_OUTPUT_ADAPTER.value_set(request["output_adapter"]))
         workflow.upsert_search_attributes(attrs)
+
+        # FIFO admission: wait for a slot before any environment or model capacity is used.
+        self._phase("queued")
+        self._queue_id = admission.queue_workflow_id
+        slot: SlotReply = await workflow.execute_activity(
+            "enqueue_run",
+            SlotRequest(run_id=run_id),
+            result_type=SlotReply,
+            task_queue=control_queue,
+            start_to_close_timeout=options.ADMISSION_TIMEOUT,
+            retry_policy=options.CONTROL_RETRY,
+            summary="join the FIFO run queue",
+        )
+        self._status["admission"] = {
+            "sequence": slot.sequence,
+            "queue_position": slot.position or None,
+            "submitted_at": workflow.info().start_time.isoformat(),
+        }
+        await workflow.wait_condition(lambda: self._granted)
+        admitted = workflow.now()
+        self._status["admission"].update(
+            {
+                "queue_position": None,
+                "admitted_at": admitted.isoformat(),
+                "queue_wait_ms": int((admitted - workflow.info().start_time).total_seconds() * 1000),
+            }
+        )
 
         # 2. discovery.
         self._phase("discovering")
@@ -263,7 +326,7 @@ class OpenEnvRunWorkflow:
                 result_type=TrainResult,
                 task_queue=gpu_queue,
                 start_to_close_timeout=options.TRAIN_TIMEOUT,
-                heartbeat_timeout=options.TRAIN_HEARTBEAT,
+                heartbeat_timeout=self._heartbeat,
                 retry_policy=options.TRAIN_RETRY,
                 summary=f"GRPO+ECHO training of {request['output_adapter']}",
             )
@@ -415,7 +478,6 @@ class OpenEnvRunWorkflow:
             result_type=WorldModelResult,
             task_queue=gpu_queue,
             start_to_close_timeout=options.TRAIN_TIMEOUT,
-            heartbeat_timeout=options.TRAIN_HEARTBEAT,
             retry_policy=options.TRAIN_RETRY,
             summary="observation cross-entropy: base vs candidate",
         )
@@ -506,18 +568,25 @@ class OpenEnvRunWorkflow:
                         behavior_policy=policy.behavior_policy,
                         adapter_ref=policy.adapter_ref,
                         credential_id=credential_ids[env_index] if credential_ids else None,
+                        on_interrupt=request.get("on_interrupt", "resume"),
                     ),
                     result_type=CollectGroupResult,
                     task_queue=gpu_queue,
                     start_to_close_timeout=options.GROUP_TIMEOUT,
-                    heartbeat_timeout=options.GROUP_HEARTBEAT,
+                    heartbeat_timeout=self._heartbeat,
                     retry_policy=options.GROUP_RETRY,
                     summary=f"{label} {group_index} seed {seed} on {environments[env_index].base_url}",
                 )
             results.append(result)
             if result.attempt > 1:
                 self._status["interruptions"].append(
-                    {"stage": label, "group_index": group_index, "attempts": result.attempt}
+                    {
+                        "stage": label,
+                        "group_index": group_index,
+                        "attempts": result.attempt,
+                        "code": result.interruption_code,
+                        "recovered": "re-collected from reset with the same seed",
+                    }
                 )
             returns.extend(result.returns)
             progress["groups_completed"] += 1

@@ -333,6 +333,15 @@ def cancel_cmd(run_id: str = typer.Argument(..., help="Run id.")) -> None:
     console.print(f"cancellation requested for {run_id}")
 
 
+def _register_extensions() -> None:
+    from kiln.cli.verify_cmds import register as register_verify
+
+    register_verify(openenv_app)
+
+
+_register_extensions()
+
+
 def main() -> None:
     app()
 

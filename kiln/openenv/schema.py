@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource, Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from kiln.canonical import compact_json, sha256_bytes
+from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidActionSchema
 
 MAX_ISSUES = 4
@@ -93,7 +93,7 @@ class ActionValidator:
     def __init__(self, schema: dict[str, Any], validator: Draft202012Validator) -> None:
         self.schema = schema
         self._validator = validator
-        self.action_schema_sha256: str = sha256_bytes(compact_json(schema))
+        self.action_schema_sha256: str = digest_json(schema)
 
     @classmethod
     def compile(cls, action_schema: dict) -> "ActionValidator":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from kiln.canonical import canonical_json, compact_json, sha256_bytes
+from kiln.canonical import canonical_json, compact_json, digest_json
 from kiln.errors import CollectionFailed, RunCancelled
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
@@ -300,7 +300,7 @@ class GroupCollector:
             "discovery_sha256": identity.get("discovery_sha256"),
             "environment_schema_sha256": identity["schema_sha256"],
             "action_schema_sha256": self.validator.action_schema_sha256,
-            "reset_sha256": sha256_bytes(compact_json(self.task.reset_payload)),
+            "reset_sha256": digest_json(self.task.reset_payload),
             "seed": self.task.seed,
             "steps": ep.steps,
             "episode_return": ep.episode_return,

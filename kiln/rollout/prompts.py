@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from kiln.canonical import compact_json
+from kiln.canonical import canonical_json
 
-PROMPT_VERSION = "kiln.openenv-prompt.v1"
+PROMPT_VERSION = "kiln.openenv-prompt.v2"
 
 _SYSTEM_TEMPLATE = """You are acting in the OpenEnv environment "{name}".
 Environment description: {description}
@@ -28,7 +28,7 @@ def system_prompt(metadata: dict[str, Any], policy_action_schema: dict[str, Any]
     return _SYSTEM_TEMPLATE.format(
         name=str(metadata.get("name", "")),
         description=str(metadata.get("description", "")),
-        schema=compact_json(policy_action_schema).decode("utf-8"),
+        schema=canonical_json(policy_action_schema).decode("utf-8"),
     )
 
 
@@ -43,7 +43,7 @@ def observation_content(
             return text
     return (
         f"OpenEnv {label} (observation, reward, done, and optional metadata JSON):\n"
-        + compact_json(wire).decode("utf-8")
+        + canonical_json(wire).decode("utf-8")
     )
 
 

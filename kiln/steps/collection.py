@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.canonical import canonical_json
-from kiln.errors import PolicyIdentityChanged
+from kiln.errors import PolicyIdentityChanged, RunInterrupted
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
 from kiln.stages import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
@@ -44,6 +44,14 @@ async def collect(
     heartbeat: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
 ) -> CollectGroupResult:
+    if attempt > 1 and inp.on_interrupt == "fail":
+        raise RunInterrupted(
+            f"group {inp.group_index} was interrupted (attempt {attempt}) and the run asked "
+            "on_interrupt='fail'",
+            hint="submit a new run, or use on_interrupt 'resume' to re-collect interrupted groups",
+            stage="collection",
+            retryable=False,
+        )
     check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
     raw = await asyncio.to_thread(
         store.get_bytes,
@@ -76,4 +84,5 @@ async def collect(
         model_tokens=sum(r["model_tokens"] for r in records),
         model_latency_ms=collector.timings()["model_latency_ms"],
         attempt=attempt,
+        interruption_code="executor_interrupted" if attempt > 1 else None,
     )

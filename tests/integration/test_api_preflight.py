@@ -47,7 +47,9 @@ async def test_preflight_contract_is_sealed_and_executed(kiln_settings: Any, cou
             assert contract["schema"] == "kiln.openenv-training-contract.v1"
             expected_config = TrainingConfig(**TRAINING).model_dump(mode="json", by_alias=True)
             assert contract["effective_config"] == expected_config
-            assert contract["effective_config"]["learning_rate"] == 2e-3  # a default, filled in
+            # Defaults are filled in (fields the request did not give).
+            assert contract["effective_config"]["learning_rate"] == TrainingConfig().learning_rate
+            assert contract["effective_config"]["lora_rank"] == 4
             assert contract["output_adapter"] == output_adapter
             assert contract["base_adapter"] is None
             policy = contract["behavior_policy"]

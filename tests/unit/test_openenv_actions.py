@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kiln.canonical import compact_json, sha256_bytes
+from kiln.canonical import digest_json, compact_json, sha256_bytes
 from kiln.errors import EnvironmentProtocolError, InvalidActionSchema
 from kiln.openenv.actions import (
     ActionParseError,
@@ -80,7 +80,8 @@ def test_validator_accepts_and_reports_pointers():
         {"keyword": "minimum", "instance_path": "/amount", "schema_path": "/properties/amount/minimum"},
         {"keyword": "enum", "instance_path": "/op", "schema_path": "/properties/op/enum"},
     ]
-    assert validator.action_schema_sha256 == sha256_bytes(compact_json(COUNTER_SCHEMA))
+    # Key order does not matter: the digest is over canonical JSON.
+    assert validator.action_schema_sha256 == digest_json(dict(reversed(list(COUNTER_SCHEMA.items()))))
 
 
 def test_validation_truncates_to_four_and_never_echoes_content():

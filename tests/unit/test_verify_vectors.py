@@ -242,14 +242,6 @@ def scripted(counter_url: str) -> dict[str, bytes]:
     return asyncio.run(_scripted_bundle(counter_url))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=VerificationFailed,
-    reason="producer bug: reset_sha256 / reset_plan_sha256 hash compact_json in the caller's key "
-    "order ('split' before the appended 'seed'), but the replay stores payloads key-sorted, so the "
-    "digest cannot be recomputed; fix: hash canonical_json (digest_json) in group._provenance and "
-    "contracts.reset_plan_sha256",
-)
 def test_reset_template_with_keys_after_seed_verifies(counter_url: str, tmp_path: Path) -> None:
     files = asyncio.run(_scripted_bundle(counter_url, {"split": "train"}))
     verify_bundle(write_bundle(tmp_path, files))

@@ -1,0 +1,122 @@
+"""``kiln openenv verify`` (offline, R4.6) and ``kiln openenv replay`` (live, R4.7).
+
+:func:`register` adds both commands to the ``openenv`` Typer group. Errors print
+``error <code>: <message>`` on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from kiln.errors import KilnError
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+_VERIFY_CHECKS = (
+    "file sizes and sha256 of dataset and replay equal the summary",
+    "canonical serialisation of all three files",
+    "replay manifest rules (indices, seeds, continuation budget, returns, terminations)",
+    "reset plan rebuilt from the replay matches reset_plan_sha256",
+    "prompts recomputed from the inspections",
+    "rewards, provenance, records and token pieces agree bitwise",
+    "trajectories parse to the exchanged actions and observations",
+    "stats recomputed from the records",
+)
+
+
+def _fail(error: KilnError) -> None:
+    err_console.print(f"[red]error[/] {error.code}: {error.message}", markup=True, highlight=False)
+    if error.hint:
+        err_console.print(f"hint: {error.hint}", markup=False, highlight=False)
+    raise typer.Exit(2)
+
+
+def _print_json(report: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def _row(label: str, value: object) -> None:
+    console.print(f"{label:<24}{value}", markup=False, highlight=False)
+
+
+def register(openenv_app: typer.Typer) -> None:
+    """Add ``verify`` and ``replay`` to ``openenv_app``."""
+
+    @openenv_app.command("verify")
+    def verify_cmd(
+        summary: Path = typer.Option(..., "--summary", help="Rollout summary JSON (summary.json or X.rollout-summary.json)."),
+        dataset: Optional[Path] = typer.Option(None, "--dataset", help="Dataset JSONL (default: beside the summary)."),
+        replay: Optional[Path] = typer.Option(None, "--replay", help="Replay JSON (default: beside the summary)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the verification report as JSON."),
+    ) -> None:
+        """Verify a rollout bundle offline (no network): digests, replay rules, prompts, rewards."""
+        from kiln.rollout.verify import verify_bundle
+
+        try:
+            report = verify_bundle(summary, dataset_path=dataset, replay_path=replay)
+        except KilnError as error:
+            _fail(error)
+            return
+        if as_json:
+            _print_json(report)
+            return
+        console.print("bundle verified", markup=False, highlight=False)
+        _row("summary", report["summary_path"])
+        _row("dataset", f"{report['dataset_path']}  {report['dataset_sha256']}")
+        _row("replay", f"{report['replay_path']}  {report['replay_sha256']}")
+        _row("groups", report["groups"])
+        _row("rollouts", report["rollouts"])
+        _row("environment exchanges", report["environment_exchanges"])
+        console.print("checked:", markup=False, highlight=False)
+        for check in _VERIFY_CHECKS:
+            console.print(f"  ✓ {check}", markup=False, highlight=False)
+
+    @openenv_app.command("replay")
+    def replay_cmd(
+        summary: Path = typer.Option(..., "--summary", help="Rollout summary JSON of the bundle to replay."),
+        concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Candidates replayed at once."),
+        credential_env: list[str] = typer.Option(
+            [], "--credential-env",
+            help="Per environment, in order: the variable holding its bearer token, or '-' for none.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the replay report as JSON."),
+    ) -> None:
+        """Verify offline, then replay every recorded action live and require identical answers."""
+        from kiln.openenv.credentials import parse_credential_env_args, read_token_from_env
+        from kiln.openenv.urls import normalize_url, require_allowed_host
+        from kiln.rollout.replay_live import replay_bundle
+        from kiln.rollout.verify import load_bundle
+        from kiln.settings import load_settings
+
+        try:
+            bundle = load_bundle(summary)
+            allow_remote = load_settings().allow_remote_environments
+            for inspection in bundle.summary["environments"]:
+                require_allowed_host(
+                    normalize_url(inspection["identity"]["base_url"]), allow_remote=allow_remote
+                )
+            names = parse_credential_env_args(credential_env, len(bundle.summary["environments"]))
+            tokens = [None if name is None else read_token_from_env(name) for name in names]
+            report = asyncio.run(replay_bundle(summary, concurrency=concurrency, credentials=tokens))
+        except KilnError as error:
+            _fail(error)
+            return
+        if as_json:
+            _print_json(report)
+            return
+        console.print("replay matched the recording", markup=False, highlight=False)
+        _row("replay", report["replay_sha256"])
+        _row("environments", f"{report['environments']} (identity re-inspected, unchanged)")
+        _row("groups", report["groups"])
+        _row("rollouts", report["rollouts"])
+        _row("  prefix only", report["environment_prefix_only_rollouts"])
+        _row("environment exchanges", report["environment_exchanges"])
+        _row("capacity retries", report["capacity_retries"])
