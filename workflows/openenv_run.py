@@ -13,7 +13,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from kiln.stages import (
@@ -130,7 +130,14 @@ class OpenEnvRunWorkflow:
         workflow.upsert_search_attributes([KILN_STATUS.value_set("running"), KILN_PHASE.value_set("admitting")])
         try:
             await self._execute(run_id, request)
+        except asyncio.CancelledError:
+            await self._cancelled(run_id)
+            raise
         except (ActivityError, ApplicationError) as err:
+            if is_cancelled_exception(err):
+                # An activity cancelled because the run was cancelled: the run ends cancelled.
+                await self._cancelled(run_id)
+                raise
             await self._release(run_id)
             failure = self._failure_from(err)
             self._status["failure"] = failure
@@ -141,19 +148,19 @@ class OpenEnvRunWorkflow:
                 type=failure["code"],
                 non_retryable=True,
             ) from None
-        except asyncio.CancelledError:
-            await self._release(run_id)
-            stage = _stage_of(self._status["phase"])
-            self._status["warnings"].append(
-                "cancelled while queued (no environment was contacted)"
-                if self._status["phase"] == "queued"
-                else f"cancelled during {self._status['phase']}; nothing was published"
-            )
-            self._status["cancelled_stage"] = stage
-            self._finish("cancelled")
-            raise
         await self._release(run_id)
         return self._status
+
+    async def _cancelled(self, run_id: str) -> None:
+        await self._release(run_id)
+        stage = _stage_of(self._status["phase"])
+        self._status["warnings"].append(
+            "cancelled while queued (no environment was contacted)"
+            if self._status["phase"] == "queued"
+            else f"cancelled during {self._status['phase']}; nothing was published"
+        )
+        self._status["cancelled_stage"] = stage
+        self._finish("cancelled")
 
     async def _release(self, run_id: str) -> None:
         """Give the run's queue slot back (also when it never got one); never fails the run."""

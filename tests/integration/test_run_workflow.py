@@ -282,3 +282,28 @@ async def test_temporal_cli_starts_the_same_run(kiln_settings: Any, counter_env_
     assert final["progress"]["rollouts_completed"] == 2
     assert {a["name"] for a in final["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json"}
     assert final["training"] is None
+
+
+async def test_same_rollout_twice_gives_identical_artifacts(kiln_settings: Any, counter_env_url: str) -> None:
+    """Seeded per (seed, candidate, step): two runs of one request publish byte-identical files."""
+    settings = kiln_settings()
+    request = {
+        "kind": "rollout",
+        "environment_urls": [counter_env_url],
+        "groups": 2,
+        "group_size": 3,
+        "max_steps": 4,
+        "max_action_tokens": 48,
+        "seed_start": 41,
+    }
+    digests = []
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        for _ in range(2):
+            status, created = await service.submit(parse_run_request(request))
+            assert created
+            final = await client.get_workflow_handle(status["run_id"]).result()
+            assert final["state"] == "completed"
+            digests.append({a["name"]: a["sha256"] for a in final["artifacts"]})
+    assert digests[0] == digests[1]
+    assert set(digests[0]) == {"rollouts.jsonl", "replay.json", "summary.json"}

@@ -50,9 +50,9 @@ def _bytes(adapter_dir: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def bandit_run(model_path, tmp_path_factory):
-    """GRPO only (ECHO off), default learning rate and epochs."""
+    """GRPO only (ECHO off), default epochs, the tiny model's learning rate."""
     steps = []
-    config = TrainingConfig(echo=None, seed=0)
+    config = TrainingConfig(echo=None, seed=0, learning_rate=2e-3)
     result = train_grpo(
         model_path=model_path,
         groups=bandit_groups(4),
@@ -113,7 +113,7 @@ def test_saved_adapter_reproduces_trainer_logprobs(model_path, bandit_run):
 
 
 def test_echo_lowers_observation_ce(model_path, bandit_run, tmp_path):
-    config = TrainingConfig(seed=0, echo={"lambda": 0.5})
+    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-3)
     result = train_grpo(
         model_path=model_path, groups=bandit_groups(4, warning=True), config=config,
         output_dir=tmp_path,

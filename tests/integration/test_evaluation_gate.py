@@ -1,0 +1,115 @@
+"""The paired held-out evaluation and promotion gate on real runs (counter env, tiny model).
+
+One run trains a genuinely better adapter (the gate passes and promotes it); one trains a
+deliberately worse adapter (ECHO at λ=1 with a high learning rate wrecks the tiny model's action
+format) — the gate rejects it and the adapter name is not promoted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from api.runs import RunService
+from kiln.artifacts.store import S3Store
+from kiln.contracts import parse_run_request
+from kiln.evaluation.receipt import validate_receipt
+from kiln.evaluation.sign_test import exact_sign_test_p_value
+from kiln.steps.adapters import pointer_key
+from tests.support.kiln_workers import running_workers
+
+pytestmark = pytest.mark.asyncio
+
+BASE_RUN = {
+    "kind": "train",
+    "groups": 8,
+    "group_size": 4,
+    "max_steps": 6,
+    "max_action_tokens": 48,
+    "environment_eval": {"groups": 20, "group_size": 2, "gate": {"min_mean_improvement": 0.5}},
+}
+
+
+async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        status, _ = await service.submit(parse_run_request(request))
+        return await client.get_workflow_handle(status["run_id"]).result()
+
+
+def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
+    store = S3Store.from_settings(settings)
+    entry = next(a for a in final["artifacts"] if a["name"] == "environment_eval/receipt.json")
+    from kiln.artifacts.store import ObjectRef
+
+    return json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
+
+
+async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, counter_env_url: str) -> None:
+    settings = kiln_settings()
+    final = await _run(
+        settings,
+        {
+            **BASE_RUN,
+            "environment_urls": [counter_env_url],
+            "output_adapter": "counter-better",
+            "training_config": {"learning_rate": 1e-3, "epochs": 4, "echo": None},
+        },
+    )
+    assert final["state"] == "completed"
+    evaluation = final["environment_evaluation"]
+    evidence = evaluation["evidence"]
+    assert evaluation["decision"] == "passed" and evaluation["outcome"] == "promoted"
+    assert evidence["paired_groups"] == 20 and evidence["paired_episodes"] == 40
+    assert evidence["improved_groups"] + evidence["regressed_groups"] + evidence["tied_groups"] == 20
+    # The trained adapter beats the base on held-out seeds by a clear margin.
+    assert evidence["mean_return_improvement"] > 1.0
+    assert evidence["exact_sign_test_p_value"] == exact_sign_test_p_value(
+        evidence["improved_groups"], evidence["regressed_groups"]
+    )
+    assert evidence["exact_sign_test_p_value"] < 0.05
+    receipt = _receipt(settings, final)
+    validate_receipt(receipt)
+    assert receipt["outcome"] == "promoted" and receipt["candidate"]["adapter"] == "counter-better"
+    assert receipt["evidence"] == evidence
+    summaries = {a["name"]: a["sha256"] for a in final["artifacts"]}
+    assert receipt["baseline_summary_sha256"] == summaries["environment_eval/baseline/summary.json"]
+    assert receipt["candidate_summary_sha256"] == summaries["environment_eval/candidate/summary.json"]
+    assert receipt["world_model"]["env_tokens"] > 0
+    # Held-out seeds follow the training seeds, with no overlap.
+    assert receipt["seed_start"] == 8
+    pointer = json.loads(S3Store.from_settings(settings).get_key(pointer_key("counter-better")))
+    assert pointer["adapter"]["adapter_sha256"] == final["training"]["adapter_sha256"]
+    assert final["promoted"] is True
+
+
+async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: Any, counter_env_url: str) -> None:
+    settings = kiln_settings()
+    final = await _run(
+        settings,
+        {
+            **BASE_RUN,
+            "environment_urls": [counter_env_url],
+            "output_adapter": "counter-worse",
+            "training_config": {"learning_rate": 3e-3, "epochs": 4, "echo": {"lambda": 1.0}},
+        },
+    )
+    assert final["state"] == "completed"
+    evaluation = final["environment_evaluation"]
+    assert evaluation["decision"] == "rejected" and evaluation["outcome"] == "rejected"
+    assert evaluation["evidence"]["regressed_groups"] > evaluation["evidence"]["improved_groups"]
+    assert final["promoted"] is False
+    assert S3Store.from_settings(settings).get_key(pointer_key("counter-worse")) is None
+    receipt = _receipt(settings, final)
+    validate_receipt(receipt)
+    assert receipt["outcome"] == "rejected"
+    # ECHO was on: the trainer's receipt shows the observation cross-entropy falling.
+    store = S3Store.from_settings(settings)
+    from kiln.artifacts.store import ObjectRef
+
+    entry = next(a for a in final["artifacts"] if a["name"] == "train_receipt.json")
+    train_receipt = json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
+    echo = train_receipt["echo"]
+    assert echo["enabled"] is True and echo["final_env_ce"] < echo["initial_env_ce"]
