@@ -1,0 +1,37 @@
+"""Workflow determinism: recorded histories replay through the SDK's Replayer.
+
+A change to workflow code that would break runs already in flight fails here. If a change is
+meant to be incompatible, re-record with ``python -m tests.support.record_histories tests/histories``
+(and use ``workflow.patched`` for runs that must survive the upgrade).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.openenv_run import OpenEnvRunWorkflow
+from workflows.preflight import PreflightWorkflow
+from workflows.run_queue import RunQueueWorkflow
+
+HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
+
+
+def test_histories_were_recorded() -> None:
+    assert {p.stem for p in HISTORIES} >= {"train_with_gate", "rollout", "unreachable", "run_queue"}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_history_replays_deterministically(path: Path) -> None:
+    replayer = Replayer(
+        workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow],
+        data_converter=pydantic_data_converter,
+    )
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None

@@ -1,0 +1,99 @@
+"""Record workflow histories for the determinism (replay) test.
+
+    python -m tests.support.record_histories tests/histories
+
+Starts a throw-away Temporal dev server, SeaweedFS and the counter environment, runs a few
+representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a run
+cancelled while queued) and writes each run's history (and the queue's) as JSON. Re-record only
+when a workflow change is meant to be incompatible with running histories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from kiln.policy.tiny import build_tiny_model
+from kiln.settings import Settings
+from tests.support.kiln_workers import running_workers
+from tests.support.servers import free_port, serve_example_env
+from tests.support.stack import start_test_seaweedfs, start_test_temporal
+from workflows.options import WORKFLOW_NAME
+from workflows.run_queue import queue_workflow_id
+
+RUNS = {
+    "train_with_gate": {
+        "kind": "train",
+        "groups": 2,
+        "group_size": 2,
+        "max_steps": 2,
+        "max_action_tokens": 32,
+        "output_adapter": "history-agent",
+        "training_config": {"epochs": 1, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 1e-3},
+        "environment_eval": {"groups": 2, "group_size": 1},
+    },
+    "rollout": {"kind": "rollout", "groups": 2, "group_size": 2, "max_steps": 2, "max_action_tokens": 32},
+}
+
+
+async def _record(out: Path, settings: Settings, env_url: str) -> None:
+    async with running_workers(settings) as client:
+        for name, request in RUNS.items():
+            handle = await client.start_workflow(
+                WORKFLOW_NAME,
+                {**request, "environment_urls": [env_url]},
+                id=f"history-{name}-{uuid.uuid4()}",
+                task_queue=settings.control_task_queue,
+            )
+            await handle.result()
+            (out / f"{name}.json").write_text((await handle.fetch_history()).to_json())
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            {**RUNS["rollout"], "environment_urls": [f"http://127.0.0.1:{free_port()}"]},
+            id=f"history-unreachable-{uuid.uuid4()}",
+            task_queue=settings.control_task_queue,
+        )
+        try:
+            await handle.result()
+        except Exception:
+            pass
+        (out / "unreachable.json").write_text((await handle.fetch_history()).to_json())
+        queue = client.get_workflow_handle(queue_workflow_id(settings.control_task_queue))
+        await queue.terminate("recorded")
+        (out / "run_queue.json").write_text((await queue.fetch_history()).to_json())
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        temporal, address = start_test_temporal(root / "t")
+        seaweed, endpoint, access, secret = start_test_seaweedfs(root / "s", bucket="kiln-test")
+        try:
+            model = build_tiny_model(root / "tiny")
+            settings = Settings(
+                home=root / "home",
+                temporal_address=address,
+                s3_endpoint=endpoint,
+                s3_access_key=access,
+                s3_secret_key=secret,
+                s3_bucket="kiln-test",
+                model_path=model,
+                control_task_queue="kiln-control-history",
+                gpu_task_queue="kiln-gpu-history",
+            )
+            with serve_example_env("counter") as env_url:
+                asyncio.run(_record(out, settings, env_url))
+        finally:
+            seaweed.stop()
+            temporal.stop()
+    print(json.dumps(sorted(p.name for p in out.glob("*.json"))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/histories")
