@@ -151,6 +151,8 @@ def _request_from_flags(
     output_adapter: Optional[str],
     idempotency_key: Optional[str],
     reset_options: Optional[Path],
+    environment_reset_options: Optional[list[str]] = None,
+    credential_id: Optional[list[str]] = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "kind": kind,
@@ -172,8 +174,38 @@ def _request_from_flags(
     if idempotency_key is not None:
         request["idempotency_key"] = idempotency_key
     if reset_options is not None:
-        request["reset_options"] = json.loads(reset_options.read_text())
+        request["reset_options"] = _read_json_object(reset_options, "--reset-options")
+    if environment_reset_options:
+        if len(environment_reset_options) != len(environment):
+            _fail(
+                KilnError(
+                    f"got {len(environment_reset_options)} --environment-reset-options for "
+                    f"{len(environment)} --environment values",
+                    code="openenv_invalid_request",
+                    hint="give one file per --environment, in order ('-' = no options)",
+                )
+            )
+        request["environment_reset_options"] = [
+            {} if item == "-" else _read_json_object(Path(item), "--environment-reset-options")
+            for item in environment_reset_options
+        ]
+    if credential_id:
+        request["credential_ids"] = [None if c == "-" else c for c in credential_id]
     return request
+
+
+def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _fail(KilnError(f"{flag} {path}: {exc}", code="openenv_invalid_request"))
+    if not isinstance(value, dict):
+        _fail(KilnError(f"{flag} {path}: must hold one JSON object", code="openenv_invalid_request"))
+    return value
+
+
+RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
+CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); workers read the token from KILN_CREDENTIAL_<ID>.")
 
 
 ENV_OPT = typer.Option(..., "--environment", help="Environment base URL (repeat for a portfolio).")
@@ -209,7 +241,8 @@ def train_cmd(
     min_mean_improvement: float = typer.Option(0.0, help="Gate: minimum candidate - baseline mean return."),
     min_mean_return: Optional[float] = typer.Option(None, help="Gate: minimum candidate mean return."),
     auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name when allowed."),
-    credential_id: list[str] = typer.Option([], "--credential-id", help="Credential id per --environment ('-' = public); the token is KILN_CREDENTIAL_<ID> on the workers."),
+    environment_reset_options: Optional[list[str]] = RESET_OPTS,
+    credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
@@ -217,7 +250,7 @@ def train_cmd(
     request = _request_from_flags(
         "train", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
-        idempotency_key, reset_options,
+        idempotency_key, reset_options, environment_reset_options, credential_id,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -229,8 +262,6 @@ def train_cmd(
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
     request["auto_load"] = auto_load
-    if credential_id:
-        request["credential_ids"] = [None if c == "-" else c for c in credential_id]
     if eval_groups > 0:
         evaluation: dict[str, Any] = {"groups": eval_groups, "group_size": eval_group_size}
         if eval_seed_start is not None:
@@ -260,6 +291,8 @@ def rollout_cmd(
     adapter: str = typer.Option("base", help="Behaviour policy adapter."),
     idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
     reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options."),
+    environment_reset_options: Optional[list[str]] = RESET_OPTS,
+    credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
@@ -267,7 +300,7 @@ def rollout_cmd(
     request = _request_from_flags(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
-        idempotency_key, reset_options,
+        idempotency_key, reset_options, environment_reset_options, credential_id,
     )
     _submit_and_follow(request, follow_run, as_json)
 
