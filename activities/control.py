@@ -108,7 +108,9 @@ class ControlActivities:
     @activity.defn(name="publish_run")
     @kiln_errors
     async def publish_run(self, inp: PublishInput) -> PublishResult:
-        return await asyncio.to_thread(publish, self.store, inp)
+        return await asyncio.to_thread(
+            publish, self.store, inp, budget_bytes=self.settings.retained_budget_bytes
+        )
 
     @activity.defn(name="store_side_bundle")
     @kiln_errors

@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     max_tracked_runs: int = 128
     heartbeat_timeout_s: float = 30.0
     api_token: str | None = None
+    retained_budget_bytes: int = 512 * 1024 * 1024
 
     @property
     def resolved_api_url(self) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln.artifacts.budget import RetainedBudget
+from kiln.artifacts.budget import DEFAULT_RETAINED_LIMIT_BYTES, RetainedBudget
 from kiln.artifacts.manifest import build_manifest, manifest_key, verify_manifest_against_store
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
+from kiln.errors import RetainedBudgetExceeded
+from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
 from kiln.stages import PublishedArtifact, PublishInput, PublishResult, StoredObject
 from kiln.steps.adapters import adapter_ref_from_files, write_pointer
 from kiln.steps.evaluation import make_bundle
@@ -30,11 +32,9 @@ def _artifact(name: str, obj: StoredObject, media_type: str) -> dict[str, Any]:
     return {"name": name, "uri": obj.uri, "sha256": obj.sha256, "bytes": obj.bytes, "media_type": media_type}
 
 
-def publish(store: S3Store, inp: PublishInput) -> PublishResult:
-    budget = RetainedBudget()
-    for obj in inp.groups:
-        budget.charge(obj.bytes, f"group object {obj.uri}")
+def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RETAINED_LIMIT_BYTES) -> PublishResult:
     training = inp.training
+    evaluation = inp.evaluation
     bundle = make_bundle(
         store,
         request=inp.request,
@@ -44,45 +44,38 @@ def publish(store: S3Store, inp: PublishInput) -> PublishResult:
         reset_plan_sha256=inp.reset_plan_sha256,
         training_selection=training.selection if training else None,
     )
+    stored: list[tuple[str, StoredObject, str]] = []
+    if training is not None and training.trained:
+        for item in training.adapter_files:
+            media = "application/json" if item.name.endswith(".json") else "application/octet-stream"
+            stored.append((f"adapter/{item.name}", item.object, media))
+        if training.receipt is not None:
+            stored.append(("train_receipt.json", training.receipt, "application/json"))
+    if evaluation is not None:
+        for side in (evaluation.baseline, evaluation.candidate):
+            for name, obj in sorted(side.files.items()):
+                stored.append((f"environment_eval/{side.side}/{name}", obj, MEDIA_TYPES[name]))
+        stored.append(("environment_eval/receipt.json", evaluation.receipt, "application/json"))
+
+    # Charge everything the run retains BEFORE writing anything: over budget, nothing is written.
+    budget = RetainedBudget(budget_bytes)
+    for name, data in bundle.items():
+        if len(data) > MAX_ARTIFACT_BYTES:
+            raise RetainedBudgetExceeded(
+                f"{name} is {len(data)} bytes; one artifact may hold at most {MAX_ARTIFACT_BYTES}",
+                hint="collect fewer or shorter episodes per run",
+            )
+        budget.charge(len(data), name)
+    for name, obj, _media in stored:
+        budget.charge(obj.bytes, name)
+
     artifacts: list[dict[str, Any]] = []
     for name, data in bundle.items():
-        budget.charge(len(data), name)
         ref = store.put_blob(data)
         artifacts.append(
             {"name": name, "uri": ref.uri, "sha256": ref.sha256, "bytes": ref.bytes, "media_type": MEDIA_TYPES[name]}
         )
-    if training is not None and training.trained:
-        for item in training.adapter_files:
-            budget.charge(item.object.bytes, f"adapter/{item.name}")
-            artifacts.append(
-                {
-                    "name": f"adapter/{item.name}",
-                    "uri": item.object.uri,
-                    "sha256": item.object.sha256,
-                    "bytes": item.object.bytes,
-                    "media_type": "application/json" if item.name.endswith(".json") else "application/octet-stream",
-                }
-            )
-        if training.receipt is not None:
-            budget.charge(training.receipt.bytes, "train_receipt.json")
-            artifacts.append(
-                {
-                    "name": "train_receipt.json",
-                    "uri": training.receipt.uri,
-                    "sha256": training.receipt.sha256,
-                    "bytes": training.receipt.bytes,
-                    "media_type": "application/json",
-                }
-            )
-    evaluation = inp.evaluation
-    if evaluation is not None:
-        for side in (evaluation.baseline, evaluation.candidate):
-            for name, obj in sorted(side.files.items()):
-                label = f"environment_eval/{side.side}/{name}"
-                budget.charge(obj.bytes, label)
-                artifacts.append(_artifact(label, obj, MEDIA_TYPES[name]))
-        budget.charge(evaluation.receipt.bytes, "environment_eval/receipt.json")
-        artifacts.append(_artifact("environment_eval/receipt.json", evaluation.receipt, "application/json"))
+    artifacts.extend(_artifact(name, obj, media) for name, obj, media in stored)
     summary = json.loads(bundle["summary.json"])
     manifest = build_manifest(
         inp.run_id,

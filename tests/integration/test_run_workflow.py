@@ -307,3 +307,34 @@ async def test_same_rollout_twice_gives_identical_artifacts(kiln_settings: Any, 
             digests.append({a["name"]: a["sha256"] for a in final["artifacts"]})
     assert digests[0] == digests[1]
     assert set(digests[0]) == {"rollouts.jsonl", "replay.json", "summary.json"}
+
+
+async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env_url: str) -> None:
+    """Retained-byte budget: exceeding it fails publication before anything is written."""
+    settings = kiln_settings(retained_budget_bytes=4096)
+    run_id = str(uuid.uuid4())
+    adapter = f"budget-{run_id[:8]}"
+    request = {
+        **SMALL_RUN,
+        "groups": 1,
+        "group_size": 2,
+        "max_steps": 2,
+        "output_adapter": adapter,
+        "environment_urls": [counter_env_url],
+    }
+    async with running_workers(settings) as client:
+        handle = await client.start_workflow(
+            WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        status = await handle.query("status")
+    assert failure.value.cause.type == "retained_budget_exceeded"
+    assert status["failure"]["stage"] == "artifact_publication"
+    assert "4096" in status["failure"]["message"]
+    store = S3Store.from_settings(settings)
+    assert not store.exists(manifest_key(run_id))
+    from kiln.steps.adapters import pointer_key
+
+    assert store.get_key(pointer_key(adapter)) is None
+    assert status["manifest"] is None and status["artifacts"] == []
