@@ -293,16 +293,42 @@ def rollout_cmd(
     reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options."),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
+    replay_output: Optional[Path] = typer.Option(None, "--replay-output", help="Write the replay transcript here (X.replay.json)."),
+    summary_output: Optional[Path] = typer.Option(None, "--summary-output", help="Write the summary here (X.rollout-summary.json)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
-    """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts."""
+    """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts.
+
+    With --output/--replay-output/--summary-output the command waits for the run and downloads
+    the files (size and SHA-256 rechecked against the manifest); `kiln openenv verify
+    --summary X.rollout-summary.json` then checks them offline.
+    """
     request = _request_from_flags(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
         idempotency_key, reset_options, environment_reset_options, credential_id,
     )
-    _submit_and_follow(request, follow_run, as_json)
+    if output is None and replay_output is None and summary_output is None:
+        _submit_and_follow(request, follow_run, as_json)
+        return
+    from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
+
+    api = _api()
+    try:
+        code, status = api.submit(request)
+    except KilnError as error:
+        _fail(error)
+        return
+    run_id = status["run_id"]
+    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    raise typer.Exit(
+        follow_and_download(
+            api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force
+        )
+    )
 
 
 @openenv_app.command("start")
@@ -317,58 +343,11 @@ def start_cmd(
     _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json)
 
 
-@openenv_app.command("status")
-def status_cmd(
-    run_id: str = typer.Argument(..., help="Run id."),
-    follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
-    as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
-) -> None:
-    """Show a run's phase, progress, returns, training and artifacts (exit 1 failed, 3 cancelled)."""
-    from kiln.cli.follow import follow, print_outcome
-
-    api = _api()
-    try:
-        status = follow(lambda: api.status(run_id), console) if follow_run else api.status(run_id)
-    except KilnError as error:
-        _fail(error)
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
-        return
-    code = print_outcome(status, console)
-    if status.get("state") in ("completed", "failed", "cancelled"):
-        raise typer.Exit(code)
-
-
-@openenv_app.command("runs")
-def runs_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
-    """List runs, newest first."""
-    try:
-        runs = _api().runs()
-    except KilnError as error:
-        _fail(error)
-        return
-    if as_json:
-        sys.stdout.write(json.dumps(runs, indent=2) + "\n")
-        return
-    for run in runs:
-        console.print(f"{run['run_id']}  {run['state']:<10} {run['started_at']}")
-
-
-@openenv_app.command("cancel")
-def cancel_cmd(run_id: str = typer.Argument(..., help="Run id.")) -> None:
-    """Request cancellation of a running run."""
-    try:
-        _api().cancel(run_id)
-    except KilnError as error:
-        _fail(error)
-        return
-    console.print(f"cancellation requested for {run_id}")
-
-
 def _register_extensions() -> None:
+    from kiln.cli.control_cmds import register as register_control
     from kiln.cli.verify_cmds import register as register_verify
 
+    register_control(openenv_app)
     register_verify(openenv_app)
 
 

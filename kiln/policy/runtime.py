@@ -4,7 +4,9 @@ Token-in, token-out: prompts are token ids rendered once with Kiln's chat templa
 (:meth:`PolicyRuntime.encode_prompt`); later turns are *appended* ids
 (:meth:`PolicyRuntime.encode_observation_turn`), never a re-render. :meth:`PolicyRuntime.sample`
 returns the sampled ids with their behaviour log-probs (:mod:`kiln.policy.sampling`), and
-:meth:`PolicyRuntime.logprobs_of` recomputes them in one forward pass.
+:meth:`PolicyRuntime.logprobs_of` recomputes them in one forward pass. With ``action_schema=`` both
+decode/score the final answer under a grammar compiled from the schema
+(:mod:`kiln.policy.constrained`, optional; reasoning stays free).
 
 Adapters are PEFT LoRA directories, loaded from local paths only and kept in an LRU keyed by their
 content digest (:func:`kiln.policy.identity.adapter_content_sha256`); ``adapter_dir=None`` is the
@@ -55,6 +57,7 @@ class PolicyRuntime:
         self.stop_id = self._token_id(IM_END)
         self.pad_id = self._token_id(ENDOFTEXT)
         self.think_close_id = self._token_id(THINK_CLOSE)
+        self._action_grammars = None  # kiln.policy.constrained.ActionGrammarCache, built on first use
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
@@ -210,6 +213,22 @@ class PolicyRuntime:
         cut = ids.index(self.think_close_id)
         return self.decode(ids[:cut]), self.decode(ids[cut + 1 :]).strip()
 
+    # ------------------------------------------------------------------------- constrained actions
+    def action_grammar(self, action_schema: dict):
+        """The compiled decoding grammar of ``action_schema`` (compiled once per schema digest).
+
+        Raises :class:`kiln.policy.constrained.ConstrainedDecodingUnavailable` when xgrammar is
+        missing or cannot compile the schema.
+        """
+        if self._action_grammars is None:
+            from kiln.policy.constrained import ActionGrammarCache
+
+            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
+            self._action_grammars = ActionGrammarCache(
+                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id, think_close_id=self.think_close_id
+            )
+        return self._action_grammars.get(action_schema)
+
     # ---------------------------------------------------------------------------------- sampling
     def sample(
         self,
@@ -221,12 +240,24 @@ class PolicyRuntime:
         adapter_dir: Path | None = None,
         stop_after_think_budget: int | None = None,
         thinking: bool = True,
+        action_schema: dict | None = None,
     ) -> list[Sample]:
         """Sample all ``prompts`` in one batch (one forward per token); rows stop at ``<|im_end|>``.
 
         With thinking on and ``stop_after_think_budget`` set, a row that has not produced
         ``</think>`` within that many tokens is stopped unfinished (never force-closed).
+
+        With ``action_schema`` (the policy-facing schema), each row's final answer is decoded under
+        the schema's grammar: free while reasoning (``thinking`` and no ``</think>`` yet), then
+        optional leading whitespace + one schema-valid JSON object, then only ``<|im_end|>``.
+        ``Sample.logprobs`` are then log-probs under the masked, renormalised distribution actually
+        sampled from; :meth:`logprobs_of` with the same ``action_schema``/``thinking`` reproduces
+        them. Absent, sampling is exactly the unconstrained one.
         """
+        extra = {}
+        if action_schema is not None:
+            grammar = self.action_grammar(action_schema)
+            extra["constraints"] = [grammar.row(thinking=thinking) for _ in prompts]
         with self._activate(adapter_dir):
             return sample_batch(
                 self.model,
@@ -239,6 +270,7 @@ class PolicyRuntime:
                 think_close_id=self.think_close_id,
                 think_budget=stop_after_think_budget if thinking else None,
                 device=self.device,
+                **extra,
             )
 
     def logprobs_of(
@@ -248,11 +280,22 @@ class PolicyRuntime:
         *,
         temperature: float,
         adapter_dir: Path | None = None,
+        action_schema: dict | None = None,
+        thinking: bool = True,
     ) -> list[float]:
-        """Log-probs of ``completion_ids`` given ``prompt_ids`` (same rule as ``Sample.logprobs``)."""
+        """Log-probs of ``completion_ids`` given ``prompt_ids`` (same rule as ``Sample.logprobs``).
+
+        With ``action_schema`` the completion is teacher-forced through a fresh grammar matcher
+        (``thinking`` says whether it starts inside reasoning) and every answer position is scored
+        under the same masked distribution :meth:`sample` used; ``ValueError`` when the completion
+        violates the grammar. ``thinking`` is ignored without ``action_schema``.
+        """
+        extra = {}
+        if action_schema is not None:
+            extra["constraint"] = self.action_grammar(action_schema).row(thinking=thinking)
         with self._activate(adapter_dir):
             return completion_logprobs(
-                self.model, prompt_ids, completion_ids, temperature=temperature, device=self.device
+                self.model, prompt_ids, completion_ids, temperature=temperature, device=self.device, **extra
             )
 
 

@@ -10,6 +10,13 @@ composition (through padding numerics).
 
 Temperature 0 means greedy; its recorded log-probs are those of the untempered (temperature 1)
 distribution, and :func:`completion_logprobs` follows the same rule.
+
+Optional constrained decoding (``constraints=``, one :class:`kiln.policy.constrained.RowConstraint`
+or None per row): at each step the logits of a row whose constraint is active are masked (``-inf``)
+to the tokens its grammar allows *before* the log-softmax, so the token is drawn from the masked,
+renormalised distribution and its recorded log-prob is the log-prob under that distribution;
+every produced token is then fed to the row's constraint. ``completion_logprobs(constraint=...)``
+applies the same masks teacher-forced. Without constraints nothing changes.
 """
 
 from __future__ import annotations
@@ -67,10 +74,13 @@ def sample_batch(
     think_close_id: int | None = None,
     think_budget: int | None = None,
     device: str = "cpu",
+    constraints: list | None = None,
 ) -> list[Sample]:
     """Sample every prompt in one batch; see the module docstring for the guarantees."""
     if len(prompts) != len(seeds):
         raise ValueError("prompts and seeds must have the same length")
+    if constraints is not None and len(constraints) != len(prompts):
+        raise ValueError("constraints and prompts must have the same length")
     if not prompts:
         return []
     if any(len(p) == 0 for p in prompts):
@@ -133,15 +143,22 @@ def sample_batch(
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
 
     for t in range(max_new_tokens):
-        lp = _log_probs(logits, temperature)
+        allowed = None
+        if constraints is not None:
+            allowed = _allowed(constraints, done, logits.shape[-1], device)
+        lp = _log_probs(logits if allowed is None else logits.masked_fill(~allowed, float("-inf")), temperature)
         if uniforms is None:
             tok = lp.argmax(dim=-1)
         else:
             cdf = lp.double().exp().cumsum(dim=-1)
             u = uniforms[:, t : t + 1] * cdf[:, -1:]
             tok = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        if allowed is not None:
+            tok = _keep_allowed(tok, allowed)
         live = ~done
         tok = torch.where(live, tok, torch.full_like(tok, pad_id))
+        if constraints is not None:
+            _advance(constraints, tok, live)
         tokens[:, t] = tok
         token_lps[:, t] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         lengths += live.long()
@@ -178,11 +195,44 @@ def sample_batch(
     ]
 
 
+def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:
+    from kiln.policy.constrained import allowed_tokens
+
+    live = (~done).cpu().tolist()
+    return allowed_tokens(constraints, live, vocab_size, device)
+
+
+def _keep_allowed(tok: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Guard the inverse-CDF clamp: a row never gets a masked token (last allowed id instead)."""
+    ok = allowed.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    ids = torch.arange(allowed.shape[-1], device=allowed.device)
+    last = torch.where(allowed, ids, torch.full_like(ids, -1)).max(dim=-1).values
+    return torch.where(ok, tok, last)
+
+
+def _advance(constraints: list, tok: torch.Tensor, live: torch.Tensor) -> None:
+    for i, (token, is_live) in enumerate(zip(tok.cpu().tolist(), live.cpu().tolist())):
+        row = constraints[i]
+        if row is not None and is_live and not row.advance(token):
+            raise RuntimeError(f"row {i}: the sampled token {token} was rejected by its grammar")
+
+
 @torch.inference_mode()
 def completion_logprobs(
-    model, prompt_ids: list[int], completion_ids: list[int], *, temperature: float, device: str = "cpu"
+    model,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    *,
+    temperature: float,
+    device: str = "cpu",
+    constraint=None,
 ) -> list[float]:
-    """Log-probs of ``completion_ids`` after ``prompt_ids`` in one unpadded forward pass."""
+    """Log-probs of ``completion_ids`` after ``prompt_ids`` in one unpadded forward pass.
+
+    With ``constraint`` (a fresh :class:`kiln.policy.constrained.RowConstraint`) each position's
+    logits are masked exactly as :func:`sample_batch` masked them; a completion the grammar
+    rejects raises ``ValueError``.
+    """
     if not completion_ids:
         return []
     if not prompt_ids:
@@ -199,6 +249,21 @@ def completion_logprobs(
         logits_to_keep=n + 1,
     )
     logits = out.logits[0, :-1, :]
+    if constraint is not None:
+        masks = []
+        for pos, token in enumerate(completion_ids):
+            mask = constraint.allowed()
+            if mask is not None:
+                width = logits.shape[-1]
+                if mask.shape[0] < width:
+                    mask = torch.cat([mask, torch.zeros(width - mask.shape[0], dtype=torch.bool)])
+                masks.append(mask[:width])
+            else:
+                masks.append(torch.ones(logits.shape[-1], dtype=torch.bool))
+            if not constraint.advance(token):
+                raise ValueError(f"completion token {token} at position {pos} violates the action grammar")
+        allowed = torch.stack(masks).to(logits.device)
+        logits = logits.masked_fill(~allowed, float("-inf"))
     lp = _log_probs(logits, temperature)
     target = ids[0, -n:]
     return lp.gather(-1, target.unsqueeze(-1)).squeeze(-1).cpu().tolist()

@@ -8,8 +8,6 @@ byte-identical to the undisturbed reference run of the same request.
 from __future__ import annotations
 
 import time
-from typing import Any
-
 import pytest
 
 from tests.chaos.conftest import train_request
@@ -19,18 +17,14 @@ from tests.support.chaos import (
     ChaosStack,
     RunOutcome,
     connect,
-    pending_activities,
+    last_details,
     record,
     result_within,
     start_run,
-    wait_until_async,
+    wait_activity,
 )
 
 pytestmark = pytest.mark.asyncio
-
-
-def _last(details: list[Any]) -> dict[str, Any]:
-    return details[-1] if details and isinstance(details[-1], dict) else {}
 
 
 async def test_gpu_worker_killed_mid_group(stack: ChaosStack, reference_train: RunOutcome) -> None:
@@ -40,14 +34,13 @@ async def test_gpu_worker_killed_mid_group(stack: ChaosStack, reference_train: R
     started = time.monotonic()
     handle = await start_run(client, stack, train_request(stack.env_url))
 
-    async def group_mid_episode() -> dict[str, Any] | None:
-        for act in await pending_activities(client, handle):
-            if (act["type"] == "collect_group" and act["state"] == "STARTED" and act["attempt"] == 1
-                    and _last(act["details"]).get("step")):
-                return _last(act["details"])
-        return None
-
-    seen = await wait_until_async(group_mid_episode, timeout_s=90, what="a collect_group mid-episode")
+    act = await wait_activity(
+        client, handle,
+        lambda a: a["type"] == "collect_group" and a["state"] == "STARTED" and a["attempt"] == 1
+        and bool(last_details(a).get("step")),
+        timeout_s=90, what="a collect_group mid-episode",
+    )
+    seen = last_details(act)
     killed_at = time.time()
     pid = stack.kill_worker("gpu")
     hooks.clear(SAMPLE_DELAY)
@@ -74,7 +67,7 @@ async def test_gpu_worker_killed_mid_group(stack: ChaosStack, reference_train: R
     redone = [e for e in redone if e["pid"] != pid]
     assert interrupted <= {e["group_index"] for e in redone}
     assert final["progress"]["groups_completed"] == 4 and final["progress"]["rollouts_completed"] == 8
-    reference_train.assert_same_artifacts(outcome)
+    reference_train.assert_same_artifacts(outcome, stack)
     recovered = max(e["t"] for e in redone if e["group_index"] in interrupted) - killed_at
     record(
         "1 gpu worker SIGKILL mid-group",
@@ -96,13 +89,12 @@ async def test_gpu_worker_killed_mid_training(stack: ChaosStack, reference_train
     started = time.monotonic()
     handle = await start_run(client, stack, train_request(stack.env_url))
 
-    async def checkpoint_heartbeated() -> dict[str, Any] | None:
-        for act in await pending_activities(client, handle):
-            if act["type"] == "train_adapter" and act["attempt"] == 1 and _last(act["details"]).get("checkpoint"):
-                return _last(act["details"])
-        return None
-
-    seen = await wait_until_async(checkpoint_heartbeated, timeout_s=120, what="a heartbeated training checkpoint")
+    act = await wait_activity(
+        client, handle,
+        lambda a: a["type"] == "train_adapter" and a["attempt"] == 1 and bool(last_details(a).get("checkpoint")),
+        timeout_s=120, what="a heartbeated training checkpoint",
+    )
+    seen = last_details(act)
     killed_at = time.time()
     pid = stack.kill_worker("gpu")
     hooks.clear(TRAIN_STEP_DELAY)
@@ -116,7 +108,7 @@ async def test_gpu_worker_killed_mid_training(stack: ChaosStack, reference_train
     outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
 
     # The adapter (and every other artifact) equals the uninterrupted run's.
-    reference_train.assert_same_artifacts(outcome)
+    reference_train.assert_same_artifacts(outcome, stack)
     assert final["training"]["adapter_sha256"] == reference_train.status["training"]["adapter_sha256"]
     resumed_from = outcome.receipt(stack)["resumed_from_step"]
     assert resumed_from is not None and resumed_from >= seen["checkpoint_step"]

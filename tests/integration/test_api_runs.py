@@ -94,14 +94,6 @@ async def test_submissions_without_key_are_distinct_runs(kiln_settings: Any) -> 
                 await wait_for(http, response.json()["run_id"], lambda s: s["state"] == "failed")
 
 
-CANCEL_XFAIL = pytest.mark.xfail(
-    strict=False,
-    reason="OpenEnvRunWorkflow reports an activity cancelled by a workflow cancel as failed "
-    "(failure.code 'cancelled') instead of ending cancelled; lead fix pending",
-)
-
-
-@CANCEL_XFAIL
 async def test_cancel_running_run_ends_cancelled(kiln_settings: Any) -> None:
     settings = kiln_settings()
     hole = BlackHole()

@@ -99,11 +99,6 @@ async def test_follow_failed_run_exits_1(kiln_settings: Any) -> None:
             assert missing.exit_code == 2 and "openenv_run_not_found" in missing.output
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="OpenEnvRunWorkflow reports an activity cancelled by a workflow cancel as failed "
-    "(failure.code 'cancelled') instead of ending cancelled; lead fix pending",
-)
 async def test_follow_cancelled_run_exits_3(kiln_settings: Any) -> None:
     settings = kiln_settings()
     hole = BlackHole()

@@ -158,11 +158,11 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
 
         original_collect = gpu_mod.collect
 
-        async def collect(inp: Any, **kwargs: Any) -> Any:
+        async def collect(inp: Any, *args: Any, **kwargs: Any) -> Any:
             attempt = kwargs.get("attempt")
             hooks.log("collect_start", run_id=inp.run_id, group_index=inp.group_index, attempt=attempt)
             try:
-                result = await original_collect(inp, **kwargs)
+                result = await original_collect(inp, *args, **kwargs)
             except BaseException as exc:
                 hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
                           attempt=attempt, outcome=f"error:{type(exc).__name__}")
@@ -182,7 +182,7 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
 
         original_train = training_mod.train
 
-        def train(inp: Any, **kwargs: Any) -> Any:
+        def train(inp: Any, *args: Any, **kwargs: Any) -> Any:
             attempt = _activity_attempt()
             run_id = inp.run_id
             beat = kwargs["heartbeat"]
@@ -203,7 +203,7 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
             resume = kwargs.get("resume_checkpoint")
             hooks.log("train_start", run_id=run_id, attempt=attempt, resumed=resume is not None)
             try:
-                result = original_train(inp, **kwargs)
+                result = original_train(inp, *args, **kwargs)
             except BaseException as exc:
                 hooks.log("train_end", run_id=run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
                 raise
@@ -218,14 +218,14 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
 
         original_publish = control_mod.publish
 
-        def publish(store: Any, inp: Any) -> Any:
+        def publish(store: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
             attempt = _activity_attempt()
             hooks.log("publish_start", run_id=inp.run_id, attempt=attempt)
             deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
             while hooks.present(PUBLISH_HOLD) and time.monotonic() < deadline:
                 time.sleep(0.05)
             try:
-                result = original_publish(store, inp)
+                result = original_publish(store, inp, *args, **kwargs)
             except BaseException as exc:
                 hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
                 raise
@@ -551,13 +551,46 @@ async def pending_activities(client: Any, handle: Any) -> list[dict[str, Any]]:
         out.append(
             {
                 "type": pending.activity_type.name,
-                "state": PendingActivityState.Name(pending.state),
+                "state": PendingActivityState.Name(pending.state).removeprefix("PENDING_ACTIVITY_STATE_"),
                 "attempt": pending.attempt,
                 "details": details,
                 "worker": pending.last_worker_identity,
             }
         )
     return out
+
+
+async def wait_activity(
+    client: Any, handle: Any, predicate: Callable[[dict[str, Any]], bool], *, timeout_s: float, what: str,
+) -> dict[str, Any]:
+    """Poll the run's pending activities until one satisfies ``predicate`` (returned).
+
+    Fails at once when the run has closed first (the fault would have landed too late).
+    """
+    from temporalio.client import WorkflowExecutionStatus
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for act in await pending_activities(client, handle):
+            if predicate(act):
+                return act
+        try:
+            described = await asyncio.wait_for(handle.describe(), timeout=5)
+            if described.status != WorkflowExecutionStatus.RUNNING:
+                raise AssertionError(f"run {handle.id} closed ({described.status.name}) before {what}")
+        except AssertionError:
+            raise
+        except Exception:  # noqa: BLE001 - server unreachable right now
+            pass
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def last_details(act: dict[str, Any]) -> dict[str, Any]:
+    """The latest heartbeat details of a pending activity (``{}`` when none)."""
+    details = act.get("details") or []
+    return details[-1] if details and isinstance(details[-1], dict) else {}
 
 
 async def result_within(handle: Any, timeout_s: float) -> tuple[str, Any]:
@@ -616,18 +649,46 @@ class RunOutcome:
             adapter = json.loads(read_uri(store, receipt["uri"]))["adapter_sha256"]
         return cls(run_id, status, digests, adapter, manifest, seconds)
 
+    def _diff(self, other: "RunOutcome", stack: "ChaosStack", name: str) -> str:
+        store = stack.store()
+        return _text_diff(name, read_uri(store, _uri_of(self, name)), read_uri(store, _uri_of(other, name)))
+
     def receipt(self, stack: ChaosStack) -> dict[str, Any]:
         entry = next(a for a in self.status["artifacts"] if a["name"] == "train_receipt.json")
         return json.loads(read_uri(stack.store(), entry["uri"]))
 
-    def assert_same_artifacts(self, other: "RunOutcome") -> None:
-        """Every artifact byte-identical (by digest) and the same trained adapter."""
+    def assert_same_artifacts(self, other: "RunOutcome", stack: "ChaosStack | None" = None) -> None:
+        """Every artifact byte-identical (by digest) and the same trained adapter.
+
+        With ``stack``, a differing text artifact's first differing lines are shown.
+        """
         assert set(other.digests) == set(self.digests), (sorted(other.digests), sorted(self.digests))
-        for name, digest in self.digests.items():
-            assert other.digests[name] == digest, f"{name} differs from the reference run's"
+        differing = [name for name, digest in self.digests.items() if other.digests[name] != digest]
+        if differing and stack is not None:
+            raise AssertionError(
+                f"artifacts differ from the reference run's: {differing}\n"
+                + "\n".join(self._diff(other, stack, name) for name in differing)
+            )
+        assert not differing, f"artifacts differ from the reference run's: {differing}"
         assert other.adapter_sha256 == self.adapter_sha256
         for key in ("adapter_sha256", "stats", "behavior_policy", "reset_plan_sha256", "promoted"):
             assert other.manifest.get(key) == self.manifest.get(key), f"manifest {key} differs"
+
+
+def _uri_of(outcome: RunOutcome, name: str) -> str:
+    return next(a["uri"] for a in outcome.status["artifacts"] if a["name"] == name)
+
+
+def _text_diff(name: str, ours: bytes, theirs: bytes, limit: int = 40) -> str:
+    import difflib
+
+    if len(ours) > 200_000 or len(theirs) > 200_000 or name.endswith(".safetensors"):
+        return f"--- {name}: {len(ours)} vs {len(theirs)} bytes (binary)"
+    lines = difflib.unified_diff(
+        ours.decode("utf-8", "replace").splitlines(), theirs.decode("utf-8", "replace").splitlines(),
+        "reference/" + name, "disturbed/" + name, lineterm="", n=1,
+    )
+    return "\n".join(list(lines)[:limit])
 
 
 def verify_published(store: Any, run_id: str, status: dict[str, Any]) -> dict[str, Any]:
