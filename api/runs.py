@@ -72,6 +72,9 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+_PENDING_STATES = {1: "scheduled", 2: "started", 3: "cancel_requested", 4: "paused", 5: "pause_requested"}
+
+
 class RunService:
     """Thin, stateless operations on run workflows (the client is shared, the settings fixed)."""
 
@@ -142,7 +145,36 @@ class RunService:
         status["started_at"] = _iso(description.start_time)
         status["closed_at"] = _iso(description.close_time)
         status["temporal_ui"] = self.settings.run_ui_link(run_id)
+        if state == "running":
+            status["in_flight"] = await self._in_flight(description)
+            training = next((a for a in status["in_flight"] if a["activity"] == "train_adapter"), None)
+            if training and training.get("details"):
+                status["training_progress"] = training["details"]
         return status
+
+    async def _in_flight(self, description: Any) -> list[dict[str, Any]]:
+        """Pending activities with their latest heartbeat details (training step, group turn)."""
+        out: list[dict[str, Any]] = []
+        for pending in description.raw_description.pending_activities:
+            details: Any = None
+            if pending.heartbeat_details.payloads:
+                try:
+                    decoded = await self.client.data_converter.decode(pending.heartbeat_details.payloads)
+                    details = decoded[-1] if decoded else None
+                except Exception:  # noqa: BLE001 - progress is best effort, never fatal
+                    details = None
+            out.append(
+                {
+                    "activity": pending.activity_type.name,
+                    "attempt": pending.attempt,
+                    "state": _PENDING_STATES.get(pending.state, "unknown"),
+                    "details": details if isinstance(details, dict) else None,
+                    "last_failure": pending.last_failure.message or None
+                    if pending.HasField("last_failure")
+                    else None,
+                }
+            )
+        return out
 
     async def _workflow_status(self, run_id: str, state: str) -> dict[str, Any]:
         """Completed runs: the workflow result (no worker needed). Others: the live query, or

@@ -33,8 +33,11 @@ def progress_line(status: dict[str, Any]) -> str:
     ]
     if mean is not None:
         parts.append(f"mean_return={mean:.3f}")
+    live = status.get("training_progress") or {}
     training = status.get("training") or {}
-    if training.get("steps"):
+    if live.get("step"):
+        parts.append(f"train_step={live['step']}/{live.get('total_steps', '?')}")
+    elif training.get("steps"):
         parts.append(f"train_steps={training['steps']}")
     return "  ".join(parts)
 
@@ -54,7 +57,30 @@ def progress_view(status: dict[str, Any]) -> Group:
     mean = status.get("mean_return")
     table.add_row("mean return", "-" if mean is None else f"{mean:.3f}")
     training = status.get("training") or {}
-    table.add_row("training step", str(training.get("steps") or "-"))
+    live = status.get("training_progress") or {}
+    if live.get("step"):
+        loss = live.get("loss")
+        env_ce = live.get("env_ce")
+        table.add_row(
+            "training",
+            f"step {live['step']}/{live.get('total_steps', '?')}"
+            + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+            + (f"  env-CE {env_ce:.4f}" if isinstance(env_ce, (int, float)) else "")
+            + (f"  {live['tokens_per_s']:.0f} tok/s" if isinstance(live.get("tokens_per_s"), (int, float)) else ""),
+        )
+    else:
+        table.add_row("training step", str(training.get("steps") or "-"))
+    evaluation = status.get("environment_evaluation") or {}
+    if evaluation:
+        eprog = evaluation.get("progress") or {}
+        table.add_row(
+            "evaluation",
+            f"{evaluation.get('state')} {eprog.get('groups_completed', 0)}/{eprog.get('groups_total', 0)} groups"
+            + (f"  → {evaluation['decision']}" if evaluation.get("decision") else ""),
+        )
+    admission = status.get("admission") or {}
+    if admission.get("queue_position"):
+        table.add_row("queue position", str(admission["queue_position"]))
     warnings = [Text(f"warning: {w}", style="yellow") for w in status.get("warnings") or []]
     return Group(table, *warnings)
 

@@ -268,6 +268,10 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
+            # A fixed hash seed for every worker process: PEFT writes adapter_config.json's
+            # target_modules in set order, which otherwise differs per process (a product bug
+            # shown by tests/chaos/test_reproducibility.py) and would mask what these tests check.
+            "PYTHONHASHSEED": "0",
         }
     )
     env.update(extra)
