@@ -29,7 +29,10 @@ from kiln.stages import (
     SideBundle,
     SideBundleInput,
 )
+from kiln.steps.dataset import split_dataset
 from kiln.steps.evaluation import evaluate, store_side_bundle
+from kiln.steps.publication import publish_training
+from kiln.stages import DatasetSplit, PublishTrainingInput, StoredObject
 from activities.common import kiln_errors
 from kiln.errors import KilnError
 from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id
@@ -122,6 +125,23 @@ class ControlActivities:
     async def evaluate_run(self, inp: EvaluateInput) -> EvaluationResult:
         return await asyncio.to_thread(evaluate, self.store, inp)
 
+    @activity.defn(name="split_dataset")
+    @kiln_errors
+    async def split_dataset(self, dataset: StoredObject) -> DatasetSplit:
+        groups, policy, base_adapter = await asyncio.to_thread(split_dataset, self.store, dataset)
+        return DatasetSplit(
+            groups=groups,
+            behavior_policy=policy,
+            base_adapter=base_adapter,
+            gpu_task_queue=self.settings.gpu_task_queue,
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+        )
+
+    @activity.defn(name="publish_training")
+    @kiln_errors
+    async def publish_training(self, inp: PublishTrainingInput) -> PublishResult:
+        return await asyncio.to_thread(publish_training, self.store, inp)
+
     def all(self) -> list[Any]:
         return [
             self.admit_run,
@@ -131,4 +151,6 @@ class ControlActivities:
             self.store_side_bundle,
             self.evaluate_run,
             self.publish_run,
+            self.split_dataset,
+            self.publish_training,
         ]

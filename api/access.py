@@ -126,15 +126,17 @@ class BodyLimit:
     sees a partial body and an oversize one is refused before any parsing.
     """
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES, path_limits: dict[str, int] | None = None) -> None:
         self.app = app
-        self.limit = limit
+        self.default_limit = limit
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = RequestTooLarge(f"request body is larger than {self.limit} bytes (1 MiB)")
+        self.limit = self.path_limits.get(scope.get("path", ""), self.default_limit)
+        too_large = RequestTooLarge(f"request body is larger than {self.limit} bytes")
         for name, value in scope.get("headers") or []:
             if name == b"content-length":
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import discovery_routes, run_routes
+from api import dataset_routes, discovery_routes, run_routes
 from api.access import BearerAccess, BodyLimit, SecretToken, required_token
 from api.errors import install_error_handlers
 from api.services import Services
@@ -40,7 +40,12 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
 
     app.include_router(run_routes.router)
     app.include_router(discovery_routes.router)
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.include_router(dataset_routes.router)
+    app.add_middleware(
+        BodyLimit,
+        limit=MAX_BODY_BYTES,
+        path_limits={dataset_routes.UPLOAD_PATH: dataset_routes.MAX_DATASET_BYTES},
+    )
     if token is not None:
         app.add_middleware(BearerAccess, token=SecretToken(token))  # outermost: runs before the body is read
     return app

@@ -30,6 +30,9 @@ from workflows.openenv_run import (
     KILN_RUN_KIND,
 )
 from workflows.options import WORKFLOW_NAME
+from workflows.train_dataset import TRAIN_DATASET_WORKFLOW
+
+RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
 
 __all__ = ["RunService", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
 
@@ -127,7 +130,7 @@ class RunService:
             if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                 raise RunNotFound(f"no run with id {run_id}") from None
             raise
-        if description.workflow_type != WORKFLOW_NAME:
+        if description.workflow_type not in RUN_WORKFLOW_TYPES:
             raise RunNotFound(f"no run with id {run_id}")
         return description
 
@@ -205,7 +208,7 @@ class RunService:
     # ------------------------------------------------------------------ list
     async def list_runs(self, state: str | None = None, limit: int = 200) -> dict[str, Any]:
         """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled)."""
-        query = f"WorkflowType = '{WORKFLOW_NAME}'"
+        query = "(" + " OR ".join(f"WorkflowType = '{name}'" for name in RUN_WORKFLOW_TYPES) + ")"
         if state is not None:
             if state not in RUN_STATES:
                 raise InvalidRequest(

@@ -10,7 +10,8 @@ Kiln's real counter prompts (system prompt with the embedded policy action schem
 or it fails the action schema (:class:`kiln.openenv.schema.ActionValidator`). Each configuration
 is sampled once unconstrained and once with ``action_schema=`` (same prompts, same seeds, after a
 warm-up that also compiles the grammar); the script prints the invalid rates, their breakdown, the
-median wall times of ``--repeats`` identical runs and the time ratio (constrained / unconstrained, total and per generated token).
+median wall times of ``--repeats`` identical runs and the time ratio (constrained / unconstrained,
+total and per generated token).
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ COUNTER_SCHEMA = {
     "title": "CounterAction",
     "type": "object",
 }
-METADATA = {"name": "counter", "description": "Count up to the target without going over; small steps score more."}
+METADATA = {
+    "name": "counter",
+    "description": "Count up to the target without going over; small steps score more.",
+}
 
 
 def _prompts(rt, n: int, thinking: bool) -> list[list[int]]:
@@ -52,7 +56,11 @@ def _prompts(rt, n: int, thinking: bool) -> list[list[int]]:
     prompts = []
     for p in range(n):
         target = 8 + p % 5
-        wire = lambda c: {"observation": {"count": c, "target": target, "input_text": f"Count is {c}. Target is {target}."}}  # noqa: E731
+
+        def wire(c: int, target: int = target) -> dict:
+            text = f"Count is {c}. Target is {target}."
+            return {"observation": {"count": c, "target": target, "input_text": text}}
+
         ids = rt.encode_prompt(initial_messages(METADATA, COUNTER_SCHEMA, wire(0)), thinking=thinking)
         for turn in range(2 * p):
             action = ("</think>\n\n" if thinking else "") + '{"amount": 1}<|im_end|>'
@@ -148,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             free, cons = rows["free"], rows["constrained"]
             ratio = cons[2] / free[2]
             per_token = (cons[2] / max(cons[3], 1)) / (free[2] / max(free[3], 1))
-            print(f"thinking={str(thinking):5} time ratio constrained/free: {ratio:.2f}x total, {per_token:.2f}x per token")
+            print(
+                f"thinking={str(thinking):5} time ratio constrained/free: "
+                f"{ratio:.2f}x total, {per_token:.2f}x per token"
+            )
     return 0
 
 

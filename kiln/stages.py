@@ -210,4 +210,29 @@ class EvaluationResult(Record):
     candidate: SideBundle
 
 
+class DatasetSplit(Record):
+    groups: list[StoredObject]
+    behavior_policy: dict[str, Any]
+    base_adapter: AdapterRef | None = None
+    gpu_task_queue: str
+    heartbeat_timeout_s: float = 30.0
+
+
+class TrainDatasetInput(Record):
+    """A training run from a saved rollouts JSONL (``kiln train grpo``)."""
+
+    dataset: StoredObject
+    output_adapter: str
+    training_config: dict[str, Any] = Field(default_factory=dict)
+    auto_load: bool = True
+
+
+class PublishTrainingInput(Record):
+    run_id: str
+    dataset: StoredObject
+    output_adapter: str
+    training: TrainResult
+    promote: bool
+
+
 PublishInput.model_rebuild()

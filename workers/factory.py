@@ -18,6 +18,7 @@ from kiln.settings import Settings
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow
+from workflows.train_dataset import TrainDatasetWorkflow
 
 ROLES = ("control", "gpu")
 
@@ -48,7 +49,7 @@ def build_workers(
             Worker(
                 client,
                 task_queue=settings.control_task_queue,
-                workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow],
+                workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
                 activities=control.all(),
                 workflow_failure_exception_types=[pydantic.ValidationError],
                 sticky_queue_schedule_to_start_timeout=sticky_timeout,

@@ -118,5 +118,14 @@ class ApiClient:
     def tasks(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/openenv/tasks", json=body)[1]
 
+    def upload_dataset(self, data: bytes) -> dict[str, Any]:
+        """Store a rollouts JSONL; returns ``{uri, sha256, bytes}``."""
+        return self._call(
+            "PUT", "/v1/datasets", content=data, headers={"Content-Type": "application/x-ndjson"}, timeout=300.0
+        )[1]
+
+    def train_dataset(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/train/grpo", json=body)[1]
+
     def preflight(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/openenv/training/preflight", json=body, timeout=400.0)[1]

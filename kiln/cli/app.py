@@ -19,6 +19,8 @@ openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/
 model_app = typer.Typer(help="Local models.", no_args_is_help=True)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
+train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True)
+app.add_typer(train_app, name="train")
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -341,6 +343,65 @@ def start_cmd(
     if request_file.stat().st_size > 1024 * 1024:
         _fail(KilnError("request file is larger than 1 MiB", code="openenv_invalid_request"))
     _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json)
+
+
+@train_app.command("grpo")
+def train_grpo_cmd(
+    input_path: Path = typer.Option(..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."),
+    output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
+    learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA parameters."),
+    epochs: int = typer.Option(4, help="Passes over the groups."),
+    lora_rank: int = typer.Option(16, help="LoRA rank."),
+    lora_alpha: float = typer.Option(32.0, help="LoRA alpha."),
+    kl_coeff: float = typer.Option(0.0, help="k1 KL penalty to the base policy."),
+    echo_lambda: float = typer.Option(0.05, help="ECHO weight (0 = off)."),
+    behavior_policy: str = typer.Option("no_importance_correction", help="no_importance_correction | recorded."),
+    auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name."),
+    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+) -> None:
+    """Train GRPO+ECHO from a saved rollouts file, through the same training activity as a run.
+
+    The rollouts' behaviour policy must match the workers' base model (and the published adapter
+    it names, if any): the on-policy proof fails closed otherwise.
+    """
+    from kiln.cli.follow import follow, print_outcome
+
+    if not input_path.is_file():
+        _fail(KilnError(f"--input {input_path} is not a file", code="openenv_invalid_request"))
+    if input_path.stat().st_size > 256 * 1024 * 1024:
+        _fail(KilnError(f"--input {input_path} is larger than 256 MiB", code="openenv_invalid_request"))
+    api = _api()
+    try:
+        dataset = api.upload_dataset(input_path.read_bytes())
+        status = api.train_dataset(
+            {
+                "dataset": dataset,
+                "output_adapter": output_adapter,
+                "auto_load": auto_load,
+                "training_config": {
+                    "learning_rate": learning_rate,
+                    "epochs": epochs,
+                    "lora_rank": lora_rank,
+                    "lora_alpha": lora_alpha,
+                    "kl_coeff": kl_coeff,
+                    "behavior_policy": behavior_policy,
+                    "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
+                },
+            }
+        )
+    except KilnError as error:
+        _fail(error)
+        return
+    run_id = status["run_id"]
+    console.print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
+    if not follow_run:
+        return
+    final = follow(lambda: api.status(run_id), console)
+    if as_json:
+        sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
+        raise typer.Exit(0 if final.get("state") == "completed" else 1)
+    raise typer.Exit(print_outcome(final, console))
 
 
 def _register_extensions() -> None:

@@ -75,6 +75,15 @@ def _xgrammar():
     return xgrammar
 
 
+def _library_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(GRAMMAR_LIBRARY)
+    except PackageNotFoundError:  # pragma: no cover - depends on the environment
+        return "unknown"
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """xgrammar's packed int32 bitmask ``(rows, ceil(V/32))`` -> bool ``(rows, vocab_size)``."""
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
@@ -107,7 +116,7 @@ class ActionGrammar:
         """What a behaviour-policy record should carry about the constraint."""
         return {
             "library": GRAMMAR_LIBRARY,
-            "version": _xgrammar().__version__,
+            "version": _library_version(),
             "schema_sha256": self.schema_sha256,
             "max_prefix_whitespace": MAX_PREFIX_WHITESPACE,
             "max_whitespace": MAX_WHITESPACE,
@@ -206,13 +215,17 @@ def allowed_tokens(
 class ActionGrammarCache:
     """Compiles action schemas for one tokenizer, once per schema (LRU keyed by the schema digest)."""
 
-    def __init__(self, tokenizer, *, vocab_size: int, stop_id: int, think_close_id: int, max_entries: int = 32):
+    def __init__(
+        self, tokenizer, *, vocab_size: int, stop_id: int, think_close_id: int, max_entries: int = 32
+    ):
         xgr = _xgrammar()
         self.vocab_size = int(vocab_size)
         self.stop_id = int(stop_id)
         self.think_close_id = int(think_close_id)
         self.max_entries = max(1, int(max_entries))
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=[stop_id])
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=[stop_id]
+        )
         threads = max(1, min(4, os.cpu_count() or 1))
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self._entries: OrderedDict[str, ActionGrammar] = OrderedDict()

@@ -146,7 +146,9 @@ def sample_batch(
         allowed = None
         if constraints is not None:
             allowed = _allowed(constraints, done, logits.shape[-1], device)
-        lp = _log_probs(logits if allowed is None else logits.masked_fill(~allowed, float("-inf")), temperature)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        lp = _log_probs(logits, temperature)
         if uniforms is None:
             tok = lp.argmax(dim=-1)
         else:

@@ -16,7 +16,7 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
 from kiln.errors import RetainedBudgetExceeded
 from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
-from kiln.stages import PublishedArtifact, PublishInput, PublishResult, StoredObject
+from kiln.stages import PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
 from kiln.steps.adapters import adapter_ref_from_files, write_pointer
 from kiln.steps.evaluation import make_bundle
 
@@ -117,4 +117,48 @@ def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RE
             for a in artifacts
         ],
         stats=summary["stats"],
+    )
+
+
+def publish_training(store: S3Store, inp: PublishTrainingInput) -> PublishResult:
+    """Manifest of a dataset-training run: the dataset, the adapter files and the receipt."""
+    training = inp.training
+    entries: list[tuple[str, StoredObject, str]] = [("rollouts.jsonl", inp.dataset, MEDIA_TYPES["rollouts.jsonl"])]
+    if training.trained:
+        for item in training.adapter_files:
+            media = "application/json" if item.name.endswith(".json") else "application/octet-stream"
+            entries.append((f"adapter/{item.name}", item.object, media))
+        if training.receipt is not None:
+            entries.append(("train_receipt.json", training.receipt, "application/json"))
+    artifacts = [_artifact(name, obj, media) for name, obj, media in entries]
+    manifest = build_manifest(
+        inp.run_id,
+        artifacts,
+        {
+            "kind": "train_dataset",
+            "output_adapter": inp.output_adapter,
+            "adapter_sha256": training.adapter_sha256 if training.trained else None,
+            "promoted": bool(inp.promote and training.trained),
+        },
+    )
+    verify_manifest_against_store(manifest, store)
+    manifest_bytes = pretty_json(manifest)
+    key = manifest_key(inp.run_id)
+    store.put_if_absent(key, manifest_bytes)
+    manifest_uri = store.uri_for(key)
+    if inp.promote and training.trained:
+        write_pointer(
+            store,
+            adapter_ref_from_files(inp.output_adapter, training.adapter_sha256 or "", training.adapter_files),
+            run_id=inp.run_id,
+            manifest_uri=manifest_uri,
+        )
+    return PublishResult(
+        manifest_uri=manifest_uri,
+        manifest_sha256=sha256_bytes(manifest_bytes),
+        artifacts=[
+            PublishedArtifact(name=a["name"], uri=a["uri"], sha256=a["sha256"], bytes=a["bytes"])
+            for a in artifacts
+        ],
+        stats={},
     )

@@ -200,7 +200,8 @@ def test_unconstrained_row_in_a_constrained_batch_is_untouched(rt) -> None:
     grammar = rt.action_grammar(RICH_SCHEMA)
     kw = dict(max_new_tokens=64, temperature=1.0, stop_id=rt.stop_id, pad_id=rt.pad_id)
     plain = sample_batch(rt.model, [prompt] * 2, [3, 4], **kw)
-    mixed = sample_batch(rt.model, [prompt] * 2, [3, 4], constraints=[grammar.row(thinking=False), None], **kw)
+    rows = [grammar.row(thinking=False), None]
+    mixed = sample_batch(rt.model, [prompt] * 2, [3, 4], constraints=rows, **kw)
     assert mixed[1].ids == plain[1].ids and mixed[1].logprobs == plain[1].logprobs
     assert mixed[0].ids != plain[0].ids
     assert json.loads(rt.decode(mixed[0].ids[:-1]))["kind"] == "move"
@@ -243,7 +244,12 @@ def test_grammar_compiled_once_per_schema_digest(rt) -> None:
     other = dict(COUNTER_SCHEMA, title="Other")
     assert rt.action_grammar(other) is not first
     assert rt._action_grammars.compilations == count + 1
-    assert first.schema_sha256.startswith("sha256:")
+    from kiln.canonical import digest_json
+
+    assert first.schema_sha256 == digest_json(COUNTER_SCHEMA)
+    identity = first.identity()
+    assert identity["library"] == "xgrammar" and identity["version"] == "0.2.8"
+    assert identity["schema_sha256"] == first.schema_sha256
 
 
 def test_whitespace_prefix_then_object_then_only_stop(rt) -> None:
