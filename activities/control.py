@@ -29,6 +29,7 @@ from kiln.stages import (
     SideBundle,
     SideBundleInput,
 )
+from kiln.steps.credentials import check_credential
 from kiln.steps.dataset import split_dataset
 from kiln.steps.evaluation import evaluate, store_side_bundle
 from kiln.steps.publication import publish_training
@@ -60,6 +61,8 @@ class ControlActivities:
             require_allowed_host(
                 normalize_url(url), allow_remote=self.settings.allow_remote_environments
             )
+        for index, credential_id in enumerate(request.credential_ids):
+            check_credential(self.settings.credentials, credential_id, request.environment_urls[index])
         templates = request.reset_templates()
         return AdmissionResult(
             request=request.model_dump(mode="json"),
@@ -101,12 +104,12 @@ class ControlActivities:
     @activity.defn(name="discover_environments")
     @kiln_errors
     async def discover_environments(self, inp: DiscoveryInput) -> DiscoveryResult:
-        return await discover(self.store, inp)
+        return await discover(self.store, inp, credentials=self.settings.credentials)
 
     @activity.defn(name="revalidate_environments")
     @kiln_errors
     async def revalidate_environments(self, inp: RevalidationInput) -> None:
-        await revalidate(self.store, inp)
+        await revalidate(self.store, inp, credentials=self.settings.credentials)
 
     @activity.defn(name="publish_run")
     @kiln_errors

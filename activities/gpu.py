@@ -102,6 +102,7 @@ class GpuActivities:
             attempt=info.attempt,
             heartbeat=lambda details: activity.heartbeat(details),
             should_cancel=activity.is_cancelled,
+            credentials=self.settings.credentials,
         )
 
     @activity.defn(name="train_adapter")

@@ -28,7 +28,9 @@ class EnvironmentsBody(BaseModel):
     environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
     credential_ids: list[str | None] = Field(default_factory=list)
 
-    def targets(self, allow_remote: bool) -> list[tuple[EnvironmentUrl, str | None]]:
+    def targets(
+        self, allow_remote: bool, credentials: dict[str, Any] | None = None
+    ) -> list[tuple[EnvironmentUrl, str | None]]:
         """Each normalised, allowed URL with its bearer token (None = public)."""
         if self.credential_ids and len(self.credential_ids) != len(self.environment_urls):
             raise InvalidRequest("credential_ids must be empty or have one entry per environment URL")
@@ -37,7 +39,7 @@ class EnvironmentsBody(BaseModel):
             url = normalize_url(text)
             require_allowed_host(url, allow_remote=allow_remote)
             credential = self.credential_ids[index] if self.credential_ids else None
-            out.append((url, resolve_bearer_token(credential)))
+            out.append((url, resolve_bearer_token(credentials or {}, credential, url)))
         return out
 
 
@@ -63,7 +65,7 @@ def _wrap(error: KilnError, cls: type[KilnError], url: EnvironmentUrl) -> KilnEr
 async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> dict[str, Any]:
     """Discover each environment: identity, digests and action schema (R1.11)."""
     inspections = []
-    for url, token in body.targets(svc.settings.allow_remote_environments):
+    for url, token in body.targets(svc.settings.allow_remote_environments, svc.settings.credentials):
         try:
             inspections.append(await inspect_environment(url, bearer_token=token))
         except (EnvironmentUnavailable, EnvironmentProtocolError) as error:
@@ -79,7 +81,7 @@ async def tasks(body: TasksBody, svc: Services = Depends(services)) -> dict[str,
             "task page needs 1 <= limit <= 200 and start >= 0", code="openenv_invalid_task_page"
         )
     catalogs = []
-    for url, token in body.targets(svc.settings.allow_remote_environments):
+    for url, token in body.targets(svc.settings.allow_remote_environments, svc.settings.credentials):
         try:
             catalog = await task_catalog(
                 url,

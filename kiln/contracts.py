@@ -134,6 +134,7 @@ class RunRequest(StrictModel):
     concurrency: int = Field(default=4, ge=1, le=256)
     max_action_tokens: int = Field(default=256, ge=1, le=16384)
     thinking: bool = True
+    constrained_actions: bool = False
     thinking_budget_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     protocol_error_reward: float = -1.0

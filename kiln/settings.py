@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 30.0
     api_token: str | None = None
     retained_budget_bytes: int = 512 * 1024 * 1024
+    # {"<credential id>": {"origin": "https://host[:port]", "bearer_token_env": "VAR"}}
+    credentials: dict[str, dict[str, str]] = {}
 
     @property
     def resolved_api_url(self) -> str:

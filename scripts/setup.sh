@@ -12,8 +12,10 @@ fi
 python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING" || true
 python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING" || true
 python -m pip install -q -e ".[train,envs,test]" 2>&1 | grep -v "^WARNING" || true
+# Schema-constrained decoding without the unused ~1 GB triton wheel (see pyproject's extra).
+python -m pip install -q --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.15.post2" 2>&1 | grep -v "^WARNING" || true
 python - <<'PY'
-import torch, temporalio, transformers, peft, openenv  # noqa: F401
+import torch, temporalio, transformers, peft, openenv, xgrammar  # noqa: F401
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 assert torch.version.cuda is None, "a CUDA build of torch was installed; expected the CPU wheel"
 PY

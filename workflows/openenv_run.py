@@ -548,6 +548,7 @@ class OpenEnvRunWorkflow:
                 "protocol_error_reward",
                 "max_recoverable_errors",
                 "capacity_wait_seconds",
+                "constrained_actions",
             )
         }
         settings["group_size"] = group_size

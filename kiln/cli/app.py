@@ -155,6 +155,7 @@ def _request_from_flags(
     reset_options: Optional[Path],
     environment_reset_options: Optional[list[str]] = None,
     credential_id: Optional[list[str]] = None,
+    constrained_actions: bool = False,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "kind": kind,
@@ -171,6 +172,8 @@ def _request_from_flags(
     }
     if thinking_budget_tokens is not None:
         request["thinking_budget_tokens"] = thinking_budget_tokens
+    if constrained_actions:
+        request["constrained_actions"] = True
     if output_adapter is not None:
         request["output_adapter"] = output_adapter
     if idempotency_key is not None:
@@ -206,6 +209,7 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     return value
 
 
+CONSTRAINED_OPT = typer.Option(False, "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
 RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
 CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); workers read the token from KILN_CREDENTIAL_<ID>.")
 
@@ -245,6 +249,7 @@ def train_cmd(
     auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name when allowed."),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
+    constrained_actions: bool = CONSTRAINED_OPT,
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
@@ -252,7 +257,7 @@ def train_cmd(
     request = _request_from_flags(
         "train", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
-        idempotency_key, reset_options, environment_reset_options, credential_id,
+        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -295,6 +300,7 @@ def rollout_cmd(
     reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options."),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
+    constrained_actions: bool = CONSTRAINED_OPT,
     output: Optional[Path] = typer.Option(None, "--output", help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
     replay_output: Optional[Path] = typer.Option(None, "--replay-output", help="Write the replay transcript here (X.replay.json)."),
     summary_output: Optional[Path] = typer.Option(None, "--summary-output", help="Write the summary here (X.rollout-summary.json)."),
@@ -311,7 +317,7 @@ def rollout_cmd(
     request = _request_from_flags(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
-        idempotency_key, reset_options, environment_reset_options, credential_id,
+        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
     )
     if output is None and replay_output is None and summary_output is None:
         _submit_and_follow(request, follow_run, as_json)

@@ -100,6 +100,7 @@ def summary_document(
         "thinking_budget_tokens": request.get("thinking_budget_tokens"),
         "temperature": request["temperature"],
         "thinking": request["thinking"],
+        "constrained_actions": bool(request.get("constrained_actions", False)),
         "protocol_error_reward": request["protocol_error_reward"],
         "max_recoverable_errors": request["max_recoverable_errors"],
         "capacity_wait_seconds": request["capacity_wait_seconds"],

@@ -49,6 +49,7 @@ class EpisodeSettings:
     protocol_error_reward: float = -1.0
     max_recoverable_errors: int = 3
     capacity_wait_seconds: int = 300
+    constrained_actions: bool = False
 
     @classmethod
     def from_request(cls, request: Any) -> "EpisodeSettings":
@@ -63,6 +64,7 @@ class EpisodeSettings:
             protocol_error_reward=request.protocol_error_reward,
             max_recoverable_errors=request.max_recoverable_errors,
             capacity_wait_seconds=request.capacity_wait_seconds,
+            constrained_actions=request.constrained_actions,
         )
 
 
@@ -210,6 +212,7 @@ class GroupCollector:
                     adapter_dir=self.task.adapter_dir,
                     stop_after_think_budget=settings.thinking_budget_tokens,
                     thinking=settings.thinking,
+                    **({"action_schema": self.shown_schema} if settings.constrained_actions else {}),
                 )
             )
             samples = await self._await_with_keepalive(sampling, [sessions[ep.candidate_index] for ep in live])

@@ -34,6 +34,7 @@ class PolicyPort(Protocol):
         adapter_dir: Path | None = None,
         stop_after_think_budget: int | None = None,
         thinking: bool = True,
+        action_schema: dict[str, Any] | None = None,
     ) -> Sequence[SampleLike]: ...
 
     def decode(self, ids: list[int]) -> str: ...

@@ -115,13 +115,14 @@ UNBOUND_SUMMARY_FIELDS = (
     "max_action_tokens",
     "thinking_budget_tokens",
     "max_recoverable_errors",
+    "constrained_actions",
 )
 
 _SUMMARY_KEYS = frozenset(
     {
         "schema", "prompt_version", "adapter", "adapter_label", "behavior_policy", "environments",
         "groups", "group_size", "rollout_count", "seed_start", "max_steps", "concurrency",
-        "max_action_tokens", "thinking_budget_tokens", "temperature", "thinking",
+        "max_action_tokens", "thinking_budget_tokens", "temperature", "thinking", "constrained_actions",
         "protocol_error_reward", "max_recoverable_errors", "capacity_wait_seconds",
         "reset_plan_sha256", "dataset_sha256", "dataset_bytes", "replay_sha256", "replay_bytes",
         "stats", "rollouts",
@@ -398,6 +399,7 @@ def check_summary(summary: dict) -> None:
     need_int(summary, "concurrency", where, 1, 256)
     max_tokens = need_int(summary, "max_action_tokens", where, 1, 16384)
     thinking = need_bool(summary, "thinking", where)
+    need_bool(summary, "constrained_actions", where)
     budget = summary["thinking_budget_tokens"]
     if budget is not None:
         need_int(summary, "thinking_budget_tokens", where, 1, max_tokens - 1)

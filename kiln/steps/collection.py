@@ -43,6 +43,7 @@ async def collect(
     attempt: int = 1,
     heartbeat: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    credentials: dict[str, Any] | None = None,
 ) -> CollectGroupResult:
     if attempt > 1 and inp.on_interrupt == "fail":
         raise RunInterrupted(
@@ -53,20 +54,23 @@ async def collect(
             retryable=False,
         )
     check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
-    raw = await asyncio.to_thread(
+    inspection_raw = await asyncio.to_thread(
         store.get_bytes,
         ObjectRef(uri=inp.inspection.uri, sha256=inp.inspection.sha256, bytes=inp.inspection.bytes),
     )
+    inspection = json.loads(inspection_raw)
     task = GroupTask(
         group_index=inp.group_index,
         environment_index=inp.environment_index,
         seed=inp.seed,
         reset_payload=inp.reset_payload,
-        inspection=json.loads(raw),
+        inspection=inspection,
         settings=EpisodeSettings(**inp.settings),
         behavior_policy=inp.behavior_policy,
         adapter_dir=adapter_dir,
-        bearer_token=resolve_bearer_token(inp.credential_id),
+        bearer_token=resolve_bearer_token(
+            credentials or {}, inp.credential_id, inspection["identity"]["base_url"]
+        ),
     )
     collector = GroupCollector(task, policy, should_cancel=should_cancel, heartbeat=heartbeat)
     document = await collector.run()

@@ -15,17 +15,19 @@ from kiln.rollout.group import environment_name
 from kiln.stages import DiscoveryInput, DiscoveryResult, EnvironmentRef, RevalidationInput, StoredObject
 
 
-def _credential(credential_ids: list[str | None], index: int) -> str | None:
+def _credential(credentials: dict[str, Any], credential_ids: list[str | None], index: int, url: str) -> str | None:
     if not credential_ids:
         return None
-    return resolve_bearer_token(credential_ids[index])
+    return resolve_bearer_token(credentials, credential_ids[index], url)
 
 
-async def discover(store: S3Store, inp: DiscoveryInput) -> DiscoveryResult:
+async def discover(store: S3Store, inp: DiscoveryInput, *, credentials: dict[str, Any] | None = None) -> DiscoveryResult:
     """Inspect every URL in order and store each inspection as a content-addressed object."""
     environments: list[EnvironmentRef] = []
     for index, url in enumerate(inp.environment_urls):
-        inspection = await inspect_environment(url, bearer_token=_credential(inp.credential_ids, index))
+        inspection = await inspect_environment(
+            url, bearer_token=_credential(credentials or {}, inp.credential_ids, index, url)
+        )
         ref = await asyncio.to_thread(store.put_blob, canonical_json(inspection))
         identity = inspection["identity"]
         environments.append(
@@ -44,11 +46,14 @@ def load_inspection(store: S3Store, obj: StoredObject) -> dict[str, Any]:
     return json.loads(store.get_bytes(ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)))
 
 
-async def revalidate(store: S3Store, inp: RevalidationInput) -> None:
+async def revalidate(store: S3Store, inp: RevalidationInput, *, credentials: dict[str, Any] | None = None) -> None:
     """Re-inspect every endpoint; any drift fails with ``environment_identity_changed``."""
     for index, env in enumerate(inp.environments):
         first = await asyncio.to_thread(load_inspection, store, env.inspection)
-        second = await inspect_environment(env.base_url, bearer_token=_credential(inp.credential_ids, index))
+        second = await inspect_environment(
+            env.base_url,
+            bearer_token=_credential(credentials or {}, inp.credential_ids, index, env.base_url),
+        )
         changed = identity_differences(first, second)
         if changed:
             raise EnvironmentIdentityChanged(

@@ -338,3 +338,28 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
 
     assert store.get_key(pointer_key(adapter)) is None
     assert status["manifest"] is None and status["artifacts"] == []
+
+
+async def test_constrained_actions_run_never_emits_invalid_actions(kiln_settings: Any, counter_env_url: str) -> None:
+    """--constrained-actions: with thinking off, every answer parses and validates (temperature 1.5)."""
+    settings = kiln_settings()
+    request = {
+        "kind": "rollout",
+        "environment_urls": [counter_env_url],
+        "groups": 2,
+        "group_size": 4,
+        "max_steps": 4,
+        "max_action_tokens": 32,
+        "temperature": 1.5,
+        "thinking": False,
+        "constrained_actions": True,
+    }
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(parse_run_request(request))
+        final = await client.get_workflow_handle(status["run_id"]).result()
+    stats = final["rollout_stats"]
+    assert stats["rollouts"] == 8
+    assert stats["invalid_model_action_count"] == 0
+    assert stats["done_count"] + stats["max_steps_count"] == 8
+    summary = json.loads(_object(settings, next(a for a in final["artifacts"] if a["name"] == "summary.json")["uri"]))
+    assert summary["constrained_actions"] is True

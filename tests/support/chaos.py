@@ -48,6 +48,10 @@ LOOPBACK = "127.0.0.1"
 SAMPLE_DELAY = "sample_delay_s"  # sleep before every policy.sample call (collection steps)
 TRAIN_STEP_DELAY = "train_step_delay_s"  # sleep after every training step's progress heartbeat
 PUBLISH_HOLD = "publish_hold"  # while this file exists, publish_run waits before doing anything
+# One-shot faults (the worker deletes the file when it fires):
+TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
+TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
+TRAIN_SETUP_DELAY = "train_setup_delay_s"  # the next training attempt sleeps this long before setup
 EVENTS = "events.jsonl"
 
 PUBLISH_HOLD_MAX_S = 120.0
@@ -74,7 +78,8 @@ class FaultHooks:
             (self.directory / name).unlink()
 
     def clear_all(self) -> None:
-        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD):
+        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
+                     TRAIN_SETUP_DELAY):
             self.clear(name)
 
     @contextlib.contextmanager
@@ -88,6 +93,16 @@ class FaultHooks:
     # ---------------------------------------------------------------- knobs (worker side)
     def present(self, name: str) -> bool:
         return (self.directory / name).exists()
+
+    def fire(self, name: str) -> str | None:
+        """Consume a one-shot hook: its content when it was set (and is now removed), else None."""
+        path = self.directory / name
+        try:
+            value = path.read_text()
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        return value
 
     def number(self, name: str) -> float:
         try:
@@ -189,6 +204,9 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
 
             def heartbeat(details: dict[str, Any]) -> None:
                 beat(details)
+                if "step" in details and hooks.fire(TRAIN_FAIL_NOW) is not None:
+                    hooks.log("train_injected_failure", run_id=run_id, attempt=attempt, step=details["step"])
+                    raise RuntimeError(f"chaos: injected transient failure after step {details['step']}")
                 if "step" in details:
                     hooks.log("train_step", run_id=run_id, attempt=attempt, step=details["step"],
                               total_steps=details.get("total_steps"))
@@ -203,6 +221,11 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
             resume = kwargs.get("resume_checkpoint")
             hooks.log("train_start", run_id=run_id, attempt=attempt, resumed=resume is not None)
             try:
+                if resume is not None and hooks.fire(TRAIN_FAIL_RESUMED) is not None:
+                    raise RuntimeError("chaos: injected transient failure of a resumed attempt")
+                setup_delay = hooks.fire(TRAIN_SETUP_DELAY)
+                if setup_delay:
+                    time.sleep(float(setup_delay))
                 result = original_train(inp, *args, **kwargs)
             except BaseException as exc:
                 hooks.log("train_end", run_id=run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
@@ -245,6 +268,17 @@ def worker_main(argv: list[str]) -> None:
     from workers.__main__ import main
 
     main([role])
+
+
+class BugReproduced(AssertionError):
+    """Raised by the assertion that shows a known product bug (``xfail(raises=BugReproduced)``),
+    so that any other failure of such a test still fails the suite."""
+
+
+def expect_fixed(condition: bool, message: str) -> None:
+    """Assert a behaviour a known product bug breaks (raises :class:`BugReproduced`)."""
+    if not condition:
+        raise BugReproduced(message)
 
 
 # =============================================================================== the stack
