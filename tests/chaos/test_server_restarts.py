@@ -1,0 +1,158 @@
+"""Chaos: the servers a run depends on restart under it (Temporal mid-run, S3 mid-publication).
+
+Temporal is stopped with SIGTERM and started again on the same port with the same db file: the
+workers reconnect by themselves and the run completes with the reference run's artifacts.
+SeaweedFS is stopped (graceful) while publication is in progress and started again with the same
+data dir and port: publication retries, exactly one manifest appears, and no partial manifest is
+ever readable (the manifest key is polled throughout the outage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.chaos.conftest import train_request
+from tests.support.chaos import (
+    PUBLISH_HOLD,
+    SAMPLE_DELAY,
+    ChaosStack,
+    RunOutcome,
+    connect,
+    last_details,
+    record,
+    result_within,
+    start_run,
+    wait_activity,
+    wait_until_async,
+)
+
+pytestmark = pytest.mark.asyncio
+
+TEMPORAL_DOWN_S = 3.0
+S3_DOWN_S = 2.0
+
+
+async def test_temporal_restart_mid_run(stack: ChaosStack, reference_train: RunOutcome) -> None:
+    hooks = stack.hooks
+    hooks.set(SAMPLE_DELAY, 0.4)
+    client = await connect(stack)
+    started = time.monotonic()
+    handle = await start_run(client, stack, train_request(stack.env_url))
+    await wait_activity(
+        client, handle,
+        lambda a: a["type"] == "collect_group" and a["state"] == "STARTED" and bool(last_details(a).get("step")),
+        timeout_s=90, what="a collect_group mid-episode",
+    )
+    stop_began = time.monotonic()
+    stack.stop_temporal()
+    stopped_s = time.monotonic() - stop_began
+    await asyncio.sleep(TEMPORAL_DOWN_S)
+    hooks.clear(SAMPLE_DELAY)
+    restart_began = time.monotonic()
+    await asyncio.to_thread(stack.start_temporal)
+    back_at = time.monotonic()
+    workers = dict(stack.workers)
+
+    state, final = await result_within(handle, 180)
+    done_at = time.monotonic()
+    assert state == "completed", final
+    # The workers were never restarted: they reconnected by themselves.
+    assert all(proc.alive() for proc in workers.values()) and workers == stack.workers
+    outcome = RunOutcome.of(stack, handle.id, final, done_at - started)
+    reference_train.assert_same_artifacts(outcome, stack)
+    for item in final["interruptions"]:
+        assert item["code"] == "executor_interrupted" and item["attempts"] >= 2, item
+    record(
+        "3 Temporal dev server SIGTERM + restart (same db) mid-collection",
+        sigterm_to_exit_s=stopped_s,
+        down_s=back_at - stop_began,
+        restart_to_serving_s=back_at - restart_began,
+        serving_to_run_completed_s=done_at - back_at,
+        groups_recollected=len(final["interruptions"]),
+        run_s=outcome.seconds,
+        reference_run_s=reference_train.seconds,
+        artifacts_identical=True,
+    )
+
+
+class _ManifestWatcher:
+    """Polls one S3 key in a thread; records every body it could read (and how often it failed)."""
+
+    def __init__(self, stack: ChaosStack, key: str) -> None:
+        self.store = stack.store()
+        self.key = key
+        self.bodies: list[bytes] = []
+        self.absent = 0
+        self.unreachable = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                body = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key)["Body"].read()
+                self.bodies.append(body)
+            except Exception as exc:  # noqa: BLE001
+                if "NoSuchKey" in repr(exc) or "404" in repr(exc):
+                    self.absent += 1
+                else:
+                    self.unreachable += 1
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+async def test_s3_outage_during_publication(stack: ChaosStack, reference_train: RunOutcome) -> None:
+    from kiln.artifacts.manifest import manifest_key
+
+    hooks = stack.hooks
+    hooks.set(PUBLISH_HOLD)  # publication waits at its start until the outage has begun
+    client = await connect(stack)
+    started = time.monotonic()
+    handle = await start_run(client, stack, train_request(stack.env_url))
+    watcher = _ManifestWatcher(stack, manifest_key(handle.id))
+    try:
+        await wait_until_async(lambda: hooks.events("publish_start", run_id=handle.id), timeout_s=120,
+                               what="publication to start")
+        stop_began = time.monotonic()
+        stack.stop_s3()
+        stopped_s = time.monotonic() - stop_began
+        hooks.clear(PUBLISH_HOLD)  # publication now runs against the stopped S3
+        await asyncio.sleep(S3_DOWN_S)
+        restart_began = time.monotonic()
+        await asyncio.to_thread(stack.start_s3)
+        back_at = time.monotonic()
+        state, final = await result_within(handle, 120)
+        done_at = time.monotonic()
+        await asyncio.sleep(0.3)
+    finally:
+        watcher.stop()
+    attempts = hooks.events("publish_end", run_id=handle.id)
+    record(
+        "6 S3 (SeaweedFS) stopped during publication, restarted with the same data",
+        state=state,
+        sigterm_to_exit_s=stopped_s,
+        s3_down_s=back_at - stop_began,
+        restart_to_healthy_s=back_at - restart_began,
+        publish_attempts=[e["outcome"] for e in attempts],
+        s3_back_to_run_completed_s=done_at - back_at,
+        manifest_reads_ok=len(watcher.bodies),
+        manifest_reads_absent=watcher.absent,
+        manifest_reads_unreachable=watcher.unreachable,
+    )
+    assert state == "completed", getattr(final, "cause", final)
+    assert len(attempts) >= 2 and attempts[0]["outcome"].startswith("error:"), attempts
+    outcome = RunOutcome.of(stack, handle.id, final, done_at - started)  # exactly one manifest
+    reference_train.assert_same_artifacts(outcome, stack)
+    # Never a partial manifest: every read either found nothing or the final manifest's bytes.
+    published = stack.store().get_key(manifest_key(handle.id))
+    assert watcher.bodies and all(body == published for body in watcher.bodies)
+    assert watcher.unreachable > 0 and watcher.absent > 0
