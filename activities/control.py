@@ -35,15 +35,8 @@ from kiln.steps.evaluation import evaluate, store_side_bundle
 from kiln.steps.publication import publish_training
 from kiln.stages import DatasetSplit, PublishTrainingInput, StoredObject
 from activities.common import kiln_errors
-from kiln.errors import KilnError
+from kiln.errors import RunCapacityFull
 from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id
-
-
-class RunCapacityFull(KilnError):
-    code = "openenv_run_capacity_full"
-    http_status = 503
-    retryable = True
-    stage = "admission"
 
 
 class ControlActivities:

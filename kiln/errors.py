@@ -194,6 +194,15 @@ class TrainingEvidenceInvalid(KilnError):
     stage = "training"
 
 
+class RunCapacityFull(KilnError):
+    """More runs are active + queued than ``max_tracked_runs`` allows."""
+
+    code = "openenv_run_capacity_full"
+    http_status = 503
+    retryable = True
+    stage = "admission"
+
+
 class RunNotFound(KilnError):
     code = "openenv_run_not_found"
     http_status = 404
@@ -230,6 +239,7 @@ ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
     RetainedBudgetExceeded,
     TrainingFailed,
     TrainingEvidenceInvalid,
+    RunCapacityFull,
     RunNotFound,
     RunCancelled,
     InternalError,
