@@ -13,7 +13,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from kiln.stages import (
@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         WorldModelResult,
     )
     from workflows import options
+    from workflows.failures import failure_from, training_status
     from workflows.run_queue import SlotReply, SlotRequest
 
 KILN_PHASE = SearchAttributeKey.for_keyword("KilnPhase")
@@ -173,28 +174,7 @@ class OpenEnvRunWorkflow:
             workflow.logger.warning("could not release the queue slot of %s", run_id)
 
     def _failure_from(self, err: BaseException) -> dict[str, Any]:
-        cause: BaseException | None = err
-        while isinstance(cause, ActivityError) and cause.cause is not None:
-            cause = cause.cause
-        stage = _stage_of(self._status["phase"])
-        if isinstance(cause, ApplicationError):
-            details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
-            return {
-                "code": cause.type or details.get("code") or "internal_error",
-                "message": details.get("message") or cause.message,
-                "stage": details.get("stage") or stage,
-                "retryable": bool(details.get("retryable", False)),
-                "hint": details.get("hint"),
-                "details": details.get("details"),
-            }
-        if isinstance(cause, CancelledError):
-            return {"code": "cancelled", "message": str(cause), "stage": stage, "retryable": False}
-        return {
-            "code": "internal_error",
-            "message": str(cause or err),
-            "stage": stage,
-            "retryable": False,
-        }
+        return failure_from(err, _stage_of(self._status["phase"]))
 
     async def _execute(self, run_id: str, raw_request: dict[str, Any]) -> None:
         # 1. admission: validate before any environment is contacted.
@@ -337,14 +317,7 @@ class OpenEnvRunWorkflow:
                 retry_policy=options.TRAIN_RETRY,
                 summary=f"GRPO+ECHO training of {request['output_adapter']}",
             )
-            self._status["training"] = {
-                "trained": training.trained,
-                "steps": training.steps,
-                "final_loss": training.final_loss,
-                "adapter_sha256": training.adapter_sha256,
-                "selection": training.selection,
-                "skip_reason": training.skip_reason,
-            }
+            self._status["training"] = training_status(training)
             self._status["warnings"].extend(training.selection.get("warnings", []))
 
         # 6. paired held-out evaluation and the promotion gate.

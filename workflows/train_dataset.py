@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         TrainResult,
     )
     from workflows import options
+    from workflows.failures import failure_from, training_status
 
 TRAIN_DATASET_WORKFLOW = "KilnTrainDatasetWorkflow"
 
@@ -57,19 +58,7 @@ class TrainDatasetWorkflow:
             if is_cancelled_exception(err):
                 self._status.update(state="cancelled", phase="cancelled")
                 raise
-            cause: BaseException | None = err
-            while isinstance(cause, ActivityError) and cause.cause is not None:
-                cause = cause.cause
-            details = {}
-            if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
-                details = cause.details[0]
-            failure = {
-                "code": (cause.type if isinstance(cause, ApplicationError) else None) or "internal_error",
-                "message": details.get("message") or str(cause),
-                "stage": details.get("stage") or self._status["phase"],
-                "retryable": bool(details.get("retryable", False)),
-                "hint": details.get("hint"),
-            }
+            failure = failure_from(err, self._status["phase"])
             self._status.update(state="failed", phase="failed", failure=failure)
             raise ApplicationError(f"{failure['code']}: {failure['message']}", failure, type=failure["code"], non_retryable=True) from None
         except asyncio.CancelledError:
@@ -110,14 +99,7 @@ class TrainDatasetWorkflow:
             retry_policy=options.TRAIN_RETRY,
             summary=f"GRPO+ECHO training of {inp.output_adapter} from a saved dataset",
         )
-        self._status["training"] = {
-            "trained": training.trained,
-            "steps": training.steps,
-            "final_loss": training.final_loss,
-            "adapter_sha256": training.adapter_sha256,
-            "selection": training.selection,
-            "skip_reason": training.skip_reason,
-        }
+        self._status["training"] = training_status(training)
         self._status["warnings"].extend(training.selection.get("warnings", []))
         self._status["phase"] = "publishing"
         published: PublishResult = await workflow.execute_activity(

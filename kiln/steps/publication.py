@@ -16,7 +16,7 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
 from kiln.errors import RetainedBudgetExceeded
 from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
-from kiln.stages import PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
+from kiln.stages import AdapterRef, PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
 from kiln.steps.adapters import adapter_ref_from_files, write_pointer
 from kiln.steps.evaluation import make_bundle
 
@@ -95,20 +95,31 @@ def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RE
             "promoted": bool(inp.promote and training is not None and training.trained),
         },
     )
+    promoted = None
+    if inp.promote and training is not None and training.trained and inp.request.get("output_adapter"):
+        promoted = adapter_ref_from_files(
+            inp.request["output_adapter"], training.adapter_sha256 or "", training.adapter_files
+        )
+    return finish_publication(store, inp.run_id, manifest, artifacts, promoted, stats=summary["stats"])
+
+
+def finish_publication(
+    store: S3Store,
+    run_id: str,
+    manifest: dict[str, Any],
+    artifacts: list[dict[str, Any]],
+    promoted: AdapterRef | None,
+    *,
+    stats: dict[str, Any],
+) -> PublishResult:
+    """Re-verify every object, write the manifest last (conditional put), then promote."""
     verify_manifest_against_store(manifest, store)
     manifest_bytes = pretty_json(manifest)
-    key = manifest_key(inp.run_id)
+    key = manifest_key(run_id)
     store.put_if_absent(key, manifest_bytes)
     manifest_uri = store.uri_for(key)
-    if inp.promote and training is not None and training.trained and inp.request.get("output_adapter"):
-        write_pointer(
-            store,
-            adapter_ref_from_files(
-                inp.request["output_adapter"], training.adapter_sha256 or "", training.adapter_files
-            ),
-            run_id=inp.run_id,
-            manifest_uri=manifest_uri,
-        )
+    if promoted is not None:
+        write_pointer(store, promoted, run_id=run_id, manifest_uri=manifest_uri)
     return PublishResult(
         manifest_uri=manifest_uri,
         manifest_sha256=sha256_bytes(manifest_bytes),
@@ -116,7 +127,7 @@ def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RE
             PublishedArtifact(name=a["name"], uri=a["uri"], sha256=a["sha256"], bytes=a["bytes"])
             for a in artifacts
         ],
-        stats=summary["stats"],
+        stats=stats,
     )
 
 
@@ -141,24 +152,9 @@ def publish_training(store: S3Store, inp: PublishTrainingInput) -> PublishResult
             "promoted": bool(inp.promote and training.trained),
         },
     )
-    verify_manifest_against_store(manifest, store)
-    manifest_bytes = pretty_json(manifest)
-    key = manifest_key(inp.run_id)
-    store.put_if_absent(key, manifest_bytes)
-    manifest_uri = store.uri_for(key)
-    if inp.promote and training.trained:
-        write_pointer(
-            store,
-            adapter_ref_from_files(inp.output_adapter, training.adapter_sha256 or "", training.adapter_files),
-            run_id=inp.run_id,
-            manifest_uri=manifest_uri,
-        )
-    return PublishResult(
-        manifest_uri=manifest_uri,
-        manifest_sha256=sha256_bytes(manifest_bytes),
-        artifacts=[
-            PublishedArtifact(name=a["name"], uri=a["uri"], sha256=a["sha256"], bytes=a["bytes"])
-            for a in artifacts
-        ],
-        stats={},
+    promoted = (
+        adapter_ref_from_files(inp.output_adapter, training.adapter_sha256 or "", training.adapter_files)
+        if inp.promote and training.trained
+        else None
     )
+    return finish_publication(store, inp.run_id, manifest, artifacts, promoted, stats={})

@@ -111,8 +111,7 @@ async def test_environment_capacity_refused_for_a_while(stack: ChaosStack) -> No
         assert state == "completed", getattr(final, "cause", final)
         summary_uri = next(a["uri"] for a in final["artifacts"] if a["name"] == "summary.json")
         summary = json.loads(read_uri(stack.store(), summary_uri))
-        retries = summary["stats"]["capacity_retry_count"] if "capacity_retry_count" in summary.get("stats", {}) \
-            else summary["capacity_retry_count"]
+        retries = summary["stats"]["capacity_retry_count"]
         assert retries > 0, summary
         assert final["progress"]["rollouts_completed"] == 4
         # Afterwards the environment is idle again: its one session can be opened.
