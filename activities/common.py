@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import inspect
 import json
 from typing import Any, Callable, TypeVar
@@ -68,6 +69,65 @@ def get_json(store: S3Store, obj: StoredObject) -> Any:
         return json.loads(store.get_bytes(object_ref(obj)))
     except json.JSONDecodeError as exc:  # pragma: no cover - content-addressed, cannot drift
         raise InternalError(f"stored object {obj.uri} is not JSON: {exc}") from None
+
+
+class CommitGate:
+    """Decides, once, whether a blocking publication may commit or was abandoned by a cancel.
+
+    The worker thread calls :meth:`may_commit` right before its commit point (the manifest put);
+    the activity calls :meth:`abandon` when cancelled. Whichever comes first wins, under one lock,
+    so a cancelled activity never reports "cancelled" while its thread goes on to commit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "open"
+
+    def may_commit(self) -> bool:
+        with self._lock:
+            if self._state == "abandoned":
+                return False
+            self._state = "committing"
+            return True
+
+    def abandon(self) -> bool:
+        with self._lock:
+            if self._state == "committing":
+                return False
+            self._state = "abandoned"
+            return True
+
+
+async def run_committing_with_heartbeats(
+    fn: Callable[..., Any], *args: Any, every_s: float = 1.0, **kwargs: Any
+) -> Any:
+    """Run blocking ``fn(*args, may_commit=gate.may_commit, **kwargs)`` in a thread, heartbeating.
+
+    On cancellation before the commit point the activity ends cancelled at once (the thread will
+    refuse to commit); after it, the commit is awaited and its result returned.
+    """
+    from temporalio import activity
+
+    from kiln.errors import RunCancelled
+
+    gate = CommitGate()
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, may_commit=gate.may_commit, **kwargs))
+    while not task.done():
+        try:
+            await asyncio.wait({task}, timeout=every_s)
+        except asyncio.CancelledError:
+            if gate.abandon():
+                raise
+            while not task.done():  # already committing: finish it, keep heartbeating
+                await asyncio.wait({task}, timeout=every_s)
+                activity.heartbeat()
+            break
+        if not task.done():
+            activity.heartbeat()
+    try:
+        return task.result()
+    except RunCancelled:
+        raise asyncio.CancelledError() from None
 
 
 async def aput_json(store: S3Store, value: Any) -> StoredObject:

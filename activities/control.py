@@ -34,7 +34,7 @@ from kiln.steps.dataset import split_dataset
 from kiln.steps.evaluation import evaluate, store_side_bundle
 from kiln.steps.publication import publish_training
 from kiln.stages import DatasetSplit, PublishTrainingInput, StoredObject
-from activities.common import kiln_errors
+from activities.common import kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
 from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id
 
@@ -107,7 +107,7 @@ class ControlActivities:
     @activity.defn(name="publish_run")
     @kiln_errors
     async def publish_run(self, inp: PublishInput) -> PublishResult:
-        return await asyncio.to_thread(
+        return await run_committing_with_heartbeats(
             publish, self.store, inp, budget_bytes=self.settings.retained_budget_bytes
         )
 

@@ -7,14 +7,17 @@ first use. Sampling calls are serialised by a lock: the runtime switches adapter
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from temporalio import activity
 
 from kiln.artifacts.store import S3Store
+from kiln.errors import KilnError
 from kiln.settings import Settings
 from kiln.stages import (
     AdapterRef,
@@ -31,6 +34,28 @@ from kiln.stages import (
 from kiln.steps.adapters import materialise, read_pointer
 from kiln.steps.collection import behavior_policy_of, check_behavior_policy, collect
 from activities.common import kiln_errors
+
+
+@contextlib.contextmanager
+def heartbeat_ticker(details: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    """Heartbeat ``details()`` every third of the heartbeat timeout from a helper thread, so slow
+    set-up and wrap-up phases (model load, evaluation passes, uploads) never look like a crash."""
+    timeout = activity.info().heartbeat_timeout
+    interval = max(0.2, timeout.total_seconds() / 3) if timeout else 5.0
+    context = contextvars.copy_context()
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            context.run(activity.heartbeat, details())
+
+    thread = threading.Thread(target=tick, name="kiln-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=interval + 1)
 
 
 class LockedPolicy:
@@ -94,16 +119,25 @@ class GpuActivities:
         policy = await asyncio.to_thread(self.policy)
         adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
         info = activity.info()
-        return await collect(
-            inp,
-            store=self.store,
-            policy=policy,
-            adapter_dir=adapter_dir,
-            attempt=info.attempt,
-            heartbeat=lambda details: activity.heartbeat(details),
-            should_cancel=activity.is_cancelled,
-            credentials=self.settings.credentials,
-        )
+        previous = info.heartbeat_details[-1] if info.heartbeat_details else None
+        try:
+            result = await collect(
+                inp,
+                store=self.store,
+                policy=policy,
+                adapter_dir=adapter_dir,
+                attempt=info.attempt,
+                heartbeat=lambda details: activity.heartbeat(details),
+                should_cancel=activity.is_cancelled,
+                credentials=self.settings.credentials,
+            )
+        except KilnError as err:
+            # Leave the cause for the next attempt's interruption record.
+            activity.heartbeat({"group_index": inp.group_index, "failed_with": err.code})
+            raise
+        if info.attempt > 1 and isinstance(previous, dict) and previous.get("failed_with"):
+            result.interruption_code = str(previous["failed_with"])
+        return result
 
     @activity.defn(name="train_adapter")
     @kiln_errors
@@ -111,21 +145,32 @@ class GpuActivities:
         from kiln.steps.training import train
 
         details = activity.info().heartbeat_details
-        resume = None
-        if details and isinstance(details[-1], dict) and details[-1].get("checkpoint"):
-            resume = StoredObject.model_validate(details[-1]["checkpoint"])
-        activity.heartbeat({"phase": "starting", "resumed_from_checkpoint": resume is not None})
-        with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
-            return train(
-                inp,
-                store=self.store,
-                model_path=self.model_path,
-                work_dir=Path(work),
-                cache_dir=self.cache_dir,
-                heartbeat=lambda d: activity.heartbeat(d),
-                should_cancel=activity.is_cancelled,
-                resume_checkpoint=resume,
-            )
+        previous = details[-1] if details and isinstance(details[-1], dict) else {}
+        resume = StoredObject.model_validate(previous["checkpoint"]) if previous.get("checkpoint") else None
+        resume_step = previous.get("checkpoint_step") if resume is not None else None
+        latest: dict[str, Any] = {"phase": "starting", "resumed_from_checkpoint": resume is not None}
+        if resume is not None:
+            latest.update(checkpoint=resume.model_dump(), checkpoint_step=resume_step)
+
+        def beat(update: dict[str, Any]) -> None:
+            latest.update(update)
+            latest["phase"] = "training"
+            activity.heartbeat(dict(latest))
+
+        activity.heartbeat(dict(latest))
+        with heartbeat_ticker(lambda: dict(latest)):
+            with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
+                return train(
+                    inp,
+                    store=self.store,
+                    model_path=self.model_path,
+                    work_dir=Path(work),
+                    cache_dir=self.cache_dir,
+                    heartbeat=beat,
+                    should_cancel=activity.is_cancelled,
+                    resume_checkpoint=resume,
+                    resume_step=resume_step,
+                )
 
     @activity.defn(name="world_model_gain")
     @kiln_errors

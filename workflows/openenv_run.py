@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.workflow import ActivityCancellationType
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
@@ -352,8 +353,12 @@ class OpenEnvRunWorkflow:
             ),
             result_type=PublishResult,
             task_queue=control_queue,
-            start_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.CONTROL_RETRY,
+            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
+            heartbeat_timeout=self._heartbeat,
+            retry_policy=options.PUBLISH_RETRY,
+            # A cancel before the manifest is written stops publication (nothing visible); a
+            # cancel that arrives after the commit point lets the run finish completed.
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary="publish artifacts and manifest",
         )
         self._status["manifest"] = {"uri": published.manifest_uri, "sha256": published.manifest_sha256}
@@ -447,8 +452,8 @@ class OpenEnvRunWorkflow:
                 ),
                 result_type=SideBundle,
                 task_queue=control_queue,
-                start_to_close_timeout=options.PUBLISH_TIMEOUT,
-                retry_policy=options.CONTROL_RETRY,
+                schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
+                retry_policy=options.PUBLISH_RETRY,
                 summary=f"store the {side} evaluation bundle",
             )
             block[f"{side}_stats"] = sides[side].stats
@@ -477,8 +482,8 @@ class OpenEnvRunWorkflow:
             ),
             result_type=EvaluationResult,
             task_queue=control_queue,
-            start_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.CONTROL_RETRY,
+            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
+            retry_policy=options.PUBLISH_RETRY,
             summary="paired sign test and promotion gate",
         )
         block.update(

@@ -21,6 +21,18 @@ GROUP_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=5,
 )
+# Publication must outlive an S3 restart: unlimited attempts, bounded by PUBLISH_TIMEOUT.
+PUBLISH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,
+    non_retryable_error_types=[
+        "retained_budget_exceeded",
+        "artifact_publication_failed",
+        "openenv_artifact_integrity_failed",
+    ],
+)
 TRAIN_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2),
     maximum_interval=timedelta(seconds=10),
@@ -35,3 +47,4 @@ GROUP_HEARTBEAT = timedelta(seconds=30)
 TRAIN_TIMEOUT = timedelta(hours=12)
 TRAIN_HEARTBEAT = timedelta(seconds=30)
 PUBLISH_TIMEOUT = timedelta(minutes=30)
+PUBLISH_HEARTBEAT = timedelta(seconds=30)

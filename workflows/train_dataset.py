@@ -73,8 +73,8 @@ class TrainDatasetWorkflow:
             inp.dataset,
             result_type=DatasetSplit,
             task_queue=control,
-            start_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.CONTROL_RETRY,
+            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
+            retry_policy=options.PUBLISH_RETRY,
             summary="validate the rollouts and split them into groups",
         )
         total = len(split.groups)
@@ -113,8 +113,8 @@ class TrainDatasetWorkflow:
             ),
             result_type=PublishResult,
             task_queue=control,
-            start_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.CONTROL_RETRY,
+            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
+            retry_policy=options.PUBLISH_RETRY,
             summary="publish adapter and receipt",
         )
         self._status["manifest"] = {"uri": published.manifest_uri, "sha256": published.manifest_sha256}

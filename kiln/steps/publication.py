@@ -8,13 +8,13 @@ trained adapter's name is pointed at its files only after the manifest exists.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from kiln.artifacts.budget import DEFAULT_RETAINED_LIMIT_BYTES, RetainedBudget
 from kiln.artifacts.manifest import build_manifest, manifest_key, verify_manifest_against_store
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
-from kiln.errors import RetainedBudgetExceeded
+from kiln.errors import RetainedBudgetExceeded, RunCancelled
 from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
 from kiln.stages import AdapterRef, PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
 from kiln.steps.adapters import adapter_ref_from_files, write_pointer
@@ -32,7 +32,13 @@ def _artifact(name: str, obj: StoredObject, media_type: str) -> dict[str, Any]:
     return {"name": name, "uri": obj.uri, "sha256": obj.sha256, "bytes": obj.bytes, "media_type": media_type}
 
 
-def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RETAINED_LIMIT_BYTES) -> PublishResult:
+def publish(
+    store: S3Store,
+    inp: PublishInput,
+    *,
+    budget_bytes: int = DEFAULT_RETAINED_LIMIT_BYTES,
+    may_commit: Callable[[], bool] | None = None,
+) -> PublishResult:
     training = inp.training
     evaluation = inp.evaluation
     bundle = make_bundle(
@@ -100,7 +106,9 @@ def publish(store: S3Store, inp: PublishInput, *, budget_bytes: int = DEFAULT_RE
         promoted = adapter_ref_from_files(
             inp.request["output_adapter"], training.adapter_sha256 or "", training.adapter_files
         )
-    return finish_publication(store, inp.run_id, manifest, artifacts, promoted, stats=summary["stats"])
+    return finish_publication(
+        store, inp.run_id, manifest, artifacts, promoted, stats=summary["stats"], may_commit=may_commit
+    )
 
 
 def finish_publication(
@@ -111,11 +119,18 @@ def finish_publication(
     promoted: AdapterRef | None,
     *,
     stats: dict[str, Any],
+    may_commit: Callable[[], bool] | None = None,
 ) -> PublishResult:
-    """Re-verify every object, write the manifest last (conditional put), then promote."""
+    """Re-verify every object, write the manifest last (conditional put), then promote.
+
+    ``may_commit`` is asked once, at the commit point: when it says no (the run was cancelled),
+    nothing becomes visible.
+    """
     verify_manifest_against_store(manifest, store)
     manifest_bytes = pretty_json(manifest)
     key = manifest_key(run_id)
+    if may_commit is not None and not may_commit():
+        raise RunCancelled("publication cancelled before the manifest was written", stage="artifact_publication")
     store.put_if_absent(key, manifest_bytes)
     manifest_uri = store.uri_for(key)
     if promoted is not None:

@@ -66,6 +66,7 @@ def train(
     heartbeat: Callable[[dict[str, Any]], None],
     should_cancel: Callable[[], bool],
     resume_checkpoint: StoredObject | None = None,
+    resume_step: int | None = None,
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
     kept, selection = select_groups(lines)  # train_grpo selects again and reports the same counts
@@ -88,7 +89,13 @@ def train(
     if resume_checkpoint is not None:
         resume_dir = unpack_folder(store.get_bytes(_ref(resume_checkpoint)), work_dir / "resume")
 
-    last_checkpoint: dict[str, Any] = {}
+    # Until this attempt writes its own checkpoint, keep naming the one it resumed from, so an
+    # attempt that dies early does not make the next one start over from step 0.
+    last_checkpoint: dict[str, Any] = (
+        {"checkpoint": resume_checkpoint.model_dump(), "checkpoint_step": resume_step}
+        if resume_checkpoint is not None
+        else {}
+    )
 
     def on_progress(details: dict[str, Any]) -> None:
         heartbeat({**details, **last_checkpoint})

@@ -75,6 +75,9 @@ def save_adapter(model: Any, adapter_dir: Path) -> str:
     config_path = adapter_dir / "adapter_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = None
+    if isinstance(config.get("target_modules"), list):
+        # peft writes a set in hash order (PYTHONHASHSEED-dependent): sort for stable bytes.
+        config["target_modules"] = sorted(config["target_modules"])
     config_path.write_bytes(pretty_json(config))
     readme = adapter_dir / "README.md"
     if readme.exists():

@@ -1,0 +1,1 @@
+"""Chaos tests: real Kiln processes and servers, faults injected for real (see conftest.py)."""

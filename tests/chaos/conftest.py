@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.chaos import FIGURES, ChaosStack, RunOutcome, connect, drive
 from tests.support.stack import assert_nothing_listening
+from workflows.options import WORKFLOW_NAME
 
 TRAINING_CONFIG = {
     "epochs": 2,
@@ -77,6 +78,25 @@ def stack(chaos_stack: ChaosStack) -> Iterator[ChaosStack]:
     finally:
         chaos_stack.hooks.clear_all()
         _heal(chaos_stack)
+        asyncio.run(_cancel_open_runs(chaos_stack))
+
+
+async def _cancel_open_runs(stack: ChaosStack) -> None:
+    """Cancel runs a failed test left running (one would hold the only queue slot)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    client = await connect(stack)
+    handles = []
+    async for info in client.list_workflows(f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running'"):
+        handle = client.get_workflow_handle(info.id, run_id=info.run_id)
+        await handle.cancel()
+        handles.append(handle)
+    deadline = asyncio.get_running_loop().time() + 30
+    for handle in handles:
+        while asyncio.get_running_loop().time() < deadline:
+            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                break
+            await asyncio.sleep(0.2)
 
 
 def _heal(stack: ChaosStack) -> None:

@@ -16,19 +16,20 @@ import pytest
 
 from tests.chaos.conftest import rollout_request, train_request
 from tests.support.chaos import (
+    wait_status,
     SAMPLE_DELAY,
     ChaosStack,
     RunOutcome,
     SessionHolder,
     connect,
     last_details,
-    probe_sessions,
     read_uri,
     record,
     result_within,
     serve_counter,
     start_run,
     wait_activity,
+    wait_env_idle,
 )
 from kiln.processes import free_port_block
 
@@ -96,15 +97,19 @@ async def test_environment_capacity_refused_for_a_while(stack: ChaosStack) -> No
         holder = SessionHolder(url)  # the only session, held by this test
         released = threading.Event()
 
+        client = await connect(stack)
+        started = time.monotonic()
+        handle = await start_run(client, stack, rollout_request(url, concurrency=1, capacity_wait_seconds=60))
+        # Hold the session until collection is really under way (refusals are happening), then
+        # for CAPACITY_HOLD_S more: the release cannot race ahead of the first refused reset.
+        await wait_status(handle, lambda s: s["phase"] == "collecting", timeout_s=60, what="collection")
+
         def release_later() -> None:
             time.sleep(CAPACITY_HOLD_S)
             holder.release()
             released.set()
 
-        client = await connect(stack)
-        started = time.monotonic()
         threading.Thread(target=release_later, daemon=True).start()
-        handle = await start_run(client, stack, rollout_request(url, concurrency=1, capacity_wait_seconds=60))
         state, final = await result_within(handle, 90)
         seconds = time.monotonic() - started
         assert released.is_set()
@@ -114,9 +119,10 @@ async def test_environment_capacity_refused_for_a_while(stack: ChaosStack) -> No
         retries = summary["stats"]["capacity_retry_count"]
         assert retries > 0, summary
         assert final["progress"]["rollouts_completed"] == 4
-        # Afterwards the environment is idle again: its one session can be opened.
-        assert probe_sessions(url, 1) == (1, True)
+        # Afterwards the environment is idle again: its one session can be opened (bounded wait).
+        idle_s = await wait_env_idle(url, 1)
         record("5 environment refuses capacity (max_concurrent_envs=1, session held)",
-               held_s=CAPACITY_HOLD_S, capacity_retry_count=retries, run_s=seconds)
+               held_s=CAPACITY_HOLD_S, capacity_retry_count=retries, run_s=seconds,
+               env_idle_after_s=idle_s)
     finally:
         env.stop()

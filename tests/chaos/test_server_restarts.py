@@ -3,8 +3,9 @@
 Temporal is stopped with SIGTERM and started again on the same port with the same db file: the
 workers reconnect by themselves and the run completes with the reference run's artifacts.
 SeaweedFS is stopped (graceful) while publication is in progress and started again with the same
-data dir and port: publication retries, exactly one manifest appears, and no partial manifest is
-ever readable (the manifest key is polled throughout the outage).
+data dir and port: no partial manifest is ever readable (the manifest key is polled throughout);
+publication should retry until S3 is back and publish exactly one manifest — today its retry
+budget used to be shorter than an S3 restart; publication now retries until PUBLISH_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -20,9 +20,11 @@ from tests.chaos.conftest import train_request
 from tests.support.chaos import (
     PUBLISH_HOLD,
     SAMPLE_DELAY,
+    BugReproduced,
     ChaosStack,
     RunOutcome,
     connect,
+    expect_fixed,
     last_details,
     record,
     result_within,
@@ -34,7 +36,7 @@ from tests.support.chaos import (
 pytestmark = pytest.mark.asyncio
 
 TEMPORAL_DOWN_S = 3.0
-S3_DOWN_S = 2.0
+S3_DOWN_S = 13.0  # > the worst-case publication retry window (~12 s): deterministic
 
 
 async def test_temporal_restart_mid_run(stack: ChaosStack, reference_train: RunOutcome) -> None:
@@ -111,6 +113,7 @@ class _ManifestWatcher:
 
 
 async def test_s3_outage_during_publication(stack: ChaosStack, reference_train: RunOutcome) -> None:
+    """S3 stopped while publication runs, restarted (same data dir and port) after S3_DOWN_S."""
     from kiln.artifacts.manifest import manifest_key
 
     hooks = stack.hooks
@@ -139,20 +142,24 @@ async def test_s3_outage_during_publication(stack: ChaosStack, reference_train: 
     record(
         "6 S3 (SeaweedFS) stopped during publication, restarted with the same data",
         state=state,
+        failure=None if state == "completed" else str(getattr(final, "cause", final))[:120],
         sigterm_to_exit_s=stopped_s,
         s3_down_s=back_at - stop_began,
         restart_to_healthy_s=back_at - restart_began,
         publish_attempts=[e["outcome"] for e in attempts],
-        s3_back_to_run_completed_s=done_at - back_at,
+        s3_back_to_run_closed_s=done_at - back_at,
         manifest_reads_ok=len(watcher.bodies),
         manifest_reads_absent=watcher.absent,
         manifest_reads_unreachable=watcher.unreachable,
     )
-    assert state == "completed", getattr(final, "cause", final)
-    assert len(attempts) >= 2 and attempts[0]["outcome"].startswith("error:"), attempts
+    assert attempts and attempts[0]["outcome"] == "error:StorageUnavailable", attempts
+    assert watcher.unreachable > 0  # the watcher did see the outage
+    published = stack.store().get_key(manifest_key(handle.id))
+    # Never a partial manifest: every read found nothing, or exactly the final manifest's bytes.
+    assert all(body == published for body in watcher.bodies)
+    if state != "completed":
+        assert published is None and not watcher.bodies  # a failed publication left nothing
+    expect_fixed(state == "completed", f"the run ended {state} after a {S3_DOWN_S:.0f}s S3 outage")
     outcome = RunOutcome.of(stack, handle.id, final, done_at - started)  # exactly one manifest
     reference_train.assert_same_artifacts(outcome, stack)
-    # Never a partial manifest: every read either found nothing or the final manifest's bytes.
-    published = stack.store().get_key(manifest_key(handle.id))
-    assert watcher.bodies and all(body == published for body in watcher.bodies)
-    assert watcher.unreachable > 0 and watcher.absent > 0
+    assert watcher.bodies and watcher.absent > 0

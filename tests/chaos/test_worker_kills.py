@@ -147,17 +147,6 @@ async def test_gpu_worker_killed_mid_training(stack: ChaosStack, reference_train
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BugReproduced,
-    reason="BUG activities/gpu.py GpuActivities.train_adapter: its first heartbeat "
-    "{'phase': 'starting', ...} replaces the heartbeat details that named the checkpoint, and "
-    "kiln/steps/training.py train() only re-adds a checkpoint after writing a new one; so when a "
-    "resumed attempt fails before its own first checkpoint, the next attempt finds no checkpoint "
-    "and retrains from step 0. Fix: carry the resume checkpoint forward in every heartbeat "
-    "(include 'checkpoint'/'checkpoint_step' in the 'starting' heartbeat and seed train()'s "
-    "last_checkpoint with resume_checkpoint).",
-)
 async def test_training_resumes_after_a_resumed_attempt_fails(
     stack: ChaosStack, reference_train: RunOutcome
 ) -> None:
@@ -195,18 +184,6 @@ async def test_training_resumes_after_a_resumed_attempt_fails(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BugReproduced,
-    reason="BUG activities/gpu.py GpuActivities.train_adapter / kiln/steps/training.py train(): no "
-    "heartbeat between the 'starting' heartbeat and the first training step (loading groups, the "
-    "base model, the checkpoint, the initial evaluation over every batch) nor after the last step "
-    "(final evaluation, save, uploads); a setup longer than the heartbeat timeout (30 s default, "
-    "easily exceeded by a real model's initial evaluation) times the attempt out, every retry "
-    "repeats it and the run fails. Fix: while train() runs, heartbeat the latest details from a "
-    "ticker thread (contextvars.copy_context() so activity.heartbeat works there) every "
-    "heartbeat_timeout/3.",
-)
 async def test_slow_training_setup_is_not_timed_out(stack: ChaosStack) -> None:
     """A training setup slower than the heartbeat timeout must not cost an attempt."""
     hooks = stack.hooks

@@ -30,7 +30,6 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -302,10 +301,6 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
-            # A fixed hash seed for every worker process: PEFT writes adapter_config.json's
-            # target_modules in set order, which otherwise differs per process (a product bug
-            # shown by tests/chaos/test_reproducibility.py) and would mask what these tests check.
-            "PYTHONHASHSEED": "0",
         }
     )
     env.update(extra)
@@ -759,6 +754,12 @@ def ws_url(base_url: str) -> str:
     return base_url.replace("http://", "ws://", 1).rstrip("/") + "/ws"
 
 
+def _ws_connect(base_url: str) -> Any:
+    from websockets.sync.client import connect as ws_connect
+
+    return ws_connect(ws_url(base_url), open_timeout=10, close_timeout=2, proxy=None)
+
+
 def _reset_reply(sock: Any, seed: int) -> dict[str, Any]:
     sock.send(json.dumps({"type": "reset", "data": {"seed": seed}}))
     return json.loads(sock.recv(timeout=10))
@@ -770,15 +771,11 @@ def probe_sessions(base_url: str, sessions: int) -> tuple[int, bool]:
     Returns (how many of the first ``sessions`` got an observation, whether the extra one was
     refused with CAPACITY_REACHED). ``(sessions, True)`` means no other session is open there.
     """
-    from websockets.sync.client import connect as ws_connect
-
-    opened: list[Any] = []
     accepted = 0
     refused = False
-    try:
+    with contextlib.ExitStack() as opened:
         for index in range(sessions + 1):
-            sock = ws_connect(ws_url(base_url), open_timeout=10, close_timeout=2)
-            opened.append(sock)
+            sock = opened.enter_context(_ws_connect(base_url))
             if index < sessions:
                 with contextlib.suppress(Exception):
                     accepted += _reset_reply(sock, index).get("type") == "observation"
@@ -787,10 +784,6 @@ def probe_sessions(base_url: str, sessions: int) -> tuple[int, bool]:
                 with contextlib.suppress(Exception):
                     reply = json.loads(sock.recv(timeout=2))
                     refused = (reply.get("data") or {}).get("code") == "CAPACITY_REACHED"
-    finally:
-        for sock in opened:
-            with contextlib.suppress(Exception):
-                sock.close()
     return accepted, refused
 
 
@@ -813,15 +806,13 @@ class SessionHolder:
     """Holds one WebSocket session (reset done) on an environment until :meth:`release`."""
 
     def __init__(self, base_url: str) -> None:
-        from websockets.sync.client import connect as ws_connect
-
-        self.sock = ws_connect(ws_url(base_url), open_timeout=10, close_timeout=2)
+        self.sock = _ws_connect(base_url).__enter__()
         reply = _reset_reply(self.sock, 12345)
         assert reply.get("type") == "observation", reply
 
     def release(self) -> None:
         with contextlib.suppress(Exception):
-            self.sock.close()
+            self.sock.__exit__(None, None, None)
 
 
 class SlowHealthServer:
@@ -880,10 +871,6 @@ def record(case: str, **figures: Any) -> None:
     entry = {"case": case, **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items()}}
     FIGURES.append(entry)
     print(f"\n[chaos] {json.dumps(entry, default=str)}", flush=True)
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":
