@@ -29,6 +29,7 @@ from kiln.stages import (
     SideBundle,
     SideBundleInput,
 )
+from kiln.evaluation.static_suite import load_suite
 from kiln.steps.credentials import check_credential
 from kiln.steps.dataset import split_dataset
 from kiln.steps.evaluation import evaluate, store_side_bundle
@@ -56,6 +57,8 @@ class ControlActivities:
             )
         for index, credential_id in enumerate(request.credential_ids):
             check_credential(self.settings.credentials, credential_id, request.environment_urls[index])
+        if request.post_eval is not None:
+            load_suite(request.post_eval.suite)  # post_eval_suite_not_found names the installed ones
         templates = request.reset_templates()
         return AdmissionResult(
             request=request.model_dump(mode="json"),

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from temporalio import activity
 
 from kiln.artifacts.store import S3Store
+from kiln.canonical import pretty_json
 from kiln.errors import KilnError
 from kiln.settings import Settings
 from kiln.stages import (
@@ -25,6 +26,8 @@ from kiln.stages import (
     CollectGroupResult,
     PolicyInput,
     PolicyResult,
+    PostEvalInput,
+    PostEvalResult,
     StoredObject,
     TrainInput,
     TrainResult,
@@ -172,6 +175,44 @@ class GpuActivities:
                     resume_step=resume_step,
                 )
 
+    @activity.defn(name="post_evaluate")
+    @kiln_errors
+    def post_evaluate(self, inp: PostEvalInput) -> PostEvalResult:
+        """The installed static suite on the candidate (and the baseline), greedy, exact match."""
+        from kiln.evaluation.static_suite import evaluate_suite, load_suite, post_eval_outcome
+
+        cases = load_suite(inp.suite)
+        policy = self.policy()
+        candidate = evaluate_suite(
+            policy, cases, adapter_dir=self._adapter_dir(inp.candidate), thinking=inp.thinking, suite=inp.suite
+        )
+        baseline = None
+        if inp.include_baseline:
+            baseline = evaluate_suite(
+                policy, cases, adapter_dir=self._adapter_dir(inp.baseline), thinking=inp.thinking, suite=inp.suite
+            )
+        outcome = post_eval_outcome(
+            candidate, baseline, min_accuracy=inp.min_accuracy, owns_promotion=inp.owns_promotion
+        )
+        report = {
+            "schema": "kiln.post-evaluation.v1",
+            "suite": inp.suite,
+            "min_accuracy": inp.min_accuracy,
+            "owns_promotion": inp.owns_promotion,
+            "candidate": candidate,
+            "baseline": baseline,
+            **outcome,
+        }
+        ref = self.store.put_blob(pretty_json(report))
+        return PostEvalResult(
+            gate_outcome=outcome["gate_outcome"],
+            reason=outcome["reason"],
+            candidate_accuracy=candidate["accuracy"],
+            baseline_accuracy=baseline["accuracy"] if baseline else None,
+            suite_sha256=candidate["suite_sha256"],
+            report=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+        )
+
     @activity.defn(name="world_model_gain")
     @kiln_errors
     def world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
@@ -187,4 +228,10 @@ class GpuActivities:
         return WorldModelResult(block=world_model_block(base, candidate, transcripts="candidate"))
 
     def all(self) -> list[Any]:
-        return [self.resolve_policy, self.collect_group, self.train_adapter, self.world_model_gain]
+        return [
+            self.resolve_policy,
+            self.collect_group,
+            self.train_adapter,
+            self.post_evaluate,
+            self.world_model_gain,
+        ]

@@ -104,6 +104,21 @@ class EnvironmentEvalConfig(StrictModel):
         return self
 
 
+class PostEvalConfig(StrictModel):
+    """A static evaluation suite run on the trained adapter (prompts with exact answers, R8.9)."""
+
+    suite: str = Field(min_length=1, max_length=128)
+    data_scope: Literal["held-out", "train-set-eval"] = "held-out"
+    min_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
+    include_baseline: bool = True
+
+    @model_validator(mode="after")
+    def _scope(self) -> "PostEvalConfig":
+        if self.min_accuracy is not None and self.data_scope == "train-set-eval":
+            raise ValueError("post_eval.min_accuracy is not allowed with data_scope 'train-set-eval'")
+        return self
+
+
 class TrainingContract(StrictModel):
     """The sealed training contract (preflight): a run executes from it, never re-deriving defaults."""
 
@@ -144,6 +159,7 @@ class RunRequest(StrictModel):
     training_contract: TrainingContract | None = None
     auto_load: bool = True
     environment_eval: EnvironmentEvalConfig | None = None
+    post_eval: PostEvalConfig | None = None
     on_interrupt: Literal["resume", "fail"] = "resume"
 
     @field_validator("idempotency_key")
@@ -244,6 +260,16 @@ class RunRequest(StrictModel):
                         "training_contract.effective_config differs from training_config"
                     )
             evaluation = self.environment_eval
+            if (
+                self.post_eval is not None
+                and self.post_eval.min_accuracy is not None
+                and evaluation is not None
+                and evaluation.gate is not None
+            ):
+                raise ValueError(
+                    "post_eval.min_accuracy and environment_eval.gate both gate promotion: "
+                    "only one may own it (drop one of them)"
+                )
             if evaluation is not None:
                 eval_start = self.eval_seed_start()
                 train_end = self.seed_start + self.groups
@@ -260,10 +286,11 @@ class RunRequest(StrictModel):
                 or self.training_config is not None
                 or self.training_contract is not None
                 or self.environment_eval is not None
+                or self.post_eval is not None
             ):
                 raise ValueError(
                     "kind 'rollout' does not take output_adapter, training_config, "
-                    "training_contract or environment_eval (use kind 'train')"
+                    "training_contract, environment_eval or post_eval (use kind 'train')"
                 )
         return self
 

@@ -143,6 +143,7 @@ class PublishInput(Record):
     reset_plan_sha256: str
     training: TrainResult | None = None
     evaluation: "EvaluationResult | None" = None
+    post_eval: "PostEvalResult | None" = None
     promote: bool = False
 
 
@@ -233,6 +234,25 @@ class PublishTrainingInput(Record):
     output_adapter: str
     training: TrainResult
     promote: bool
+
+
+class PostEvalInput(Record):
+    suite: str
+    min_accuracy: float | None = None
+    include_baseline: bool = True
+    owns_promotion: bool = False
+    thinking: bool = True
+    candidate: AdapterRef
+    baseline: AdapterRef | None = None
+
+
+class PostEvalResult(Record):
+    gate_outcome: str
+    reason: str
+    candidate_accuracy: float
+    baseline_accuracy: float | None = None
+    suite_sha256: str
+    report: StoredObject
 
 
 PublishInput.model_rebuild()

@@ -29,6 +29,8 @@ with workflow.unsafe.imports_passed_through():
         EvaluationResult,
         PolicyInput,
         PolicyResult,
+        PostEvalInput,
+        PostEvalResult,
         PublishInput,
         PublishResult,
         RevalidationInput,
@@ -63,6 +65,7 @@ def _stage_of(phase: str) -> str:
         "revalidating": "identity_verification",
         "training": "training",
         "evaluating": "environment_evaluation",
+        "post_evaluating": "post_evaluation",
         "publishing": "artifact_publication",
     }.get(phase, "orchestration")
 
@@ -86,6 +89,7 @@ class OpenEnvRunWorkflow:
             "environments": [],
             "training": None,
             "environment_evaluation": None,
+            "post_evaluation": None,
             "manifest": None,
             "artifacts": [],
             "warnings": [],
@@ -328,12 +332,20 @@ class OpenEnvRunWorkflow:
             evaluation = await self._evaluate(
                 run_id, request, admission, discovery, policy, training, gpu_queue, control_queue
             )
+        post_eval: PostEvalResult | None = None
+        if training is not None and training.trained and request.get("post_eval"):
+            self._phase("post_evaluating")
+            post_eval = await self._post_evaluate(request, policy, training, gpu_queue)
         decision = evaluation.decision if evaluation is not None else None
+        post_ok = post_eval is None or (request["post_eval"].get("min_accuracy") is None) or (
+            post_eval.gate_outcome == "promoted"
+        )
         promote = bool(
             training is not None
             and training.trained
             and request.get("auto_load", True)
             and decision in (None, "diagnostic", "passed")
+            and post_ok
         )
 
         # 7. publication: manifest written last; the adapter name is promoted only if allowed.
@@ -349,6 +361,7 @@ class OpenEnvRunWorkflow:
                 reset_plan_sha256=admission.reset_plan_sha256,
                 training=training,
                 evaluation=evaluation,
+                post_eval=post_eval,
                 promote=promote,
             ),
             result_type=PublishResult,
@@ -366,6 +379,40 @@ class OpenEnvRunWorkflow:
         self._status["rollout_stats"] = published.stats
         self._status["promoted"] = promote
         self._finish("completed")
+
+    async def _post_evaluate(
+        self, request: dict[str, Any], baseline: PolicyResult, training: TrainResult, gpu_queue: str
+    ) -> PostEvalResult:
+        config = request["post_eval"]
+        result: PostEvalResult = await workflow.execute_activity(
+            "post_evaluate",
+            PostEvalInput(
+                suite=config["suite"],
+                min_accuracy=config.get("min_accuracy"),
+                include_baseline=config.get("include_baseline", True),
+                owns_promotion=config.get("min_accuracy") is not None,
+                thinking=request["thinking"],
+                candidate=AdapterRef(
+                    name=request["output_adapter"],
+                    adapter_sha256=training.adapter_sha256 or "",
+                    files=training.adapter_files,
+                ),
+                baseline=baseline.adapter_ref,
+            ),
+            result_type=PostEvalResult,
+            task_queue=gpu_queue,
+            start_to_close_timeout=options.TRAIN_TIMEOUT,
+            retry_policy=options.TRAIN_RETRY,
+            summary=f"static suite {config['suite']} on the trained adapter",
+        )
+        self._status["post_evaluation"] = {
+            "suite": config["suite"],
+            "candidate_accuracy": result.candidate_accuracy,
+            "baseline_accuracy": result.baseline_accuracy,
+            "gate_outcome": result.gate_outcome,
+            "reason": result.reason,
+        }
+        return result
 
     async def _resolve_policy(self, gpu_queue: str, inp: PolicyInput) -> PolicyResult:
         label = inp.adapter_ref.name if inp.adapter_ref else (inp.adapter or "base")

@@ -78,6 +78,9 @@ def example_env(
 @openenv_app.command("inspect")
 def inspect_cmd(
     environment: str = typer.Option(..., "--environment", help="Environment base URL."),
+    credential_env: Optional[str] = typer.Option(
+        None, "--credential-env", help="Name of an environment variable holding a bearer token for this URL."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
 ) -> None:
     """Discover an environment: identity, digests and action schema (direct, no server needed)."""
@@ -88,7 +91,12 @@ def inspect_cmd(
     try:
         url = normalize_url(environment)
         require_allowed_host(url, allow_remote=settings.allow_remote_environments)
-        inspection = asyncio.run(inspect_environment(url))
+        token = None
+        if credential_env:
+            from kiln.openenv.credentials import prepare_token, read_token_from_env
+
+            token = prepare_token(url, read_token_from_env(credential_env))
+        inspection = asyncio.run(inspect_environment(url, bearer_token=token))
     except KilnError as error:
         _fail(error)
         return
@@ -247,6 +255,8 @@ def train_cmd(
     min_mean_improvement: float = typer.Option(0.0, help="Gate: minimum candidate - baseline mean return."),
     min_mean_return: Optional[float] = typer.Option(None, help="Gate: minimum candidate mean return."),
     auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name when allowed."),
+    post_eval_suite: Optional[str] = typer.Option(None, help="Installed static suite to score the adapter on (e.g. counter-format)."),
+    post_eval_min_accuracy: Optional[float] = typer.Option(None, help="Promote only at or above this suite accuracy (0-1)."),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
@@ -269,6 +279,10 @@ def train_cmd(
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
     request["auto_load"] = auto_load
+    if post_eval_suite is not None:
+        request["post_eval"] = {"suite": post_eval_suite}
+        if post_eval_min_accuracy is not None:
+            request["post_eval"]["min_accuracy"] = post_eval_min_accuracy
     if eval_groups > 0:
         evaluation: dict[str, Any] = {"groups": eval_groups, "group_size": eval_group_size}
         if eval_seed_start is not None:

@@ -155,6 +155,14 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
                 f"world model: observation CE base {world['base_mean_env_ce']:.4f} -> adapter "
                 f"{world['candidate_mean_env_ce']:.4f} (gain {world['world_model_gain']:+.4f})"
             )
+    post = status.get("post_evaluation")
+    if post:
+        base = post.get("baseline_accuracy")
+        console.print(
+            f"post-eval {post['suite']}: accuracy {post['candidate_accuracy']:.3f}"
+            + (f" (base {base:.3f})" if isinstance(base, (int, float)) else "")
+            + f" → {post['gate_outcome']}: {post['reason']}"
+        )
     for warning in status.get("warnings") or []:
         console.print(f"[yellow]warning[/] {warning}")
     manifest = status.get("manifest")

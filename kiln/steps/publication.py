@@ -62,6 +62,8 @@ def publish(
             for name, obj in sorted(side.files.items()):
                 stored.append((f"environment_eval/{side.side}/{name}", obj, MEDIA_TYPES[name]))
         stored.append(("environment_eval/receipt.json", evaluation.receipt, "application/json"))
+    if inp.post_eval is not None:
+        stored.append(("post_eval/report.json", inp.post_eval.report, "application/json"))
 
     # Charge everything the run retains BEFORE writing anything: over budget, nothing is written.
     budget = RetainedBudget(budget_bytes)

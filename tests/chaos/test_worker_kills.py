@@ -196,3 +196,33 @@ async def test_slow_training_setup_is_not_timed_out(stack: ChaosStack) -> None:
            training_attempts=len(starts))
     assert state == "completed", final
     expect_fixed(len(starts) == 1, f"training needed {len(starts)} attempts (setup was timed out)")
+
+
+async def test_on_interrupt_fail_ends_the_run_run_interrupted(stack: ChaosStack) -> None:
+    """`on_interrupt: "fail"` restores the reference behaviour: a killed worker fails the run."""
+    from tests.chaos.conftest import rollout_request
+    from tests.support.chaos import manifest_absent
+
+    hooks = stack.hooks
+    hooks.set(SAMPLE_DELAY, 0.4)
+    client = await connect(stack)
+    handle = await start_run(client, stack, rollout_request(stack.env_url, on_interrupt="fail"))
+    await wait_activity(
+        client, handle,
+        lambda a: a["type"] == "collect_group" and a["state"] == "STARTED" and a["attempt"] == 1
+        and bool(last_details(a).get("step")),
+        timeout_s=90, what="a collect_group mid-episode",
+    )
+    killed = time.monotonic()
+    stack.kill_worker("gpu")
+    hooks.clear(SAMPLE_DELAY)
+    stack.start_worker("gpu")
+    state, final = await result_within(handle, 120)
+    seconds = time.monotonic() - killed
+    assert state == "failed"
+    status = await handle.query("status")
+    assert status["failure"]["code"] == "run_interrupted"
+    assert status["failure"]["stage"] == "collection"
+    assert status["failure"]["retryable"] is False
+    assert manifest_absent(stack.store(), handle.id)
+    record("1b on_interrupt=fail, gpu worker SIGKILL mid-group", kill_to_failed_s=round(seconds, 2))

@@ -113,3 +113,50 @@ async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: 
     train_receipt = json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
     echo = train_receipt["echo"]
     assert echo["enabled"] is True and echo["final_env_ce"] < echo["initial_env_ce"]
+
+
+async def test_post_eval_static_suite_owns_promotion(kiln_settings: Any, counter_env_url: str) -> None:
+    """post_eval with min_accuracy gates promotion; the report is published and bound by digest."""
+    settings = kiln_settings()
+    final = await _run(
+        settings,
+        {
+            "kind": "train",
+            "groups": 2,
+            "group_size": 4,
+            "max_steps": 3,
+            "max_action_tokens": 48,
+            "environment_urls": [counter_env_url],
+            "output_adapter": "counter-post-eval",
+            "training_config": {"learning_rate": 1e-3, "epochs": 1, "echo": None, "lora_rank": 4, "lora_alpha": 8},
+            "post_eval": {"suite": "counter-format", "min_accuracy": 0.9},
+        },
+    )
+    assert final["state"] == "completed"
+    post = final["post_evaluation"]
+    assert post["suite"] == "counter-format"
+    assert 0.0 <= post["candidate_accuracy"] <= 1.0 and 0.0 <= post["baseline_accuracy"] <= 1.0
+    expected = "promoted" if post["candidate_accuracy"] >= 0.9 else ("regression" if post["candidate_accuracy"] < post["baseline_accuracy"] else "inconclusive")
+    assert post["gate_outcome"] == expected
+    assert final["promoted"] is (expected == "promoted")
+    report_entry = next(a for a in final["artifacts"] if a["name"] == "post_eval/report.json")
+    from kiln.artifacts.store import ObjectRef
+
+    report = json.loads(S3Store.from_settings(settings).get_bytes(ObjectRef(uri=report_entry["uri"], sha256=report_entry["sha256"], bytes=report_entry["bytes"])))
+    assert report["candidate"]["cases"] == 24 and report["gate_outcome"] == expected
+    if expected != "promoted":
+        assert S3Store.from_settings(settings).get_key(pointer_key("counter-post-eval")) is None
+
+
+def test_post_eval_and_environment_gate_cannot_both_own_promotion() -> None:
+    from kiln.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="only one may own it"):
+        parse_run_request(
+            {
+                **BASE_RUN,
+                "environment_urls": ["http://127.0.0.1:8990"],
+                "output_adapter": "x",
+                "post_eval": {"suite": "counter-format", "min_accuracy": 0.5},
+            }
+        )

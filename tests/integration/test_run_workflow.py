@@ -363,3 +363,36 @@ async def test_constrained_actions_run_never_emits_invalid_actions(kiln_settings
     assert stats["done_count"] + stats["max_steps_count"] == 8
     summary = json.loads(_object(settings, next(a for a in final["artifacts"] if a["name"] == "summary.json")["uri"]))
     assert summary["constrained_actions"] is True
+
+
+async def test_portfolio_round_robin_with_per_environment_reset_options(kiln_settings: Any) -> None:
+    """Two environments, whole groups round-robin, per-URL reset templates, seed inserted."""
+    from kiln.canonical import digest_json
+    from tests.support.servers import serve_example_env
+
+    settings = kiln_settings()
+    with serve_example_env("counter") as first, serve_example_env("counter", schema_variant=2) as second:
+        templates = [{"difficulty": "easy", "seed": 999}, {}]
+        request = {
+            "kind": "rollout",
+            "environment_urls": [first, second],
+            "environment_reset_options": templates,
+            "groups": 4,
+            "group_size": 2,
+            "max_steps": 2,
+            "max_action_tokens": 32,
+            "seed_start": 10,
+        }
+        async with running_workers(settings) as client:
+            status, _ = await RunService(client, settings).submit(parse_run_request(request))
+            final = await client.get_workflow_handle(status["run_id"]).result()
+    assert final["state"] == "completed"
+    assert final["reset_plan_sha256"] == digest_json([{"difficulty": "easy"}, {}])
+    replay = json.loads(_object(settings, next(a for a in final["artifacts"] if a["name"] == "replay.json")["uri"]))
+    assert [g["environment_index"] for g in replay["groups"]] == [0, 1, 0, 1]
+    assert [g["seed"] for g in replay["groups"]] == [10, 11, 12, 13]
+    assert [g["reset_payload"] for g in replay["groups"]] == [
+        {"difficulty": "easy", "seed": 10}, {"seed": 11}, {"difficulty": "easy", "seed": 12}, {"seed": 13},
+    ]
+    assert [env["identity"]["base_url"] for env in replay["environments"]] == [first, second]
+    assert len({env["identity"]["schema_sha256"] for env in replay["environments"]}) == 2
