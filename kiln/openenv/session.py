@@ -498,11 +498,15 @@ def capacity_backoff_s(retries: int, remaining_s: float) -> float:
     return max(0.0, min(0.25 * retries, 2.0, remaining_s))
 
 
-async def _sleep_with_cancel(seconds: float, should_cancel: Callable[[], bool] | None) -> None:
+async def _sleep_with_cancel(
+    seconds: float, should_cancel: Callable[[], bool] | None, tick: Callable[[], None] | None = None
+) -> None:
     deadline = time.monotonic() + seconds
     while True:
         if should_cancel is not None and should_cancel():
             raise RunCancelled("cancelled while waiting for environment capacity")
+        if tick is not None:
+            tick()
         left = deadline - time.monotonic()
         if left <= 0:
             return
@@ -519,12 +523,14 @@ async def open_session_and_reset(
     should_cancel: Callable[[], bool] | None = None,
     connect_timeout_s: float = 10.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    on_wait: Callable[[int], None] | None = None,
 ) -> tuple[EnvSession, StepResult, int]:
     """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED`` (R3.4).
 
     Returns ``(session, reset_result, capacity_retries)``. Raises
     ``EnvironmentCapacityExhausted`` once ``capacity_wait_s`` has elapsed, ``RunCancelled`` when
-    ``should_cancel()`` turns true, or the session's own errors.
+    ``should_cancel()`` turns true, or the session's own errors. ``on_wait(retries)`` is called
+    after every refusal (callers heartbeat there: a long wait for capacity is not a hang).
     """
     start = time.monotonic()
     retries = 0
@@ -540,17 +546,28 @@ async def open_session_and_reset(
         )
         try:
             result = await session.reset(payload)
+        except EnvironmentUnavailable as err:
+            await session.close()
+            # A server at capacity sends CAPACITY_REACHED and closes (1000) right after the
+            # handshake; the frame can be lost in that race. A session closed before it ever
+            # answered its first reset is therefore retried like a refusal (same bounded wait).
+            if (err.details or {}).get("reason") != "closed":
+                raise
+            result = None
         except BaseException:
             await session.close()
             raise
-        if result.code != CAPACITY_REACHED:
+        if result is not None and result.code != CAPACITY_REACHED:
             return session, result, retries
         await session.close()
         retries += 1
+        if on_wait is not None:
+            on_wait(retries)
         elapsed = time.monotonic() - start
         if elapsed >= capacity_wait_s:
-            active = result.error.get("active_sessions") if result.error else None
-            maximum = result.error.get("max_sessions") if result.error else None
+            error = result.error if result is not None else None
+            active = error.get("active_sessions") if error else None
+            maximum = error.get("max_sessions") if error else None
             raise EnvironmentCapacityExhausted(
                 f"{coerce_url(url).websocket_url}: still at capacity after {elapsed:.1f}s "
                 f"and {retries} retries",
@@ -562,5 +579,5 @@ async def open_session_and_reset(
                 },
             )
         await _sleep_with_cancel(
-            capacity_backoff_s(retries, capacity_wait_s - elapsed), should_cancel
+            capacity_backoff_s(retries, capacity_wait_s - elapsed), should_cancel, on_wait and (lambda: on_wait(retries))
         )

@@ -152,6 +152,9 @@ class GroupCollector:
             capacity_wait_s=float(self.settings.capacity_wait_seconds),
             bearer_token=self.task.bearer_token,
             should_cancel=self.should_cancel,
+            on_wait=lambda retries: self.heartbeat(
+                {"group_index": self.task.group_index, "candidate_index": index, "capacity_retries": retries}
+            ),
         )
         return index, session, result, retries
 
@@ -235,11 +238,23 @@ class GroupCollector:
                 ep.termination = "max_steps"
 
     async def _await_with_keepalive(self, task: "asyncio.Future[Any]", sessions: list[EnvSession]) -> Any:
-        keepers = [s.run_with_keepalive(task) for s in sessions if hasattr(s, "run_with_keepalive")]
-        if keepers:
-            results = await asyncio.gather(*keepers)
-            return results[0]
-        return await task
+        """Await the policy while every session answers pings and stays fresh, and the activity
+        keeps heartbeating (a long generation on a slow model is not a dead worker)."""
+        ticker = asyncio.ensure_future(self._heartbeat_until(task))
+        try:
+            keepers = [s.run_with_keepalive(task) for s in sessions if hasattr(s, "run_with_keepalive")]
+            if keepers:
+                results = await asyncio.gather(*keepers)
+                return results[0]
+            return await task
+        finally:
+            ticker.cancel()
+
+    async def _heartbeat_until(self, task: "asyncio.Future[Any]", every_s: float = 1.0) -> None:
+        while not task.done():
+            await asyncio.wait({task}, timeout=every_s)
+            if not task.done():
+                self.heartbeat({"group_index": self.task.group_index, "phase": "sampling"})
 
     async def _apply(self, ep: CandidateEpisode, sample: Any, latency_ms: float, session: EnvSession) -> None:
         thinking = self.settings.thinking

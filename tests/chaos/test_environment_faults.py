@@ -16,7 +16,6 @@ import pytest
 
 from tests.chaos.conftest import rollout_request, train_request
 from tests.support.chaos import (
-    wait_status,
     SAMPLE_DELAY,
     ChaosStack,
     RunOutcome,
@@ -102,7 +101,10 @@ async def test_environment_capacity_refused_for_a_while(stack: ChaosStack) -> No
         handle = await start_run(client, stack, rollout_request(url, concurrency=1, capacity_wait_seconds=60))
         # Hold the session until collection is really under way (refusals are happening), then
         # for CAPACITY_HOLD_S more: the release cannot race ahead of the first refused reset.
-        await wait_status(handle, lambda s: s["phase"] == "collecting", timeout_s=60, what="collection")
+        await wait_activity(
+            client, handle, lambda a: a["type"] == "collect_group" and a["state"] == "STARTED",
+            timeout_s=60, what="a collect_group attempt (its resets are being refused)",
+        )
 
         def release_later() -> None:
             time.sleep(CAPACITY_HOLD_S)
@@ -117,7 +119,7 @@ async def test_environment_capacity_refused_for_a_while(stack: ChaosStack) -> No
         summary_uri = next(a["uri"] for a in final["artifacts"] if a["name"] == "summary.json")
         summary = json.loads(read_uri(stack.store(), summary_uri))
         retries = summary["stats"]["capacity_retry_count"]
-        assert retries > 0, summary
+        assert retries > 0, (final.get("interruptions"), stack.hooks.events("collect_end", run_id=handle.id))
         assert final["progress"]["rollouts_completed"] == 4
         # Afterwards the environment is idle again: its one session can be opened (bounded wait).
         idle_s = await wait_env_idle(url, 1)
