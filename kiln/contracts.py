@@ -362,9 +362,16 @@ def parse_run_request(data: Any) -> RunRequest:
     try:
         return RunRequest.model_validate(data)
     except ValidationError as exc:
+        message = format_validation_error(exc)
+        about_eval = all(
+            (item.get("loc") or ("",))[0] == "environment_eval"
+            or str(item.get("msg", "")).removeprefix("Value error, ").startswith("environment_eval")
+            for item in exc.errors()
+        )
         raise InvalidRequest(
-            f"invalid run request: {format_validation_error(exc)}",
+            f"invalid run request: {message}",
             hint="fix the named fields; see `kiln openenv train --help` for bounds and defaults",
+            code="openenv_invalid_environment_eval" if about_eval else None,
         ) from None
 
 
