@@ -12,6 +12,8 @@ import os
 import signal
 import sys
 
+from kiln.artifacts.store import S3Store
+from kiln.errors import KilnError
 from kiln.settings import load_settings
 from workers.factory import ROLES, build_workers, connect_client
 
@@ -20,7 +22,12 @@ async def _main(roles: list[str]) -> None:
     settings = load_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     client = await connect_client(settings)
-    workers = build_workers(client, settings, roles)
+    store = S3Store.from_settings(settings)
+    try:
+        store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
+    except KilnError as error:
+        print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
+    workers = build_workers(client, settings, roles, store=store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
