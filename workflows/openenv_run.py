@@ -625,6 +625,9 @@ class OpenEnvRunWorkflow:
             progress["groups_completed"] += 1
             progress["rollouts_completed"] += len(result.returns)
             progress["mean_return"] = sum(returns) / len(returns)
+            # Wall-clock figures live here, never in the (reproducible) artifacts.
+            progress["model_latency_ms"] = round(progress.get("model_latency_ms", 0.0) + result.model_latency_ms, 3)
+            progress["model_tokens"] = progress.get("model_tokens", 0) + result.model_tokens
             if progress is self._status["progress"]:
                 self._status["mean_return"] = progress["mean_return"]
 

@@ -80,6 +80,9 @@ async def test_train_run_end_to_end(kiln_settings: Any, counter_env_url: str) ->
         described = await service.status(run_id)
 
     assert final["state"] == "completed" and described["state"] == "completed"
+    # Wall-clock latency is reported in status (never in artifacts), with the policy's tokens.
+    assert final["progress"]["model_latency_ms"] > 0.0
+    assert final["progress"]["model_tokens"] > 0
     assert described["temporal_ui"].endswith(f"/workflows/{run_id}")
     artifacts = {a["name"]: a for a in final["artifacts"]}
     assert {"rollouts.jsonl", "replay.json", "summary.json", "train_receipt.json"} <= set(artifacts)

@@ -22,26 +22,10 @@ WARN = [40, 41, 42]
 
 
 def _tiny_qwen3(path: Path) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """The trainer tests' random tiny Qwen3 (one builder for both suites)."""
+    from tests.unit.test_train_support import build_tiny_qwen3
 
-    torch.manual_seed(7)
-    config = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    Qwen3ForCausalLM(config).save_pretrained(str(path))
-    return path
+    return build_tiny_qwen3(path)
 
 
 def _adapter(model_path: Path, path: Path) -> Path:
