@@ -1,20 +1,16 @@
-"""What every activity shares: KilnError → ApplicationError, stored-object conversion, JSON blobs."""
+"""What every activity shares: KilnError → ApplicationError, and blocking work that commits."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import inspect
-import json
+import threading
 from typing import Any, Callable, TypeVar
 
 from temporalio.exceptions import ApplicationError
 
-from kiln.artifacts.store import ObjectRef, S3Store
-from kiln.canonical import canonical_json
-from kiln.errors import InternalError, KilnError
-from kiln.stages import StoredObject
+from kiln.errors import KilnError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,25 +46,6 @@ def kiln_errors(fn: F) -> F:
             raise to_application_error(err) from None
 
     return sync_wrapper  # type: ignore[return-value]
-
-
-def stored(ref: ObjectRef) -> StoredObject:
-    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
-
-
-def object_ref(obj: StoredObject) -> ObjectRef:
-    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
-
-
-def put_json(store: S3Store, value: Any) -> StoredObject:
-    return stored(store.put_blob(canonical_json(value)))
-
-
-def get_json(store: S3Store, obj: StoredObject) -> Any:
-    try:
-        return json.loads(store.get_bytes(object_ref(obj)))
-    except json.JSONDecodeError as exc:  # pragma: no cover - content-addressed, cannot drift
-        raise InternalError(f"stored object {obj.uri} is not JSON: {exc}") from None
 
 
 class CommitGate:
@@ -128,11 +105,3 @@ async def run_committing_with_heartbeats(
         return task.result()
     except RunCancelled:
         raise asyncio.CancelledError() from None
-
-
-async def aput_json(store: S3Store, value: Any) -> StoredObject:
-    return await asyncio.to_thread(put_json, store, value)
-
-
-async def aget_json(store: S3Store, obj: StoredObject) -> Any:
-    return await asyncio.to_thread(get_json, store, obj)

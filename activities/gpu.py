@@ -210,7 +210,7 @@ class GpuActivities:
             candidate_accuracy=candidate["accuracy"],
             baseline_accuracy=baseline["accuracy"] if baseline else None,
             suite_sha256=candidate["suite_sha256"],
-            report=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+            report=StoredObject.of(ref),
         )
 
     @activity.defn(name="world_model_gain")

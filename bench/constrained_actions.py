@@ -28,21 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-COUNTER_SCHEMA = {
-    "additionalProperties": False,
-    "properties": {
-        "amount": {
-            "description": "How much to add to the count (1-5)",
-            "maximum": 5,
-            "minimum": 1,
-            "title": "Amount",
-            "type": "integer",
-        }
-    },
-    "required": ["amount"],
-    "title": "CounterAction",
-    "type": "object",
-}
+from examples.envs.counter.server import CounterAction  # noqa: E402
+from kiln.openenv.schema import policy_action_schema  # noqa: E402
+
+# The counter environment's action schema exactly as the policy is shown it.
+COUNTER_SCHEMA = policy_action_schema(CounterAction.model_json_schema())
 METADATA = {
     "name": "counter",
     "description": "Count up to the target without going over; small steps score more.",

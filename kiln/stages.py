@@ -22,6 +22,17 @@ class StoredObject(Record):
     sha256: str
     bytes: int
 
+    @classmethod
+    def of(cls, ref: Any) -> "StoredObject":
+        """From a store ``ObjectRef`` (the one conversion, used everywhere)."""
+        return cls(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
+
+    def ref(self) -> Any:
+        """The store's ``ObjectRef`` for reading this object back (verified)."""
+        from kiln.artifacts.store import ObjectRef
+
+        return ObjectRef(uri=self.uri, sha256=self.sha256, bytes=self.bytes)
+
 
 class AdmissionInput(Record):
     run_id: str

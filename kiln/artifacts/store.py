@@ -234,16 +234,26 @@ class S3Store:
     def put_blob(self, data: bytes) -> ObjectRef:
         """Store ``data`` under its content address; idempotent (same key, same bytes)."""
         data = bytes(data)
-        raw = hashlib.sha256(data).digest()
-        digest = "sha256:" + raw.hex()
+        digest = sha256_bytes(data)
         key = blob_key(digest)
+        self.put_key(key, data, action="put blob")
+        return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=len(data))
+
+    def put_key(self, key: str, data: bytes, *, action: str = "put") -> None:
+        """Write ``data`` at ``key`` (overwriting), with a SHA-256 checksum the server verifies.
+
+        For mutable pointers only (e.g. a promoted adapter name); artifacts use :meth:`put_blob`.
+        """
+        data = bytes(data)
         try:
             self._client.put_object(
-                Bucket=self.bucket, Key=key, Body=data, ChecksumSHA256=_b64_sha256(raw)
+                Bucket=self.bucket,
+                Key=key,
+                Body=data,
+                ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
             )
         except Exception as exc:  # noqa: BLE001
-            raise self._map(exc, "put blob", key) from exc
-        return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=len(data))
+            raise self._map(exc, action, key) from exc
 
     def put_file(
         self,

@@ -219,28 +219,39 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
 
 CONSTRAINED_OPT = typer.Option(False, "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
 RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
-CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); workers read the token from KILN_CREDENTIAL_<ID>.")
+CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
 
-
+# Collection options shared by `train` and `rollout` (one definition, one help text).
 ENV_OPT = typer.Option(..., "--environment", help="Environment base URL (repeat for a portfolio).")
+GROUPS_OPT = typer.Option(8, help="Seed groups to collect (1-16384).")
+SEED_START_OPT = typer.Option(0, help="Seed of the first group; group g uses seed_start+g.")
+MAX_STEPS_OPT = typer.Option(8, help="Environment steps per episode (1-256).")
+CONCURRENCY_OPT = typer.Option(4, help="Concurrent sessions per group (1-256).")
+MAX_ACTION_TOKENS_OPT = typer.Option(256, help="Token limit of one action (1-16384).")
+TEMPERATURE_OPT = typer.Option(1.0, help="Sampling temperature (>= 0).")
+THINKING_OPT = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason in <think> first.")
+THINKING_BUDGET_OPT = typer.Option(None, help="Bound on reasoning tokens (< max-action-tokens).")
+ADAPTER_OPT = typer.Option("base", help="Behaviour policy adapter (base = the base model).")
+IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
+RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
 
 
 @openenv_app.command("train")
 def train_cmd(
     environment: list[str] = ENV_OPT,
-    groups: int = typer.Option(8, help="Seed groups to collect (1-16384)."),
+    groups: int = GROUPS_OPT,
     group_size: int = typer.Option(4, help="Candidates per seed group (2-256 for training)."),
     output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
-    seed_start: int = typer.Option(0, help="Seed of the first group; group g uses seed_start+g."),
-    max_steps: int = typer.Option(8, help="Environment steps per episode (1-256)."),
-    concurrency: int = typer.Option(4, help="Concurrent sessions per group (1-256)."),
-    max_action_tokens: int = typer.Option(256, help="Token limit of one action (1-16384)."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (>= 0)."),
-    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason in <think> first."),
-    thinking_budget_tokens: Optional[int] = typer.Option(None, help="Bound on reasoning tokens (< max-action-tokens)."),
-    adapter: str = typer.Option("base", help="Behaviour policy adapter (base = the base model)."),
-    idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
-    reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options for every environment."),
+    seed_start: int = SEED_START_OPT,
+    max_steps: int = MAX_STEPS_OPT,
+    concurrency: int = CONCURRENCY_OPT,
+    max_action_tokens: int = MAX_ACTION_TOKENS_OPT,
+    temperature: float = TEMPERATURE_OPT,
+    thinking: bool = THINKING_OPT,
+    thinking_budget_tokens: Optional[int] = THINKING_BUDGET_OPT,
+    adapter: str = ADAPTER_OPT,
+    idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
+    reset_options: Optional[Path] = RESET_OPTIONS_OPT,
     learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA parameters."),
     epochs: int = typer.Option(4, help="Passes over the collected groups (one optimizer step per group)."),
     lora_rank: int = typer.Option(16, help="LoRA rank (attention and MLP projections)."),
@@ -300,18 +311,18 @@ def train_cmd(
 @openenv_app.command("rollout")
 def rollout_cmd(
     environment: list[str] = ENV_OPT,
-    groups: int = typer.Option(8, help="Seed groups to collect."),
-    group_size: int = typer.Option(4, help="Candidates per seed group."),
-    seed_start: int = typer.Option(0, help="Seed of the first group."),
-    max_steps: int = typer.Option(8, help="Environment steps per episode."),
-    concurrency: int = typer.Option(4, help="Concurrent sessions per group."),
-    max_action_tokens: int = typer.Option(256, help="Token limit of one action."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature."),
-    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason first."),
-    thinking_budget_tokens: Optional[int] = typer.Option(None, help="Bound on reasoning tokens."),
-    adapter: str = typer.Option("base", help="Behaviour policy adapter."),
-    idempotency_key: Optional[str] = typer.Option(None, help="Retry-safe submission key."),
-    reset_options: Optional[Path] = typer.Option(None, help="JSON file of reset options."),
+    groups: int = GROUPS_OPT,
+    group_size: int = typer.Option(4, help="Candidates per seed group (1-256)."),
+    seed_start: int = SEED_START_OPT,
+    max_steps: int = MAX_STEPS_OPT,
+    concurrency: int = CONCURRENCY_OPT,
+    max_action_tokens: int = MAX_ACTION_TOKENS_OPT,
+    temperature: float = TEMPERATURE_OPT,
+    thinking: bool = THINKING_OPT,
+    thinking_budget_tokens: Optional[int] = THINKING_BUDGET_OPT,
+    adapter: str = ADAPTER_OPT,
+    idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
+    reset_options: Optional[Path] = RESET_OPTIONS_OPT,
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,

@@ -23,6 +23,8 @@ The loss covers only the assistant-written tokens. This is a demo/test model, no
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import random
 from pathlib import Path
@@ -247,13 +249,32 @@ def _warm_up(model, tok, rng: random.Random) -> None:
     model.eval()
 
 
+def tiny_qwen3_config(*, vocab_size: int, **overrides: Any) -> Any:
+    """The tiny Qwen3 shape (hidden 64, 2 layers, 4 heads, 2 KV heads, tied, init 0.2)."""
+    from transformers import Qwen3Config
+
+    values: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": True,
+    }
+    values.update(overrides)
+    return Qwen3Config(**values)
+
+
 def build_tiny_model(out_dir: Path) -> Path:
     """Write the tiny warmed-up model and its tokenizer into ``out_dir``; returns ``out_dir``."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from kiln.policy.tokenizer import train_and_save
 
@@ -262,17 +283,9 @@ def build_tiny_model(out_dir: Path) -> Path:
     rng = random.Random(SEED)
     tok = train_and_save(_tokenizer_corpus(rng), out_dir, VOCAB_SIZE)
 
-    config = Qwen3Config(
+    config = tiny_qwen3_config(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=4096,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
         rope_theta=10000.0,
         bos_token_id=None,
         eos_token_id=tok.convert_tokens_to_ids(IM_END),

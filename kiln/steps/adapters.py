@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import AdapterNotFound
 from kiln.stages import AdapterFile, AdapterRef
@@ -31,7 +31,7 @@ def write_pointer(store: S3Store, ref: AdapterRef, *, run_id: str, manifest_uri:
         "manifest_uri": manifest_uri,
         "adapter": ref.model_dump(),
     }
-    store.client.put_object(Bucket=store.bucket, Key=pointer_key(ref.name), Body=canonical_json(pointer))
+    store.put_key(pointer_key(ref.name), canonical_json(pointer), action="promote adapter")
     return pointer
 
 
@@ -53,7 +53,7 @@ def materialise(store: S3Store, ref: AdapterRef, cache_root: Path) -> Path:
         if not target.exists():
             folder.mkdir(parents=True, exist_ok=True)
             obj = item.object
-            store.get_to_file(ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes), target)
+            store.get_to_file(obj.ref(), target)
     return folder
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import PolicyIdentityChanged, RunInterrupted
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
@@ -56,7 +56,7 @@ async def collect(
     check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
     inspection_raw = await asyncio.to_thread(
         store.get_bytes,
-        ObjectRef(uri=inp.inspection.uri, sha256=inp.inspection.sha256, bytes=inp.inspection.bytes),
+        inp.inspection.ref(),
     )
     inspection = json.loads(inspection_raw)
     task = GroupTask(
@@ -81,7 +81,7 @@ async def collect(
         terminations[record["termination"]] = terminations.get(record["termination"], 0) + 1
     return CollectGroupResult(
         group_index=inp.group_index,
-        group=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+        group=StoredObject.of(ref),
         returns=[float(r["episode_return"]) for r in records],
         steps=sum(r["steps"] for r in records),
         terminations=terminations,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import InvalidRequest, PolicyIdentityChanged
 from kiln.stages import AdapterRef, StoredObject
@@ -73,7 +73,7 @@ def behavior_policy_of(lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[list[StoredObject], dict[str, Any], AdapterRef | None]:
-    data = store.get_bytes(ObjectRef(uri=dataset.uri, sha256=dataset.sha256, bytes=dataset.bytes))
+    data = store.get_bytes(dataset.ref())
     lines = parse_dataset(data)
     policy = behavior_policy_of(lines)
     base_adapter: AdapterRef | None = None
@@ -89,5 +89,5 @@ def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[list[StoredObj
     refs: list[StoredObject] = []
     for index, line in enumerate(lines):
         ref = store.put_blob(canonical_json({"schema": DATASET_GROUP_SCHEMA, "group_index": index, "line": line}))
-        refs.append(StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes))
+        refs.append(StoredObject.of(ref))
     return refs, policy, base_adapter

@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import EnvironmentIdentityChanged
 from kiln.steps.credentials import resolve_bearer_token
@@ -36,14 +36,14 @@ async def discover(store: S3Store, inp: DiscoveryInput, *, credentials: dict[str
                 name=environment_name(identity),
                 discovery_sha256=identity.get("discovery_sha256"),
                 schema_sha256=identity["schema_sha256"],
-                inspection=StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes),
+                inspection=StoredObject.of(ref),
             )
         )
     return DiscoveryResult(environments=environments)
 
 
 def load_inspection(store: S3Store, obj: StoredObject) -> dict[str, Any]:
-    return json.loads(store.get_bytes(ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)))
+    return json.loads(store.get_bytes(obj.ref()))
 
 
 async def revalidate(store: S3Store, inp: RevalidationInput, *, credentials: dict[str, Any] | None = None) -> None:

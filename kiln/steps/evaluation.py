@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
 from kiln.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.evaluation.pairing import pair_summaries
@@ -15,16 +15,8 @@ from kiln.stages import EvaluateInput, EvaluationResult, SideBundle, SideBundleI
 from kiln.steps.discovery import load_inspection
 
 
-def _ref(obj: StoredObject) -> ObjectRef:
-    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
-
-
-def _stored(ref: ObjectRef) -> StoredObject:
-    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
-
-
 def load_group_documents(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
-    return [json.loads(store.get_bytes(_ref(obj))) for obj in groups]
+    return [json.loads(store.get_bytes(obj.ref())) for obj in groups]
 
 
 def make_bundle(
@@ -57,14 +49,14 @@ def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
         behavior_policy=inp.behavior_policy,
         reset_plan_sha256=inp.reset_plan_sha256,
     )
-    stored = {name: _stored(store.put_blob(data)) for name, data in files.items()}
+    stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
     return SideBundle(side=inp.side, files=stored, stats=json.loads(files["summary.json"])["stats"])
 
 
 def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
     """R8.3–R8.7: pair baseline and candidate, apply the gate, bind everything in one receipt."""
     blobs = {
-        (side.side, name): store.get_bytes(_ref(obj))
+        (side.side, name): store.get_bytes(obj.ref())
         for side in (inp.baseline, inp.candidate)
         for name, obj in side.files.items()
         if name in ("summary.json", "replay.json")
@@ -96,7 +88,7 @@ def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
         outcome=outcome,
         verdict=receipt["verdict"],
         evidence=evidence,
-        receipt=_stored(receipt_ref),
+        receipt=StoredObject.of(receipt_ref),
         baseline=inp.baseline,
         candidate=inp.candidate,
     )

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
 from kiln.contracts import TrainingConfig
 from kiln.errors import PolicyIdentityChanged
@@ -22,16 +22,8 @@ from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
 
 
-def _ref(obj: StoredObject) -> ObjectRef:
-    return ObjectRef(uri=obj.uri, sha256=obj.sha256, bytes=obj.bytes)
-
-
-def _stored(ref: ObjectRef) -> StoredObject:
-    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
-
-
 def load_group_lines(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
-    documents = [json.loads(store.get_bytes(_ref(obj))) for obj in groups]
+    documents = [json.loads(store.get_bytes(obj.ref())) for obj in groups]
     documents.sort(key=lambda doc: doc["group_index"])
     return [doc["line"] for doc in documents]
 
@@ -87,7 +79,7 @@ def train(
     base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
     resume_dir = None
     if resume_checkpoint is not None:
-        resume_dir = unpack_folder(store.get_bytes(_ref(resume_checkpoint)), work_dir / "resume")
+        resume_dir = unpack_folder(store.get_bytes(resume_checkpoint.ref()), work_dir / "resume")
 
     # Until this attempt writes its own checkpoint, keep naming the one it resumed from, so an
     # attempt that dies early does not make the next one start over from step 0.
@@ -103,7 +95,7 @@ def train(
     def on_checkpoint(step: int, folder: Path) -> None:
         ref = store.put_blob(pack_folder(folder))
         last_checkpoint.clear()
-        last_checkpoint["checkpoint"] = _stored(ref).model_dump()
+        last_checkpoint["checkpoint"] = StoredObject.of(ref).model_dump()
         last_checkpoint["checkpoint_step"] = step
         heartbeat(dict(last_checkpoint))
 
@@ -125,7 +117,7 @@ def train(
     receipt["selection"] = selection
     receipt_ref = store.put_blob(pretty_json(receipt))
     files = [
-        AdapterFile(name=path.name, object=_stored(store.put_file(path)))
+        AdapterFile(name=path.name, object=StoredObject.of(store.put_file(path)))
         for path in sorted(result.adapter_dir.iterdir())
         if path.is_file()
     ]
@@ -135,7 +127,7 @@ def train(
         selection=selection,
         adapter_files=files,
         adapter_sha256=receipt.get("adapter_sha256"),
-        receipt=_stored(receipt_ref),
+        receipt=StoredObject.of(receipt_ref),
         steps=result.steps,
         final_loss=loss.get("final"),
     )

@@ -7,26 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import xgrammar  # noqa: F401  (installed by scripts/setup.sh: a missing install must fail, not skip)
 
+from examples.envs.counter.server import CounterAction
+from kiln.openenv.schema import policy_action_schema
 from kiln.policy.testing import shared_tiny_model
 
-pytest.importorskip("xgrammar")
-
-COUNTER_SCHEMA = {
-    "additionalProperties": False,
-    "properties": {
-        "amount": {
-            "description": "How much to add to the count (1-5)",
-            "maximum": 5,
-            "minimum": 1,
-            "title": "Amount",
-            "type": "integer",
-        }
-    },
-    "required": ["amount"],
-    "title": "CounterAction",
-    "type": "object",
-}
+# The counter environment's action schema exactly as the policy is shown it.
+COUNTER_SCHEMA = policy_action_schema(CounterAction.model_json_schema())
 
 # enum via $defs/$ref, a nested object, an optional nullable string with maxLength, a boolean, a const.
 RICH_SCHEMA = {

@@ -23,23 +23,13 @@ BEHAVIOR = {
 def build_tiny_qwen3(path: Path) -> Path:
     """A random tiny Qwen3 saved to ``path`` (seeded, float32)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
+
+    from kiln.policy.tiny import tiny_qwen3_config
 
     torch.manual_seed(1234)
-    config = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
+    config = tiny_qwen3_config(
+        vocab_size=300, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0
     )
     model = Qwen3ForCausalLM(config)
     model.save_pretrained(str(path))
