@@ -13,10 +13,10 @@ from temporalio.exceptions import ApplicationError
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request, request_digest, reset_plan_sha256
 from kiln.openenv.urls import normalize_url, require_allowed_host
-from kiln.steps.discovery import discover, revalidate
-from kiln.steps.publication import publish
+from kiln.stages.discovery import discover, revalidate
+from kiln.stages.publication import publish
 from kiln.settings import Settings
-from kiln.stages import (
+from kiln.records import (
     AdmissionInput,
     AdmissionResult,
     DiscoveryInput,
@@ -30,11 +30,11 @@ from kiln.stages import (
     SideBundleInput,
 )
 from kiln.evaluation.static_suite import load_suite
-from kiln.steps.credentials import check_credential
-from kiln.steps.dataset import split_dataset
-from kiln.steps.evaluation import evaluate, store_side_bundle
-from kiln.steps.publication import publish_training
-from kiln.stages import DatasetSplit, PublishTrainingInput, StoredObject
+from kiln.openenv.credential_config import check_credential
+from kiln.stages.dataset import split_dataset
+from kiln.stages.evaluation import evaluate, store_side_bundle
+from kiln.stages.publication import publish_training
+from kiln.records import DatasetSplit, PublishTrainingInput, StoredObject
 from activities.common import kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
 from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id

@@ -20,7 +20,7 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
 from kiln.errors import KilnError
 from kiln.settings import Settings
-from kiln.stages import (
+from kiln.records import (
     AdapterRef,
     CollectGroupInput,
     CollectGroupResult,
@@ -34,8 +34,8 @@ from kiln.stages import (
     WorldModelInput,
     WorldModelResult,
 )
-from kiln.steps.adapters import materialise, read_pointer
-from kiln.steps.collection import behavior_policy_of, check_behavior_policy, collect
+from kiln.artifacts.adapters import materialise, read_pointer
+from kiln.stages.collection import behavior_policy_of, check_behavior_policy, collect
 from activities.common import kiln_errors
 
 
@@ -145,7 +145,7 @@ class GpuActivities:
     @activity.defn(name="train_adapter")
     @kiln_errors
     def train_adapter(self, inp: TrainInput) -> TrainResult:
-        from kiln.steps.training import train
+        from kiln.stages.training import train
 
         details = activity.info().heartbeat_details
         previous = details[-1] if details and isinstance(details[-1], dict) else {}
@@ -218,7 +218,7 @@ class GpuActivities:
     def world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
         """Observation cross-entropy of the base model vs the candidate on evaluation transcripts."""
         from kiln.evaluation.receipt import world_model_block
-        from kiln.steps.training import load_group_lines
+        from kiln.stages.training import load_group_lines
         from kiln.train.world_model import world_model_comparison
 
         lines = load_group_lines(self.store, inp.groups)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.services import Services, services
 from kiln.contracts import TrainingConfig, check_adapter_name
 from kiln.errors import InvalidRequest
-from kiln.stages import StoredObject, TrainDatasetInput
+from kiln.records import StoredObject, TrainDatasetInput
 from workflows.train_dataset import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"

@@ -14,7 +14,7 @@ from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable, Invali
 from kiln.openenv.discovery import inspect_environment
 from kiln.openenv.tasks import TASK_CATALOG_SCHEMA, task_catalog
 from kiln.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
-from kiln.steps.credentials import resolve_bearer_token
+from kiln.openenv.credential_config import resolve_bearer_token
 
 router = APIRouter(prefix="/v1/openenv", tags=["environments"])
 INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"

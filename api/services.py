@@ -12,7 +12,7 @@ from api.artifacts import ArtifactService
 from api.runs import RunService
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
-from workers.factory import connect_client
+from workers.client import connect_client
 
 
 class Services:

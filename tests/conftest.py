@@ -30,7 +30,7 @@ _torch_single_thread()
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The deterministic tiny demo model, built once per test session."""
-    from kiln.policy.testing import shared_tiny_model
+    from tests.support.models import shared_tiny_model
 
     return shared_tiny_model(tmp_path_factory)
 

@@ -15,7 +15,8 @@ import sys
 from kiln.artifacts.store import S3Store
 from kiln.errors import KilnError
 from kiln.settings import load_settings
-from workers.factory import ROLES, build_workers, connect_client
+from workers.client import connect_client
+from workers.factory import ROLES, build_workers
 
 
 async def _main(roles: list[str]) -> None:

@@ -9,26 +9,18 @@ from typing import Callable, Sequence
 
 import pydantic
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
+from workers.client import connect_client  # noqa: F401  (re-exported for callers)
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow
 from workflows.train_dataset import TrainDatasetWorkflow
 
 ROLES = ("control", "gpu")
-
-
-async def connect_client(settings: Settings) -> Client:
-    return await Client.connect(
-        settings.effective_temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-    )
 
 
 def build_workers(

@@ -6,7 +6,7 @@ from typing import Any
 
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from kiln.stages import TrainResult
+from kiln.records import TrainResult
 
 
 def failure_from(err: BaseException, stage: str) -> dict[str, Any]:

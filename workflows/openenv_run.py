@@ -1,7 +1,7 @@
 """``OpenEnvRunWorkflow``: admission → discovery → collection → revalidation → training → publication.
 
 One workflow per run; the workflow id is the run id. History carries only small records (see
-``kiln.stages``); every stage's work happens in an activity. The ``status`` query is the single
+``kiln.records``); every stage's work happens in an activity. The ``status`` query is the single
 source of a run's progress for the API, the CLI and the Web UI.
 """
 
@@ -17,7 +17,7 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.stages import (
+    from kiln.records import (
         AdapterRef,
         AdmissionInput,
         AdmissionResult,

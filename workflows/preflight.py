@@ -18,7 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.stages import PolicyInput, PolicyResult
+    from kiln.records import PolicyInput, PolicyResult
 
 PREFLIGHT_WORKFLOW_NAME = "PreflightWorkflow"
 POLICY_START_TIMEOUT = timedelta(minutes=2)

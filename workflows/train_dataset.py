@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.stages import (
+    from kiln.records import (
         DatasetSplit,
         PublishResult,
         PublishTrainingInput,

@@ -17,7 +17,7 @@ import httpx
 from rich.console import Console
 
 from kiln.devstack import start_devstack
-from kiln.processes import ManagedProcess, start_process, wait_until
+from kiln.devstack.processes import ManagedProcess, start_process, wait_until
 from kiln.settings import Settings
 
 

@@ -30,7 +30,7 @@ from tests.support.chaos import (
     wait_activity,
     wait_env_idle,
 )
-from kiln.processes import free_port_block
+from kiln.devstack.processes import free_port_block
 
 pytestmark = pytest.mark.asyncio
 

@@ -24,7 +24,7 @@ from kiln.errors import (
     ArtifactPublicationFailed,
     StorageUnavailable,
 )
-from kiln.processes import free_port
+from kiln.devstack.processes import free_port
 from tests.support.stack import assert_nothing_listening, start_test_seaweedfs
 
 BUCKET = "kiln-test"

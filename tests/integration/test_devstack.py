@@ -20,7 +20,7 @@ from kiln.devstack import (
     temporal_binary,
     weed_binary,
 )
-from kiln.processes import (
+from kiln.devstack.processes import (
     ProcessStartError,
     free_port_block,
     port_accepts,

@@ -17,7 +17,7 @@ from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request
 from kiln.evaluation.receipt import validate_receipt
 from kiln.evaluation.sign_test import exact_sign_test_p_value
-from kiln.steps.adapters import pointer_key
+from kiln.artifacts.adapters import pointer_key
 from tests.support.kiln_workers import running_workers
 
 pytestmark = pytest.mark.asyncio

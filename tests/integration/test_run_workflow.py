@@ -23,7 +23,7 @@ from api.runs import RunService
 from kiln.artifacts.manifest import manifest_key
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request
-from kiln.stages import RevalidationInput
+from kiln.records import RevalidationInput
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import example_env_argv, free_port, serve_app_process
 from workflows.options import WORKFLOW_NAME
@@ -337,7 +337,7 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
     assert "4096" in status["failure"]["message"]
     store = S3Store.from_settings(settings)
     assert not store.exists(manifest_key(run_id))
-    from kiln.steps.adapters import pointer_key
+    from kiln.artifacts.adapters import pointer_key
 
     assert store.get_key(pointer_key(adapter)) is None
     assert status["manifest"] is None and status["artifacts"] == []

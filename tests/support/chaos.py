@@ -168,7 +168,7 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
     if role in ("gpu", "all"):
         import activities.gpu as gpu_mod
         import kiln.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
-        import kiln.steps.training as training_mod
+        import kiln.stages.training as training_mod
 
         original_collect = gpu_mod.collect
 
@@ -329,7 +329,7 @@ class ChaosStack:
     _starts: int = 0
 
     def __post_init__(self) -> None:
-        from kiln.processes import free_port_block
+        from kiln.devstack.processes import free_port_block
 
         self.root = Path(self.root)
         self.hooks = FaultHooks(self.root / "hooks")
@@ -444,7 +444,7 @@ class ChaosStack:
 
     # ------------------------------------------------------------------ environment
     def start_env(self) -> None:
-        from kiln.processes import start_process, wait_until
+        from kiln.devstack.processes import start_process, wait_until
 
         argv = [sys.executable, "-m", "examples.envs", "counter", "--port", str(self.env_port),
                 "--max-concurrent-envs", str(self.env_max_sessions)]
@@ -484,7 +484,7 @@ class ChaosStack:
 
     def start_worker(self, role: str, *, timeout_s: float = 90.0) -> Any:
         """Start ``role``'s worker process and wait until it polls its task queue."""
-        from kiln.processes import start_process, wait_until
+        from kiln.devstack.processes import start_process, wait_until
 
         self._starts += 1
         log_path = self.root / "logs" / f"worker-{role}-{self._starts}.log"
@@ -849,7 +849,7 @@ class SlowHealthServer:
 
 def serve_counter(root: Path, name: str, *, port: int, **options: object) -> Any:
     """Start a counter env process on ``port``; returns its ManagedProcess (stop it by PID)."""
-    from kiln.processes import start_process, wait_until
+    from kiln.devstack.processes import start_process, wait_until
 
     argv = [sys.executable, "-m", "examples.envs", "counter", "--port", str(port)]
     for key, value in options.items():

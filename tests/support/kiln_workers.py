@@ -8,7 +8,8 @@ from typing import AsyncIterator, Sequence
 
 from temporalio.client import Client
 
-from workers.factory import build_workers, connect_client
+from workers.client import connect_client
+from workers.factory import build_workers
 
 
 @contextlib.asynccontextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiln.devstack import start_seaweedfs, start_temporal
-from kiln.processes import ManagedProcess, ProcessStartError, free_port_block, port_accepts
+from kiln.devstack.processes import ManagedProcess, ProcessStartError, free_port_block, port_accepts
 
 TEST_ACCESS_KEY = "kiln-test-access"
 TEST_SECRET_KEY = "kiln-test-secret-key"

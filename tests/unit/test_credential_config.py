@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.errors import InvalidCredential
-from kiln.steps.credentials import check_credential, resolve_bearer_token
+from kiln.openenv.credential_config import check_credential, resolve_bearer_token
 
 CONFIG = {
     "hub": {"origin": "https://env.example.test", "bearer_token_env": "KILN_TEST_HUB_TOKEN"},

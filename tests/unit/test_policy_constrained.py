@@ -11,7 +11,7 @@ import xgrammar  # noqa: F401  (installed by scripts/setup.sh: a missing install
 
 from examples.envs.counter.server import CounterAction
 from kiln.openenv.schema import policy_action_schema
-from kiln.policy.testing import shared_tiny_model
+from tests.support.models import shared_tiny_model
 
 # The counter environment's action schema exactly as the policy is shown it.
 COUNTER_SCHEMA = policy_action_schema(CounterAction.model_json_schema())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kiln.errors import AdapterNotFound, ModelNotFound
-from kiln.policy.testing import make_lora_adapter, shared_tiny_model
+from tests.support.models import make_lora_adapter, shared_tiny_model
 
 COUNTER_TEXT = 'Count is {c}. Target is 10. Reply with {{"amount": N}} where N is 1-5.'
 MESSAGES = [

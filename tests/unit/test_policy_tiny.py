@@ -9,7 +9,7 @@ import pytest
 
 from kiln.policy.chat_template import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS, render
 from kiln.policy.identity import file_sha256, model_content_sha256
-from kiln.policy.testing import shared_tiny_model
+from tests.support.models import shared_tiny_model
 
 
 @pytest.fixture(scope="session")

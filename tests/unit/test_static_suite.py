@@ -162,7 +162,7 @@ def tiny_runtime(tmp_path_factory):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
     from kiln.policy.runtime import PolicyRuntime
-    from kiln.policy.testing import shared_tiny_model
+    from tests.support.models import shared_tiny_model
 
     model_dir = shared_tiny_model(tmp_path_factory)
     return model_dir, PolicyRuntime.load(model_dir)
@@ -184,7 +184,7 @@ def test_tiny_model_accuracy_is_deterministic(tiny_runtime, thinking):
 
 
 def test_tiny_model_with_adapter(tiny_runtime, tmp_path):
-    from kiln.policy.testing import make_lora_adapter
+    from tests.support.models import make_lora_adapter
 
     model_dir, runtime = tiny_runtime
     adapter = make_lora_adapter(model_dir, tmp_path / "adapter", seed=3, scale=0.5)

@@ -13,8 +13,8 @@ from typing import Any
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import InvalidRequest, PolicyIdentityChanged
-from kiln.stages import AdapterRef, StoredObject
-from kiln.steps.adapters import read_pointer
+from kiln.records import AdapterRef, StoredObject
+from kiln.artifacts.adapters import read_pointer
 
 DATASET_GROUP_SCHEMA = "kiln.openenv-dataset-group.v1"
 

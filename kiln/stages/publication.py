@@ -16,9 +16,9 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
 from kiln.errors import RetainedBudgetExceeded, RunCancelled
 from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
-from kiln.stages import AdapterRef, PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
-from kiln.steps.adapters import adapter_ref_from_files, write_pointer
-from kiln.steps.evaluation import make_bundle
+from kiln.records import AdapterRef, PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
+from kiln.artifacts.adapters import adapter_ref_from_files, write_pointer
+from kiln.stages.evaluation import make_bundle
 
 MEDIA_TYPES = {
     "rollouts.jsonl": "application/x-ndjson",

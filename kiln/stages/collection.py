@@ -12,8 +12,8 @@ from kiln.canonical import canonical_json
 from kiln.errors import PolicyIdentityChanged, RunInterrupted
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
-from kiln.stages import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
-from kiln.steps.credentials import resolve_bearer_token
+from kiln.records import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
+from kiln.openenv.credential_config import resolve_bearer_token
 
 
 def behavior_policy_of(policy: PolicyPort, adapter_ref: AdapterRef | None, adapter_dir: Path | None) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from kiln.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.evaluation.pairing import pair_summaries
 from kiln.evaluation.receipt import build_receipt, policy_identity
 from kiln.rollout.bundle import build_bundle
-from kiln.stages import EvaluateInput, EvaluationResult, SideBundle, SideBundleInput, StoredObject
-from kiln.steps.discovery import load_inspection
+from kiln.records import EvaluateInput, EvaluationResult, SideBundle, SideBundleInput, StoredObject
+from kiln.stages.discovery import load_inspection
 
 
 def load_group_documents(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:

@@ -9,10 +9,10 @@ from typing import Any
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import EnvironmentIdentityChanged
-from kiln.steps.credentials import resolve_bearer_token
+from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.openenv.discovery import identity_differences, inspect_environment
 from kiln.rollout.group import environment_name
-from kiln.stages import DiscoveryInput, DiscoveryResult, EnvironmentRef, RevalidationInput, StoredObject
+from kiln.records import DiscoveryInput, DiscoveryResult, EnvironmentRef, RevalidationInput, StoredObject
 
 
 def _credential(credentials: dict[str, Any], credential_ids: list[str | None], index: int, url: str) -> str | None:

@@ -16,8 +16,8 @@ from kiln.canonical import pretty_json
 from kiln.contracts import TrainingConfig
 from kiln.errors import PolicyIdentityChanged
 from kiln.policy.identity import model_content_sha256
-from kiln.stages import AdapterFile, StoredObject, TrainInput, TrainResult
-from kiln.steps.adapters import materialise
+from kiln.records import AdapterFile, StoredObject, TrainInput, TrainResult
+from kiln.artifacts.adapters import materialise
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
 

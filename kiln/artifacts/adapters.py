@@ -14,7 +14,7 @@ from typing import Any
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import AdapterNotFound
-from kiln.stages import AdapterFile, AdapterRef
+from kiln.records import AdapterFile, AdapterRef
 
 POINTER_SCHEMA = "kiln.adapter-pointer.v1"
 

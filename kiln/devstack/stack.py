@@ -1,0 +1,165 @@
+"""The embedded default stack: start what ``settings`` does not point elsewhere, stop it by PID.
+
+PID files under ``<home>/run`` let a second ``kiln serve`` of the same home explain a port clash.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.devstack.common import GRPC_OFFSET, DevStackError
+from kiln.devstack.processes import LOOPBACK, ManagedProcess, ProcessStartError, port_is_free
+from kiln.devstack.seaweedfs import start_seaweedfs
+from kiln.devstack.temporal import start_temporal
+from kiln.settings import Settings
+
+
+class DevStack:
+    """The running embedded stack (only the parts this process started are in ``processes``)."""
+
+    temporal_address: str
+    temporal_ui_url: str  # "" when Temporal is external
+    s3_endpoint: str
+    processes: list[ManagedProcess] = field(default_factory=list)
+    pid_files: list[Path] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Stop every process this stack started, by PID, in reverse start order. Idempotent."""
+        for proc in reversed(self.processes):
+            proc.stop()
+        for pid_file in self.pid_files:
+            try:
+                pid_file.unlink()
+            except FileNotFoundError:
+                pass
+        self.pid_files = []
+
+    def __enter__(self) -> DevStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _pid_alive_with(pid: int, marker: str) -> bool:
+    """True when process ``pid`` exists and its command line mentions ``marker``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            "utf-8", errors="replace"
+        )
+    except OSError:
+        return False
+    return marker in cmdline
+
+
+def _check_port_for_home(
+    port: int, *, what: str, setting: str, home: Path, pid_file: Path, marker: str
+) -> None:
+    if port_is_free(port, reuse_addr=True):
+        return
+    previous = None
+    try:
+        previous = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    if previous is not None and _pid_alive_with(previous, marker):
+        raise DevStackError(
+            f"port {port} ({what}) is in use by a previous `kiln serve` of this home ({home}): "
+            f"pid {previous} still runs. Stop that `kiln serve` first (Ctrl-C it, or "
+            f"`kill {previous}`), or point {setting} at another free port."
+        )
+    raise DevStackError(
+        f"port {port} ({what}) is already in use by another program; stop it, or set "
+        f"{setting} to a free port"
+        + (
+            " (or set KILN_TEMPORAL_ADDRESS to use that server)"
+            if setting == "KILN_TEMPORAL_PORT"
+            else " (or set KILN_S3_ENDPOINT to use that server)"
+            if setting == "KILN_S3_PORT"
+            else ""
+        )
+    )
+
+
+def start_devstack(settings: Settings) -> DevStack:
+    """Start whatever part of the embedded stack ``settings`` does not point elsewhere.
+
+    With ``KILN_TEMPORAL_ADDRESS`` set no Temporal is started; with ``KILN_S3_ENDPOINT`` set no
+    SeaweedFS is started. Data lives under ``settings.home`` (``temporal/``, ``seaweedfs/``,
+    ``logs/``; PID files in ``run/``).
+    """
+    home = Path(settings.home).resolve()
+    run_dir = home / "run"
+    log_dir = home / "logs"
+    temporal_dir = home / "temporal"
+    seaweed_dir = home / "seaweedfs"
+    start_temporal_here = not settings.temporal_address
+    start_s3_here = not settings.s3_endpoint
+
+    # Check every configured port before starting anything, so a clash leaves nothing running.
+    checks: list[tuple[int, str, str, Path, str]] = []
+    if start_temporal_here:
+        marker = str(temporal_dir / "temporal.db")
+        checks += [
+            (settings.temporal_port, "Temporal frontend", "KILN_TEMPORAL_PORT",
+             run_dir / "temporal.pid", marker),
+            (settings.temporal_ui_port, "Temporal Web UI", "KILN_TEMPORAL_UI_PORT",
+             run_dir / "temporal.pid", marker),
+        ]
+    if start_s3_here:
+        marker = f"-dir={seaweed_dir}"
+        checks += [
+            (settings.s3_port, "SeaweedFS S3", "KILN_S3_PORT", run_dir / "seaweedfs.pid", marker),
+            (settings.s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC (S3 port + 10000)", "KILN_S3_PORT",
+             run_dir / "seaweedfs.pid", marker),
+        ]
+    for port, what, setting, pid_file, marker in checks:
+        _check_port_for_home(
+            port, what=what, setting=setting, home=home, pid_file=pid_file, marker=marker
+        )
+
+    stack = DevStack(
+        temporal_address=settings.effective_temporal_address,
+        temporal_ui_url="",
+        s3_endpoint=settings.effective_s3_endpoint,
+    )
+    try:
+        if start_temporal_here:
+            proc = start_temporal(
+                temporal_dir,
+                port=settings.temporal_port,
+                ui_port=settings.temporal_ui_port,
+                log_dir=log_dir,
+            )
+            stack.processes.append(proc)
+            stack.pid_files.append(_write_pid(run_dir / "temporal.pid", proc))
+            stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
+            stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
+        if start_s3_here:
+            proc = start_seaweedfs(
+                seaweed_dir,
+                s3_port=settings.s3_port,
+                access_key=settings.s3_access_key,
+                secret_key=settings.s3_secret_key,
+                bucket=settings.s3_bucket,
+                log_dir=log_dir,
+            )
+            stack.processes.append(proc)
+            stack.pid_files.append(_write_pid(run_dir / "seaweedfs.pid", proc))
+            stack.s3_endpoint = f"http://{LOOPBACK}:{settings.s3_port}"
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def _write_pid(path: Path, proc: ManagedProcess) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{proc.pid} {int(time.time())}\n")
+    return path
+
+
+# Re-exported so callers can catch start failures from one place.
+StartError = (DevStackError, ProcessStartError)

