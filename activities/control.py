@@ -37,7 +37,8 @@ from kiln.stages.publication import publish_training
 from kiln.records import DatasetSplit, PublishTrainingInput, StoredObject
 from activities.common import kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
-from workflows.run_queue import QueueState, RunQueueWorkflow, SlotReply, SlotRequest, queue_workflow_id
+from kiln.records import QueueState, SlotReply, SlotRequest
+from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
 
 
 class ControlActivities:
@@ -50,7 +51,7 @@ class ControlActivities:
     @activity.defn(name="admit_run")
     @kiln_errors
     async def admit_run(self, inp: AdmissionInput) -> AdmissionResult:
-        request = parse_run_request(inp.request)
+        request = parse_run_request(inp.submission)
         for url in request.environment_urls:
             require_allowed_host(
                 normalize_url(url), allow_remote=self.settings.allow_remote_environments
@@ -61,7 +62,7 @@ class ControlActivities:
             load_suite(request.post_eval.suite)  # post_eval_suite_not_found names the installed ones
         templates = request.reset_templates()
         return AdmissionResult(
-            request=request.model_dump(mode="json"),
+            request=request,
             request_sha256=request_digest(request),
             reset_templates=templates,
             reset_plan_sha256=reset_plan_sha256(templates),
@@ -77,10 +78,10 @@ class ControlActivities:
         settings = self.settings
         try:
             return await activity.client().execute_update_with_start_workflow(
-                RunQueueWorkflow.request_slot,
+                "request_slot",
                 inp,
                 start_workflow_operation=WithStartWorkflowOperation(
-                    RunQueueWorkflow.run,
+                    QUEUE_WORKFLOW,
                     QueueState(
                         max_active_runs=settings.max_active_runs,
                         max_tracked_runs=settings.max_tracked_runs,

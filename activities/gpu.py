@@ -35,7 +35,7 @@ from kiln.records import (
     WorldModelResult,
 )
 from kiln.artifacts.adapters import materialise, read_pointer
-from kiln.stages.collection import behavior_policy_of, check_behavior_policy, collect
+from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import kiln_errors
 
 
@@ -108,7 +108,7 @@ class GpuActivities:
             ref = read_pointer(self.store, inp.adapter)
         identity = behavior_policy_of(self.policy(), ref, self._adapter_dir(ref))
         if inp.expected is not None:
-            check_behavior_policy(inp.expected, identity)
+            require_same_policy(inp.expected, identity)
         return PolicyResult(behavior_policy=identity, adapter_ref=ref)
 
     @activity.defn(name="resolve_policy")

@@ -18,7 +18,7 @@ from api.services import Services, services
 from kiln.contracts import TrainingConfig, check_adapter_name
 from kiln.errors import InvalidRequest
 from kiln.records import StoredObject, TrainDatasetInput
-from workflows.train_dataset import TRAIN_DATASET_WORKFLOW
+from workflows.names import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"
 MAX_DATASET_BYTES = 256 * 1024 * 1024
@@ -60,7 +60,7 @@ async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depe
         TrainDatasetInput(
             dataset=body.dataset,
             output_adapter=body.output_adapter,
-            training_config=body.training_config.model_dump(mode="json", by_alias=True),
+            training_config=body.training_config,
             auto_load=body.auto_load,
         ),
         id=run_id,

@@ -20,7 +20,8 @@ from api.errors import PreflightFailed
 from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, normalize_adapter
 from kiln.errors import error_from_dict
 from kiln.settings import Settings
-from workflows.preflight import PreflightInput, PreflightResult, PreflightWorkflow
+from kiln.records import PreflightInput, PreflightResult
+from workflows.names import PREFLIGHT_WORKFLOW
 
 PREFLIGHT_SCHEMA = "kiln.openenv-training-preflight.v1"
 PREFLIGHT_TIMEOUT = timedelta(minutes=6)
@@ -60,7 +61,7 @@ async def resolve_behavior_policy(client: Client, settings: Settings, adapter: s
     """Run ``PreflightWorkflow`` and return the gpu worker's behaviour-policy identity."""
     try:
         result: PreflightResult = await client.execute_workflow(
-            PreflightWorkflow.run,
+            PREFLIGHT_WORKFLOW,
             PreflightInput(adapter=adapter, gpu_task_queue=settings.gpu_task_queue),
             id=f"kiln-preflight-{uuid.uuid4()}",
             task_queue=settings.control_task_queue,

@@ -23,14 +23,15 @@ from api.errors import IdempotencyConflict, RunNotCancellable
 from kiln.contracts import RunRequest, request_digest
 from kiln.errors import InvalidRequest, RunNotFound
 from kiln.settings import Settings
-from workflows.openenv_run import (
-    KILN_ENVIRONMENT,
-    KILN_OUTPUT_ADAPTER,
-    KILN_PHASE,
-    KILN_RUN_KIND,
-)
-from workflows.options import WORKFLOW_NAME
-from workflows.train_dataset import TRAIN_DATASET_WORKFLOW
+from temporalio.common import SearchAttributeKey
+
+from kiln import search_attributes
+from workflows.names import TRAIN_DATASET_WORKFLOW, WORKFLOW_NAME
+
+KILN_PHASE = SearchAttributeKey.for_keyword(search_attributes.PHASE)
+KILN_RUN_KIND = SearchAttributeKey.for_keyword(search_attributes.RUN_KIND)
+KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(search_attributes.ENVIRONMENT)
+KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(search_attributes.OUTPUT_ADAPTER)
 
 RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
 

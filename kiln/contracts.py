@@ -1,8 +1,13 @@
-"""Run request, training configuration and small cross-process records (pydantic, versioned).
+"""Run request, episode settings and training configuration (pydantic, versioned).
 
-``RunRequest`` is what the CLI, the REST API and ``temporal workflow start`` all submit. The
-workflow receives it as a plain JSON object; the admission activity parses it here, so a bad
-request fails at admission with field-level messages before any environment is contacted.
+``RunRequest`` is what the CLI, the REST API and ``temporal workflow start`` all submit. Every
+default and bound lives here once: the CLI's options are generated from these fields, and the
+collection settings (``EpisodeSettings``) are the same field definitions, shared by inheritance.
+
+The workflow's entry takes the submission as a JSON object (so a bad one submitted with
+``temporal workflow start`` still fails with ``openenv_invalid_request`` instead of a workflow
+task failure); the admission activity parses it here — the one validation — and from then on
+only the typed ``RunRequest`` travels.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidRequest
 
-RUN_REQUEST_SCHEMA = "kiln.openenv-run-request.v1"
 MAX_SEED = 2**63 - 1
 MAX_RESET_OPTIONS_BYTES = 16 * 1024 * 1024 - 1024
 _ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -131,20 +135,10 @@ class TrainingContract(StrictModel):
     base_adapter: str | None = None
 
 
-class RunRequest(StrictModel):
-    """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
+class EpisodeFields(StrictModel):
+    """The collection bounds every candidate of a run shares (defined once, inherited twice)."""
 
-    kind: Literal["rollout", "train"] = "rollout"
-    idempotency_key: str | None = None
-    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
-    credential_ids: list[str | None] = Field(default_factory=list)
-    adapter: str | None = "base"
-    output_adapter: str | None = None
-    groups: int = Field(default=8, ge=1, le=16384)
     group_size: int = Field(default=4, ge=1, le=256)
-    seed_start: int = Field(default=0, ge=0, le=MAX_SEED)
-    reset_options: dict[str, Any] = Field(default_factory=dict)
-    environment_reset_options: list[dict[str, Any]] = Field(default_factory=list)
     max_steps: int = Field(default=8, ge=1, le=256)
     concurrency: int = Field(default=4, ge=1, le=256)
     max_action_tokens: int = Field(default=256, ge=1, le=16384)
@@ -155,6 +149,42 @@ class RunRequest(StrictModel):
     protocol_error_reward: float = -1.0
     max_recoverable_errors: int = Field(default=3, ge=0, le=64)
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
+
+    @field_validator("temperature", "protocol_error_reward")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class EpisodeSettings(EpisodeFields):
+    """What one seed group's collection needs: the episode fields of a request, nothing else."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_request(cls, request: "RunRequest") -> "EpisodeSettings":
+        return cls.model_validate({name: getattr(request, name) for name in EpisodeFields.model_fields})
+
+    def for_group_size(self, group_size: int) -> "EpisodeSettings":
+        """The same settings for groups of ``group_size`` (never more concurrent than a group)."""
+        return self.model_copy(update={"group_size": group_size, "concurrency": min(self.concurrency, group_size)})
+
+
+class RunRequest(EpisodeFields):
+    """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
+
+    kind: Literal["rollout", "train"] = "rollout"
+    idempotency_key: str | None = None
+    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
+    credential_ids: list[str | None] = Field(default_factory=list)
+    adapter: str | None = "base"
+    output_adapter: str | None = None
+    groups: int = Field(default=8, ge=1, le=16384)
+    seed_start: int = Field(default=0, ge=0, le=MAX_SEED)
+    reset_options: dict[str, Any] = Field(default_factory=dict)
+    environment_reset_options: list[dict[str, Any]] = Field(default_factory=list)
     training_config: TrainingConfig | None = None
     training_contract: TrainingContract | None = None
     auto_load: bool = True
@@ -187,13 +217,6 @@ class RunRequest(StrictModel):
                 raise ValueError(
                     f"credential_ids[{index}] must match [A-Za-z0-9_-]{{1,64}} or be null"
                 )
-        return value
-
-    @field_validator("temperature", "protocol_error_reward")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
         return value
 
     @field_validator("adapter")
@@ -246,12 +269,12 @@ class RunRequest(StrictModel):
                     "group_size must be >= 2 for training: GRPO needs several candidates per seed"
                 )
             if self.output_adapter == self.adapter:
-                raise ValueError("output_adapter must differ from the behaviour adapter")
+                raise ValueError("output_adapter must differ from the behavior adapter")
             contract = self.training_contract
             if contract is not None:
                 if contract.output_adapter != self.output_adapter:
                     raise ValueError("training_contract.output_adapter differs from output_adapter")
-                if contract.base_adapter != self.behaviour_adapter():
+                if contract.base_adapter != self.behavior_adapter():
                     raise ValueError("training_contract.base_adapter differs from adapter")
                 if self.training_config is not None and canonical_differs(
                     contract.effective_config, self.training_config
@@ -301,12 +324,16 @@ class RunRequest(StrictModel):
             return evaluation.seed_start
         return self.seed_start + self.groups
 
+    def episode_settings(self) -> EpisodeSettings:
+        return EpisodeSettings.from_request(self)
+
     def effective_training_config(self) -> TrainingConfig:
+        """The sealed contract's config when preflight sealed one, else the given or default one."""
         if self.training_contract is not None:
             return self.training_contract.effective_config
         return self.training_config or TrainingConfig()
 
-    def behaviour_adapter(self) -> str | None:
+    def behavior_adapter(self) -> str | None:
         return normalize_adapter(self.adapter)
 
     def reset_templates(self) -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ class InvalidActionSchema(KilnError):
 class EnvironmentIdentityChanged(KilnError):
     code = "environment_identity_changed"
     retryable = True
-    stage = "identity_verification"
+    stage = "revalidation"
     http_status = 409
 
 
@@ -160,7 +160,7 @@ class AdapterNotFound(KilnError):
 
 class ArtifactPublicationFailed(KilnError):
     code = "artifact_publication_failed"
-    stage = "artifact_publication"
+    stage = "publication"
 
 
 class ArtifactIntegrityFailed(KilnError):
@@ -181,7 +181,7 @@ class StorageUnavailable(KilnError):
 
 class RetainedBudgetExceeded(KilnError):
     code = "retained_budget_exceeded"
-    stage = "artifact_publication"
+    stage = "publication"
 
 
 class TrainingFailed(KilnError):

@@ -6,9 +6,12 @@ Anything large — inspections, group documents, adapters, bundles — lives in 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
+from kiln.run_plan import BundleSpec
 
 
 class Record(BaseModel):
@@ -35,12 +38,14 @@ class StoredObject(Record):
 
 
 class AdmissionInput(Record):
+    """The one untyped value: the submission as given, parsed by admission into a ``RunRequest``."""
+
     run_id: str
-    request: dict[str, Any]
+    submission: dict[str, Any]
 
 
 class AdmissionResult(Record):
-    request: dict[str, Any]
+    request: RunRequest
     request_sha256: str
     reset_templates: list[dict[str, Any]]
     reset_plan_sha256: str
@@ -106,11 +111,11 @@ class CollectGroupInput(Record):
     seed: int
     reset_payload: dict[str, Any]
     inspection: StoredObject
-    settings: dict[str, Any]
+    settings: EpisodeSettings
     behavior_policy: dict[str, Any]
     adapter_ref: AdapterRef | None = None
     credential_id: str | None = None
-    on_interrupt: str = "resume"
+    on_interrupt: Literal["resume", "fail"]
 
 
 class CollectGroupResult(Record):
@@ -128,7 +133,7 @@ class CollectGroupResult(Record):
 class TrainInput(Record):
     run_id: str
     groups: list[StoredObject]
-    training_config: dict[str, Any]
+    training_config: TrainingConfig
     output_adapter: str
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
@@ -147,7 +152,9 @@ class TrainResult(Record):
 
 class PublishInput(Record):
     run_id: str
-    request: dict[str, Any]
+    kind: Literal["rollout", "train"]
+    output_adapter: str | None
+    bundle: BundleSpec
     environments: list[EnvironmentRef]
     groups: list[StoredObject]
     behavior_policy: dict[str, Any]
@@ -176,8 +183,8 @@ class SideBundleInput(Record):
     """Build one evaluation side's bundle (rollouts, replay, summary) from its groups."""
 
     run_id: str
-    side: str
-    request: dict[str, Any]
+    side: Literal["baseline", "candidate"]
+    bundle: BundleSpec
     environments: list[EnvironmentRef]
     groups: list[StoredObject]
     behavior_policy: dict[str, Any]
@@ -201,7 +208,7 @@ class WorldModelResult(Record):
 
 class EvaluateInput(Record):
     run_id: str
-    config: dict[str, Any]
+    config: EnvironmentEvalConfig
     seed_start: int
     auto_load: bool
     baseline: SideBundle
@@ -235,7 +242,7 @@ class TrainDatasetInput(Record):
 
     dataset: StoredObject
     output_adapter: str
-    training_config: dict[str, Any] = Field(default_factory=dict)
+    training_config: TrainingConfig = Field(default_factory=TrainingConfig)
     auto_load: bool = True
 
 
@@ -267,3 +274,34 @@ class PostEvalResult(Record):
 
 
 PublishInput.model_rebuild()
+
+
+class QueueState(Record):
+    """The FIFO run queue's state (carried across continue-as-new)."""
+
+    max_active_runs: int = 4
+    max_tracked_runs: int = 128
+    sequence: int = 0
+    active: list[str] = Field(default_factory=list)
+    waiting: list[str] = Field(default_factory=list)
+    sequences: dict[str, int] = Field(default_factory=dict)
+
+
+class SlotRequest(Record):
+    run_id: str
+
+
+class SlotReply(Record):
+    sequence: int
+    position: int  # 0 = active (slot granted), n = n-th in line
+
+
+class PreflightInput(Record):
+    """Which behavior adapter to resolve (None = base model) and where the gpu workers listen."""
+
+    adapter: str | None = None
+    gpu_task_queue: str
+
+
+class PreflightResult(Record):
+    behavior_policy: dict[str, Any]

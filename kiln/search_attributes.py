@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+PHASE = "KilnPhase"
+STATUS = "KilnStatus"
+ENVIRONMENT = "KilnEnvironment"
+OUTPUT_ADAPTER = "KilnOutputAdapter"
+RUN_KIND = "KilnRunKind"
+
 SEARCH_ATTRIBUTES: dict[str, str] = {
-    "KilnPhase": "Keyword",
-    "KilnStatus": "Keyword",
-    "KilnEnvironment": "Keyword",
-    "KilnOutputAdapter": "Keyword",
-    "KilnRunKind": "Keyword",
+    PHASE: "Keyword",
+    STATUS: "Keyword",
+    ENVIRONMENT: "Keyword",
+    OUTPUT_ADAPTER: "Keyword",
+    RUN_KIND: "Keyword",
 }

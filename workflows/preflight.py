@@ -10,56 +10,31 @@ reports e.g. ``adapter_not_found`` unchanged.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.records import PolicyInput, PolicyResult
+    from activities.gpu import GpuActivities
+    from kiln.records import PolicyInput, PolicyResult, PreflightInput, PreflightResult
+    from workflows.names import PREFLIGHT_WORKFLOW
+    from workflows.options import ActivityCaller
 
-PREFLIGHT_WORKFLOW_NAME = "PreflightWorkflow"
+# The gpu worker may be starting: a preflight waits at most this long for it to pick the task up.
 POLICY_START_TIMEOUT = timedelta(minutes=2)
-POLICY_RUN_TIMEOUT = timedelta(minutes=5)
-POLICY_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-)
 
 
-class PreflightInput(BaseModel):
-    """Which behaviour adapter to resolve (None = base model) and where the gpu workers listen."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    adapter: str | None = None
-    gpu_task_queue: str
-
-
-class PreflightResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    behavior_policy: dict[str, Any]
-
-
-@workflow.defn(name=PREFLIGHT_WORKFLOW_NAME)
+@workflow.defn(name=PREFLIGHT_WORKFLOW)
 class PreflightWorkflow:
     @workflow.run
     async def run(self, inp: PreflightInput) -> PreflightResult:
         try:
-            policy: PolicyResult = await workflow.execute_activity(
-                "resolve_policy",
+            call = ActivityCaller(control_queue=workflow.info().task_queue, gpu_queue=inp.gpu_task_queue)
+            policy: PolicyResult = await call(
+                GpuActivities.resolve_policy,
                 PolicyInput(adapter=inp.adapter),
-                result_type=PolicyResult,
-                task_queue=inp.gpu_task_queue,
+                summary=f"resolve behavior policy ({inp.adapter or 'base'})",
                 schedule_to_start_timeout=POLICY_START_TIMEOUT,
-                start_to_close_timeout=POLICY_RUN_TIMEOUT,
-                retry_policy=POLICY_RETRY,
-                summary=f"resolve behaviour policy ({inp.adapter or 'base'})",
             )
         except ActivityError as err:
             cause = err.cause

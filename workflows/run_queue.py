@@ -11,33 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-QUEUE_WORKFLOW = "KilnRunQueue"
-
-
-def queue_workflow_id(control_task_queue: str) -> str:
-    return f"kiln-run-queue-{control_task_queue}"
-
-
-class QueueState(BaseModel):
-    max_active_runs: int = 4
-    max_tracked_runs: int = 128
-    sequence: int = 0
-    active: list[str] = Field(default_factory=list)
-    waiting: list[str] = Field(default_factory=list)
-    sequences: dict[str, int] = Field(default_factory=dict)
-
-
-class SlotRequest(BaseModel):
-    run_id: str
-
-
-class SlotReply(BaseModel):
-    sequence: int
-    position: int  # 0 = active (slot granted), n = n-th in line
+with workflow.unsafe.imports_passed_through():
+    from kiln.records import QueueState, SlotReply, SlotRequest
+    from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # noqa: F401  (queue_workflow_id re-exported)
 
 
 @workflow.defn(name=QUEUE_WORKFLOW)

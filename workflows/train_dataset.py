@@ -1,19 +1,19 @@
 """``KilnTrainDatasetWorkflow``: train an adapter from a saved rollouts JSONL (``kiln train grpo``).
 
-split (validate the corpus, pin its behaviour policy) → train (the same ``train_adapter`` activity
-as a live run, same on-policy proof) → publish (dataset, adapter, receipt; manifest last).
+split (validate the corpus, pin its behavior policy) → training (the same ``train_adapter``
+activity as a live run, same on-policy proof) → publication (dataset, adapter, receipt; manifest
+last). Status, failure and cancel mapping are those of the live run (``workflows.status``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
+    from activities.gpu import GpuActivities
     from kiln.records import (
         DatasetSplit,
         PublishResult,
@@ -22,68 +22,42 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainResult,
     )
-    from workflows import options
-    from workflows.failures import failure_from, training_status
-
-TRAIN_DATASET_WORKFLOW = "KilnTrainDatasetWorkflow"
+    from kiln.run_status import Progress, RunStatus
+    from workflows.names import TRAIN_DATASET_WORKFLOW
+    from workflows.options import ActivityCaller
+    from workflows.status import StatusKeeper
 
 
 @workflow.defn(name=TRAIN_DATASET_WORKFLOW)
-class TrainDatasetWorkflow:
+class TrainDatasetWorkflow(StatusKeeper):
     def __init__(self) -> None:
-        self._status: dict[str, Any] = {
-            "schema": "kiln.run-status.v1",
-            "kind": "train_dataset",
-            "phase": "splitting",
-            "state": "running",
-            "progress": {"groups_completed": 0, "groups_total": 0, "rollouts_completed": 0, "rollouts_total": 0},
-            "training": None,
-            "manifest": None,
-            "artifacts": [],
-            "warnings": [],
-            "failure": None,
-        }
+        self._status = RunStatus(kind="train_dataset", phase="split")
 
     @workflow.query
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RunStatus:
         return self._status
 
     @workflow.run
-    async def run(self, inp: TrainDatasetInput) -> dict[str, Any]:
-        run_id = workflow.info().workflow_id
-        self._status["run_id"] = run_id
-        try:
-            await self._execute(run_id, inp)
-        except (ActivityError, ApplicationError) as err:
-            if is_cancelled_exception(err):
-                self._status.update(state="cancelled", phase="cancelled")
-                raise
-            failure = failure_from(err, self._status["phase"])
-            self._status.update(state="failed", phase="failed", failure=failure)
-            raise ApplicationError(f"{failure['code']}: {failure['message']}", failure, type=failure["code"], non_retryable=True) from None
-        except asyncio.CancelledError:
-            self._status.update(state="cancelled", phase="cancelled")
-            raise
-        return self._status
+    async def run(self, inp: TrainDatasetInput) -> RunStatus:
+        return await self._guarded(lambda: self._execute(inp))
 
-    async def _execute(self, run_id: str, inp: TrainDatasetInput) -> None:
-        control = workflow.info().task_queue
-        split: DatasetSplit = await workflow.execute_activity(
-            "split_dataset",
-            inp.dataset,
-            result_type=DatasetSplit,
-            task_queue=control,
-            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.PUBLISH_RETRY,
-            summary="validate the rollouts and split them into groups",
+    async def _execute(self, inp: TrainDatasetInput) -> None:
+        run_id = self._status.run_id
+        call = ActivityCaller(control_queue=workflow.info().task_queue)
+        split: DatasetSplit = await call(
+            ControlActivities.split_dataset, inp.dataset, summary="validate the rollouts and split them into groups"
         )
         total = len(split.groups)
-        self._status["progress"].update(groups_total=total, groups_completed=total)
-        self._status["behavior_policy"] = split.behavior_policy
-        self._status["phase"] = "training"
-        gpu_queue = split.gpu_task_queue
-        training: TrainResult = await workflow.execute_activity(
-            "train_adapter",
+        self._status.progress = Progress(groups_total=total, groups_completed=total)
+        self._status.behavior_policy = split.behavior_policy
+        self._enter("training")
+        call = ActivityCaller(
+            control_queue=workflow.info().task_queue,
+            gpu_queue=split.gpu_task_queue,
+            heartbeat=timedelta(seconds=split.heartbeat_timeout_s),
+        )
+        training: TrainResult = await call(
+            GpuActivities.train_adapter,
             TrainInput(
                 run_id=run_id,
                 groups=split.groups,
@@ -92,32 +66,16 @@ class TrainDatasetWorkflow:
                 behavior_policy=split.behavior_policy,
                 base_adapter=split.base_adapter,
             ),
-            result_type=TrainResult,
-            task_queue=gpu_queue,
-            start_to_close_timeout=options.TRAIN_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=split.heartbeat_timeout_s),
-            retry_policy=options.TRAIN_RETRY,
             summary=f"GRPO+ECHO training of {inp.output_adapter} from a saved dataset",
         )
-        self._status["training"] = training_status(training)
-        self._status["warnings"].extend(training.selection.get("warnings", []))
-        self._status["phase"] = "publishing"
-        published: PublishResult = await workflow.execute_activity(
-            "publish_training",
+        self._status.record_training(training)
+        self._enter("publication")
+        promote = inp.auto_load and training.trained
+        published: PublishResult = await call(
+            ControlActivities.publish_training,
             PublishTrainingInput(
-                run_id=run_id,
-                dataset=inp.dataset,
-                output_adapter=inp.output_adapter,
-                training=training,
-                promote=inp.auto_load and training.trained,
+                run_id=run_id, dataset=inp.dataset, output_adapter=inp.output_adapter, training=training, promote=promote
             ),
-            result_type=PublishResult,
-            task_queue=control,
-            schedule_to_close_timeout=options.PUBLISH_TIMEOUT,
-            retry_policy=options.PUBLISH_RETRY,
             summary="publish adapter and receipt",
         )
-        self._status["manifest"] = {"uri": published.manifest_uri, "sha256": published.manifest_sha256}
-        self._status["artifacts"] = [a.model_dump() for a in published.artifacts]
-        self._status["promoted"] = inp.auto_load and training.trained
-        self._status.update(state="completed", phase="completed")
+        self._status.record_publication(published, promoted=promote)

@@ -61,7 +61,7 @@ class EnvironmentEvaluationFailed(KilnError):
 
     code = "environment_evaluation_failed"
     retryable = True
-    stage = "environment_evaluation"
+    stage = "evaluation"
 
 
 @dataclass(frozen=True)

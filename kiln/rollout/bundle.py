@@ -1,6 +1,6 @@
 """The rollout bundle: rollouts JSONL, replay transcript and summary, built from group documents.
 
-Everything here is a pure function of the group documents and the run request, so re-collecting a
+Everything here is a pure function of the group documents and the ``BundleSpec``, so re-collecting a
 group after a crash yields byte-identical files. Wall-clock timings are deliberately absent (they
 live in run status) — that is what makes the bundle reproducible.
 """
@@ -11,6 +11,7 @@ from typing import Any
 
 from kiln.canonical import canonical_json, pretty_json, sha256_bytes
 from kiln.rollout.prompts import PROMPT_VERSION
+from kiln.run_plan import BundleSpec
 
 REPLAY_SCHEMA = "kiln.openenv-replay.v1"
 SUMMARY_SCHEMA = "kiln.openenv-rollout-summary.v5"
@@ -72,7 +73,7 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
 def summary_document(
     groups: list[dict[str, Any]],
     *,
-    request: dict[str, Any],
+    spec: BundleSpec,
     inspections: list[dict[str, Any]],
     behavior_policy: dict[str, Any],
     reset_plan_sha256: str,
@@ -81,29 +82,28 @@ def summary_document(
     training_selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     records = rollout_records(groups)
-    adapter = request.get("adapter")
-    adapter = None if adapter in (None, "base") else adapter
+    settings = spec.settings
     out: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "prompt_version": PROMPT_VERSION,
-        "adapter": adapter,
-        "adapter_label": adapter or "base",
+        "adapter": spec.adapter,
+        "adapter_label": spec.adapter or "base",
         "behavior_policy": behavior_policy,
         "environments": inspections,
         "groups": len(groups),
-        "group_size": request["group_size"],
+        "group_size": settings.group_size,
         "rollout_count": len(records),
-        "seed_start": request["seed_start"],
-        "max_steps": request["max_steps"],
-        "concurrency": request["concurrency"],
-        "max_action_tokens": request["max_action_tokens"],
-        "thinking_budget_tokens": request.get("thinking_budget_tokens"),
-        "temperature": request["temperature"],
-        "thinking": request["thinking"],
-        "constrained_actions": bool(request.get("constrained_actions", False)),
-        "protocol_error_reward": request["protocol_error_reward"],
-        "max_recoverable_errors": request["max_recoverable_errors"],
-        "capacity_wait_seconds": request["capacity_wait_seconds"],
+        "seed_start": spec.seed_start,
+        "max_steps": settings.max_steps,
+        "concurrency": settings.concurrency,
+        "max_action_tokens": settings.max_action_tokens,
+        "thinking_budget_tokens": settings.thinking_budget_tokens,
+        "temperature": settings.temperature,
+        "thinking": settings.thinking,
+        "constrained_actions": settings.constrained_actions,
+        "protocol_error_reward": settings.protocol_error_reward,
+        "max_recoverable_errors": settings.max_recoverable_errors,
+        "capacity_wait_seconds": settings.capacity_wait_seconds,
         "reset_plan_sha256": reset_plan_sha256,
         "dataset_sha256": sha256_bytes(dataset),
         "dataset_bytes": len(dataset),
@@ -120,7 +120,7 @@ def summary_document(
 def build_bundle(
     groups: list[dict[str, Any]],
     *,
-    request: dict[str, Any],
+    spec: BundleSpec,
     inspections: list[dict[str, Any]],
     behavior_policy: dict[str, Any],
     reset_plan_sha256: str,
@@ -133,14 +133,14 @@ def build_bundle(
             groups,
             inspections=inspections,
             dataset_sha256=sha256_bytes(dataset),
-            protocol_error_reward=request["protocol_error_reward"],
-            max_steps=request["max_steps"],
+            protocol_error_reward=spec.settings.protocol_error_reward,
+            max_steps=spec.settings.max_steps,
         )
     )
     summary = pretty_json(
         summary_document(
             groups,
-            request=request,
+            spec=spec,
             inspections=inspections,
             behavior_policy=behavior_policy,
             reset_plan_sha256=reset_plan_sha256,

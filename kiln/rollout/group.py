@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from kiln.canonical import canonical_json, compact_json, digest_json
+from kiln.contracts import EpisodeSettings  # noqa: F401  (re-exported: collection settings live in contracts)
 from kiln.errors import CollectionFailed, RunCancelled
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
@@ -33,39 +34,6 @@ from kiln.rollout.seeds import generation_seed
 
 GROUP_SCHEMA = "kiln.openenv-group.v1"
 ROLLOUT_SCHEMA = "kiln.openenv-rollout.v1"
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """The collection bounds shared by every candidate of a run (copied from the run request)."""
-
-    group_size: int
-    max_steps: int = 8
-    concurrency: int = 4
-    max_action_tokens: int = 256
-    thinking: bool = True
-    thinking_budget_tokens: int | None = None
-    temperature: float = 1.0
-    protocol_error_reward: float = -1.0
-    max_recoverable_errors: int = 3
-    capacity_wait_seconds: int = 300
-    constrained_actions: bool = False
-
-    @classmethod
-    def from_request(cls, request: Any) -> "EpisodeSettings":
-        return cls(
-            group_size=request.group_size,
-            max_steps=request.max_steps,
-            concurrency=request.concurrency,
-            max_action_tokens=request.max_action_tokens,
-            thinking=request.thinking,
-            thinking_budget_tokens=request.thinking_budget_tokens,
-            temperature=request.temperature,
-            protocol_error_reward=request.protocol_error_reward,
-            max_recoverable_errors=request.max_recoverable_errors,
-            capacity_wait_seconds=request.capacity_wait_seconds,
-            constrained_actions=request.constrained_actions,
-        )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import PolicyIdentityChanged, RunInterrupted
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.rollout.group import GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
 from kiln.records import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
 from kiln.openenv.credential_config import resolve_bearer_token
@@ -23,7 +23,7 @@ def behavior_policy_of(policy: PolicyPort, adapter_ref: AdapterRef | None, adapt
     return identity
 
 
-def check_behavior_policy(expected: dict[str, Any], live: dict[str, Any]) -> None:
+def require_same_policy(expected: dict[str, Any], live: dict[str, Any]) -> None:
     if canonical_json(expected) != canonical_json(live):
         changed = sorted(k for k in set(expected) | set(live) if expected.get(k) != live.get(k))
         raise PolicyIdentityChanged(
@@ -53,7 +53,7 @@ async def collect(
             stage="collection",
             retryable=False,
         )
-    check_behavior_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
+    require_same_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
     inspection_raw = await asyncio.to_thread(
         store.get_bytes,
         inp.inspection.ref(),
@@ -65,7 +65,7 @@ async def collect(
         seed=inp.seed,
         reset_payload=inp.reset_payload,
         inspection=inspection,
-        settings=EpisodeSettings(**inp.settings),
+        settings=inp.settings,
         behavior_policy=inp.behavior_policy,
         adapter_dir=adapter_dir,
         bearer_token=resolve_bearer_token(

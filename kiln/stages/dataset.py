@@ -30,7 +30,7 @@ def _line_error(index: int, reason: str) -> DatasetInvalid:
     )
 
 
-def parse_dataset(data: bytes) -> list[dict[str, Any]]:
+def read_training_lines(data: bytes) -> list[dict[str, Any]]:
     """The AgenticGroup lines of a rollouts JSONL, with the fields training relies on checked."""
     if not data.endswith(b"\n"):
         raise DatasetInvalid("the rollouts file must end with a newline (one JSON group per line)")
@@ -57,7 +57,7 @@ def parse_dataset(data: bytes) -> list[dict[str, Any]]:
     return lines
 
 
-def behavior_policy_of(lines: list[dict[str, Any]]) -> dict[str, Any]:
+def corpus_behavior_policy(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The one behaviour policy of the whole corpus; mixed policies fail closed."""
     policies = {
         canonical_json(completion["openenv"]["behavior_policy"])
@@ -74,8 +74,8 @@ def behavior_policy_of(lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[list[StoredObject], dict[str, Any], AdapterRef | None]:
     data = store.get_bytes(dataset.ref())
-    lines = parse_dataset(data)
-    policy = behavior_policy_of(lines)
+    lines = read_training_lines(data)
+    policy = corpus_behavior_policy(lines)
     base_adapter: AdapterRef | None = None
     if policy.get("adapter"):
         base_adapter = read_pointer(store, str(policy["adapter"]))

@@ -11,6 +11,7 @@ from kiln.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.evaluation.pairing import pair_summaries
 from kiln.evaluation.receipt import build_receipt, policy_identity
 from kiln.rollout.bundle import build_bundle
+from kiln.run_plan import BundleSpec
 from kiln.records import EvaluateInput, EvaluationResult, SideBundle, SideBundleInput, StoredObject
 from kiln.stages.discovery import load_inspection
 
@@ -22,7 +23,7 @@ def load_group_documents(store: S3Store, groups: list[StoredObject]) -> list[dic
 def make_bundle(
     store: S3Store,
     *,
-    request: dict[str, Any],
+    spec: BundleSpec,
     environments: list[Any],
     groups: list[StoredObject],
     behavior_policy: dict[str, Any],
@@ -32,7 +33,7 @@ def make_bundle(
     """The three bundle files of a set of stored groups (pure function of their content)."""
     return build_bundle(
         load_group_documents(store, groups),
-        request=request,
+        spec=spec,
         inspections=[load_inspection(store, env.inspection) for env in environments],
         behavior_policy=behavior_policy,
         reset_plan_sha256=reset_plan_sha256,
@@ -43,7 +44,7 @@ def make_bundle(
 def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
     files = make_bundle(
         store,
-        request=inp.request,
+        spec=inp.bundle,
         environments=inp.environments,
         groups=inp.groups,
         behavior_policy=inp.behavior_policy,
@@ -67,12 +68,12 @@ def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
         json.loads(blobs[("baseline", "replay.json")]),
         json.loads(blobs[("candidate", "replay.json")]),
     )
-    gate = inp.config.get("gate")
-    evidence = evidence_and_decision(paired, gate)
+    config = inp.config.model_dump(mode="json")
+    evidence = evidence_and_decision(paired, config["gate"])
     outcome = outcome_for(evidence["decision"], auto_load=inp.auto_load)
     receipt = build_receipt(
         inp.run_id,
-        inp.config,
+        config,
         inp.seed_start,
         policy_identity(inp.baseline_adapter),
         policy_identity(inp.candidate_adapter, adapter_content_revision=inp.candidate_adapter_sha256),
@@ -93,7 +94,3 @@ def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
         candidate=inp.candidate,
     )
 
-
-def promotion_allowed(decision: str | None, *, auto_load: bool) -> bool:
-    """Promote the trained adapter's name only when auto_load holds and the gate (if any) passed."""
-    return auto_load and decision in (None, "diagnostic", "passed")

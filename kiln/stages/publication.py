@@ -43,7 +43,7 @@ def publish(
     evaluation = inp.evaluation
     bundle = make_bundle(
         store,
-        request=inp.request,
+        spec=inp.bundle,
         environments=inp.environments,
         groups=inp.groups,
         behavior_policy=inp.behavior_policy,
@@ -89,8 +89,8 @@ def publish(
         inp.run_id,
         artifacts,
         {
-            "kind": inp.request["kind"],
-            "output_adapter": inp.request.get("output_adapter"),
+            "kind": inp.kind,
+            "output_adapter": inp.output_adapter,
             "adapter_sha256": training.adapter_sha256 if training and training.trained else None,
             "behavior_policy": inp.behavior_policy,
             "reset_plan_sha256": inp.reset_plan_sha256,
@@ -104,9 +104,9 @@ def publish(
         },
     )
     promoted = None
-    if inp.promote and training is not None and training.trained and inp.request.get("output_adapter"):
+    if inp.promote and training is not None and training.trained and inp.output_adapter:
         promoted = adapter_ref_from_files(
-            inp.request["output_adapter"], training.adapter_sha256 or "", training.adapter_files
+            inp.output_adapter, training.adapter_sha256 or "", training.adapter_files
         )
     return finish_publication(
         store, inp.run_id, manifest, artifacts, promoted, stats=summary["stats"], may_commit=may_commit
@@ -132,7 +132,7 @@ def finish_publication(
     manifest_bytes = pretty_json(manifest)
     key = manifest_key(run_id)
     if may_commit is not None and not may_commit():
-        raise RunCancelled("publication cancelled before the manifest was written", stage="artifact_publication")
+        raise RunCancelled("publication cancelled before the manifest was written", stage="publication")
     store.put_if_absent(key, manifest_bytes)
     manifest_uri = store.uri_for(key)
     if promoted is not None:

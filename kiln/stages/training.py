@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
-from kiln.contracts import TrainingConfig
 from kiln.errors import PolicyIdentityChanged
 from kiln.policy.identity import model_content_sha256
 from kiln.records import AdapterFile, StoredObject, TrainInput, TrainResult
@@ -75,7 +74,7 @@ def train(
             "the trainer's base model differs from the model the rollouts were sampled with",
             hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
         )
-    config = TrainingConfig.model_validate(inp.training_config)
+    config = inp.training_config
     base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
     resume_dir = None
     if resume_checkpoint is not None:

@@ -69,7 +69,7 @@ async def test_cancel_while_queued_and_mid_group(stack: ChaosStack) -> None:
         timeout_s=60, what="run A mid-group",
     )
     queued = await start_run(client, stack, rollout_request(stack.env_url))
-    await wait_status(queued, lambda s: s["phase"] == "queued" and (s.get("admission") or {}).get("queue_position") == 1,
+    await wait_status(queued, lambda s: s["phase"] == "queue" and (s.get("admission") or {}).get("queue_position") == 1,
                       timeout_s=30, what="run B queued at position 1")
 
     queued_s, status = await _cancel(queued)
@@ -104,7 +104,7 @@ async def test_cancel_during_discovery(stack: ChaosStack) -> None:
     try:
         client = await connect(stack)
         handle = await start_run(client, stack, rollout_request(slow.url))
-        await wait_status(handle, lambda s: s["phase"] == "discovering", timeout_s=30, what="discovery")
+        await wait_status(handle, lambda s: s["phase"] == "discovery", timeout_s=30, what="discovery")
         await wait_until_async(lambda: slow.requests > 0, timeout_s=15, what="the slow /health request")
         seconds, status = await _cancel(handle)
         _assert_cancelled(stack, handle.id, status, "discovery")
@@ -148,9 +148,9 @@ async def test_cancel_during_evaluation(stack: ChaosStack) -> None:
     handle = await start_run(client, stack, request)
     await wait_status(handle, lambda s: s["phase"] == "training", timeout_s=90, what="training")
     hooks.set(SAMPLE_DELAY, 0.5)  # evaluation episodes stay in flight long enough to be cancelled
-    await wait_status(handle, lambda s: s["phase"] == "evaluating", timeout_s=90, what="evaluation")
+    await wait_status(handle, lambda s: s["phase"] == "evaluation", timeout_s=90, what="evaluation")
     seconds, status = await _cancel(handle)
-    _assert_cancelled(stack, handle.id, status, "environment_evaluation")
+    _assert_cancelled(stack, handle.id, status, "evaluation")
     hooks.clear(SAMPLE_DELAY)
     idle_s = await wait_env_idle(stack.env_url, stack.env_max_sessions)
     record("7e cancel during evaluation", cancel_to_closed_s=seconds,
@@ -166,7 +166,7 @@ async def test_cancel_during_publication_publishes_nothing(stack: ChaosStack) ->
     await wait_until_async(lambda: hooks.events("publish_start", run_id=handle.id), timeout_s=60,
                            what="publication to start")
     seconds, status = await _cancel(handle)
-    assert status["cancelled_stage"] == "artifact_publication"
+    assert status["cancelled_stage"] == "publication"
     hooks.clear(PUBLISH_HOLD)
     end = await wait_until_async(lambda: hooks.events("publish_end", run_id=handle.id), timeout_s=30,
                                  what="the publication attempt to end")

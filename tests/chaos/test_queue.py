@@ -41,12 +41,12 @@ async def test_two_runs_fifo_with_one_slot(stack: ChaosStack) -> None:
     ]
     first, second = (h for _, h in sorted(zip((s["admission"]["sequence"] for s in statuses), handles)))
     waiting = await wait_status(
-        second, lambda s: s["phase"] == "queued" and s["admission"].get("queue_position") == 1,
+        second, lambda s: s["phase"] == "queue" and s["admission"].get("queue_position") == 1,
         timeout_s=30, what="the second run queued at position 1",
     )
-    first_status = await wait_status(first, lambda s: s["phase"] not in ("admitting", "queued"),
+    first_status = await wait_status(first, lambda s: s["phase"] not in ("admission", "queue"),
                                      timeout_s=30, what="the first run admitted")
-    assert waiting["phase"] == "queued" and first_status["admission"]["queue_position"] is None
+    assert waiting["phase"] == "queue" and first_status["admission"]["queue_position"] is None
     results = await asyncio.gather(*(result_within(h, 120) for h in (first, second)))
     assert [state for state, _ in results] == ["completed", "completed"], results
     a, b = (value for _, value in results)

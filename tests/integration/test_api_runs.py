@@ -105,7 +105,7 @@ async def test_cancel_running_run_ends_cancelled(kiln_settings: Any) -> None:
                 assert created.status_code == 202
                 run_id = created.json()["run_id"]
                 # Discovery hangs on the black hole: the run is running, in discovery.
-                await wait_for(http, run_id, lambda s: s["phase"] == "discovering")
+                await wait_for(http, run_id, lambda s: s["phase"] == "discovery")
 
                 cancelled = await http.post(f"/v1/openenv/runs/{run_id}/cancel")
                 assert cancelled.status_code == 200

@@ -108,7 +108,7 @@ async def test_follow_cancelled_run_exits_3(kiln_settings: Any) -> None:
                 run_id = await submit(url, {**TINY_ROLLOUT, "environment_urls": [hole.url]})
                 follower = asyncio.create_task(cli(url, "status", run_id, "--follow", "--poll-seconds", "0.3"))
                 async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-                    await wait_for(http, run_id, lambda s: s["phase"] == "discovering")
+                    await wait_for(http, run_id, lambda s: s["phase"] == "discovery")
                 cancelled = await cli(url, "cancel", run_id)
                 assert cancelled.exit_code == 0, cancelled.output
                 assert f"cancellation requested for {run_id}" in cancelled.output

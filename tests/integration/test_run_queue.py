@@ -36,12 +36,12 @@ async def test_queue_positions_and_capacity_full(kiln_settings: Any) -> None:
             first = await client.start_workflow(
                 WORKFLOW_NAME, request, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
             )
-            first_status = await _wait_phase(first, "discovering")
+            first_status = await _wait_phase(first, "discovery")
             assert first_status["admission"]["sequence"] >= 1
             second = await client.start_workflow(
                 WORKFLOW_NAME, request, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
             )
-            queued = await _wait_phase(second, "queued")
+            queued = await _wait_phase(second, "queue")
             for _ in range(50):
                 queued = await second.query("status")
                 if (queued.get("admission") or {}).get("queue_position") == 1:
@@ -64,7 +64,7 @@ async def test_queue_positions_and_capacity_full(kiln_settings: Any) -> None:
             with pytest.raises(WorkflowFailureError):
                 await second.result()
             cancelled = await second.query("status")
-            assert cancelled["state"] == "cancelled" and cancelled["cancelled_stage"] == "admission"
+            assert cancelled["state"] == "cancelled" and cancelled["cancelled_stage"] == "queue"
             await first.cancel()
             with pytest.raises(WorkflowFailureError):
                 await first.result()

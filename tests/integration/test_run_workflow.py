@@ -169,7 +169,7 @@ async def test_identity_change_fails_run_without_manifest(kiln_settings: Any) ->
             first.__exit__(None, None, None)
     assert failure.value.cause.type == "environment_identity_changed"
     assert status["failure"]["code"] == "environment_identity_changed"
-    assert status["failure"]["stage"] == "identity_verification"
+    assert status["failure"]["stage"] == "revalidation"
     assert "schema.action" in status["failure"]["details"]["changed_fields"]
     store = S3Store.from_settings(settings)
     assert not store.exists(manifest_key(run_id))
@@ -333,7 +333,7 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
             await handle.result()
         status = await handle.query("status")
     assert failure.value.cause.type == "retained_budget_exceeded"
-    assert status["failure"]["stage"] == "artifact_publication"
+    assert status["failure"]["stage"] == "publication"
     assert "4096" in status["failure"]["message"]
     store = S3Store.from_settings(settings)
     assert not store.exists(manifest_key(run_id))

@@ -20,29 +20,14 @@ from kiln.contracts import reset_payload, reset_plan_sha256
 from kiln.openenv.discovery import inspect_environment
 from kiln.rollout.bundle import build_bundle
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.run_plan import BundleSpec
 
 FILES = ("rollouts.jsonl", "replay.json", "summary.json")
 
 
-def request_for(settings: EpisodeSettings, *, groups: int, seed_start: int, urls: list[str]) -> dict[str, Any]:
-    """The run-request dict ``build_bundle`` reads (rollout kind, base adapter)."""
-    return {
-        "kind": "rollout",
-        "environment_urls": urls,
-        "adapter": "base",
-        "groups": groups,
-        "group_size": settings.group_size,
-        "seed_start": seed_start,
-        "max_steps": settings.max_steps,
-        "concurrency": settings.concurrency,
-        "max_action_tokens": settings.max_action_tokens,
-        "thinking": settings.thinking,
-        "thinking_budget_tokens": settings.thinking_budget_tokens,
-        "temperature": settings.temperature,
-        "protocol_error_reward": settings.protocol_error_reward,
-        "max_recoverable_errors": settings.max_recoverable_errors,
-        "capacity_wait_seconds": settings.capacity_wait_seconds,
-    }
+def spec_for(settings: EpisodeSettings, *, seed_start: int) -> BundleSpec:
+    """The bundle spec of a base-model rollout with these settings."""
+    return BundleSpec(adapter=None, seed_start=seed_start, settings=settings)
 
 
 async def _collect(
@@ -66,7 +51,7 @@ async def _collect(
         documents.append(json.loads(canonical_json(document)))
     return build_bundle(
         documents,
-        request=request_for(settings, groups=groups, seed_start=seed_start, urls=[url]),
+        spec=spec_for(settings, seed_start=seed_start),
         inspections=[inspection],
         behavior_policy=behavior_policy,
         reset_plan_sha256=reset_plan_sha256([template]),

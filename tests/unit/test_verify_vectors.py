@@ -29,7 +29,7 @@ from kiln.rollout.verify import (
     recompute_return,
     verify_bundle,
 )
-from tests.unit.test_verify_support import parse, request_for, reseal, write_bundle
+from tests.unit.test_verify_support import parse, spec_for, reseal, write_bundle
 
 WHERE = Where("replay", group=0)
 
@@ -222,7 +222,7 @@ async def _scripted_bundle(url: str, template: dict | None = None) -> dict[str, 
     document = json.loads(canonical_json(await GroupCollector(task, policy).run()))
     return build_bundle(
         [document],
-        request=request_for(settings, groups=1, seed_start=GROUP_SEED, urls=[url]),
+        spec=spec_for(settings, seed_start=GROUP_SEED),
         inspections=[inspection],
         behavior_policy=policy.identity(),
         reset_plan_sha256=reset_plan_sha256([template]),

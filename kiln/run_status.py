@@ -1,0 +1,211 @@
+"""A run's status: the typed record the run workflows keep and their ``status`` query returns.
+
+One stage vocabulary everywhere: a run's ``phase`` while it works is the name of the stage it is
+in, and the same name is ``failure.stage`` / ``cancelled_stage`` when it ends there, and the stem
+of the stage's activities (docs/architecture.md has the table). Pure pydantic: the workflows, the
+API and the CLI all read it; JSON keys are those of ``kiln.run-status.v1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STATUS_SCHEMA = "kiln.run-status.v1"
+
+# Stages of a live run, in order, then those of a dataset-training run.
+RUN_STAGES = (
+    "admission",
+    "queue",
+    "discovery",
+    "collection",
+    "revalidation",
+    "training",
+    "evaluation",
+    "post_evaluation",
+    "publication",
+)
+DATASET_STAGES = ("split", "training", "publication")
+TERMINAL_STATES = ("completed", "failed", "cancelled")
+Stage = Literal[
+    "admission", "queue", "discovery", "collection", "revalidation", "training",
+    "evaluation", "post_evaluation", "publication", "split",
+]
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+
+
+class Progress(_Status):
+    """Groups and rollouts done; wall-clock model figures live here, never in artifacts."""
+
+    groups_completed: int = 0
+    groups_total: int = 0
+    rollouts_completed: int = 0
+    rollouts_total: int = 0
+    mean_return: float | None = None
+    model_latency_ms: float = 0.0
+    model_tokens: int = 0
+    returns_sum: float = Field(default=0.0, exclude=True)
+
+    @classmethod
+    def planned(cls, groups: int, group_size: int) -> "Progress":
+        return cls(groups_total=groups, rollouts_total=groups * group_size)
+
+    def add_group(self, returns: list[float], *, latency_ms: float, tokens: int) -> None:
+        self.groups_completed += 1
+        self.rollouts_completed += len(returns)
+        self.returns_sum += sum(returns)
+        if self.rollouts_completed:
+            self.mean_return = self.returns_sum / self.rollouts_completed
+        self.model_latency_ms = round(self.model_latency_ms + latency_ms, 3)
+        self.model_tokens += tokens
+
+
+class Admission(_Status):
+    sequence: int
+    queue_position: int | None = None
+    submitted_at: str
+    admitted_at: str | None = None
+    queue_wait_ms: int | None = None
+
+
+class EnvironmentStatus(_Status):
+    base_url: str
+    name: str
+    discovery_sha256: str | None
+    schema_sha256: str
+
+
+class Interruption(_Status):
+    stage: str
+    group_index: int
+    attempts: int
+    code: str | None
+    recovered: str = "re-collected from reset with the same seed"
+
+
+class TrainingStatus(_Status):
+    trained: bool
+    steps: int
+    final_loss: float | None
+    adapter_sha256: str | None
+    selection: dict[str, Any]
+    skip_reason: str | None
+
+
+class EvaluationStatus(_Status):
+    state: str = "collecting_baseline"
+    seed_start: int
+    groups: int
+    group_size: int
+    progress: Progress
+    baseline_stats: dict[str, Any] | None = None
+    candidate_stats: dict[str, Any] | None = None
+    decision: str | None = None
+    outcome: str | None = None
+    verdict: str | None = None
+    evidence: dict[str, Any] | None = None
+    world_model: dict[str, Any] | None = None
+
+
+class PostEvaluationStatus(_Status):
+    suite: str
+    candidate_accuracy: float
+    baseline_accuracy: float | None
+    gate_outcome: str
+    reason: str
+
+
+class Failure(_Status):
+    code: str
+    message: str
+    stage: str
+    retryable: bool = False
+    hint: str | None = None
+    details: Any = None
+
+
+class ManifestStatus(_Status):
+    uri: str
+    sha256: str
+
+
+class ArtifactStatus(_Status):
+    name: str
+    uri: str
+    sha256: str
+    bytes: int
+
+
+class RunStatus(_Status):
+    """Everything the API, CLI and Web UI show about a run while it runs and after it ends."""
+
+    schema_: str = Field(default=STATUS_SCHEMA, alias="schema")
+    run_id: str = ""
+    kind: str | None = None
+    phase: str = "admission"
+    state: Literal["running", "completed", "failed", "cancelled"] = "running"
+    progress: Progress = Field(default_factory=Progress)
+    mean_return: float | None = None
+    environments: list[EnvironmentStatus] = Field(default_factory=list)
+    training: TrainingStatus | None = None
+    environment_evaluation: EvaluationStatus | None = None
+    post_evaluation: PostEvaluationStatus | None = None
+    manifest: ManifestStatus | None = None
+    artifacts: list[ArtifactStatus] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    interruptions: list[Interruption] = Field(default_factory=list)
+    failure: Failure | None = None
+    admission: Admission | None = None
+    request_sha256: str | None = None
+    reset_plan_sha256: str | None = None
+    behavior_policy: dict[str, Any] | None = None
+    rollout_stats: dict[str, Any] | None = None
+    promoted: bool | None = None
+    cancelled_stage: str | None = None
+
+    # ------------------------------------------------------------------ phase helpers
+    def enter(self, stage: str) -> None:
+        self.phase = stage
+
+    def stage(self) -> str:
+        """The stage the run is in (or ended in): its phase unless the phase is terminal."""
+        return self.phase if self.phase not in TERMINAL_STATES else (self.cancelled_stage or "orchestration")
+
+    def finish(self, state: Literal["completed", "failed", "cancelled"]) -> None:
+        self.state = state
+        self.phase = state
+
+    def fail(self, failure: Failure) -> None:
+        self.failure = failure
+        self.finish("failed")
+
+    def cancel(self) -> None:
+        stage = self.stage()
+        self.warnings.append(
+            "cancelled while queued (no environment was contacted)"
+            if stage in ("admission", "queue")
+            else f"cancelled during {stage}; nothing was published"
+        )
+        self.cancelled_stage = stage
+        self.finish("cancelled")
+
+    def record_training(self, training: Any) -> None:
+        self.training = TrainingStatus(
+            trained=training.trained,
+            steps=training.steps,
+            final_loss=training.final_loss,
+            adapter_sha256=training.adapter_sha256,
+            selection=training.selection,
+            skip_reason=training.skip_reason,
+        )
+        self.warnings.extend(training.selection.get("warnings", []))
+
+    def record_publication(self, published: Any, *, promoted: bool) -> None:
+        self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)
+        self.artifacts = [ArtifactStatus.model_validate(a.model_dump()) for a in published.artifacts]
+        self.promoted = promoted
+        self.finish("completed")

@@ -1,0 +1,97 @@
+"""Collection inside a run workflow: one ``collect_group`` activity per scheduled seed group.
+
+Used for the run's own groups and for both sides of the paired evaluation. The schedule (which
+seed on which environment) comes from ``kiln.run_plan``; this module only fans the activities out
+(at most ``MAX_PARALLEL_GROUPS`` in flight) and folds their results into the run's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.gpu import GpuActivities
+    from kiln.contracts import EpisodeSettings, RunRequest, reset_payload
+    from kiln.records import (
+        AdmissionResult,
+        CollectGroupInput,
+        CollectGroupResult,
+        DiscoveryResult,
+        PolicyInput,
+        PolicyResult,
+        StoredObject,
+    )
+    from kiln.run_plan import GroupSlot
+    from kiln.run_status import Interruption, Progress, RunStatus
+    from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
+
+
+@dataclass
+class RunContext:
+    """What every stage of one run needs: its id, typed request, admission and discovery results."""
+
+    run_id: str
+    request: RunRequest
+    admission: AdmissionResult
+    discovery: DiscoveryResult
+    call: ActivityCaller
+    status: RunStatus
+
+
+async def resolve_policy(ctx: RunContext, inp: PolicyInput) -> PolicyResult:
+    label = inp.adapter_ref.name if inp.adapter_ref else (inp.adapter or "base")
+    return await ctx.call(GpuActivities.resolve_policy, inp, summary=f"resolve policy identity ({label})")
+
+
+async def collect_groups(
+    ctx: RunContext,
+    policy: PolicyResult,
+    *,
+    slots: list[GroupSlot],
+    settings: EpisodeSettings,
+    progress: Progress,
+    label: str,
+) -> list[StoredObject]:
+    """Collect every slot with ``policy``; the stored groups in group order."""
+    environments = ctx.discovery.environments
+    credential_ids = ctx.request.credential_ids
+    gate = asyncio.Semaphore(MAX_PARALLEL_GROUPS)
+    results: list[CollectGroupResult] = []
+
+    async def one(slot: GroupSlot) -> None:
+        env = environments[slot.environment_index]
+        inp = CollectGroupInput(
+            run_id=ctx.run_id,
+            group_index=slot.group_index,
+            environment_index=slot.environment_index,
+            seed=slot.seed,
+            reset_payload=reset_payload(ctx.admission.reset_templates[slot.environment_index], slot.seed),
+            inspection=env.inspection,
+            settings=settings,
+            behavior_policy=policy.behavior_policy,
+            adapter_ref=policy.adapter_ref,
+            credential_id=credential_ids[slot.environment_index] if credential_ids else None,
+            on_interrupt=ctx.request.on_interrupt,
+        )
+        async with gate:
+            result: CollectGroupResult = await ctx.call(
+                GpuActivities.collect_group,
+                inp,
+                summary=f"{label} {slot.group_index} seed {slot.seed} on {env.base_url}",
+            )
+        results.append(result)
+        if result.attempt > 1:
+            ctx.status.interruptions.append(
+                Interruption(
+                    stage=label, group_index=slot.group_index, attempts=result.attempt, code=result.interruption_code
+                )
+            )
+        progress.add_group(result.returns, latency_ms=result.model_latency_ms, tokens=result.model_tokens)
+        if progress is ctx.status.progress:
+            ctx.status.mean_return = progress.mean_return
+
+    await asyncio.gather(*(one(slot) for slot in slots))
+    return [r.group for r in sorted(results, key=lambda r: r.group_index)]

@@ -1,0 +1,94 @@
+"""What both run workflows share: the typed ``RunStatus`` they keep, its search attributes, and
+the one mapping of an ending (completed / failed / cancelled) onto status and Temporal.
+
+A failure becomes ``status.failure`` (``{code, message, stage, retryable, hint, details}``) and
+the workflow fails with an ``ApplicationError`` whose ``type`` is the Kiln code; a cancel marks
+the stage it interrupted in ``cancelled_stage``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from kiln import search_attributes as names
+    from kiln.run_status import Failure, RunStatus
+
+KILN_PHASE = SearchAttributeKey.for_keyword(names.PHASE)
+KILN_STATUS = SearchAttributeKey.for_keyword(names.STATUS)
+KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(names.ENVIRONMENT)
+KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(names.OUTPUT_ADAPTER)
+KILN_RUN_KIND = SearchAttributeKey.for_keyword(names.RUN_KIND)
+
+
+def failure_from(err: BaseException, stage: str) -> Failure:
+    """The run's failure record from an activity/application failure raised in ``stage``."""
+    cause: BaseException | None = err
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+        return Failure(
+            code=cause.type or details.get("code") or "internal_error",
+            message=details.get("message") or cause.message,
+            stage=details.get("stage") or stage,
+            retryable=bool(details.get("retryable", False)),
+            hint=details.get("hint"),
+            details=details.get("details"),
+        )
+    if isinstance(cause, CancelledError):
+        return Failure(code="cancelled", message=str(cause), stage=stage)
+    return Failure(code="internal_error", message=str(cause or err), stage=stage)
+
+
+class StatusKeeper:
+    """Base of the run workflows: keeps ``self._status`` and maps how the run ends."""
+
+    _status: RunStatus
+
+    def _enter(self, stage: str) -> None:
+        self._status.enter(stage)
+        workflow.upsert_search_attributes([KILN_PHASE.value_set(stage)])
+
+    def _sync_state(self) -> None:
+        workflow.upsert_search_attributes(
+            [KILN_STATUS.value_set(self._status.state), KILN_PHASE.value_set(self._status.phase)]
+        )
+
+    async def _release(self) -> None:
+        """Give back what the run holds outside itself (a queue slot); never fails the run."""
+
+    async def _guarded(self, body: Callable[[], Awaitable[None]]) -> RunStatus:
+        """Run ``body``; map its ending onto status, search attributes and the workflow result."""
+        self._status.run_id = workflow.info().workflow_id
+        self._sync_state()
+        try:
+            await body()
+        except asyncio.CancelledError:
+            await self._cancelled()
+            raise
+        except (ActivityError, ApplicationError) as err:
+            if is_cancelled_exception(err):  # an activity cancelled because the run was
+                await self._cancelled()
+                raise
+            await self._release()
+            failure = failure_from(err, self._status.stage())
+            self._status.fail(failure)
+            self._sync_state()
+            details: dict[str, Any] = failure.model_dump()
+            raise ApplicationError(
+                f"{failure.code}: {failure.message}", details, type=failure.code, non_retryable=True
+            ) from None
+        await self._release()
+        self._sync_state()
+        return self._status
+
+    async def _cancelled(self) -> None:
+        await self._release()
+        self._status.cancel()
+        self._sync_state()
