@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from kiln.artifacts.manifest import manifest_key, parse_manifest
+from kiln.artifacts.manifest import manifest_key, verified_manifest
 from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.canonical import sha256_bytes
 from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
@@ -92,19 +92,8 @@ class ArtifactService:
                 f"run {run_id} has published no artifacts",
                 hint="artifacts appear when the run completes",
             )
-        digest = sha256_bytes(raw)
-        if expected_sha256 is not None and digest != expected_sha256:
-            raise ArtifactIntegrityFailed(
-                f"the manifest of run {run_id} does not match the digest the run recorded",
-                details={"expected": expected_sha256, "actual": digest},
-            )
-        try:
-            document = parse_manifest(raw)
-        except ValueError as err:
-            raise ArtifactIntegrityFailed(f"the manifest of run {run_id} is invalid: {err}") from None
-        if document["run_id"] != run_id:
-            raise ArtifactIntegrityFailed(f"the manifest stored for run {run_id} names another run")
-        return PublishedManifest(raw=raw, sha256=digest, document=document)
+        document = verified_manifest(raw, run_id, expected_sha256)
+        return PublishedManifest(raw=raw, sha256=sha256_bytes(raw), document=document)
 
     async def verified(self, manifest: PublishedManifest, name: str) -> VerifiedArtifact:
         """Copy artifact ``name`` into a spool file, checking size and SHA-256 on the way."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pydantic
 from temporalio.client import Client
@@ -32,6 +32,7 @@ def build_workers(
     model_path: Path | None = None,
     sticky_timeout: timedelta = timedelta(seconds=10),
     control_factory: Callable[[Settings, S3Store], ControlActivities] = ControlActivities,
+    gpu_factory: Callable[[Settings, S3Store, Path], Any] | None = None,
 ) -> list[Worker]:
     store = store or S3Store.from_settings(settings)
     workers: list[Worker] = []
@@ -50,7 +51,7 @@ def build_workers(
     if "gpu" in roles:
         from activities.gpu import GpuActivities
 
-        gpu = GpuActivities(settings, store, model_path or settings.default_model_path)
+        gpu = (gpu_factory or GpuActivities)(settings, store, model_path or settings.default_model_path)
         workers.append(
             Worker(
                 client,

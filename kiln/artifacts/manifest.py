@@ -141,3 +141,23 @@ def verify_manifest_against_store(manifest: dict, store: S3Store) -> None:
             ) from exc
         except KilnError:
             raise
+
+
+def verified_manifest(raw: bytes, run_id: str, expected_sha256: str | None) -> dict:
+    """The one integrity check of served manifest bytes (API and CLI): they hash to the digest
+    the run recorded (when known), parse as a valid manifest, and name this run."""
+    from kiln.canonical import sha256_bytes
+
+    digest = sha256_bytes(raw)
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise ArtifactIntegrityFailed(
+            f"the manifest of run {run_id} does not hash to the digest the run recorded",
+            details={"expected": expected_sha256, "actual": digest},
+        )
+    try:
+        document = parse_manifest(raw)
+    except ValueError as err:
+        raise ArtifactIntegrityFailed(f"the manifest of run {run_id} is invalid: {err}") from None
+    if document["run_id"] != run_id:
+        raise ArtifactIntegrityFailed(f"the manifest of run {run_id} names another run")
+    return document

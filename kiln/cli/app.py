@@ -9,10 +9,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
+from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
 from kiln.errors import KilnError
 from kiln.settings import load_settings
+
+
+def default(model: Any, field: str) -> Any:
+    """A CLI option's default is the model field's default (each default lives once, in the model)."""
+    return model.model_fields[field].get_default(call_default_factory=True)
 
 app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
 openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
@@ -22,15 +27,7 @@ app.add_typer(model_app, name="model")
 train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(error: KilnError) -> None:
-    err_console.print(f"[red]error[/] {error.code}: {error.message}")
-    if error.hint:
-        err_console.print(f"hint: {error.hint}")
-    raise typer.Exit(2)
+from kiln.cli.console import console, fail as _fail  # noqa: E402
 
 
 def _api() -> Any:
@@ -217,22 +214,32 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     return value
 
 
-CONSTRAINED_OPT = typer.Option(False, "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
+CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
 RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
 CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
 
-# Collection options shared by `train` and `rollout` (one definition, one help text).
+# Collection options shared by `train` and `rollout` (one definition, one help text; defaults
+# from the model — tests/unit/test_cli_defaults.py proves every one equals the model's).
+GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), help="Candidates per seed group (1-256; >= 2 for training).")
 ENV_OPT = typer.Option(..., "--environment", help="Environment base URL (repeat for a portfolio).")
-GROUPS_OPT = typer.Option(8, help="Seed groups to collect (1-16384).")
-SEED_START_OPT = typer.Option(0, help="Seed of the first group; group g uses seed_start+g.")
-MAX_STEPS_OPT = typer.Option(8, help="Environment steps per episode (1-256).")
-CONCURRENCY_OPT = typer.Option(4, help="Concurrent sessions per group (1-256).")
-MAX_ACTION_TOKENS_OPT = typer.Option(256, help="Token limit of one action (1-16384).")
-TEMPERATURE_OPT = typer.Option(1.0, help="Sampling temperature (>= 0).")
-THINKING_OPT = typer.Option(True, "--thinking/--no-thinking", help="Let the policy reason in <think> first.")
-THINKING_BUDGET_OPT = typer.Option(None, help="Bound on reasoning tokens (< max-action-tokens).")
-ADAPTER_OPT = typer.Option("base", help="Behaviour policy adapter (base = the base model).")
+GROUPS_OPT = typer.Option(default(RunRequest, "groups"), help="Seed groups to collect (1-16384).")
+SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), help="Seed of the first group; group g uses seed_start+g.")
+MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), help="Environment steps per episode (1-256).")
+CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), help="Concurrent sessions per group (1-256).")
+MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), help="Token limit of one action (1-16384).")
+TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), help="Sampling temperature (>= 0).")
+THINKING_OPT = typer.Option(default(RunRequest, "thinking"), "--thinking/--no-thinking", help="Let the policy reason in <think> first.")
+THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), help="Bound on reasoning tokens (< max-action-tokens).")
+ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), help="Behavior policy adapter (base = the base model).")
 IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
+# GRPO/ECHO options shared by `openenv train` and `train grpo`.
+LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), help="AdamW learning rate of the LoRA parameters.")
+EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), help="Passes over the groups (one optimizer step per group).")
+LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), help="LoRA rank (attention and MLP projections).")
+LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), help="LoRA alpha.")
+KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), help="k1 KL penalty to the base policy (0 = off).")
+ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), help="ECHO weight on observation cross-entropy (0 = off).")
+AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", help="Promote the adapter name when allowed.")
 RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
 
 
@@ -240,7 +247,7 @@ RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for ever
 def train_cmd(
     environment: list[str] = ENV_OPT,
     groups: int = GROUPS_OPT,
-    group_size: int = typer.Option(4, help="Candidates per seed group (2-256 for training)."),
+    group_size: int = GROUP_SIZE_OPT,
     output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
     seed_start: int = SEED_START_OPT,
     max_steps: int = MAX_STEPS_OPT,
@@ -252,20 +259,20 @@ def train_cmd(
     adapter: str = ADAPTER_OPT,
     idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
     reset_options: Optional[Path] = RESET_OPTIONS_OPT,
-    learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA parameters."),
-    epochs: int = typer.Option(4, help="Passes over the collected groups (one optimizer step per group)."),
-    lora_rank: int = typer.Option(16, help="LoRA rank (attention and MLP projections)."),
-    lora_alpha: float = typer.Option(32.0, help="LoRA alpha."),
-    kl_coeff: float = typer.Option(0.0, help="k1 KL penalty to the base policy (0 = off)."),
-    echo_lambda: float = typer.Option(0.05, help="ECHO weight on observation cross-entropy (0 = off)."),
-    checkpoint_interval: Optional[int] = typer.Option(None, help="Checkpoint every N optimizer steps."),
-    eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none)."),
-    eval_group_size: int = typer.Option(1, help="Episodes per held-out seed group."),
-    eval_seed_start: Optional[int] = typer.Option(None, help="First held-out seed (default: after the training seeds)."),
+    learning_rate: float = LEARNING_RATE_OPT,
+    epochs: int = EPOCHS_OPT,
+    lora_rank: int = LORA_RANK_OPT,
+    lora_alpha: float = LORA_ALPHA_OPT,
+    kl_coeff: float = KL_COEFF_OPT,
+    echo_lambda: float = ECHO_LAMBDA_OPT,
+    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), help="Checkpoint every N optimizer steps."),
+    eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
+    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), help="Episodes per held-out seed group."),
+    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), help="First held-out seed (default: after the training seeds)."),
     gate: bool = typer.Option(False, "--gate/--no-gate", help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
-    min_mean_improvement: float = typer.Option(0.0, help="Gate: minimum candidate - baseline mean return."),
-    min_mean_return: Optional[float] = typer.Option(None, help="Gate: minimum candidate mean return."),
-    auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name when allowed."),
+    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), help="Gate: minimum candidate - baseline mean return."),
+    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), help="Gate: minimum candidate mean return."),
+    auto_load: bool = AUTO_LOAD_OPT,
     post_eval_suite: Optional[str] = typer.Option(None, help="Installed static suite to score the adapter on (e.g. counter-format)."),
     post_eval_min_accuracy: Optional[float] = typer.Option(None, help="Promote only at or above this suite accuracy (0-1)."),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
@@ -312,7 +319,7 @@ def train_cmd(
 def rollout_cmd(
     environment: list[str] = ENV_OPT,
     groups: int = GROUPS_OPT,
-    group_size: int = typer.Option(4, help="Candidates per seed group (1-256)."),
+    group_size: int = GROUP_SIZE_OPT,
     seed_start: int = SEED_START_OPT,
     max_steps: int = MAX_STEPS_OPT,
     concurrency: int = CONCURRENCY_OPT,
@@ -380,14 +387,14 @@ def start_cmd(
 def train_grpo_cmd(
     input_path: Path = typer.Option(..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."),
     output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
-    learning_rate: float = typer.Option(1e-4, help="AdamW learning rate of the LoRA parameters."),
-    epochs: int = typer.Option(4, help="Passes over the groups."),
-    lora_rank: int = typer.Option(16, help="LoRA rank."),
-    lora_alpha: float = typer.Option(32.0, help="LoRA alpha."),
-    kl_coeff: float = typer.Option(0.0, help="k1 KL penalty to the base policy."),
-    echo_lambda: float = typer.Option(0.05, help="ECHO weight (0 = off)."),
-    behavior_policy: str = typer.Option("no_importance_correction", help="no_importance_correction | recorded."),
-    auto_load: bool = typer.Option(True, "--auto-load/--no-auto-load", help="Promote the adapter name."),
+    learning_rate: float = LEARNING_RATE_OPT,
+    epochs: int = EPOCHS_OPT,
+    lora_rank: int = LORA_RANK_OPT,
+    lora_alpha: float = LORA_ALPHA_OPT,
+    kl_coeff: float = KL_COEFF_OPT,
+    echo_lambda: float = ECHO_LAMBDA_OPT,
+    behavior_policy: str = typer.Option(default(TrainingConfig, "behavior_policy"), help="no_importance_correction | recorded."),
+    auto_load: bool = AUTO_LOAD_OPT,
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:

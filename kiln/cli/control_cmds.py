@@ -14,18 +14,18 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
-from kiln.artifacts.manifest import parse_manifest
+from kiln.artifacts.manifest import verified_manifest
 from kiln.canonical import sha256_bytes
 from kiln.cli.api_client import ApiClient, artifact_path
+from kiln.cli.console import console, err_console, fail, print_json  # noqa: F401
 from kiln.cli.follow import TERMINAL, exit_code, follow, print_outcome
+from kiln.contracts import RunRequest
 from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
 
 DOWNLOAD_RECEIPT_SCHEMA = "kiln.openenv-artifact-download.v1"
@@ -33,10 +33,6 @@ MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
 _CHUNK = 256 * 1024
 # Manifest names of a rollout run's three local outputs.
 ROLLOUT_OUTPUTS = ("rollouts.jsonl", "replay.json", "summary.json")
-
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
-
 
 class OutputExists(KilnError):
     code = "openenv_artifact_output_exists"
@@ -54,18 +50,6 @@ def api_client() -> ApiClient:
     return ApiClient(settings.resolved_api_url, token=token or None)
 
 
-def fail(error: KilnError) -> None:
-    """Print a KilnError (code, message, hint) on stderr and exit 2."""
-    err_console.print(f"[red]error[/] {error.code}: {error.message}")
-    if error.hint:
-        err_console.print(f"hint: {error.hint}")
-    raise typer.Exit(2)
-
-
-def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
 # --------------------------------------------------------------------------------- downloads
 
 
@@ -78,19 +62,7 @@ def current_manifest(api: ApiClient, run_id: str) -> dict[str, Any]:
             f"run {run_id} is {status.get('state')} and has published no artifacts",
             hint="artifacts appear when the run completes",
         )
-    raw = api.manifest_bytes(run_id)
-    if sha256_bytes(raw) != recorded:
-        raise ArtifactIntegrityFailed(
-            f"the manifest served for run {run_id} does not hash to the digest the run recorded",
-            details={"expected": recorded, "actual": sha256_bytes(raw)},
-        )
-    try:
-        manifest = parse_manifest(raw)
-    except ValueError as err:
-        raise ArtifactIntegrityFailed(f"the manifest of run {run_id} is invalid: {err}") from None
-    if manifest["run_id"] != run_id:
-        raise ArtifactIntegrityFailed(f"the manifest served for run {run_id} names another run")
-    return manifest
+    return verified_manifest(api.manifest_bytes(run_id), run_id, recorded)
 
 
 def manifest_entry(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -234,7 +206,7 @@ def rollout_output_mapping(
 
 def follow_and_download(
     api: ApiClient, run_id: str, mapping: dict[str, Path], *, force: bool = False,
-    out: Console | None = None, poll_s: float = 1.0,
+    out: Any = None, poll_s: float = 1.0,
 ) -> int:
     """Follow the run to its end, print the outcome, download ``mapping`` if it completed.
 
@@ -257,158 +229,170 @@ def follow_and_download(
 # --------------------------------------------------------------------------------- commands
 
 
+def runs_cmd(
+    state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """List runs, newest first."""
+    try:
+        runs = api_client().runs(state)
+    except KilnError as error:
+        fail(error)
+        return
+    if as_json:
+        print_json(runs)
+        return
+    if not runs:
+        console.print("no runs")
+    for run in runs:
+        console.print(
+            f"{run['run_id']}  {run['state']:<10} {str(run.get('kind') or '-'):<8} "
+            f"{str(run.get('phase') or '-'):<12} {run.get('started_at')}"
+        )
+
+
+def status_cmd(
+    run_id: str = typer.Argument(..., help="Run id."),
+    follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    poll_seconds: float = typer.Option(1.0, "--poll-seconds", min=0.1, help="Polling interval."),
+) -> None:
+    """Show a run's phase, progress, returns, training and artifacts.
+
+    Exit code of a finished run: 0 completed, 1 failed, 3 cancelled.
+    """
+    api = api_client()
+    try:
+        if follow_run:
+            status = follow(lambda: api.status(run_id), console, poll_s=poll_seconds, live=not as_json)
+        else:
+            status = api.status(run_id)
+    except KilnError as error:
+        fail(error)
+        return
+    if as_json:
+        print_json(status)
+        code = exit_code(status)
+    else:
+        code = print_outcome(status, console)
+    if status.get("state") in TERMINAL:
+        raise typer.Exit(code)
+
+
+def cancel_cmd(
+    run_id: str = typer.Argument(..., help="Run id."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Request cancellation of a running run (exit 2 if it already ended)."""
+    try:
+        status = api_client().cancel(run_id)
+    except KilnError as error:
+        fail(error)
+        return
+    if as_json:
+        print_json(status)
+        return
+    console.print(f"cancellation requested for {run_id}")
+
+
+def artifact_cmd(
+    run_id: str = typer.Argument(..., help="Run id."),
+    name: str = typer.Argument(..., help="Artifact name as listed in the run's manifest."),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the download receipt as JSON."),
+) -> None:
+    """Download one artifact, verified against the run's manifest (size and SHA-256)."""
+    try:
+        receipt = download_artifact(api_client(), run_id, name, output, force=force)
+    except KilnError as error:
+        fail(error)
+        return
+    if as_json:
+        print_json(receipt)
+        return
+    console.print(f"wrote {receipt['output_path']} ({receipt['bytes']} B, {receipt['sha256']})")
+
+
+def tasks_cmd(
+    environment: list[str] = typer.Option(..., "--environment", help="Environment base URL (repeatable)."),
+    environment_name: Optional[str] = typer.Option(None, "--environment-name", help="Environment on a multi-environment server."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split to page through (case-insensitive)."),
+    start: int = typer.Option(0, "--start", help="First task index."),
+    limit: int = typer.Option(50, "--limit", help="Page size (1-200)."),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """Browse an environment's Task API catalog (splits and task rows) through the API."""
+    body: dict[str, Any] = {"environment_urls": environment, "start": start, "limit": limit}
+    if environment_name is not None:
+        body["environment_name"] = environment_name
+    if split is not None:
+        body["split"] = split
+    try:
+        result = api_client().tasks(body)
+    except KilnError as error:
+        fail(error)
+        return
+    if as_json:
+        print_json(result)
+        return
+    for item in result["catalogs"]:
+        catalog = item["catalog"]
+        console.print(f"{item['base_url']}  environment {catalog.get('environment_name')}  "
+                      f"task api {catalog.get('task_api')}")
+        for entry in catalog.get("splits") or []:
+            console.print(f"  split {entry.get('name')} ({entry.get('type')})")
+        if "selected_split" in catalog:
+            console.print(f"  {catalog['selected_split']}: tasks {catalog['start']}..{catalog['stop']} "
+                          f"of {catalog['num_tasks']}")
+            for row in catalog.get("tasks") or []:
+                text = json.dumps(row, sort_keys=True)
+                console.print(f"    {text if len(text) <= 160 else text[:157] + '...'}", markup=False)
+
+
+def preflight_cmd(
+    output_adapter: str = typer.Option(..., "--output-adapter", help="Adapter the run will train."),
+    adapter: str = typer.Option(RunRequest.model_fields["adapter"].default, "--adapter", help="Behavior adapter (base = the base model)."),
+    training_config: Optional[Path] = typer.Option(None, "--training-config", help="JSON file of GRPO/ECHO settings."),
+    contract_output: Optional[Path] = typer.Option(None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the preflight receipt as JSON."),
+) -> None:
+    """Seal a training contract: effective config with defaults and the behaviour policy identity."""
+    body: dict[str, Any] = {"adapter": adapter, "output_adapter": output_adapter}
+    try:
+        if training_config is not None:
+            body["training_config"] = json.loads(training_config.read_text())
+        receipt = api_client().preflight(body)
+    except (OSError, ValueError) as err:
+        fail(KilnError(f"cannot read --training-config: {err}", code="openenv_invalid_request"))
+        return
+    except KilnError as error:
+        fail(error)
+        return
+    if contract_output is not None:
+        contract_output.write_text(json.dumps(receipt["contract"], indent=2, sort_keys=True) + "\n")
+    if as_json:
+        print_json(receipt)
+        return
+    policy = receipt["behavior_policy"]
+    console.print(f"output adapter   {receipt['contract']['output_adapter']}")
+    console.print(f"base adapter     {receipt['contract'].get('base_adapter') or 'base'}")
+    console.print(f"behaviour policy {json.dumps(policy, sort_keys=True)}", markup=False)
+    console.print(f"effective config {json.dumps(receipt['effective_config'], sort_keys=True)}", markup=False)
+    console.print(f"capacity reserved {receipt['capacity_reserved']}")
+
+
+COMMANDS = (
+    ("runs", runs_cmd),
+    ("status", status_cmd),
+    ("cancel", cancel_cmd),
+    ("artifact", artifact_cmd),
+    ("tasks", tasks_cmd),
+    ("preflight", preflight_cmd),
+)
+
+
 def register(openenv_app: typer.Typer) -> None:
     """Add runs, status, cancel, artifact, tasks and preflight to ``kiln openenv``."""
-
-    @openenv_app.command("runs")
-    def runs_cmd(
-        state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
-        as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
-    ) -> None:
-        """List runs, newest first."""
-        try:
-            runs = api_client().runs(state)
-        except KilnError as error:
-            fail(error)
-            return
-        if as_json:
-            print_json(runs)
-            return
-        if not runs:
-            console.print("no runs")
-        for run in runs:
-            console.print(
-                f"{run['run_id']}  {run['state']:<10} {str(run.get('kind') or '-'):<8} "
-                f"{str(run.get('phase') or '-'):<12} {run.get('started_at')}"
-            )
-
-    @openenv_app.command("status")
-    def status_cmd(
-        run_id: str = typer.Argument(..., help="Run id."),
-        follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
-        as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-        poll_seconds: float = typer.Option(1.0, "--poll-seconds", min=0.1, help="Polling interval."),
-    ) -> None:
-        """Show a run's phase, progress, returns, training and artifacts.
-
-        Exit code of a finished run: 0 completed, 1 failed, 3 cancelled.
-        """
-        api = api_client()
-        try:
-            if follow_run:
-                status = follow(lambda: api.status(run_id), console, poll_s=poll_seconds, live=not as_json)
-            else:
-                status = api.status(run_id)
-        except KilnError as error:
-            fail(error)
-            return
-        if as_json:
-            print_json(status)
-            code = exit_code(status)
-        else:
-            code = print_outcome(status, console)
-        if status.get("state") in TERMINAL:
-            raise typer.Exit(code)
-
-    @openenv_app.command("cancel")
-    def cancel_cmd(
-        run_id: str = typer.Argument(..., help="Run id."),
-        as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-    ) -> None:
-        """Request cancellation of a running run (exit 2 if it already ended)."""
-        try:
-            status = api_client().cancel(run_id)
-        except KilnError as error:
-            fail(error)
-            return
-        if as_json:
-            print_json(status)
-            return
-        console.print(f"cancellation requested for {run_id}")
-
-    @openenv_app.command("artifact")
-    def artifact_cmd(
-        run_id: str = typer.Argument(..., help="Run id."),
-        name: str = typer.Argument(..., help="Artifact name as listed in the run's manifest."),
-        output: Path = typer.Option(..., "--output", "-o", help="File to write."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing file."),
-        as_json: bool = typer.Option(False, "--json", help="Print the download receipt as JSON."),
-    ) -> None:
-        """Download one artifact, verified against the run's manifest (size and SHA-256)."""
-        try:
-            receipt = download_artifact(api_client(), run_id, name, output, force=force)
-        except KilnError as error:
-            fail(error)
-            return
-        if as_json:
-            print_json(receipt)
-            return
-        console.print(f"wrote {receipt['output_path']} ({receipt['bytes']} B, {receipt['sha256']})")
-
-    @openenv_app.command("tasks")
-    def tasks_cmd(
-        environment: list[str] = typer.Option(..., "--environment", help="Environment base URL (repeatable)."),
-        environment_name: Optional[str] = typer.Option(None, "--environment-name", help="Environment on a multi-environment server."),
-        split: Optional[str] = typer.Option(None, "--split", help="Split to page through (case-insensitive)."),
-        start: int = typer.Option(0, "--start", help="First task index."),
-        limit: int = typer.Option(50, "--limit", help="Page size (1-200)."),
-        as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
-    ) -> None:
-        """Browse an environment's Task API catalog (splits and task rows) through the API."""
-        body: dict[str, Any] = {"environment_urls": environment, "start": start, "limit": limit}
-        if environment_name is not None:
-            body["environment_name"] = environment_name
-        if split is not None:
-            body["split"] = split
-        try:
-            result = api_client().tasks(body)
-        except KilnError as error:
-            fail(error)
-            return
-        if as_json:
-            print_json(result)
-            return
-        for item in result["catalogs"]:
-            catalog = item["catalog"]
-            console.print(f"{item['base_url']}  environment {catalog.get('environment_name')}  "
-                          f"task api {catalog.get('task_api')}")
-            for entry in catalog.get("splits") or []:
-                console.print(f"  split {entry.get('name')} ({entry.get('type')})")
-            if "selected_split" in catalog:
-                console.print(f"  {catalog['selected_split']}: tasks {catalog['start']}..{catalog['stop']} "
-                              f"of {catalog['num_tasks']}")
-                for row in catalog.get("tasks") or []:
-                    text = json.dumps(row, sort_keys=True)
-                    console.print(f"    {text if len(text) <= 160 else text[:157] + '...'}", markup=False)
-
-    @openenv_app.command("preflight")
-    def preflight_cmd(
-        output_adapter: str = typer.Option(..., "--output-adapter", help="Adapter the run will train."),
-        adapter: str = typer.Option("base", "--adapter", help="Behaviour adapter (base = the base model)."),
-        training_config: Optional[Path] = typer.Option(None, "--training-config", help="JSON file of GRPO/ECHO settings."),
-        contract_output: Optional[Path] = typer.Option(None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."),
-        as_json: bool = typer.Option(False, "--json", help="Print the preflight receipt as JSON."),
-    ) -> None:
-        """Seal a training contract: effective config with defaults and the behaviour policy identity."""
-        body: dict[str, Any] = {"adapter": adapter, "output_adapter": output_adapter}
-        try:
-            if training_config is not None:
-                body["training_config"] = json.loads(training_config.read_text())
-            receipt = api_client().preflight(body)
-        except (OSError, ValueError) as err:
-            fail(KilnError(f"cannot read --training-config: {err}", code="openenv_invalid_request"))
-            return
-        except KilnError as error:
-            fail(error)
-            return
-        if contract_output is not None:
-            contract_output.write_text(json.dumps(receipt["contract"], indent=2, sort_keys=True) + "\n")
-        if as_json:
-            print_json(receipt)
-            return
-        policy = receipt["behavior_policy"]
-        console.print(f"output adapter   {receipt['contract']['output_adapter']}")
-        console.print(f"base adapter     {receipt['contract'].get('base_adapter') or 'base'}")
-        console.print(f"behaviour policy {json.dumps(policy, sort_keys=True)}", markup=False)
-        console.print(f"effective config {json.dumps(receipt['effective_config'], sort_keys=True)}", markup=False)
-        console.print(f"capacity reserved {receipt['capacity_reserved']}")
+    for name, command in COMMANDS:
+        openenv_app.command(name)(command)

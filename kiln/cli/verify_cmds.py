@@ -7,18 +7,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 
 from kiln.errors import KilnError
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+from kiln.cli.console import console, fail as _fail, print_json as _print_json  # noqa: E402
 
 _VERIFY_CHECKS = (
     "file sizes and sha256 of dataset and replay equal the summary",
@@ -30,17 +26,6 @@ _VERIFY_CHECKS = (
     "trajectories parse to the exchanged actions and observations",
     "stats recomputed from the records",
 )
-
-
-def _fail(error: KilnError) -> None:
-    err_console.print(f"[red]error[/] {error.code}: {error.message}", markup=True, highlight=False)
-    if error.hint:
-        err_console.print(f"hint: {error.hint}", markup=False, highlight=False)
-    raise typer.Exit(2)
-
-
-def _print_json(report: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def _row(label: str, value: object) -> None:

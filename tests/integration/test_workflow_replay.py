@@ -17,19 +17,27 @@ from temporalio.worker import Replayer
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.preflight import PreflightWorkflow
 from workflows.run_queue import RunQueueWorkflow
+from workflows.train_dataset import TrainDatasetWorkflow
 
 HISTORIES = sorted((Path(__file__).resolve().parents[1] / "histories").glob("*.json"))
 
 
 def test_histories_were_recorded() -> None:
-    assert {p.stem for p in HISTORIES} >= {"train_with_gate", "rollout", "unreachable", "run_queue"}
+    assert {p.stem for p in HISTORIES} >= {
+        "train_with_gate",
+        "rollout",
+        "unreachable",
+        "run_queue",
+        "train_dataset",
+        "retry_interrupt_cancel",
+    }
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_deterministically(path: Path) -> None:
     replayer = Replayer(
-        workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow],
+        workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
         data_converter=pydantic_data_converter,
     )
     history = WorkflowHistory.from_json(path.stem, path.read_text())

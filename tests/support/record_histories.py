@@ -3,9 +3,11 @@
     python -m tests.support.record_histories tests/histories
 
 Starts a throw-away Temporal dev server, SeaweedFS and the counter environment, runs a few
-representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a run
-cancelled while queued) and writes each run's history (and the queue's) as JSON. Re-record only
-when a workflow change is meant to be incompatible with running histories.
+representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a
+training run from the rollout's saved dataset, and a run whose first group attempt is interrupted
+and retried and which is then cancelled during revalidation) and writes each run's history (and the
+queue's) as JSON. Re-record only when a workflow change is meant to be incompatible with running
+histories.
 """
 
 from __future__ import annotations
@@ -17,13 +19,39 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from temporalio import activity
+
+from activities.control import ControlActivities
+from activities.gpu import GpuActivities
+from kiln.errors import CollectionFailed
 from kiln.policy.tiny import build_tiny_model
+from kiln.records import CollectGroupInput, CollectGroupResult, RevalidationInput, StoredObject, TrainDatasetInput
 from kiln.settings import Settings
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import free_port, serve_example_env
 from tests.support.stack import start_test_seaweedfs, start_test_temporal
-from workflows.options import WORKFLOW_NAME
-from workflows.run_queue import queue_workflow_id
+from workflows.names import TRAIN_DATASET_WORKFLOW, WORKFLOW_NAME, queue_workflow_id
+
+
+class _FlakyGpu(GpuActivities):
+    """Group 0's first attempt fails (a retry, recorded as an interruption of the run)."""
+
+    @activity.defn(name="collect_group")
+    async def collect_group(self, inp: CollectGroupInput) -> CollectGroupResult:  # type: ignore[override]
+        if inp.group_index == 0 and activity.info().attempt == 1:
+            activity.heartbeat({"group_index": 0, "failed_with": "collection_failed"})
+            raise CollectionFailed("injected: the first attempt of group 0 is interrupted")
+        return await super().collect_group(inp)
+
+
+class _SlowRevalidation(ControlActivities):
+    """Revalidation waits (heartbeating, so it hears the cancel) until the run is cancelled."""
+
+    @activity.defn(name="revalidate_environments")
+    async def revalidate_environments(self, inp: RevalidationInput) -> None:  # type: ignore[override]
+        for _ in range(600):
+            activity.heartbeat()
+            await asyncio.sleep(0.1)
 
 RUNS = {
     "train_with_gate": {
@@ -40,7 +68,7 @@ RUNS = {
 }
 
 
-async def _record(out: Path, settings: Settings, env_url: str) -> None:
+async def _record(out: Path, settings: Settings, env_url: str) -> StoredObject:
     async with running_workers(settings) as client:
         for name, request in RUNS.items():
             handle = await client.start_workflow(
@@ -49,8 +77,11 @@ async def _record(out: Path, settings: Settings, env_url: str) -> None:
                 id=f"history-{name}-{uuid.uuid4()}",
                 task_queue=settings.control_task_queue,
             )
-            await handle.result()
+            final = await handle.result()
             (out / f"{name}.json").write_text((await handle.fetch_history()).to_json())
+            if name == "rollout":
+                dataset = next(a for a in final["artifacts"] if a["name"] == "rollouts.jsonl")
+                saved = StoredObject(uri=dataset["uri"], sha256=dataset["sha256"], bytes=dataset["bytes"])
         handle = await client.start_workflow(
             WORKFLOW_NAME,
             {**RUNS["rollout"], "environment_urls": [f"http://127.0.0.1:{free_port()}"]},
@@ -65,6 +96,47 @@ async def _record(out: Path, settings: Settings, env_url: str) -> None:
         queue = client.get_workflow_handle(queue_workflow_id(settings.control_task_queue))
         await queue.terminate("recorded")
         (out / "run_queue.json").write_text((await queue.fetch_history()).to_json())
+    return saved
+
+
+async def _record_dataset_training(out: Path, settings: Settings, dataset: StoredObject) -> None:
+    async with running_workers(settings) as client:
+        handle = await client.start_workflow(
+            TRAIN_DATASET_WORKFLOW,
+            TrainDatasetInput(
+                dataset=dataset,
+                output_adapter="history-dataset-agent",
+                training_config={"epochs": 1, "lora_rank": 4, "lora_alpha": 8},
+            ),
+            id=f"history-train-dataset-{uuid.uuid4()}",
+            task_queue=settings.control_task_queue,
+        )
+        await handle.result()
+        (out / "train_dataset.json").write_text((await handle.fetch_history()).to_json())
+
+
+async def _record_retry_then_cancel(out: Path, settings: Settings, env_url: str) -> None:
+    async with running_workers(settings, control_factory=_SlowRevalidation, gpu_factory=_FlakyGpu) as client:
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            {**RUNS["rollout"], "environment_urls": [env_url]},
+            id=f"history-retry-cancel-{uuid.uuid4()}",
+            task_queue=settings.control_task_queue,
+        )
+        for _ in range(600):
+            status = await handle.query("status")
+            if status["phase"] == "revalidation":
+                break
+            await asyncio.sleep(0.2)
+        assert status["interruptions"], status
+        await handle.cancel()
+        try:
+            await handle.result()
+        except Exception:
+            pass
+        status = await handle.query("status")
+        assert status["state"] == "cancelled" and status["cancelled_stage"] == "revalidation", status
+        (out / "retry_interrupt_cancel.json").write_text((await handle.fetch_history()).to_json())
 
 
 def main(out_dir: str) -> None:
@@ -88,7 +160,9 @@ def main(out_dir: str) -> None:
                 gpu_task_queue="kiln-gpu-history",
             )
             with serve_example_env("counter") as env_url:
-                asyncio.run(_record(out, settings, env_url))
+                saved = asyncio.run(_record(out, settings, env_url))
+                asyncio.run(_record_dataset_training(out, settings, saved))
+                asyncio.run(_record_retry_then_cancel(out, settings, env_url))
         finally:
             seaweed.stop()
             temporal.stop()

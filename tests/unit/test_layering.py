@@ -1,5 +1,13 @@
-"""The house rules of the layout, enforced: the domain core never imports temporalio or fastapi,
-only kiln/policy and kiln/train import torch/transformers/peft, and workflows stay I/O-free."""
+"""The house rules of the layout, enforced (docs/architecture.md draws them):
+
+- the domain core ``kiln/`` never imports temporalio or fastapi; only kiln/policy and kiln/train
+  import torch/transformers/peft;
+- ``workflows/`` do no I/O: they import no I/O library and, from ``kiln``, only the pure modules in
+  ``WORKFLOW_KILN_MODULES``; from ``activities`` only the activity classes they call by reference;
+- ``api/`` imports nothing from ``activities/`` and, from ``workflows/``, only ``workflows.names``
+  (the type names it submits), so the API process never loads workflow or activity code;
+- ``activities/`` import nothing from ``workflows/`` but ``workflows.names`` (update-with-start
+  names the queue workflow by type)."""
 
 from __future__ import annotations
 
@@ -18,6 +26,29 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
     return names
+
+
+def _full_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+# The kiln modules a workflow may import: pure records, rules and status, no I/O.
+WORKFLOW_KILN_MODULES = {
+    "kiln",
+    "kiln.records",
+    "kiln.contracts",
+    "kiln.run_plan",
+    "kiln.run_status",
+    "kiln.search_attributes",
+}
+WORKFLOW_ACTIVITY_MODULES = {"activities.control", "activities.gpu"}
 
 
 def _modules(folder: str) -> list[Path]:
@@ -52,6 +83,50 @@ def test_workflows_do_no_io() -> None:
         str(path.relative_to(ROOT)): sorted(_imports(path) & forbidden) for path in _modules("workflows")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_workflows_import_only_pure_kiln_modules() -> None:
+    offenders = {}
+    for path in _modules("workflows"):
+        imported = _full_imports(path)
+        bad = sorted(
+            name
+            for name in imported
+            if (name.startswith("kiln") and name not in WORKFLOW_KILN_MODULES)
+            or (name.startswith("activities") and name not in WORKFLOW_ACTIVITY_MODULES)
+        )
+        if bad:
+            offenders[path.relative_to(ROOT).as_posix()] = bad
+    assert offenders == {}
+
+
+def test_api_and_activities_import_only_workflow_names() -> None:
+    offenders = {}
+    for folder in ("api", "activities"):
+        for path in _modules(folder):
+            bad = sorted(
+                name
+                for name in _full_imports(path)
+                if (name.startswith("workflows") and name != "workflows.names")
+                or (folder == "api" and name.startswith("activities"))
+            )
+            if bad:
+                offenders[path.relative_to(ROOT).as_posix()] = bad
+    assert offenders == {}
+
+
+def test_api_process_loads_no_workflow_or_activity_code() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, api.app;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('workflows', 'activities', 'workers')"
+        " and m not in ('workers', 'workers.client')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['workflows', 'workflows.names']"
 
 
 def test_control_worker_api_and_cli_start_without_torch() -> None:
