@@ -43,3 +43,20 @@ async def test_history_replays_deterministically(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+def test_retry_interrupt_cancel_history_holds_all_three() -> None:
+    """The recorded run really retried a group (attempt 2) and really ended cancelled."""
+    import json
+
+    path = next(p for p in HISTORIES if p.stem == "retry_interrupt_cancel")
+    events = json.loads(path.read_text())["events"]
+    attempts = [
+        e["activityTaskStartedEventAttributes"].get("attempt", 1)
+        for e in events
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_STARTED"
+    ]
+    assert max(attempts) == 2
+    kinds = {e["eventType"] for e in events}
+    assert "EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED" in kinds
+    assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED"
