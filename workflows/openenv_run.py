@@ -28,15 +28,18 @@ with workflow.unsafe.imports_passed_through():
         DiscoveryResult,
         EvaluationResult,
         PolicyInput,
+        PolicyResult,
         PostEvalResult,
         PublishInput,
         PublishResult,
         RevalidationInput,
         SlotReply,
         SlotRequest,
+        StoredObject,
         TrainInput,
         TrainResult,
     )
+    from kiln.contracts import RunRequest
     from kiln.run_plan import BundleSpec, EvaluationPlan, group_schedule, promotion_decision
     from kiln.run_status import Admission, EnvironmentStatus, Progress, RunStatus
     from workflows.collection import RunContext, collect_groups, resolve_policy
@@ -128,26 +131,14 @@ class OpenEnvRunWorkflow(StatusKeeper):
     async def _execute(self, submission: dict[str, Any]) -> None:
         admission, call = await self._admit(submission)
         request = admission.request
-        run_id = self._status.run_id
-
-        self._enter("discovery")
-        discovery: DiscoveryResult = await call(
-            ControlActivities.discover_environments,
-            DiscoveryInput(run_id=run_id, environment_urls=request.environment_urls, credential_ids=request.credential_ids),
-            summary=f"discover {len(request.environment_urls)} environment(s)",
-        )
-        self._status.environments = [
-            EnvironmentStatus.model_validate(env.model_dump(exclude={"inspection"})) for env in discovery.environments
-        ]
-        ctx = RunContext(run_id, request, admission, discovery, call, self._status)
+        discovery = await self._discover(request, call)
+        ctx = RunContext(self._status.run_id, request, admission, discovery, call, self._status)
 
         self._enter("collection")
         contract = request.training_contract
         policy = await resolve_policy(
             ctx,
-            PolicyInput(
-                adapter=request.behavior_adapter(), expected=contract.behavior_policy if contract else None
-            ),
+            PolicyInput(adapter=request.behavior_adapter(), expected=contract.behavior_policy if contract else None),
         )
         self._status.behavior_policy = policy.behavior_policy
         groups = await collect_groups(
@@ -163,27 +154,49 @@ class OpenEnvRunWorkflow(StatusKeeper):
         self._enter("revalidation")
         await call(
             ControlActivities.revalidate_environments,
-            RevalidationInput(run_id=run_id, environments=discovery.environments, credential_ids=request.credential_ids),
+            RevalidationInput(run_id=ctx.run_id, environments=discovery.environments, credential_ids=request.credential_ids),
             summary="re-inspect environments and compare identities",
         )
+        training = await self._train(ctx, policy, groups) if request.kind == "train" else None
+        await self._evaluate_and_publish(ctx, policy, groups, training)
 
-        training: TrainResult | None = None
-        if request.kind == "train":
-            self._enter("training")
-            training = await call(
-                GpuActivities.train_adapter,
-                TrainInput(
-                    run_id=run_id,
-                    groups=groups,
-                    training_config=request.effective_training_config(),
-                    output_adapter=request.output_adapter or "",
-                    behavior_policy=policy.behavior_policy,
-                    base_adapter=policy.adapter_ref,
-                ),
-                summary=f"GRPO+ECHO training of {request.output_adapter}",
-            )
-            self._status.record_training(training)
+    async def _discover(self, request: RunRequest, call: ActivityCaller) -> DiscoveryResult:
+        self._enter("discovery")
+        discovery: DiscoveryResult = await call(
+            ControlActivities.discover_environments,
+            DiscoveryInput(
+                run_id=self._status.run_id, environment_urls=request.environment_urls, credential_ids=request.credential_ids
+            ),
+            summary=f"discover {len(request.environment_urls)} environment(s)",
+        )
+        self._status.environments = [
+            EnvironmentStatus.model_validate(env.model_dump(exclude={"inspection"})) for env in discovery.environments
+        ]
+        return discovery
 
+    async def _train(self, ctx: RunContext, policy: PolicyResult, groups: list[StoredObject]) -> TrainResult:
+        request = ctx.request
+        self._enter("training")
+        training: TrainResult = await ctx.call(
+            GpuActivities.train_adapter,
+            TrainInput(
+                run_id=ctx.run_id,
+                groups=groups,
+                training_config=request.effective_training_config(),
+                output_adapter=request.output_adapter or "",
+                behavior_policy=policy.behavior_policy,
+                base_adapter=policy.adapter_ref,
+            ),
+            summary=f"GRPO+ECHO training of {request.output_adapter}",
+        )
+        self._status.record_training(training)
+        return training
+
+    async def _evaluate_and_publish(
+        self, ctx: RunContext, policy: PolicyResult, groups: list[StoredObject], training: TrainResult | None
+    ) -> None:
+        """Evaluation and post-evaluation of a trained adapter, the promotion rule, publication."""
+        request = ctx.request
         trained = training is not None and training.trained
         evaluation: EvaluationResult | None = None
         plan = EvaluationPlan.of(request)
@@ -200,20 +213,19 @@ class OpenEnvRunWorkflow(StatusKeeper):
             evaluation_decision=evaluation.decision if evaluation is not None else None,
             post_eval_outcome=post_eval.gate_outcome if post_eval is not None else None,
         )
-
         # Publication: manifest written last; the adapter name is promoted only if allowed.
         self._enter("publication")
-        published: PublishResult = await call(
+        published: PublishResult = await ctx.call(
             ControlActivities.publish_run,
             PublishInput(
-                run_id=run_id,
+                run_id=ctx.run_id,
                 kind=request.kind,
                 output_adapter=request.output_adapter,
                 bundle=BundleSpec.of_run(request),
-                environments=discovery.environments,
+                environments=ctx.discovery.environments,
                 groups=groups,
                 behavior_policy=policy.behavior_policy,
-                reset_plan_sha256=admission.reset_plan_sha256,
+                reset_plan_sha256=ctx.admission.reset_plan_sha256,
                 training=training,
                 evaluation=evaluation,
                 post_eval=post_eval,

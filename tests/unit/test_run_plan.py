@@ -1,0 +1,132 @@
+"""The rules the run workflow sequences (kiln.run_plan) and the run status it keeps (kiln.run_status)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic_core import to_json
+
+from kiln.contracts import EpisodeSettings, parse_run_request
+from kiln.run_plan import BundleSpec, EvaluationPlan, group_schedule, promotion_decision
+from kiln.run_status import Failure, Progress, RunStatus
+
+pytestmark = pytest.mark.timeout(30)
+
+TRAIN = {
+    "kind": "train",
+    "environment_urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+    "groups": 6,
+    "group_size": 3,
+    "seed_start": 100,
+    "concurrency": 8,
+    "output_adapter": "a1",
+    "environment_eval": {"groups": 4, "group_size": 2},
+}
+
+
+def test_group_schedule_round_robins_environments_over_consecutive_seeds() -> None:
+    slots = group_schedule(100, 5, 2)
+    assert [(s.group_index, s.environment_index, s.seed) for s in slots] == [
+        (0, 0, 100), (1, 1, 101), (2, 0, 102), (3, 1, 103), (4, 0, 104),
+    ]
+
+
+def test_evaluation_plan_defaults_to_the_seeds_after_training() -> None:
+    plan = EvaluationPlan.of(parse_run_request(TRAIN))
+    assert plan is not None
+    assert (plan.seed_start, plan.groups, plan.settings.group_size) == (106, 4, 2)
+    # Never more concurrent sessions than candidates in a group.
+    assert plan.settings.concurrency == 2
+    assert [s.seed for s in plan.schedule(2)] == [106, 107, 108, 109]
+    explicit = parse_run_request({**TRAIN, "environment_eval": {"groups": 4, "group_size": 2, "seed_start": 500}})
+    assert EvaluationPlan.of(explicit).seed_start == 500  # type: ignore[union-attr]
+    assert EvaluationPlan.of(parse_run_request({**TRAIN, "environment_eval": None})) is None
+
+
+def test_bundle_specs_of_the_run_and_of_each_side() -> None:
+    request = parse_run_request(TRAIN)
+    run = BundleSpec.of_run(request)
+    assert run.adapter is None and run.seed_start == 100
+    assert run.settings == EpisodeSettings.from_request(request)
+    assert run.settings.group_size == 3 and run.settings.concurrency == 8
+    side = EvaluationPlan.of(request).bundle("a1")  # type: ignore[union-attr]
+    assert (side.adapter, side.seed_start, side.settings.group_size) == ("a1", 106, 2)
+
+
+def test_episode_settings_share_the_request_fields_and_defaults() -> None:
+    request = parse_run_request({"environment_urls": ["http://127.0.0.1:1"]})
+    settings = request.episode_settings()
+    assert settings == EpisodeSettings()  # one default per field, shared by inheritance
+    assert settings.model_dump() == {name: getattr(request, name) for name in EpisodeSettings.model_fields}
+
+
+@pytest.mark.parametrize(
+    ("changes", "trained", "decision", "post", "expected"),
+    [
+        ({}, True, None, None, True),
+        ({}, False, None, None, False),
+        ({"auto_load": False}, True, None, None, False),
+        ({}, True, "passed", None, True),
+        ({}, True, "diagnostic", None, True),
+        ({}, True, "failed", None, False),
+        ({"environment_eval": None, "post_eval": {"suite": "s", "min_accuracy": 0.5}}, True, None, "promoted", True),
+        ({"environment_eval": None, "post_eval": {"suite": "s", "min_accuracy": 0.5}}, True, None, "rejected", False),
+        ({"environment_eval": None, "post_eval": {"suite": "s"}}, True, None, "rejected", True),
+    ],
+)
+def test_promotion_decision(changes: dict, trained: bool, decision: str | None, post: str | None, expected: bool) -> None:
+    request = parse_run_request({**TRAIN, **changes})
+    assert promotion_decision(
+        request, trained=trained, evaluation_decision=decision, post_eval_outcome=post
+    ) is expected
+
+
+def test_run_status_keeps_the_v1_json_keys_and_folds_progress() -> None:
+    status = RunStatus(run_id="r1")
+    status.progress = Progress.planned(2, 3)
+    status.progress.add_group([1.0, 0.0, 2.0], latency_ms=1.5, tokens=10)
+    status.progress.add_group([0.0, 0.0, 3.0], latency_ms=2.25, tokens=5)
+    document = json.loads(to_json(status))
+    assert document["schema"] == "kiln.run-status.v1"
+    assert document["progress"] == {
+        "groups_completed": 2, "groups_total": 2, "rollouts_completed": 6, "rollouts_total": 6,
+        "mean_return": 1.0, "model_latency_ms": 3.75, "model_tokens": 15,
+    }
+    assert {"phase", "state", "failure", "admission", "interruptions", "environment_evaluation"} <= set(document)
+
+
+def test_endings_name_the_stage() -> None:
+    queued = RunStatus()
+    queued.enter("queue")
+    queued.cancel()
+    assert (queued.state, queued.phase, queued.cancelled_stage) == ("cancelled", "cancelled", "queue")
+    assert queued.warnings == ["cancelled while queued (no environment was contacted)"]
+    training = RunStatus()
+    training.enter("training")
+    assert training.stage() == "training"
+    training.fail(Failure(code="training_failed", message="x", stage=training.stage()))
+    assert (training.state, training.phase, training.failure.stage) == ("failed", "failed", "training")  # type: ignore[union-attr]
+
+
+def test_typed_records_cross_the_data_converter_unchanged() -> None:
+    """What admission returns is what the workflow and the activities receive (aliases included)."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from kiln.records import AdmissionResult, TrainInput
+
+    request = parse_run_request({**TRAIN, "training_config": {"learning_rate": 3e-4, "echo": {"lambda": 0.2}}})
+    admitted = AdmissionResult(
+        request=request, request_sha256="sha256:x", reset_templates=[{}, {}], reset_plan_sha256="sha256:y",
+        gpu_task_queue="g", queue_workflow_id="q",
+    )
+    converter = pydantic_data_converter.payload_converter
+    [payload] = converter.to_payloads([admitted])
+    [back] = converter.from_payloads([payload], [AdmissionResult])
+    assert back == admitted
+    assert back.request.effective_training_config().learning_rate == 3e-4
+    assert back.request.effective_training_config().echo.lambda_ == 0.2  # type: ignore[union-attr]
+    train = TrainInput(run_id="r", groups=[], training_config=request.effective_training_config(),
+                       output_adapter="a1", behavior_policy={})
+    [payload] = converter.to_payloads([train])
+    assert converter.from_payloads([payload], [TrainInput])[0] == train
