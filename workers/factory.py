@@ -14,7 +14,6 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
-from workers.client import connect_client  # noqa: F401  (re-exported for callers)
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow

@@ -21,7 +21,6 @@ from typing import Any, Optional
 import typer
 
 from kiln.artifacts.manifest import verified_manifest
-from kiln.canonical import sha256_bytes
 from kiln.cli.api_client import ApiClient, artifact_path
 from kiln.cli.console import console, err_console, fail, print_json  # noqa: F401
 from kiln.cli.follow import TERMINAL, exit_code, follow, print_outcome
