@@ -165,7 +165,7 @@ def epoch_order(n_groups: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def check_behavior_policy(groups: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, Any]) -> None:
     """Every completion's ``openenv.behavior_policy`` must equal ``expected`` (R5.5)."""
     for g, group in enumerate(groups, start=1):
         for c, completion in enumerate(group.get("completions") or [], start=1):
@@ -216,7 +216,7 @@ def train_grpo(
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
     if expected_behavior_policy is not None:
-        check_behavior_policy(groups, expected_behavior_policy)
+        require_groups_on_policy(groups, expected_behavior_policy)
     kept, selection = select_groups(groups)
     if not kept:
         raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
