@@ -73,7 +73,7 @@ async def test_cancel_while_queued_and_mid_group(stack: ChaosStack) -> None:
                       timeout_s=30, what="run B queued at position 1")
 
     queued_s, status = await _cancel(queued)
-    _assert_cancelled(stack, queued.id, status, "admission")
+    _assert_cancelled(stack, queued.id, status, "queue")
     assert hooks.events(run_id=queued.id) == []  # no environment contact, no model use
 
     cancelled_at = time.time()
@@ -89,7 +89,7 @@ async def test_cancel_while_queued_and_mid_group(stack: ChaosStack) -> None:
     ends = hooks.events("collect_end", run_id=first.id)
     hooks.clear(SAMPLE_DELAY)
     idle_s = await wait_env_idle(stack.env_url, stack.env_max_sessions)
-    record("7a cancel while queued", cancel_to_closed_s=queued_s, stage="admission")
+    record("7a cancel while queued", cancel_to_closed_s=queued_s, stage="queue")
     record(
         "7c cancel mid-group",
         cancel_to_closed_s=group_s,
