@@ -3,12 +3,20 @@
 Data lives under ``<home>/seaweedfs``. Its internal master/volume/filer/admin ports are remembered
 in ``<home>/seaweedfs/ports.json`` and reused on restart while free (every HTTP port ``p`` also
 binds gRPC on ``p + 10000``).
+
+Closed by default: every port is bound to loopback; the S3 API accepts only the configured key
+pair (an explicit identity file, ``s3-identities.json``); the internal filer, master-assigned
+volume writes and reads need a JWT signed with keys generated afresh at every start
+(``security.toml`` in the data dir, read by ``weed`` from its working directory), so a local
+process cannot read, write or delete objects through the filer or volume HTTP ports without the
+S3 keys. Both files are written with mode 0600.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import urllib.request
 from pathlib import Path
 
@@ -101,6 +109,40 @@ def _remove_seaweed_sockets(ports: list[int]) -> None:
                 pass
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (the file holds secrets)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)
+
+
+def write_s3_identities(path: Path, *, access_key: str, secret_key: str) -> Path:
+    """The S3 identity config (``weed -s3.config``): one identity, Kiln's key pair, all actions."""
+    config = {
+        "identities": [
+            {
+                "name": "kiln",
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
+    _write_private(path, json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def write_security_toml(data_dir: Path) -> Path:
+    """``security.toml`` with fresh JWT keys: volume and filer HTTP reads/writes need a token."""
+    sections = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
+    lines = ["# Written by Kiln at every start of the embedded SeaweedFS; keys are fresh each time."]
+    for section in sections:
+        lines += [f"[{section}]", f'key = "{secrets.token_hex(32)}"', "expires_after_seconds = 60", ""]
+    path = data_dir / "security.toml"
+    _write_private(path, "\n".join(lines))
+    return path
+
+
 def start_seaweedfs(
     data_dir: Path,
     *,
@@ -121,6 +163,10 @@ def start_seaweedfs(
     # Volumes already on disk must be registered with the master before reads work: /healthz
     # answers earlier, and a read in between fails with "volume N not found" (HTTP 500).
     volumes_on_disk = len(list(data_dir.glob("*.dat")))
+    write_security_toml(data_dir)  # read from weed's working directory (cwd=data_dir below)
+    identities = write_s3_identities(
+        data_dir / "s3-identities.json", access_key=access_key, secret_key=secret_key
+    )
     argv = [
         weed_binary(),
         "mini",
@@ -128,6 +174,7 @@ def start_seaweedfs(
         f"-ip={LOOPBACK}",
         f"-ip.bind={LOOPBACK}",
         f"-s3.port={s3_port}",
+        f"-s3.config={identities}",
         f"-master.port={internal['master']}",
         f"-volume.port={internal['volume']}",
         f"-filer.port={internal['filer']}",
@@ -144,7 +191,8 @@ def start_seaweedfs(
         sock = data_dir / f"{component}.sock"
         if len(str(sock)) < 100:
             argv.append(f"-{component}.localSocket={sock}")
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+    # The identity file is the one source of S3 credentials: none are inherited from the environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     proc = start_process("seaweedfs", argv, log_path=log_dir / "seaweedfs.log", env=env, cwd=data_dir)
     ports = [s3_port, *internal.values()]
     proc.ports = ports + [p + GRPC_OFFSET for p in ports]
