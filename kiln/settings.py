@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONTROL_TASK_QUEUE = "kiln-control"
@@ -24,6 +25,13 @@ class Settings(BaseSettings):
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
     temporal_ui_url: str | None = None
+    # TLS / mTLS / Temporal Cloud: PEM file paths, and an API key (sent as a bearer token; implies TLS).
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_tls_ca: Path | None = None
+    temporal_api_key: SecretStr | None = None
+    # How long a worker keeps retrying its first connection to Temporal (backoff, logged) before exiting.
+    temporal_connect_timeout_s: float = 300.0
     s3_endpoint: str | None = None
     s3_access_key: str = "kiln"
     s3_secret_key: str = "kiln-secret-key"

@@ -611,6 +611,7 @@ class OpenEnvRunWorkflow:
                     summary=f"{label} {group_index} seed {seed} on {environments[env_index].base_url}",
                 )
             results.append(result)
+            progress.setdefault("groups", []).append({"group_index": group_index, "worker": result.worker, "attempt": result.attempt})
             if result.attempt > 1:
                 self._status["interruptions"].append(
                     {
