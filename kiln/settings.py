@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONTROL_TASK_QUEUE = "kiln-control"
@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     retained_budget_bytes: int = 512 * 1024 * 1024
     # {"<credential id>": {"origin": "https://host[:port]", "bearer_token_env": "VAR"}}
     credentials: dict[str, dict[str, str]] = {}
+
+    @field_validator("temporal_tls_cert", "temporal_tls_key", "temporal_tls_ca", "temporal_api_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``KILN_TEMPORAL_API_KEY=`` (e.g. ``${VAR:-}`` in compose) means unset, not an empty key."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @property
     def resolved_api_url(self) -> str:

@@ -52,6 +52,10 @@ async def _main(roles: list[str]) -> None:
         store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
     except KilnError as error:
         print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
+    if "gpu" in roles:
+        # Import torch/transformers before polling: a gpu worker that says "polling" takes a task
+        # at once, instead of spending its first heartbeat timeout importing (cold-start timeouts).
+        import kiln.policy.runtime  # noqa: F401
     workers = build_workers(client, settings, roles, store=store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

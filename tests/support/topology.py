@@ -84,9 +84,9 @@ class Topology:
 
     root: Path
     model_path: Path
-    heartbeat_timeout_s: float = 3.0
+    heartbeat_timeout_s: float = 15.0
     env_max_sessions: int = 8
-    gpu_max_concurrent: int = 2
+    gpu_max_concurrent: int = 1
     bucket: str = "kiln-topology"
     access_key: str = "kiln-topology-access"
     secret_key: str = field(default_factory=lambda: "s3-" + secrets.token_hex(16))
