@@ -10,7 +10,8 @@ model warm-up), then ``--rounds`` measured rollout runs; the fastest is kept. gr
 and the ratio (2 workers / 1 worker); the run's status also lists which worker collected each
 group, so the split between the workers is printed too.
 
-Run: ``python -m bench.scale_out [--groups 16] [--rounds 2] [--slots 2]``. Runtime: a few minutes.
+Run: ``python -m bench.scale_out [--groups 24] [--rounds 2] [--slots 2] [--max-steps 6]
+[--max-action-tokens 32]``. Runtime: a few minutes.
 """
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.topology import Topology  # noqa: E402
 
 
+SHAPE = {"max_steps": 6, "max_action_tokens": 32}
+
+
 def request(env_url: str, groups: int) -> dict:
     return {
         "kind": "rollout",
         "environment_urls": [env_url],
         "groups": groups,
         "group_size": 2,
-        "max_steps": 4,
-        "max_action_tokens": 16,
         "thinking": False,
+        **SHAPE,
     }
 
 
@@ -63,10 +66,13 @@ def measure(topo: Topology, groups: int, rounds: int, label: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2, help="KILN_GPU_MAX_CONCURRENT_ACTIVITIES per worker")
+    parser.add_argument("--max-steps", type=int, default=SHAPE["max_steps"])
+    parser.add_argument("--max-action-tokens", type=int, default=SHAPE["max_action_tokens"])
     args = parser.parse_args()
+    SHAPE.update(max_steps=args.max_steps, max_action_tokens=args.max_action_tokens)
     from kiln.policy.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="kiln-scale-out-") as tmp:
@@ -76,7 +82,9 @@ def main() -> None:
         try:
             started = time.monotonic()
             topo.start_servers().start_kiln(gpu_workers=1)
-            print(f"stack up in {time.monotonic() - started:.1f}s; {args.groups} groups x 2 episodes per run", flush=True)
+            print(f"stack up in {time.monotonic() - started:.1f}s; {args.groups} groups x 2 episodes per run, "
+                  f"<= {args.max_steps} steps of <= {args.max_action_tokens} tokens; {args.slots} slot(s)/worker",
+                  flush=True)
             one = measure(topo, args.groups, args.rounds, "1 gpu worker ")
             topo.gpus.append(topo.start_worker("gpu", "gpu-1"))
             two = measure(topo, args.groups, args.rounds, "2 gpu workers")
