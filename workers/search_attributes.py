@@ -3,7 +3,9 @@
 Owns: comparing the namespace's attributes with :data:`kiln.search_attributes.SEARCH_ATTRIBUTES`,
 creating the missing ones through the operator service, and — where the namespace refuses
 (Temporal Cloud, missing permission, a full attribute table) — one error line that gives the
-operator the exact ``temporal operator search-attribute create`` command to run once.
+operator the exact ``temporal operator search-attribute create`` command to run once. Where the
+operator service itself is denied (a Temporal Cloud API key), visibility queries tell which
+attributes the namespace knows.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import CountWorkflowExecutionsRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -49,6 +52,24 @@ async def _existing(client: Client, namespace: str) -> dict[str, int]:
     return {**dict(listed.system_attributes), **dict(listed.custom_attributes)}
 
 
+async def missing_by_query(client: Client, namespace: str) -> dict[str, str]:
+    """Kiln's attributes a visibility query does not know (for namespaces that deny listing).
+
+    A query naming an unknown attribute fails with INVALID_ARGUMENT; a known one just counts.
+    """
+    missing: dict[str, str] = {}
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        try:
+            await client.workflow_service.count_workflow_executions(
+                CountWorkflowExecutionsRequest(namespace=namespace, query=f"{name} = 'kiln-probe'")
+            )
+        except RPCError as err:
+            if err.status != RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            missing[name] = kind
+    return missing
+
+
 def _refused(namespace: str, missing: dict[str, str], why: str) -> SearchAttributesMissing:
     return SearchAttributesMissing(
         f"Temporal namespace {namespace!r} lacks Kiln's search attributes {', '.join(missing)} and "
@@ -67,7 +88,14 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     try:
         existing = await _existing(client, namespace)
     except RPCError as err:
-        raise _refused(namespace, dict(SEARCH_ATTRIBUTES), f"listing them failed: {err.status.name}") from None
+        # Temporal Cloud keys may not use the operator service: probe with visibility queries.
+        try:
+            missing = await missing_by_query(client, namespace)
+        except RPCError:
+            missing = dict(SEARCH_ATTRIBUTES)
+        if missing:
+            raise _refused(namespace, missing, f"the operator service answered {err.status.name}") from None
+        return []
     wrong = {
         name: kind for name, kind in SEARCH_ATTRIBUTES.items()
         if name in existing and existing[name] != _indexed_type(kind)

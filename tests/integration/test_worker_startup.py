@@ -111,3 +111,19 @@ def test_worker_started_before_temporal_waits_then_polls(tmp_path: Path) -> None
         worker.stop()
         if server is not None:
             server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_visibility_probe_finds_missing_attributes(tmp_path: Path) -> None:
+    """Where listing is denied (Temporal Cloud keys), visibility queries tell present from missing."""
+    from workers.search_attributes import missing_by_query
+
+    proc, address = start_bare_temporal(tmp_path, search_attributes={"KilnPhase": "Keyword", "KilnStatus": "Keyword"})
+    try:
+        async def probe() -> dict[str, str]:
+            client = await connect_client(Settings(temporal_address=address))
+            return await missing_by_query(client, "default")
+
+        assert asyncio.run(probe()) == {n: k for n, k in SEARCH_ATTRIBUTES.items() if n not in ("KilnPhase", "KilnStatus")}
+    finally:
+        proc.stop()
