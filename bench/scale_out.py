@@ -2,9 +2,9 @@
 
 The production topology without Docker (tests/support/topology.py): a Temporal dev server,
 SeaweedFS, a counter environment with 8 sessions, the Kiln API, one control worker, and gpu
-workers as separate ``python -m workers gpu`` processes (each its own ``KILN_HOME``, one torch
-thread). The policy is the tiny demo model sampling few tokens, so a group costs mostly model
-time. Each configuration first runs a warm-up (a fresh worker's first group pays its one-time
+workers as separate processes running ``python -m workers gpu``'s main (each its own ``KILN_HOME``, one torch
+thread). The policy is the tiny demo model sampling few tokens (the fast policy: a group costs
+~0.2 s), so the figure shows whether anything but the workers' own work bounds throughput. Each configuration first runs a warm-up (a fresh worker's first group pays its one-time
 model warm-up), then ``--rounds`` measured rollout runs; the fastest is kept. groups/s is
 ``groups / (closed_at - started_at)`` of the run, as the workflow records it. Prints both figures
 and the ratio (2 workers / 1 worker); the run's status also lists which worker collected each

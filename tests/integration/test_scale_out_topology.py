@@ -111,9 +111,11 @@ def test_two_gpu_workers_share_a_run_and_survive_a_kill(topology: Topology) -> N
 
     # 2. kill -9 one gpu worker while it collects a group: the other one finishes the run.
     victim, survivor = topo.gpus
+    topo.delay_file("gpu-0").write_text("0.3")  # the victim's groups now take seconds: the kill lands mid-group
     run_id = _start(topo)
     seen = asyncio.run(_victim_collecting(topo, run_id, _identity(victim.pid), timeout_s=300))
     victim.kill()
+    topo.delay_file("gpu-0").unlink()
     final = topo.wait_run(run_id, timeout_s=400)
     assert final["state"] == "completed", final.get("failure")
     assert _digests(final) == _digests(reference)  # byte-identical artifacts

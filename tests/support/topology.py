@@ -4,8 +4,12 @@ Owns :class:`Topology`: a Temporal dev server that Kiln did **not** start and th
 Kiln's search attributes (its own db file; :func:`start_bare_temporal`), SeaweedFS with an
 explicit S3 identity file and a non-default secret, a counter environment, the Kiln API (uvicorn,
 with a bearer token), one control worker and any number of gpu workers (each with its own
-``KILN_HOME``), all started as ``python -m workers ROLE`` exactly like compose does. Every process
+``KILN_HOME``), each running ``workers.__main__.main([ROLE])`` like compose does. Every process
 is stopped by PID in :meth:`Topology.close`.
+
+``python -m tests.support.topology worker ROLE`` runs ``python -m workers ROLE`` with one test
+hook: while the file named by ``KILN_TEST_SAMPLE_DELAY_FILE`` exists, every policy ``sample`` call
+first sleeps the seconds it contains (slows, never alters), so a kill can land mid-group.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from kiln.devstack import start_seaweedfs, temporal_binary, temporal_healthy
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, free_port_block, start_process, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DELAY_FILE_ENV = "KILN_TEST_SAMPLE_DELAY_FILE"
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -174,10 +179,14 @@ class Topology:
                    process=self.api)
         return self
 
+    def delay_file(self, name: str) -> Path:
+        return self.root / f"sample-delay-{name}"
+
     def start_worker(self, role: str, name: str, *, wait: bool = True) -> ManagedProcess:
-        """``python -m workers ROLE`` with its own ``KILN_HOME``; waits until it polls."""
-        proc = self._start(f"worker-{name}", [sys.executable, "-m", "workers", role],
-                           self.kiln_env(self.root / f"home-{name}"))
+        """``python -m workers ROLE`` (with the sample-delay hook) and its own ``KILN_HOME``."""
+        env = self.kiln_env(self.root / f"home-{name}")
+        env[DELAY_FILE_ENV] = str(self.delay_file(name))
+        proc = self._start(f"worker-{name}", [sys.executable, "-m", "tests.support.topology", "worker", role], env)
         if wait:
             wait_until(lambda: b"polling" in proc.log_path.read_bytes(), timeout_s=120,
                        what=f"worker {name} to poll", process=proc)
@@ -218,3 +227,47 @@ class Topology:
                     return status
             time.sleep(0.5)
         raise AssertionError(f"run {run_id} did not end within {timeout_s}s; last: {json.dumps(last)[:2000]}")
+
+
+# =============================================================================== worker entry
+
+
+class _DelayedSampling:
+    """Delegates to the worker's policy; sleeps before each ``sample`` while the delay file exists."""
+
+    def __init__(self, inner: Any, delay_file: Path) -> None:
+        self._inner = inner
+        self._delay_file = delay_file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            time.sleep(float(self._delay_file.read_text().strip() or 0))
+        except (OSError, ValueError):
+            pass
+        return self._inner.sample(*args, **kwargs)
+
+
+def worker_main(argv: list[str]) -> None:
+    if len(argv) != 2 or argv[0] != "worker":
+        print("usage: python -m tests.support.topology worker control|gpu", file=sys.stderr)
+        raise SystemExit(2)
+    if argv[1] == "gpu":
+        import activities.gpu as gpu_mod
+
+        delay_file = Path(os.environ[DELAY_FILE_ENV])
+        original = gpu_mod.GpuActivities.policy
+
+        def policy(self: Any) -> Any:
+            return _DelayedSampling(original(self), delay_file)
+
+        gpu_mod.GpuActivities.policy = policy  # type: ignore[method-assign]
+    from workers.__main__ import main
+
+    main([argv[1]])
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])
