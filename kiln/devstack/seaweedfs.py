@@ -5,22 +5,22 @@ in ``<home>/seaweedfs/ports.json`` and reused on restart while free (every HTTP 
 binds gRPC on ``p + 10000``).
 
 Closed by default: every port is bound to loopback; the S3 API accepts only the configured key
-pair (an explicit identity file, ``s3-identities.json``); the internal filer, master-assigned
-volume writes and reads need a JWT signed with keys generated afresh at every start
-(``security.toml`` in the data dir, read by ``weed`` from its working directory), so a local
-process cannot read, write or delete objects through the filer or volume HTTP ports without the
-S3 keys. Both files are written with mode 0600.
+pair; the internal gRPC ports and the master/volume/filer HTTP ports need a client certificate of
+a CA made afresh at every start, and volume/filer reads and writes a JWT as well
+(:mod:`kiln.devstack.seaweedfs_security`), so a local process without the S3 keys can neither
+reach objects nor call the master's admin endpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
+import ssl
 import urllib.request
 from pathlib import Path
 
 from kiln.devstack.common import GRPC_OFFSET, DevStackError, find_binary, require_free
+from kiln.devstack.seaweedfs_security import write_security
 from kiln.devstack.processes import (
     LOOPBACK,
     ManagedProcess,
@@ -51,11 +51,13 @@ def s3_healthy(endpoint: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _master_volumes(master_port: int, *, timeout_s: float = 2.0) -> tuple[int, int] | None:
+def _master_volumes(
+    master_port: int, context: ssl.SSLContext, *, timeout_s: float = 2.0
+) -> tuple[int, int] | None:
     """(data nodes, volumes) the SeaweedFS master knows about, or None when it does not answer."""
-    url = f"http://{LOOPBACK}:{master_port}/dir/status"
+    url = f"https://{LOOPBACK}:{master_port}/dir/status"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:
             status = json.loads(resp.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
@@ -109,40 +111,6 @@ def _remove_seaweed_sockets(ports: list[int]) -> None:
                 pass
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by this user only (the file holds secrets)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(path, 0o600)
-
-
-def write_s3_identities(path: Path, *, access_key: str, secret_key: str) -> Path:
-    """The S3 identity config (``weed -s3.config``): one identity, Kiln's key pair, all actions."""
-    config = {
-        "identities": [
-            {
-                "name": "kiln",
-                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-            }
-        ]
-    }
-    _write_private(path, json.dumps(config, indent=2) + "\n")
-    return path
-
-
-def write_security_toml(data_dir: Path) -> Path:
-    """``security.toml`` with fresh JWT keys: volume and filer HTTP reads/writes need a token."""
-    sections = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
-    lines = ["# Written by Kiln at every start of the embedded SeaweedFS; keys are fresh each time."]
-    for section in sections:
-        lines += [f"[{section}]", f'key = "{secrets.token_hex(32)}"', "expires_after_seconds = 60", ""]
-    path = data_dir / "security.toml"
-    _write_private(path, "\n".join(lines))
-    return path
-
-
 def start_seaweedfs(
     data_dir: Path,
     *,
@@ -163,10 +131,8 @@ def start_seaweedfs(
     # Volumes already on disk must be registered with the master before reads work: /healthz
     # answers earlier, and a read in between fails with "volume N not found" (HTTP 500).
     volumes_on_disk = len(list(data_dir.glob("*.dat")))
-    write_security_toml(data_dir)  # read from weed's working directory (cwd=data_dir below)
-    identities = write_s3_identities(
-        data_dir / "s3-identities.json", access_key=access_key, secret_key=secret_key
-    )
+    # security.toml is read from weed's working directory (cwd=data_dir below).
+    security = write_security(data_dir, access_key=access_key, secret_key=secret_key)
     argv = [
         weed_binary(),
         "mini",
@@ -174,7 +140,7 @@ def start_seaweedfs(
         f"-ip={LOOPBACK}",
         f"-ip.bind={LOOPBACK}",
         f"-s3.port={s3_port}",
-        f"-s3.config={identities}",
+        f"-s3.config={security.identities}",
         f"-master.port={internal['master']}",
         f"-volume.port={internal['volume']}",
         f"-filer.port={internal['filer']}",
@@ -206,8 +172,10 @@ def start_seaweedfs(
             process=proc,
         )
 
+        master_context = security.client_context()
+
         def volumes_registered() -> bool:
-            known = _master_volumes(internal["master"])
+            known = _master_volumes(internal["master"], master_context)
             return known is not None and known[0] >= 1 and known[1] >= volumes_on_disk
 
         wait_until(
