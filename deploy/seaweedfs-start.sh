@@ -1,8 +1,8 @@
 #!/bin/sh
 # Start SeaweedFS closed: S3 answers only Kiln's key pair (an explicit identity file written here,
-# mode 0600, from the required secrets), and the internal filer/volume HTTP ports need a JWT
-# signed with keys generated at every start (security.toml), so nothing on the compose network
-# can read or write objects around S3. Only S3 (8333) is reachable by other services.
+# mode 0600, from the required secrets); master, volume and filer bind to the container's loopback
+# (only S3, 8333, listens on the compose network), and filer/volume reads and writes also need a
+# JWT signed with keys generated at every start (security.toml).
 set -eu
 : "${KILN_S3_ACCESS_KEY:?KILN_S3_ACCESS_KEY is required}"
 : "${KILN_S3_SECRET_KEY:?KILN_S3_SECRET_KEY is required}"
@@ -25,5 +25,6 @@ key() { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 } > "$conf/security.toml"
 cd "$conf"  # weed reads ./security.toml
 unset KILN_S3_SECRET_KEY AWS_SECRET_ACCESS_KEY
-exec weed server -dir="${SEAWEEDFS_DATA_DIR:-/data}" -s3 -s3.port=8333 -s3.config="$conf/s3.json" \
+exec weed server -dir="${SEAWEEDFS_DATA_DIR:-/data}" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+  -s3 -s3.port=8333 -s3.ip.bind=0.0.0.0 -s3.config="$conf/s3.json" \
   -master.volumeSizeLimitMB=1024 -webdav=false

@@ -141,7 +141,10 @@ def test_seaweedfs_start_script_writes_private_identity_and_jwt_keys(tmp_path: P
                          text=True, timeout=20)
     assert out.returncode == 0, out.stderr
     argv, cwd = out.stdout.splitlines()
-    assert cwd == str(conf) and f"-s3.config={conf}/s3.json" in argv.split() and "-s3" in argv.split()
+    args = argv.split()
+    assert cwd == str(conf) and f"-s3.config={conf}/s3.json" in args and "-s3" in args
+    # Only S3 listens beyond the container's loopback.
+    assert {"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3.ip.bind=0.0.0.0"} <= set(args)
     identities = json.loads((conf / "s3.json").read_text())["identities"]
     assert identities[0]["credentials"] == [{"accessKey": "ak-compose", "secretKey": "sk-compose-0123456789"}]
     toml = (conf / "security.toml").read_text()
