@@ -140,6 +140,7 @@ class GpuActivities:
             raise
         if info.attempt > 1 and isinstance(previous, dict) and previous.get("failed_with"):
             result.interruption_code = str(previous["failed_with"])
+        result.worker = activity.client().identity
         return result
 
     @activity.defn(name="train_adapter")

@@ -216,6 +216,26 @@ class InternalError(KilnError):
     code = "internal_error"
 
 
+class TemporalUnavailable(KilnError):
+    """Temporal could not be reached (within the worker's bounded connection retries)."""
+
+    code = "temporal_unavailable"
+    retryable = True
+    http_status = 503
+
+
+class TemporalConfigInvalid(KilnError):
+    """A ``KILN_TEMPORAL_*`` connection setting is unusable (a missing PEM file, half a key pair)."""
+
+    code = "temporal_config_invalid"
+
+
+class SearchAttributesMissing(KilnError):
+    """The namespace lacks Kiln's search attributes and refused to create them (Temporal Cloud)."""
+
+    code = "temporal_search_attributes_missing"
+
+
 ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
     InvalidRequest,
     InvalidUrl,
@@ -243,6 +263,9 @@ ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
     RunNotFound,
     RunCancelled,
     InternalError,
+    TemporalUnavailable,
+    TemporalConfigInvalid,
+    SearchAttributesMissing,
 )
 
 

@@ -128,6 +128,7 @@ class CollectGroupResult(Record):
     model_latency_ms: float
     attempt: int = 1
     interruption_code: str | None = None
+    worker: str | None = None  # identity of the worker process that collected it (wall-clock fact)
 
 
 class TrainInput(Record):

@@ -38,6 +38,14 @@ class _Status(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
 
 
+class GroupRun(_Status):
+    """Which worker collected a group, on which attempt (scale-out and chaos evidence)."""
+
+    group_index: int
+    worker: str | None = None
+    attempt: int = 1
+
+
 class Progress(_Status):
     """Groups and rollouts done; wall-clock model figures live here, never in artifacts."""
 
@@ -48,13 +56,25 @@ class Progress(_Status):
     mean_return: float | None = None
     model_latency_ms: float = 0.0
     model_tokens: int = 0
+    groups: list[GroupRun] = Field(default_factory=list)
     returns_sum: float = Field(default=0.0, exclude=True)
 
     @classmethod
     def planned(cls, groups: int, group_size: int) -> "Progress":
         return cls(groups_total=groups, rollouts_total=groups * group_size)
 
-    def add_group(self, returns: list[float], *, latency_ms: float, tokens: int) -> None:
+    def add_group(
+        self,
+        returns: list[float],
+        *,
+        latency_ms: float,
+        tokens: int,
+        group_index: int | None = None,
+        worker: str | None = None,
+        attempt: int = 1,
+    ) -> None:
+        if group_index is not None:
+            self.groups.append(GroupRun(group_index=group_index, worker=worker, attempt=attempt))
         self.groups_completed += 1
         self.rollouts_completed += len(returns)
         self.returns_sum += sum(returns)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONTROL_TASK_QUEUE = "kiln-control"
@@ -24,6 +25,13 @@ class Settings(BaseSettings):
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
     temporal_ui_url: str | None = None
+    # TLS / mTLS / Temporal Cloud: PEM file paths, and an API key (sent as a bearer token; implies TLS).
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_tls_ca: Path | None = None
+    temporal_api_key: SecretStr | None = None
+    # How long a worker keeps retrying its first connection to Temporal (backoff, logged) before exiting.
+    temporal_connect_timeout_s: float = 300.0
     s3_endpoint: str | None = None
     s3_access_key: str = "kiln"
     s3_secret_key: str = "kiln-secret-key"
@@ -45,6 +53,12 @@ class Settings(BaseSettings):
     retained_budget_bytes: int = 512 * 1024 * 1024
     # {"<credential id>": {"origin": "https://host[:port]", "bearer_token_env": "VAR"}}
     credentials: dict[str, dict[str, str]] = {}
+
+    @field_validator("temporal_tls_cert", "temporal_tls_key", "temporal_tls_ca", "temporal_api_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """``KILN_TEMPORAL_API_KEY=`` (e.g. ``${VAR:-}`` in compose) means unset, not an empty key."""
+        return None if isinstance(value, str) and not value.strip() else value
 
     @property
     def resolved_api_url(self) -> str:

@@ -2,6 +2,11 @@
 
 This is how a GPU machine joins: point ``KILN_TEMPORAL_ADDRESS``/``KILN_S3_*`` at the shared
 servers, set ``KILN_MODEL_PATH`` to the local model folder, and run ``python -m workers gpu``.
+
+At start a worker connects with bounded, logged retries (Temporal may come up later), then makes
+sure Kiln's search attributes exist on the namespace (creating missing ones; where the namespace
+refuses, it exits with one line giving the command to run). ``python -m workers
+ensure-search-attributes`` does only that and exits (a compose init service).
 """
 
 from __future__ import annotations
@@ -14,20 +19,43 @@ import sys
 
 from kiln.artifacts.store import S3Store
 from kiln.errors import KilnError
-from kiln.settings import load_settings
-from workers.client import connect_client
+from kiln.settings import Settings, load_settings
+from workers.client import connect_with_retry
 from workers.factory import ROLES, build_workers
+from workers.search_attributes import ensure_search_attributes
+
+ENSURE = "ensure-search-attributes"
+USAGE = f"usage: python -m workers control|gpu|all|{ENSURE}"
+
+
+async def _prepared_client(settings: Settings):  # noqa: ANN202 - temporalio Client
+    client = await connect_with_retry(settings)
+    created = await ensure_search_attributes(client, settings.temporal_namespace)
+    if created:
+        print(f"created search attributes {', '.join(created)} on namespace "
+              f"{settings.temporal_namespace}", flush=True)
+    return client
+
+
+async def _ensure_only() -> None:
+    settings = load_settings()
+    await _prepared_client(settings)
+    print(f"search attributes ready on namespace {settings.temporal_namespace}", flush=True)
 
 
 async def _main(roles: list[str]) -> None:
     settings = load_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    client = await connect_client(settings)
+    client = await _prepared_client(settings)
     store = S3Store.from_settings(settings)
     try:
         store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
     except KilnError as error:
         print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
+    if "gpu" in roles:
+        # Import torch/transformers before polling: a gpu worker that says "polling" takes a task
+        # at once, instead of spending its first heartbeat timeout importing (cold-start timeouts).
+        import kiln.policy.runtime  # noqa: F401
     workers = build_workers(client, settings, roles, store=store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -53,12 +81,27 @@ class _all:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] not in (*ROLES, "all"):
-        print("usage: python -m workers control|gpu|all", file=sys.stderr)
+    if len(args) != 1 or args[0] not in (*ROLES, "all", ENSURE):
+        print(USAGE, file=sys.stderr)
         raise SystemExit(2)
-    logging.basicConfig(level=logging.WARNING)
-    roles = list(ROLES) if args[0] == "all" else [args[0]]
-    asyncio.run(_main(roles))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args[0] == ENSURE:
+            asyncio.run(_ensure_only())
+            _exit_now(0)
+        asyncio.run(_main(list(ROLES) if args[0] == "all" else [args[0]]))
+    except KilnError as error:
+        # One line an operator can act on (the message names settings and commands, never secrets).
+        print(f"error: {error}" + (f" — {error.hint}" if error.hint else ""), file=sys.stderr, flush=True)
+        _exit_now(1)
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` at once: with a Temporal client still open, interpreter finalisation can
+    abort in the SDK's runtime thread (``PyGILState_Release``) and turn the status into SIGABRT."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,14 @@ async def collect_groups(
                     stage=label, group_index=slot.group_index, attempts=result.attempt, code=result.interruption_code
                 )
             )
-        progress.add_group(result.returns, latency_ms=result.model_latency_ms, tokens=result.model_tokens)
+        progress.add_group(
+            result.returns,
+            latency_ms=result.model_latency_ms,
+            tokens=result.model_tokens,
+            group_index=slot.group_index,
+            worker=result.worker,
+            attempt=result.attempt,
+        )
         if progress is ctx.status.progress:
             ctx.status.mean_return = progress.mean_return
 

@@ -3,16 +3,24 @@
 Data lives under ``<home>/seaweedfs``. Its internal master/volume/filer/admin ports are remembered
 in ``<home>/seaweedfs/ports.json`` and reused on restart while free (every HTTP port ``p`` also
 binds gRPC on ``p + 10000``).
+
+Closed by default: every port is bound to loopback; the S3 API accepts only the configured key
+pair; the internal gRPC ports and the master/volume/filer HTTP ports need a client certificate of
+a CA made afresh at every start, and volume/filer reads and writes a JWT as well
+(:mod:`kiln.devstack.seaweedfs_security`), so a local process without the S3 keys can neither
+reach objects nor call the master's admin endpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.request
 from pathlib import Path
 
 from kiln.devstack.common import GRPC_OFFSET, DevStackError, find_binary, require_free
+from kiln.devstack.seaweedfs_security import write_security
 from kiln.devstack.processes import (
     LOOPBACK,
     ManagedProcess,
@@ -43,11 +51,13 @@ def s3_healthy(endpoint: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _master_volumes(master_port: int, *, timeout_s: float = 2.0) -> tuple[int, int] | None:
+def _master_volumes(
+    master_port: int, context: ssl.SSLContext, *, timeout_s: float = 2.0
+) -> tuple[int, int] | None:
     """(data nodes, volumes) the SeaweedFS master knows about, or None when it does not answer."""
-    url = f"http://{LOOPBACK}:{master_port}/dir/status"
+    url = f"https://{LOOPBACK}:{master_port}/dir/status"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:
             status = json.loads(resp.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
@@ -121,6 +131,8 @@ def start_seaweedfs(
     # Volumes already on disk must be registered with the master before reads work: /healthz
     # answers earlier, and a read in between fails with "volume N not found" (HTTP 500).
     volumes_on_disk = len(list(data_dir.glob("*.dat")))
+    # security.toml is read from weed's working directory (cwd=data_dir below).
+    security = write_security(data_dir, access_key=access_key, secret_key=secret_key)
     argv = [
         weed_binary(),
         "mini",
@@ -128,6 +140,7 @@ def start_seaweedfs(
         f"-ip={LOOPBACK}",
         f"-ip.bind={LOOPBACK}",
         f"-s3.port={s3_port}",
+        f"-s3.config={security.identities}",
         f"-master.port={internal['master']}",
         f"-volume.port={internal['volume']}",
         f"-filer.port={internal['filer']}",
@@ -144,7 +157,8 @@ def start_seaweedfs(
         sock = data_dir / f"{component}.sock"
         if len(str(sock)) < 100:
             argv.append(f"-{component}.localSocket={sock}")
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+    # The identity file is the one source of S3 credentials: none are inherited from the environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     proc = start_process("seaweedfs", argv, log_path=log_dir / "seaweedfs.log", env=env, cwd=data_dir)
     ports = [s3_port, *internal.values()]
     proc.ports = ports + [p + GRPC_OFFSET for p in ports]
@@ -158,8 +172,10 @@ def start_seaweedfs(
             process=proc,
         )
 
+        master_context = security.client_context()
+
         def volumes_registered() -> bool:
-            known = _master_volumes(internal["master"])
+            known = _master_volumes(internal["master"], master_context)
             return known is not None and known[0] >= 1 and known[1] >= volumes_on_disk
 
         wait_until(

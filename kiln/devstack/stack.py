@@ -16,6 +16,7 @@ from kiln.devstack.temporal import start_temporal
 from kiln.settings import Settings
 
 
+@dataclass
 class DevStack:
     """The running embedded stack (only the parts this process started are in ``processes``)."""
 
