@@ -59,6 +59,9 @@ def train(
     should_cancel: Callable[[], bool],
     resume_checkpoint: StoredObject | None = None,
     resume_step: int | None = None,
+    device: str | None = None,
+    dtype: str = "float32",
+    shared_base: Any = None,
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
     kept, selection = select_groups(lines)  # train_grpo selects again and reports the same counts
@@ -110,6 +113,9 @@ def train(
         resume_from=resume_dir,
         checkpoint_sink=on_checkpoint,
         should_cancel=should_cancel,
+        device=device,
+        dtype=dtype,
+        shared_base=shared_base,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter
