@@ -238,7 +238,9 @@ class PolicyRuntime:
 
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
             self._action_grammars = ActionGrammarCache(
-                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id, think_close_id=self.think_close_id
+                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id,
+                # -1: a template without thinking has no </think>; no sampled id ever equals it.
+                think_close_id=self.think_close_id if self.think_close_id is not None else -1,
             )
         return self._action_grammars.get(action_schema)
 
