@@ -64,7 +64,9 @@ def train(
     shared_base: Any = None,
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
-    kept, selection = select_groups(lines)  # train_grpo selects again and reports the same counts
+    config = TrainingConfig.model_validate(inp.training_config)
+    # train_grpo selects again and reports the same counts
+    kept, selection = select_groups(lines, config.on_no_output)
     if not kept:
         return TrainResult(
             trained=False,
@@ -78,7 +80,6 @@ def train(
             "the trainer's base model differs from the model the rollouts were sampled with",
             hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
         )
-    config = TrainingConfig.model_validate(inp.training_config)
     base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
     resume_dir = None
     if resume_checkpoint is not None:

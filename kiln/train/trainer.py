@@ -222,7 +222,7 @@ def train_grpo(
     output_dir = Path(output_dir)
     if expected_behavior_policy is not None:
         check_behavior_policy(groups, expected_behavior_policy)
-    kept, selection = select_groups(groups)
+    kept, selection = select_groups(groups, config.on_no_output)
     if not kept:
         raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
     echo_on, echo_lambda, env_mask_mode, warning_filter = _echo_settings(config)
