@@ -111,7 +111,9 @@ class PolicyRuntime:
         self.supports_thinking = self.glue.thinking_switch and self.think_close_id is not None
 
     def resolve_thinking(self, mode: ThinkingMode | bool) -> bool:
-        """``auto`` → thinking iff the template supports it; ``on`` on a template without → error."""
+        """``auto`` → thinking iff the template supports it; ``on`` on a template without → error.
+
+        Every method taking ``thinking=`` accepts ``True``/``False`` or ``"auto"|"on"|"off"``."""
         return resolve_thinking(mode, supported=self.supports_thinking, model=str(self.model_path))
 
     # ---------------------------------------------------------------------------------- identity
@@ -199,6 +201,7 @@ class PolicyRuntime:
         self, content: str, *, thinking: bool
     ) -> tuple[list[int], list[int], list[int]]:
         """Ids appended after an action ending with the stop token: (glue_before, content, glue_after)."""
+        thinking = self.resolve_thinking(thinking)
         return (
             self._encode(self.glue.between[thinking][len(self.stop_text) :]),
             self._encode(content),
@@ -219,7 +222,7 @@ class PolicyRuntime:
         ids = list(ids)
         if ids and ids[-1] == self.stop_id:
             ids = ids[:-1]
-        if not thinking or self.think_close_id is None:
+        if not self.resolve_thinking(thinking):
             return "", self.decode(ids).strip()
         if self.think_close_id not in ids:
             return self.decode(ids), None
@@ -269,6 +272,7 @@ class PolicyRuntime:
         sampled from; :meth:`logprobs_of` with the same ``action_schema``/``thinking`` reproduces
         them. Absent, sampling is exactly the unconstrained one.
         """
+        thinking = self.resolve_thinking(thinking)
         extra = {}
         if action_schema is not None:
             grammar = self.action_grammar(action_schema)
@@ -305,6 +309,7 @@ class PolicyRuntime:
         under the same masked distribution :meth:`sample` used; ``ValueError`` when the completion
         violates the grammar. ``thinking`` is ignored without ``action_schema``.
         """
+        thinking = self.resolve_thinking(thinking) if action_schema is not None else thinking
         extra = {}
         if action_schema is not None:
             extra["constraint"] = self.action_grammar(action_schema).row(thinking=thinking)
