@@ -101,3 +101,33 @@ def test_a_model_without_chat_template_is_refused_naming_it(tmp_path, tmp_path_f
     assert info.value.code == "model_unsupported"
     assert info.value.details["missing"] == "chat_template"
     assert str(folder) in info.value.message and "chat template" in info.value.message
+
+
+@pytest.mark.timeout(120)
+def test_qwen3_template_keeps_only_reasoning_after_the_last_query(tmp_path_factory) -> None:
+    from kiln.policy.runtime import PolicyRuntime
+
+    rt = PolicyRuntime.load(shared_family_model("qwen3", tmp_path_factory), device="cpu")
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "reasoning_content": "r1", "content": "a1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "<think>\nr2\n</think>\n\na2"},
+    ]
+    assert rt._render(messages, False, True) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n"
+        "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n"
+    )
+    tools = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+        {"role": "tool", "content": "X"},
+        {"role": "tool", "content": "Y"},
+    ]
+    assert rt._render(tools, True, False).endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nX\n</tool_response>\n<tool_response>\nY\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
