@@ -94,7 +94,9 @@ class GpuActivities:
             if self._policy is None:
                 from kiln.policy.runtime import PolicyRuntime
 
-                self._policy = LockedPolicy(PolicyRuntime.load(self.model_path))
+                self._policy = LockedPolicy(
+                    PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype)
+                )
             return self._policy
 
     def _adapter_dir(self, ref: AdapterRef | None) -> Path | None:
@@ -162,7 +164,8 @@ class GpuActivities:
             activity.heartbeat(dict(latest))
 
         activity.heartbeat(dict(latest))
-        with heartbeat_ticker(lambda: dict(latest)):
+        runtime = self.policy()
+        with heartbeat_ticker(lambda: dict(latest)), runtime.training_lease() as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
                 return train(
                     inp,
@@ -174,6 +177,9 @@ class GpuActivities:
                     should_cancel=activity.is_cancelled,
                     resume_checkpoint=resume,
                     resume_step=resume_step,
+                    device=runtime.device,
+                    dtype=runtime.dtype,
+                    shared_base=shared_base,
                 )
 
     @activity.defn(name="post_evaluate")

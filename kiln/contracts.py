@@ -73,6 +73,9 @@ class TrainingConfig(StrictModel):
     seed: int = Field(default=0, ge=0)
     checkpoint_interval: int | None = Field(default=None, ge=1)
     behavior_policy: Literal["no_importance_correction", "recorded"] = "no_importance_correction"
+    # Completions with no final action (e.g. reasoning that exhausted its budget): drop them, keep
+    # them with reward 0, or keep them with their recorded (penalised) reward.
+    on_no_output: Literal["drop", "zero_reward", "penalty"] = "drop"
     echo: EchoConfig | None = Field(default_factory=EchoConfig)
 
 
@@ -141,7 +144,8 @@ class EpisodeFields(StrictModel):
     group_size: int = Field(default=4, ge=1, le=256)
     max_steps: int = Field(default=8, ge=1, le=256)
     concurrency: int = Field(default=4, ge=1, le=256)
-    max_action_tokens: int = Field(default=256, ge=1, le=16384)
+    # Room for a reasoning model's thinking and answer (the tiny demo model stops after ~20).
+    max_action_tokens: int = Field(default=1024, ge=1, le=16384)
     thinking: bool = True
     constrained_actions: bool = False
     thinking_budget_tokens: int | None = Field(default=None, ge=1)

@@ -153,6 +153,20 @@ class ModelNotFound(KilnError):
     http_status = 400
 
 
+class ModelUnsupported(ModelNotFound):
+    """The model folder loads but cannot serve as a chat policy (no chat template, no end-of-turn
+    token, no thinking mode where one was asked for)."""
+
+    code = "model_unsupported"
+
+
+class DeviceUnavailable(KilnError):
+    """``KILN_DEVICE``/``KILN_DTYPE`` name a device or dtype this machine cannot provide."""
+
+    code = "device_unavailable"
+    http_status = 400
+
+
 class AdapterNotFound(KilnError):
     code = "adapter_not_found"
     http_status = 404

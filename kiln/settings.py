@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import SecretStr, field_validator
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONTROL_TASK_QUEUE = "kiln-control"
@@ -39,6 +41,10 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_port: int = 8333
     model_path: Path | None = None
+    # Where the gpu worker computes (sampling and training share it): auto = CUDA when available.
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    # auto = bfloat16 on CUDA, float32 on CPU.
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     api_host: str = "127.0.0.1"
     api_port: int = 8780
     api_url: str | None = None

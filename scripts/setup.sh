@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11) and install Kiln with its training, example-env and test extras.
-# torch is pinned to the CPU wheel first: an unpinned torch would pull a multi-GB CUDA build.
+# Create .venv (Python >= 3.11) and install Kiln with its training, example-env and test extras,
+# at the exact versions of constraints.txt. torch is pinned by version only: on a standard Linux
+# x86_64 box the index gives the CUDA build, on machines that prefer a local CPU wheel the CPU build;
+# both are accepted (scripts/check_torch.py asserts the version, never the build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${KILN_PYTHON:-python3.11}"
@@ -9,14 +11,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING" || true
-python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING" || true
-python -m pip install -q -e ".[train,envs,test]" 2>&1 | grep -v "^WARNING" || true
-# Schema-constrained decoding without the unused ~1 GB triton wheel (see pyproject's extra).
-python -m pip install -q --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.15.post2" 2>&1 | grep -v "^WARNING" || true
+quiet() { "$@" 2>&1 | grep -v "^WARNING" || true; }
+quiet python -m pip install -q --upgrade pip
+quiet python -m pip install -q -c constraints.txt "torch==2.13.0"
+quiet python -m pip install -q -c constraints.txt -e ".[train,envs,test]"
+# Schema-constrained decoding without the unused ~1 GB triton wheel (see pyproject's extra), and
+# Qwen's real BPE ranks (qwen.tiktoken inside the dashscope wheel; its SDK dependencies are unused).
+quiet python -m pip install -q --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.15.post2" "dashscope==2.0.2"
+python scripts/check_torch.py
 python - <<'PY'
-import torch, temporalio, transformers, peft, openenv, xgrammar  # noqa: F401
-assert torch.__version__.startswith("2.13.0"), torch.__version__
-assert torch.version.cuda is None, "a CUDA build of torch was installed; expected the CPU wheel"
+import temporalio, transformers, peft, openenv, xgrammar  # noqa: F401
+from kiln.policy.qwen_vocab import qwen_tiktoken_path
+
+qwen_tiktoken_path()
 PY
 echo "kiln environment ready in .venv"

@@ -60,6 +60,28 @@ def model_tiny(directory: Path = typer.Argument(..., help="Folder to write the t
     console.print(f"tiny model written to {path}")
 
 
+@model_app.command("random")
+def model_random(
+    directory: Path = typer.Argument(..., help="Folder to write the model into."),
+    shape: str = typer.Option("qwen3-0.6b", help="Architecture: qwen3-0.6b, qwen3-4b or tiny."),
+    layers: Optional[int] = typer.Option(None, min=1, help="Fewer layers than the real shape (e.g. 2)."),
+    dtype: str = typer.Option("bfloat16", help="Weights dtype on disk: bfloat16, float16 or float32."),
+    seed: int = typer.Option(0, min=0, help="Initialisation seed (same seed, same bytes)."),
+) -> None:
+    """Random-init model of a real architecture with Qwen's real tokenizer and Qwen3 chat template
+    (weights random: for throughput/memory/scale tests). Needs qwen.tiktoken from scripts/setup.sh."""
+    from kiln.policy.random_model import SHAPES, build_random_model
+
+    if shape not in SHAPES or dtype not in ("bfloat16", "float16", "float32"):
+        _fail(KilnError(f"unknown shape {shape!r} or dtype {dtype!r}", code="openenv_invalid_request",
+                        hint=f"shapes: {', '.join(SHAPES)}; dtypes: bfloat16, float16, float32"))
+    try:
+        path = build_random_model(directory, shape=shape, layers=layers, dtype=dtype, seed=seed)
+    except KilnError as error:
+        _fail(error)
+    console.print(f"random {shape} model written to {path}")
+
+
 @app.command("example-env")
 def example_env(
     name: str = typer.Argument("counter", help="Example environment name (counter)."),

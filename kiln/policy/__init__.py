@@ -1,6 +1,7 @@
-"""The policy: tiny demo model builder, tokenizer, chat template, in-process sampling runtime.
+"""The policy: model loading on a device/dtype, chat-template glue, tokenizers, sampling runtime.
 
-Importing this package must not import torch: ``kiln.policy.identity`` and
-``kiln.policy.chat_template`` are pure; ``runtime``, ``sampling`` and ``tiny`` need torch and
-transformers (the ``train`` extra) and are imported explicitly by the gpu worker.
+Importing this package must not import torch: ``kiln.policy.identity``, ``kiln.policy.chat_glue``,
+``kiln.policy.chat_template`` and ``kiln.policy.templates`` are pure; ``device``, ``loading``,
+``runtime``, ``sampling``, ``tiny``, ``qwen_vocab`` and ``random_model`` need torch/transformers
+(the ``train`` extra) and are imported explicitly by the gpu worker, the CLI and the benches.
 """

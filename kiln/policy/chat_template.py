@@ -1,4 +1,4 @@
-"""Kiln's own ChatML chat template (with ``<think>`` reasoning) and its token-level glue strings.
+"""Kiln's own ChatML chat template (with ``<think>`` reasoning), carried by the tiny demo model.
 
 Rendering rules (one message = ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``):
 
@@ -10,9 +10,10 @@ Rendering rules (one message = ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``):
 * generation prompt: ``<|im_start|>assistant\\n`` plus ``<think>\\n`` when thinking is on. The policy
   then writes ``REASONING</think>\\n\\nANSWER<|im_end|>`` (or ``ANSWER<|im_end|>``).
 
-Multi-turn prompts are never re-rendered by the runtime: after an action that ended with
-``<|im_end|>``, the runtime appends :data:`GLUE_BEFORE_OBSERVATION` + observation +
-:func:`glue_after_observation`. The tests check that this equals the template's render.
+The runtime does not use these strings: it derives the glue of whatever template a model carries
+(:mod:`kiln.policy.chat_glue`); for this template that is ``\n<|im_start|>user\n`` before an
+observation and ``<|im_end|>\n`` + the generation prompt after it, and the tests check that
+appending equals the template's render.
 """
 
 from __future__ import annotations
@@ -47,17 +48,9 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
 )
 
-GLUE_BEFORE_OBSERVATION = "\n" + IM_START + "user\n"
-
-
 def generation_prompt(thinking: bool) -> str:
     """The text the template appends for ``add_generation_prompt=True``."""
     return IM_START + "assistant\n" + (THINK_OPEN + "\n" if thinking else "")
-
-
-def glue_after_observation(thinking: bool) -> str:
-    """Text closing an observation turn and opening the next assistant turn."""
-    return IM_END + "\n" + generation_prompt(thinking)
 
 
 def render(messages: list[dict], *, thinking: bool, add_generation_prompt: bool) -> str:

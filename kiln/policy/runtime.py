@@ -1,8 +1,12 @@
 """The in-process policy runtime of the gpu worker: base model, tokenizer, LRU of LoRA adapters.
 
-Token-in, token-out: prompts are token ids rendered once with Kiln's chat template
-(:meth:`PolicyRuntime.encode_prompt`); later turns are *appended* ids
-(:meth:`PolicyRuntime.encode_observation_turn`), never a re-render. :meth:`PolicyRuntime.sample`
+Any chat model folder works: the token glue (stop token, observation-turn opening and closing,
+generation prompt, thinking support) is derived from the model's own chat template by render-diff
+(:mod:`kiln.policy.chat_glue`). Token-in, token-out: prompts are token ids rendered once with the
+template (:meth:`PolicyRuntime.encode_prompt`); later turns are *appended* ids
+(:meth:`PolicyRuntime.encode_observation_turn`), never a re-render. The model is loaded on a
+resolved device/dtype (:mod:`kiln.policy.device`), and the trainer borrows the same base model
+(:meth:`PolicyRuntime.training_lease`) instead of loading a second copy. :meth:`PolicyRuntime.sample`
 returns the sampled ids with their behaviour log-probs (:mod:`kiln.policy.sampling`), and
 :meth:`PolicyRuntime.logprobs_of` recomputes them in one forward pass. With ``action_schema=`` both
 decode/score the final answer under a grammar compiled from the schema
@@ -17,26 +21,22 @@ base model (adapters disabled). The identity of every action is
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from kiln.errors import AdapterNotFound, ModelNotFound  # noqa: E402
-from kiln.policy.chat_template import (  # noqa: E402
-    ENDOFTEXT,
-    GLUE_BEFORE_OBSERVATION,
-    IM_END,
-    THINK_CLOSE,
-    glue_after_observation,
-)
+from kiln.errors import AdapterNotFound, ModelUnsupported  # noqa: E402
+from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking  # noqa: E402
+from kiln.policy.device import resolve_placement  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402
+from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402
 from kiln.policy.sampling import Sample, completion_logprobs, sample_batch  # noqa: E402
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 __all__ = ["PolicyRuntime", "Sample"]
 
@@ -52,56 +52,73 @@ class PolicyRuntime:
         self.dtype = dtype
         self.max_adapters = max(1, int(max_adapters))
         self.base_model_sha256 = model_content_sha256(self.model_path)
+        self.lock = threading.RLock()  # sampling, scoring and training leases are serialised
         self._peft = None
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
-        self.stop_id = self._token_id(IM_END)
-        self.pad_id = self._token_id(ENDOFTEXT)
-        self.think_close_id = self._token_id(THINK_CLOSE)
         self._action_grammars = None  # kiln.policy.constrained.ActionGrammarCache, built on first use
+        self._derive_glue()
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
     def load(
-        cls, model_path: Path, *, device: str = "cpu", dtype: str = "float32", max_adapters: int = 4
+        cls, model_path: Path, *, device: str = "auto", dtype: str = "auto", max_adapters: int = 4
     ) -> "PolicyRuntime":
-        """Load a local model directory (never downloads). Raises ModelNotFound when unusable."""
-        path = Path(model_path)
-        hint = (
-            "point KILN_MODEL_PATH at a local Hugging Face model directory, or build the demo model "
-            "with `kiln model tiny DIR`"
+        """Load a local model directory (never downloads) on ``device``/``dtype`` (``auto`` =
+        CUDA+bfloat16 when available, else CPU+float32). ModelNotFound / ModelUnsupported /
+        DeviceUnavailable when unusable."""
+        path = check_model_dir(Path(model_path))
+        placement = resolve_placement(device, dtype)
+        tokenizer = load_tokenizer(path)
+        model = load_causal_lm(path, placement)
+        return cls(
+            model, tokenizer, model_path=path, device=placement.device, dtype=placement.dtype,
+            max_adapters=max_adapters,
         )
-        if not path.is_dir():
-            raise ModelNotFound(f"model directory not found: {path}", hint=hint, details={"path": str(path)})
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(
-                f"not a model directory (no config.json): {path}", hint=hint, details={"path": str(path)}
-            )
-        if dtype not in _DTYPES:
-            raise ModelNotFound(f"unsupported dtype {dtype!r}", hint=f"use one of {sorted(_DTYPES)}")
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=_DTYPES[dtype]
-            )
-        except (OSError, ValueError) as exc:
-            raise ModelNotFound(
-                f"could not load the model at {path}: {exc}", hint=hint, details={"path": str(path)}
-            ) from exc
-        model.to(device)
-        model.eval()
-        return cls(model, tokenizer, model_path=path, device=device, dtype=dtype, max_adapters=max_adapters)
+    def _render(self, messages: list[dict], add_generation_prompt: bool, thinking: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=thinking
+        )
 
-    def _token_id(self, token: str) -> int:
-        tid = self.tokenizer.convert_tokens_to_ids(token)
-        if tid is None or tid == self.tokenizer.unk_token_id:
-            raise ModelNotFound(f"the tokenizer at {self.model_path} lacks the token {token}")
-        return int(tid)
+    def _derive_glue(self) -> None:
+        """Stop token, observation glue and thinking support from the model's own chat template."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelUnsupported(
+                f"the model at {self.model_path} has no chat template",
+                hint="add a chat template to the model folder (chat_template.jinja, or chat_template "
+                "in tokenizer_config.json); Kiln renders prompts with the model's own template",
+                details={"path": str(self.model_path), "missing": "chat_template"},
+            )
+        self.glue = derive_glue(self._render)
+        ids = self._encode(self.glue.between[False])
+        specials = set(self.tokenizer.all_special_ids) | set(getattr(self.tokenizer, "added_tokens_decoder", {}))
+        if not ids or ids[0] not in specials:
+            raise ModelUnsupported(
+                f"the chat template of {self.model_path} does not end an assistant turn with a special "
+                f"token (it writes {self.glue.between[False]!r} after an assistant message)",
+                hint="use a chat template that closes assistant turns with an end-of-turn token",
+                details={"path": str(self.model_path), "missing": "end_of_turn_token"},
+            )
+        self.stop_id = int(ids[0])
+        self.stop_text = self.decode([self.stop_id])
+        for thinking, between in self.glue.between.items():
+            if not between.startswith(self.stop_text):
+                raise ModelUnsupported(f"the chat template's end-of-turn text differs with thinking={thinking}")
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.stop_id)
+        close = self.tokenizer.get_vocab().get(THINK_CLOSE)
+        self.think_close_id = int(close) if close is not None else None
+        self.supports_thinking = self.glue.thinking_switch and self.think_close_id is not None
+
+    def resolve_thinking(self, mode: ThinkingMode | bool) -> bool:
+        """``auto`` → thinking iff the template supports it; ``on`` on a template without → error.
+
+        Every method taking ``thinking=`` accepts ``True``/``False`` or ``"auto"|"on"|"off"``."""
+        return resolve_thinking(mode, supported=self.supports_thinking, model=str(self.model_path))
 
     # ---------------------------------------------------------------------------------- identity
     def runtime_identity(self) -> dict:
+        """Versions and the real placement (``cpu``/``cuda:N``, ``float32``/``bfloat16`` …)."""
         import transformers
 
         import kiln
@@ -177,19 +194,18 @@ class PolicyRuntime:
 
     def encode_prompt(self, messages: list[dict], *, thinking: bool) -> list[int]:
         """Render ``messages`` with the chat template plus the generation prompt; token ids."""
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-        )
-        return self._encode(text)
+        thinking = self.resolve_thinking(thinking)
+        return self._encode(self._render(messages, True, thinking))
 
     def encode_observation_turn(
         self, content: str, *, thinking: bool
     ) -> tuple[list[int], list[int], list[int]]:
-        """Ids appended after an action ending with ``<|im_end|>``: (glue_before, content, glue_after)."""
+        """Ids appended after an action ending with the stop token: (glue_before, content, glue_after)."""
+        thinking = self.resolve_thinking(thinking)
         return (
-            self._encode(GLUE_BEFORE_OBSERVATION),
+            self._encode(self.glue.between[thinking][len(self.stop_text) :]),
             self._encode(content),
-            self._encode(glue_after_observation(thinking)),
+            self._encode(self.glue.after_observation[thinking]),
         )
 
     def decode(self, ids: list[int]) -> str:
@@ -200,13 +216,13 @@ class PolicyRuntime:
         """(reasoning, answer) of sampled action ids.
 
         Thinking: reasoning = text before the first ``</think>`` (verbatim), answer = the text after
-        it without the trailing ``<|im_end|>``, whitespace-stripped; answer is None when ``</think>``
+        it without the trailing stop token, whitespace-stripped; answer is None when ``</think>``
         is absent (reasoning is then all the text). Not thinking: ("", whole text stripped).
         """
         ids = list(ids)
         if ids and ids[-1] == self.stop_id:
             ids = ids[:-1]
-        if not thinking:
+        if not self.resolve_thinking(thinking):
             return "", self.decode(ids).strip()
         if self.think_close_id not in ids:
             return self.decode(ids), None
@@ -225,7 +241,9 @@ class PolicyRuntime:
 
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
             self._action_grammars = ActionGrammarCache(
-                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id, think_close_id=self.think_close_id
+                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id,
+                # -1: a template without thinking has no </think>; no sampled id ever equals it.
+                think_close_id=self.think_close_id if self.think_close_id is not None else -1,
             )
         return self._action_grammars.get(action_schema)
 
@@ -254,11 +272,12 @@ class PolicyRuntime:
         sampled from; :meth:`logprobs_of` with the same ``action_schema``/``thinking`` reproduces
         them. Absent, sampling is exactly the unconstrained one.
         """
+        thinking = self.resolve_thinking(thinking)
         extra = {}
         if action_schema is not None:
             grammar = self.action_grammar(action_schema)
             extra["constraints"] = [grammar.row(thinking=thinking) for _ in prompts]
-        with self._activate(adapter_dir):
+        with self.lock, self._activate(adapter_dir):
             return sample_batch(
                 self.model,
                 prompts,
@@ -290,13 +309,47 @@ class PolicyRuntime:
         under the same masked distribution :meth:`sample` used; ``ValueError`` when the completion
         violates the grammar. ``thinking`` is ignored without ``action_schema``.
         """
+        thinking = self.resolve_thinking(thinking) if action_schema is not None else thinking
         extra = {}
         if action_schema is not None:
             extra["constraint"] = self.action_grammar(action_schema).row(thinking=thinking)
-        with self._activate(adapter_dir):
+        with self.lock, self._activate(adapter_dir):
             return completion_logprobs(
                 self.model, prompt_ids, completion_ids, temperature=temperature, device=self.device, **extra
             )
+
+
+    # ---------------------------------------------------------------------------------- training
+    @contextmanager
+    def training_lease(self) -> Iterator[Any]:
+        """Exclusive use of the shared base model for one training job (no second copy).
+
+        Yields the model to attach the trainable LoRA to: the runtime's PeftModel when adapters
+        are loaded (the trainer adds its own ``default`` adapter), else the plain base model. On
+        exit every trace of the training adapter is removed and the held adapters stay loaded;
+        sampling waits for the lease (one lock).
+        """
+        from kiln.train.model import release_lora
+
+        with self.lock:
+            held = self._peft
+            lease = _Lease(held if held is not None else self.model)
+            try:
+                yield lease
+            finally:
+                if lease.trained is not None:
+                    release_lora(lease.trained, shared=held is not None)
+                if held is not None:
+                    held.eval()
+                self.model.eval()
+
+
+class _Lease:
+    """The model handed to the trainer, and the PEFT model it built on it (for cleanup)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.trained: Any = None
 
 
 @contextmanager

@@ -61,6 +61,100 @@ def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+def _check_inputs(prompts, seeds, constraints, temperature) -> bool:
+    """Raise ValueError on malformed inputs; False when there is nothing to sample."""
+    if len(prompts) != len(seeds):
+        raise ValueError("prompts and seeds must have the same length")
+    if constraints is not None and len(constraints) != len(prompts):
+        raise ValueError("constraints and prompts must have the same length")
+    if not prompts:
+        return False
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    return True
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int, total: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids ``(batch, width)`` and the attention mask ``(batch, total)``."""
+    batch = len(prompts)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, total), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[i, width - len(prompt) : width] = 1
+    mask[:, width:] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _row_uniforms(seeds: list[int], steps: int, device) -> torch.Tensor:
+    """All the uniforms each row may need, one seeded generator call per row (float64)."""
+    rows = []
+    for seed in seeds:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(torch_seed(seed))
+        rows.append(torch.rand(steps, generator=gen, dtype=torch.float64))
+    return torch.stack(rows).to(device)
+
+
+def _prefill(model, prompts, input_ids, mask, positions, device):
+    """Prefill each distinct prompt once (a group's candidates share their first prompt), then
+    expand the KV cache to one row per candidate. Returns ``(cache, last_logits)``."""
+    width = input_ids.shape[1]
+    first_row: dict[tuple[int, ...], int] = {}
+    row_to_unique = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
+    unique_rows = [row_to_unique.index(u) for u in range(len(first_row))]
+    dedup = len(unique_rows) < len(prompts)
+    sel = torch.tensor(unique_rows, dtype=torch.long, device=device)
+    out = model(
+        input_ids=input_ids[sel] if dedup else input_ids,
+        attention_mask=mask[sel, :width] if dedup else mask[:, :width],
+        position_ids=positions[sel] if dedup else positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = _out_cache(out)
+    logits = out.logits[:, -1, :]
+    if dedup:
+        expand = torch.tensor(row_to_unique, dtype=torch.long, device=device)
+        cache.reorder_cache(expand)
+        logits = logits[expand]
+    return cache, logits
+
+
+def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tensor:
+    """Greedy (no uniforms) or inverse-CDF sampling with the row's t-th uniform."""
+    if uniforms is None:
+        return lp.argmax(dim=-1)
+    cdf = lp.double().exp().cumsum(dim=-1)
+    u = uniforms[:, t : t + 1] * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+
+
+class _Rows:
+    """Per-row decoding state of one batch (tokens, log-probs, lengths, stop/budget flags)."""
+
+    def __init__(self, batch: int, steps: int, pad_id: int, device) -> None:
+        self.tokens = torch.full((batch, steps), pad_id, dtype=torch.long, device=device)
+        self.lps = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.closed = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    def samples(self) -> list[Sample]:
+        tokens_l = self.tokens.cpu().tolist()
+        lps_l = self.lps.cpu().tolist()
+        lengths_l = self.lengths.cpu().tolist()
+        finished_l = self.finished.cpu().tolist()
+        return [
+            Sample(ids=tokens_l[i][: lengths_l[i]], logprobs=lps_l[i][: lengths_l[i]], finished=bool(finished_l[i]))
+            for i in range(len(tokens_l))
+        ]
+
+
 @torch.inference_mode()
 def sample_batch(
     model,
@@ -77,100 +171,44 @@ def sample_batch(
     constraints: list | None = None,
 ) -> list[Sample]:
     """Sample every prompt in one batch; see the module docstring for the guarantees."""
-    if len(prompts) != len(seeds):
-        raise ValueError("prompts and seeds must have the same length")
-    if constraints is not None and len(constraints) != len(prompts):
-        raise ValueError("constraints and prompts must have the same length")
-    if not prompts:
+    if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("empty prompt")
-    if temperature < 0:
-        raise ValueError("temperature must be >= 0")
-    batch = len(prompts)
     width = max(len(p) for p in prompts)
-    total = width + max(int(max_new_tokens), 0)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, total), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[i, width - len(prompt) : width] = 1
-    mask[:, width:] = 1
-    input_ids = input_ids.to(device)
-    mask = mask.to(device)
+    input_ids, mask = _left_pad(prompts, pad_id, width + max(int(max_new_tokens), 0), device)
     if max_new_tokens <= 0:
         return [Sample(ids=[], logprobs=[], finished=False) for _ in prompts]
-
-    uniforms = None
-    if temperature > 0:
-        rows = []
-        for seed in seeds:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(torch_seed(seed))
-            rows.append(torch.rand(max_new_tokens, generator=gen, dtype=torch.float64))
-        uniforms = torch.stack(rows).to(device)
-
+    uniforms = _row_uniforms(seeds, max_new_tokens, device) if temperature > 0 else None
     kw = cache_kwarg(model)
     positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-    # Prefill each distinct prompt once (a group's candidates share their first prompt), then
-    # expand the KV cache to one row per candidate.
-    first_row: dict[tuple[int, ...], int] = {}
-    row_to_unique = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
-    unique_rows = [row_to_unique.index(u) for u in range(len(first_row))]
-    dedup = len(unique_rows) < batch
-    sel = torch.tensor(unique_rows, dtype=torch.long, device=device)
-    out = model(
-        input_ids=input_ids[sel] if dedup else input_ids,
-        attention_mask=mask[sel, :width] if dedup else mask[:, :width],
-        position_ids=positions[sel] if dedup else positions,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = _out_cache(out)
-    logits = out.logits[:, -1, :]
-    if dedup:
-        expand = torch.tensor(row_to_unique, dtype=torch.long, device=device)
-        cache.reorder_cache(expand)
-        logits = logits[expand]
+    cache, logits = _prefill(model, prompts, input_ids, mask, positions, device)
     next_pos = positions[:, -1:] + 1
-
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    token_lps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    closed = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows = _Rows(len(prompts), max_new_tokens, pad_id, device)
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
 
     for t in range(max_new_tokens):
         allowed = None
         if constraints is not None:
-            allowed = _allowed(constraints, done, logits.shape[-1], device)
+            allowed = _allowed(constraints, rows.done, logits.shape[-1], device)
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
         lp = _log_probs(logits, temperature)
-        if uniforms is None:
-            tok = lp.argmax(dim=-1)
-        else:
-            cdf = lp.double().exp().cumsum(dim=-1)
-            u = uniforms[:, t : t + 1] * cdf[:, -1:]
-            tok = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        tok = _pick(lp, uniforms, t)
         if allowed is not None:
             tok = _keep_allowed(tok, allowed)
-        live = ~done
+        live = ~rows.done
         tok = torch.where(live, tok, torch.full_like(tok, pad_id))
         if constraints is not None:
             _advance(constraints, tok, live)
-        tokens[:, t] = tok
-        token_lps[:, t] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        lengths += live.long()
+        rows.tokens[:, t] = tok
+        rows.lps[:, t] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        rows.lengths += live.long()
         hit_stop = live & (tok == stop_id)
-        finished |= hit_stop
-        done |= hit_stop
+        rows.finished |= hit_stop
+        rows.done |= hit_stop
         if budget is not None:
-            closed |= tok == think_close_id
-            done |= live & ~closed & (lengths >= budget)
-        if t + 1 == max_new_tokens or bool(done.all()):
+            rows.closed |= tok == think_close_id
+            rows.done |= live & ~rows.closed & (rows.lengths >= budget)
+        if t + 1 == max_new_tokens or bool(rows.done.all()):
             break
         out = model(
             input_ids=tok.unsqueeze(-1),
@@ -182,19 +220,7 @@ def sample_batch(
         cache = _out_cache(out)
         logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
-
-    tokens_l = tokens.cpu().tolist()
-    lps_l = token_lps.cpu().tolist()
-    lengths_l = lengths.cpu().tolist()
-    finished_l = finished.cpu().tolist()
-    return [
-        Sample(
-            ids=tokens_l[i][: lengths_l[i]],
-            logprobs=lps_l[i][: lengths_l[i]],
-            finished=bool(finished_l[i]),
-        )
-        for i in range(batch)
-    ]
+    return rows.samples()
 
 
 def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:

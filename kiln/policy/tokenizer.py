@@ -29,7 +29,12 @@ QWEN_SPLIT_PATTERN = (
 )
 
 
-def train_bpe(corpus: list[str], vocab_size: int = 1024) -> Tokenizer:
+def train_bpe(
+    corpus: list[str],
+    vocab_size: int = 1024,
+    special_tokens: tuple[str, ...] | list[str] = tuple(SPECIAL_TOKENS),
+    added_tokens: tuple[str, ...] | list[str] = tuple(ADDED_TOKENS),
+) -> Tokenizer:
     """Train the raw ``tokenizers.Tokenizer`` on ``corpus`` (deterministic for a given corpus)."""
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -44,30 +49,39 @@ def train_bpe(corpus: list[str], vocab_size: int = 1024) -> Tokenizer:
         vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
+    if added_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return tok
 
 
-def wrap_fast(tok: Tokenizer):
-    """Wrap a raw tokenizer as a transformers fast tokenizer with Kiln's chat template."""
+def wrap_fast(
+    tok: Tokenizer,
+    *,
+    chat_template: str = CHAT_TEMPLATE,
+    eos: str = IM_END,
+    pad: str = ENDOFTEXT,
+    bos: str | None = None,
+    model_max_length: int = 4096,
+):
+    """Wrap a raw tokenizer as a transformers fast tokenizer with a chat template (Kiln's by default)."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        bos_token=None,
+        eos_token=eos,
+        pad_token=pad,
+        bos_token=bos,
         unk_token=None,
-        model_max_length=4096,
+        model_max_length=model_max_length,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 

@@ -58,9 +58,14 @@ def train(
     should_cancel: Callable[[], bool],
     resume_checkpoint: StoredObject | None = None,
     resume_step: int | None = None,
+    device: str | None = None,
+    dtype: str = "float32",
+    shared_base: Any = None,
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
-    kept, selection = select_groups(lines)  # train_grpo selects again and reports the same counts
+    config = inp.training_config
+    # train_grpo selects again and reports the same counts
+    kept, selection = select_groups(lines, config.on_no_output)
     if not kept:
         return TrainResult(
             trained=False,
@@ -74,7 +79,6 @@ def train(
             "the trainer's base model differs from the model the rollouts were sampled with",
             hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
         )
-    config = inp.training_config
     base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
     resume_dir = None
     if resume_checkpoint is not None:
@@ -109,6 +113,9 @@ def train(
         resume_from=resume_dir,
         checkpoint_sink=on_checkpoint,
         should_cancel=should_cancel,
+        device=device,
+        dtype=dtype,
+        shared_base=shared_base,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter

@@ -17,46 +17,77 @@ from kiln.policy.identity import ADAPTER_FILES
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def load_base_model(model_path: Path, device: torch.device) -> Any:
-    """The base causal LM in float32, eval mode (no dropout), from a local folder only."""
-    from transformers import AutoModelForCausalLM
+TRAIN_ADAPTER = "default"
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_path), dtype=torch.float32, local_files_only=True
-        )
-    except (OSError, ValueError) as exc:
-        raise TrainingFailed(f"cannot load base model from {model_path}: {exc}") from exc
-    model.to(device)
-    model.eval()
-    return model
+
+def load_base_model(model_path: Path, device: torch.device | str, dtype: str = "float32") -> Any:
+    """The base causal LM on ``device`` in ``dtype``, eval mode (no dropout), from a local folder
+    only (the policy runtime's loader: SDPA attention, never downloads)."""
+    from kiln.policy.device import Placement
+    from kiln.policy.loading import load_causal_lm
+
+    return load_causal_lm(Path(model_path), Placement(str(device), dtype), error=TrainingFailed)
+
+
+def _lora_config(rank: int, alpha: float):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(LORA_TARGETS),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_dir: Path | None):
     """Wrap ``model`` with a trainable LoRA.
 
     ``base_adapter_dir`` warm-starts from an existing adapter
-    (its own rank/alpha/targets win); otherwise a fresh adapter is seeded with ``seed``."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    (its own rank/alpha/targets win); otherwise a fresh adapter is seeded with ``seed``. A
+    ``PeftModel`` (the policy runtime's shared base with its inference adapters) gets a new
+    ``default`` adapter made active instead of a second wrapper; LoRA weights are float32 on a
+    half-precision base (PEFT's adapter autocast)."""
+    from peft import PeftModel, get_peft_model
 
     torch.manual_seed(seed)
+    if isinstance(model, PeftModel):
+        try:
+            if base_adapter_dir is not None:
+                model.load_adapter(str(base_adapter_dir), adapter_name=TRAIN_ADAPTER, is_trainable=True)
+            else:
+                model.add_adapter(TRAIN_ADAPTER, _lora_config(rank, alpha))
+        except (OSError, ValueError) as exc:
+            raise TrainingFailed(f"cannot load base adapter {base_adapter_dir}: {exc}") from exc
+        model.set_adapter(TRAIN_ADAPTER)
+        model.eval()
+        return model
     if base_adapter_dir is not None:
         try:
             peft_model = PeftModel.from_pretrained(model, str(base_adapter_dir), is_trainable=True)
         except (OSError, ValueError) as exc:
             raise TrainingFailed(f"cannot load base adapter {base_adapter_dir}: {exc}") from exc
     else:
-        config = LoraConfig(
-            r=rank,
-            lora_alpha=alpha,
-            target_modules=list(LORA_TARGETS),
-            lora_dropout=0.0,
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        peft_model = get_peft_model(model, config)
+        peft_model = get_peft_model(model, _lora_config(rank, alpha))
     peft_model.eval()  # deterministic: no dropout anywhere
     return peft_model
+
+
+def release_lora(peft_model: Any, *, shared: bool) -> None:
+    """Remove the training adapter from a shared base model after training.
+
+    ``shared``: the base was already a PeftModel (the runtime's): delete the ``default`` adapter.
+    Otherwise the trainer wrapped the plain base: unload every LoRA layer, restoring the base
+    modules in place (its weights were never changed)."""
+    if shared:
+        if TRAIN_ADAPTER in peft_model.peft_config:
+            peft_model.delete_adapter(TRAIN_ADAPTER)
+    else:
+        peft_model.unload()
+    for param in peft_model.parameters():
+        param.requires_grad_(False)
 
 
 def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:

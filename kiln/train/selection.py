@@ -2,8 +2,10 @@
 
 Artifacts keep every completion; only the trainer's view is filtered:
 
-- a completion whose harness code is ``MODEL_ACTION_NO_OUTPUT`` (the model produced no final action)
-  is dropped from its group;
+- a completion whose harness code is ``MODEL_ACTION_NO_OUTPUT`` (the model produced no final action,
+  e.g. it exhausted its thinking budget) is handled by ``on_no_output``: ``drop`` (default) removes
+  it from its group, ``zero_reward`` keeps it with reward 0.0, ``penalty`` keeps it with its recorded
+  reward (which includes the harness penalty for a missing action);
 - a group with no completion left is skipped ("produced no final model actions");
 - a group whose remaining rewards are all exactly equal is skipped (no reward variation: its
   group-normalised advantages are all zero, so training on it is zero-gradient work);
@@ -17,7 +19,17 @@ from typing import Any
 NO_OUTPUT_CODE = "MODEL_ACTION_NO_OUTPUT"
 
 
-def select_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _no_output_view(completions: list[dict[str, Any]], on_no_output: str) -> list[dict[str, Any]]:
+    if on_no_output == "drop":
+        return [c for c in completions if c.get("harness_code") != NO_OUTPUT_CODE]
+    if on_no_output == "zero_reward":
+        return [{**c, "reward": 0.0} if c.get("harness_code") == NO_OUTPUT_CODE else c for c in completions]
+    return completions
+
+
+def select_groups(
+    groups: list[dict[str, Any]], on_no_output: str = "drop"
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Return ``(kept_groups, selection)``.
 
     Kept groups are shallow copies with filtered completions.
@@ -33,7 +45,7 @@ def select_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
     for number, group in enumerate(groups, start=1):
         completions = list(group.get("completions") or [])
         rollouts += len(completions)
-        usable = [c for c in completions if c.get("harness_code") != NO_OUTPUT_CODE]
+        usable = _no_output_view(completions, on_no_output)
         dropped = len(completions) - len(usable)
         discarded += dropped
         if not usable:

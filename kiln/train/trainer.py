@@ -179,7 +179,7 @@ def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, A
                 )
 
 
-def _runtime(device: torch.device) -> dict[str, Any]:
+def _runtime(device: torch.device, dtype: str) -> dict[str, Any]:
     import peft
     import transformers
 
@@ -187,8 +187,8 @@ def _runtime(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peft": peft.__version__,
-        "device": device.type,
-        "dtype": "float32",
+        "device": str(device),
+        "dtype": dtype,
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -207,17 +207,22 @@ def train_grpo(
     should_cancel: Callable[[], bool] | None = None,
     adapter_name: str | None = None,
     device: str | None = None,
+    dtype: str = "float32",
+    shared_base: Any = None,
 ) -> TrainResult:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
     Writes ``output_dir/adapter/`` (standard PEFT adapter), ``output_dir/train_receipt.json`` and,
     with ``config.checkpoint_interval``, ``output_dir/checkpoints/step-NNNNNN/`` folders.
+    ``shared_base`` (a :meth:`kiln.policy.runtime.PolicyRuntime.training_lease`) trains on the
+    policy runtime's base model instead of loading a second copy; ``device``/``dtype`` must then
+    be the runtime's.
     """
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
     if expected_behavior_policy is not None:
         require_groups_on_policy(groups, expected_behavior_policy)
-    kept, selection = select_groups(groups)
+    kept, selection = select_groups(groups, config.on_no_output)
     if not kept:
         raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
     echo_on, echo_lambda, env_mask_mode, warning_filter = _echo_settings(config)
@@ -238,13 +243,16 @@ def train_grpo(
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
 
     dev = torch.device(device or "cpu")
+    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), dev, dtype)
     model = attach_lora(
-        load_base_model(Path(model_path), dev),
+        base,
         rank=config.lora_rank,
         alpha=config.lora_alpha,
         seed=config.seed,
         base_adapter_dir=base_adapter_dir,
     )
+    if shared_base is not None:
+        shared_base.trained = model
     vocab = int(model.get_input_embeddings().weight.shape[0])
     batches = [build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab) for g in kept]
     if settings.recorded and any(b.behavior_logprobs is None for b in batches):
@@ -374,7 +382,7 @@ def train_grpo(
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
         behavior_policy=expected_behavior_policy,
-        runtime=_runtime(dev),
+        runtime=_runtime(dev, dtype),
         phase_timings={
             "setup_s": t_loaded - t_start,
             "train_s": t_trained - t_loaded,

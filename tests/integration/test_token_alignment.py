@@ -65,3 +65,65 @@ def test_recorded_ids_decode_to_recorded_text_and_logprobs_match(collected: Any)
                     checked += 1
                 prefix = prefix + piece["ids"]
     assert checked >= 6
+
+
+FAMILY_RUNS = [
+    # (family, thinking, constrained): qwen3 with <think> (free reasoning, budget-stopped or
+    # closed), and every family without thinking under the action grammar (multi-turn episodes).
+    ("qwen3", True, False),
+    ("qwen3", False, True),
+    ("llama3", False, True),
+    ("gemma", False, True),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family, thinking, constrained", FAMILY_RUNS)
+def test_template_families_roll_out_with_aligned_tokens(
+    family: str, thinking: bool, constrained: bool, counter_env_url: str, tmp_path_factory
+) -> None:
+    from kiln.openenv.schema import policy_action_schema
+    from tests.support.models import shared_family_model
+
+    runtime = PolicyRuntime.load(shared_family_model(family, tmp_path_factory), device="cpu")
+    assert runtime.resolve_thinking("auto") is (family == "qwen3")
+
+    async def collect() -> tuple[dict[str, Any], dict[str, Any]]:
+        inspection = await inspect_environment(counter_env_url)
+        settings = EpisodeSettings(
+            group_size=2, max_steps=3, max_action_tokens=24, thinking=thinking,
+            thinking_budget_tokens=12 if thinking else None, constrained_actions=constrained,
+        )
+        task = GroupTask(
+            group_index=0, environment_index=0, seed=700, reset_payload={"seed": 700},
+            inspection=inspection, settings=settings, behavior_policy=runtime.identity(),
+        )
+        return inspection, await GroupCollector(task, runtime).run()
+
+    inspection, document = asyncio.run(collect())
+    schema = policy_action_schema(inspection["schema"]["action"]) if constrained else None
+    checked = exchanged = 0
+    for completion in document["line"]["completions"]:
+        pieces = completion["tokens"]["pieces"]
+        actions = [seg for seg in completion["trajectory"] if seg["kind"] == "action"]
+        prefix: list[int] = []
+        index = 0
+        for piece in pieces:
+            if piece["kind"] == "action":
+                ids = piece["ids"]
+                text_ids = ids[:-1] if ids and ids[-1] == runtime.stop_id else ids
+                assert runtime.decode(text_ids) == actions[index]["content"]
+                extra = {"action_schema": schema, "thinking": thinking} if schema is not None else {}
+                recomputed = runtime.logprobs_of(prefix, ids, temperature=1.0, **extra)
+                assert len(recomputed) == len(piece["logprobs"]) == len(ids)
+                assert max(abs(a - b) for a, b in zip(recomputed, piece["logprobs"])) < 1e-4
+                index += 1
+                checked += 1
+            prefix = prefix + piece["ids"]
+        exchanged += completion["openenv"]["steps"]
+    assert checked >= 2
+    if constrained:
+        # Schema-valid actions reach the environment: episodes span several turns.
+        assert exchanged >= 3
+        first = runtime.decode(document["line"]["completions"][0]["tokens"]["pieces"][0]["ids"])
+        assert first.endswith(runtime.glue.generation_prompt[False])

@@ -1,0 +1,253 @@
+"""GPU benchmark: Kiln's policy runtime and trainer on a qwen3-0.6b-shaped bf16 model vs baselines.
+
+Runs only where CUDA exists (``--smoke`` runs a reduced version on CPU to prove the script works).
+Everything is measured in this process on ONE random-init model of Qwen3-0.6B's architecture with
+Qwen's real 151k vocabulary (weights random: throughput and memory are real, quality is not):
+
+1. sampling, one group of 8 candidates: :meth:`PolicyRuntime.sample` (one batched KV-cache loop,
+   shared prefill) vs the baseline ``model.generate`` one sequence at a time;
+2. sampling, 4 concurrent groups: four threads each sampling a group of 8 through the runtime
+   (what four collection activities on one gpu worker do; the runtime serialises them) and the
+   same 32 rows as one batch, vs the baseline generating the 32 sequences one at a time;
+3. a training step at 8 × 2048 tokens: Kiln's ``train_step`` (GRPO surrogate + ECHO, LoRA r16 on
+   the runtime's shared base via ``training_lease``) vs a bare PEFT loop (forward, advantage-
+   weighted action log-prob, backward, clip, AdamW step) — tokens/s and peak CUDA memory.
+
+Sampling rows never stop early (random weights; the baseline uses ``min_new_tokens``), so both
+sides produce the same number of tokens. Prepared to finish in under 5 minutes on one H100/H200.
+
+    python bench/gpu.py [--prompt-tokens 512] [--new-tokens 256] [--train-rows 8] [--train-tokens 2048]
+    python bench/gpu.py --smoke      # CPU, tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(device: str, fn):
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - start
+
+
+def build_runtime(folder: Path, shape: str, layers: int | None, device: str, dtype: str):
+    """The runtime over an in-memory random model (tokenizer + config on disk for its identity)."""
+    from transformers import Qwen3ForCausalLM
+
+    from kiln.policy.device import TORCH_DTYPES
+    from kiln.policy.qwen_vocab import build_qwen_tokenizer
+    from kiln.policy.random_model import shape_config
+    from kiln.policy.runtime import PolicyRuntime
+
+    tok = build_qwen_tokenizer()
+    tok.save_pretrained(str(folder))
+    config = shape_config(shape, layers=layers)
+    config.save_pretrained(str(folder))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(TORCH_DTYPES[dtype])
+    try:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    return PolicyRuntime(model, tok, model_path=folder, device=device, dtype=dtype, max_adapters=4)
+
+
+def _prompt(rt, tokens: int, salt: int) -> list[int]:
+    text = " ".join(f"word{(i * 7919 + salt) % 1000}" for i in range(tokens))
+    ids = rt.encode_prompt([{"role": "user", "content": text}], thinking=False)
+    return ids[-tokens:]
+
+
+def bench_sampling(rt, *, prompt_tokens: int, new_tokens: int, group: int, device: str) -> dict:
+    prompts = [_prompt(rt, prompt_tokens, g) for g in range(4)]
+    sample = lambda rows, seeds: rt.sample(rows, seeds, max_new_tokens=new_tokens, temperature=1.0,  # noqa: E731
+                                           thinking=False)
+    sample([prompts[0]] * 2, [0, 1])  # warm-up (kernels, allocator)
+    one, t_one = _timed(device, lambda: sample([prompts[0]] * group, list(range(group))))
+    produced_one = sum(len(s.ids) for s in one)
+
+    results: list[int] = []
+
+    def worker(g: int) -> None:
+        out = sample([prompts[g]] * group, [100 * g + i for i in range(group)])
+        results.append(sum(len(s.ids) for s in out))
+
+    def four_threads() -> None:
+        threads = [threading.Thread(target=worker, args=(g,)) for g in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    _, t_threads = _timed(device, four_threads)
+    rows = [p for p in prompts for _ in range(group)]
+    batched, t_batch = _timed(device, lambda: sample(rows, list(range(len(rows)))))
+
+    model = rt.model
+    gen_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, pad_token_id=rt.pad_id, eos_token_id=rt.stop_id)
+
+    def generate(prompt: list[int]) -> int:
+        ids = torch.tensor([prompt], device=device)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs)
+        return int(out.shape[1] - ids.shape[1])
+
+    generate(prompts[0][:8])  # warm-up
+    base_one, t_base_one = _timed(device, lambda: sum(generate(prompts[0]) for _ in range(group)))
+    # The 32-sequence baseline is 4 × the 8-sequence one (same work, one sequence at a time).
+    t_base_four = 4 * t_base_one
+    return {
+        "group_of_8": {"kiln_tokens_per_s": produced_one / t_one, "baseline_tokens_per_s": base_one / t_base_one,
+                       "speedup": (produced_one / t_one) / (base_one / t_base_one), "tokens": produced_one},
+        "four_groups_threads": {"kiln_tokens_per_s": sum(results) / t_threads,
+                                "baseline_tokens_per_s": 4 * base_one / t_base_four,
+                                "speedup": (sum(results) / t_threads) / (4 * base_one / t_base_four)},
+        "four_groups_one_batch": {"kiln_tokens_per_s": sum(len(s.ids) for s in batched) / t_batch,
+                                  "speedup": (sum(len(s.ids) for s in batched) / t_batch) / (4 * base_one / t_base_four)},
+    }
+
+
+def _synthetic_batch(rows: int, tokens: int, vocab: int, device: str):
+    from kiln.train.batches import GroupBatch
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows, tokens), generator=gen)
+    action = torch.zeros((rows, tokens - 1))
+    env = torch.zeros((rows, tokens - 1))
+    for start in range(tokens // 8, tokens - 1, tokens // 4):  # alternating observation/action spans
+        env[:, start : start + tokens // 8] = 1.0
+        action[:, start + tokens // 8 : start + tokens // 4] = 1.0
+    rewards = [float(i % 2) for i in range(rows)]
+    adv = torch.tensor([1.0 if r else -1.0 for r in rewards])
+    return GroupBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 1:].clone(), action_mask=action,
+        env_mask=env, obs_lengths=env.sum(-1), behavior_logprobs=None, advantages=adv, rewards=rewards,
+        tokens=rows * tokens,
+    ).to(torch.device(device))
+
+
+def _peak(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+
+
+def _reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def bench_training(rt, *, rows: int, tokens: int, repeats: int, device: str) -> dict:
+    from kiln.train.losses import token_logprobs
+    from kiln.train.model import attach_lora, trainable_parameters
+    from kiln.train.trainer import StepSettings, train_step
+
+    vocab = int(rt.model.get_input_embeddings().weight.shape[0])
+    batch = _synthetic_batch(rows, tokens, vocab, device)
+    settings = StepSettings(clip_epsilon=0.2, kl_coeff=0.0, echo_lambda=0.05, max_grad_norm=1.0, recorded=False)
+    out: dict = {"rows": rows, "tokens_per_row": tokens}
+    with rt.training_lease() as lease:
+        model = attach_lora(lease.model, rank=16, alpha=32.0, seed=0, base_adapter_dir=None)
+        lease.trained = model
+        params = [p for _, p in trainable_parameters(model)]
+        opt = torch.optim.AdamW(params, lr=1e-5)
+        train_step(model, batch, opt, params, settings)  # warm-up
+        _reset_peak(device)
+        times = [_timed(device, lambda: train_step(model, batch, opt, params, settings))[1] for _ in range(repeats)]
+        out["kiln"] = {"tokens_per_s": batch.tokens / min(times), "peak_gib": _peak(device)}
+
+        def bare() -> None:
+            opt.zero_grad(set_to_none=True)
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+            lp = token_logprobs(logits, batch.labels)
+            loss = -(lp * batch.action_mask * batch.advantages[:, None]).sum() / batch.action_mask.sum()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+
+        bare()
+        _reset_peak(device)
+        times = [_timed(device, bare)[1] for _ in range(repeats)]
+        out["bare_peft"] = {"tokens_per_s": batch.tokens / min(times), "peak_gib": _peak(device)}
+    out["kiln_over_bare_time"] = out["bare_peft"]["tokens_per_s"] / out["kiln"]["tokens_per_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="reduced sizes on CPU (proves the script runs)")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--train-rows", type=int, default=8)
+    parser.add_argument("--train-tokens", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        device, dtype, shape, layers = "cpu", "float32", "tiny", None
+        args.prompt_tokens, args.new_tokens, args.train_rows, args.train_tokens, args.repeats = 32, 8, 2, 64, 1
+        torch.set_num_threads(1)
+    else:
+        if not torch.cuda.is_available():
+            print(f"bench/gpu.py needs a CUDA device: torch {torch.__version__} (CUDA build: "
+                  f"{torch.version.cuda}) sees none. Run it on a GPU machine, or use --smoke for a "
+                  "reduced CPU check.", file=sys.stderr)
+            return 2
+        device, dtype, shape, layers = "cuda:0", "bfloat16", "qwen3-0.6b", None
+        # Determinism settings documented in docs/models.md.
+        torch.backends.cuda.matmul.allow_tf32 = False
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-gpu-") as tmp:
+        rt = build_runtime(Path(tmp), shape, layers, device, dtype)
+        report = {
+            "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
+            "model": f"{shape} random ({dtype})", "torch": torch.__version__,
+            "sampling": bench_sampling(rt, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                                       group=8, device=device),
+            "training": bench_training(rt, rows=args.train_rows, tokens=args.train_tokens,
+                                       repeats=args.repeats, device=device),
+        }
+    report["wall_s"] = time.perf_counter() - started
+    s, t = report["sampling"], report["training"]
+    print(f"{report['model']} on {report['device']} (prompt {args.prompt_tokens}, {args.new_tokens} new tokens)")
+    print(f"sampling, 1 group of 8: kiln {s['group_of_8']['kiln_tokens_per_s']:.1f} tok/s vs generate one at a "
+          f"time {s['group_of_8']['baseline_tokens_per_s']:.1f} tok/s = {s['group_of_8']['speedup']:.2f}x")
+    print(f"sampling, 4 groups (4 threads): kiln {s['four_groups_threads']['kiln_tokens_per_s']:.1f} tok/s = "
+          f"{s['four_groups_threads']['speedup']:.2f}x; as one batch of 32: "
+          f"{s['four_groups_one_batch']['kiln_tokens_per_s']:.1f} tok/s = {s['four_groups_one_batch']['speedup']:.2f}x")
+    peak = lambda v: "n/a" if v is None else f"{v:.1f} GiB"  # noqa: E731
+    print(f"training step {t['rows']}x{t['tokens_per_row']}: kiln {t['kiln']['tokens_per_s']:.0f} tok/s, peak "
+          f"{peak(t['kiln']['peak_gib'])} vs bare peft {t['bare_peft']['tokens_per_s']:.0f} tok/s, peak "
+          f"{peak(t['bare_peft']['peak_gib'])}; kiln/bare time = {t['kiln_over_bare_time']:.2f}x")
+    print(f"total {report['wall_s']:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
