@@ -22,7 +22,14 @@ from workers.factory import ROLES, build_workers
 async def _main(roles: list[str]) -> None:
     settings = load_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    client = await connect_client(settings)
+    temporal_metrics = server = None
+    if settings.metrics_port is not None:
+        from workers.metrics import MetricsServer, TemporalMetrics
+
+        temporal_metrics = TemporalMetrics()
+        server = MetricsServer(settings.metrics_host, settings.metrics_port, temporal_metrics)
+        print(f"kiln worker metrics on http://{settings.metrics_host}:{server.port}/metrics", flush=True)
+    client = await connect_client(settings, runtime=temporal_metrics.runtime if temporal_metrics else None)
     store = S3Store.from_settings(settings)
     try:
         store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
@@ -36,6 +43,8 @@ async def _main(roles: list[str]) -> None:
     print(f"kiln workers {'+'.join(roles)} polling {settings.effective_temporal_address}", flush=True)
     async with _all(workers):
         await stop.wait()
+    if server is not None:
+        server.stop()
 
 
 class _all:

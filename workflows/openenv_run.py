@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.failures import failure_from, training_status
     from workflows.run_queue import SlotReply, SlotRequest
+    from workflows import ui
 
 KILN_PHASE = SearchAttributeKey.for_keyword("KilnPhase")
 KILN_STATUS = SearchAttributeKey.for_keyword("KilnStatus")
@@ -101,15 +102,15 @@ class OpenEnvRunWorkflow:
         self._queue_id: str | None = None
         self._heartbeat = options.GROUP_HEARTBEAT
 
-    @workflow.query
+    @workflow.query(description="The run's status: phase, progress, returns, training, manifest, failure.")
     def status(self) -> dict[str, Any]:
         return self._status
 
-    @workflow.signal
+    @workflow.signal(description="From the run queue: this run may start (its FIFO slot is free).")
     def slot_granted(self) -> None:
         self._granted = True
 
-    @workflow.signal
+    @workflow.signal(description="From the run queue: this run's position while it waits for a slot.")
     def queue_position(self, position: int) -> None:
         admission = self._status.get("admission")
         if admission is not None and not self._granted:
@@ -119,6 +120,7 @@ class OpenEnvRunWorkflow:
     def _phase(self, phase: str) -> None:
         self._status["phase"] = phase
         workflow.upsert_search_attributes([KILN_PHASE.value_set(phase)])
+        ui.show_progress(self._status)
 
     def _finish(self, state: str) -> None:
         self._status["state"] = state
@@ -127,6 +129,7 @@ class OpenEnvRunWorkflow:
         workflow.upsert_search_attributes(
             [KILN_STATUS.value_set(state), KILN_PHASE.value_set(self._status["phase"])]
         )
+        ui.record_outcome(self._status)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -314,6 +317,7 @@ class OpenEnvRunWorkflow:
                     output_adapter=request["output_adapter"],
                     behavior_policy=policy.behavior_policy,
                     base_adapter=policy.adapter_ref,
+                    report_to=request.get("report_to", "none"),
                 ),
                 result_type=TrainResult,
                 task_queue=gpu_queue,
@@ -602,6 +606,7 @@ class OpenEnvRunWorkflow:
                         adapter_ref=policy.adapter_ref,
                         credential_id=credential_ids[env_index] if credential_ids else None,
                         on_interrupt=request.get("on_interrupt", "resume"),
+                        label=label,
                     ),
                     result_type=CollectGroupResult,
                     task_queue=gpu_queue,
@@ -630,6 +635,7 @@ class OpenEnvRunWorkflow:
             progress["model_tokens"] = progress.get("model_tokens", 0) + result.model_tokens
             if progress is self._status["progress"]:
                 self._status["mean_return"] = progress["mean_return"]
+            ui.show_progress(self._status)
 
         await asyncio.gather(*(one(index) for index in range(groups)))
         return [r.group for r in sorted(results, key=lambda r: r.group_index)]

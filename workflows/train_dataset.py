@@ -44,7 +44,7 @@ class TrainDatasetWorkflow:
             "failure": None,
         }
 
-    @workflow.query
+    @workflow.query(description="The dataset-training run's status: phase, training, manifest, failure.")
     def status(self) -> dict[str, Any]:
         return self._status
 
