@@ -14,12 +14,12 @@ from rich.console import Console
 from kiln.errors import KilnError
 from kiln.settings import load_settings
 
-app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
-openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
-model_app = typer.Typer(help="Local models.", no_args_is_help=True)
+app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None)
+openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None)
+model_app = typer.Typer(help="Local models.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
-train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True)
+train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(train_app, name="train")
 
 console = Console(soft_wrap=True)
@@ -447,7 +447,9 @@ _register_extensions()
 
 
 def main() -> None:
-    app()
+    from kiln.cli.help import plain_command
+
+    plain_command(app)()
 
 
 if __name__ == "__main__":
