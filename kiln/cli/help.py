@@ -19,11 +19,17 @@ def _no_type(*_args: object, **_kwargs: object) -> str:
 
 def _strip(command: Any) -> None:
     for param in command.params:
-        is_option = getattr(param, "param_type_name", None) == "option"
-        if is_option and not getattr(param, "is_flag", False) and not getattr(param, "count", False):
+        kind = getattr(param, "param_type_name", None)
+        if kind == "argument" and hasattr(param, "display_type_rich"):
+            param.display_type_rich = _no_type  # type: ignore[method-assign]
+            param.metavar = (param.name or "value").upper()
+        if kind == "option" and not getattr(param, "is_flag", False) and not getattr(param, "count", False):
             param.metavar = ""
             if hasattr(param, "display_type_rich"):  # Typer's options print their type here
                 param.display_type_rich = _no_type  # type: ignore[method-assign]
+    if getattr(command, "help", None) and not getattr(command, "short_help", None):
+        # The first paragraph, whole (click would cut it with "..." to fit the command list).
+        command.short_help = " ".join(command.help.split("\n\n")[0].split())
     for sub in (getattr(command, "commands", None) or {}).values():
         _strip(sub)
 
