@@ -120,11 +120,20 @@ class TrainStream:
         self.interval_s = interval_s
         self.sinks = list(sinks)
         self._clock = clock
-        self._lines: list[bytes] = []
+        # A retried attempt keeps the steps its predecessor streamed (readers keep the last line
+        # of each step, so re-run steps replace the old ones).
+        self._lines: list[bytes] = self._previous_lines()
         self._latest: dict[str, Any] | None = None
         self._flushed_at = -math.inf
         self._lock = threading.Lock()
         self.write_errors = 0
+
+    def _previous_lines(self) -> list[bytes]:
+        try:
+            raw = self.store.get_key(train_key(self.run_id)) or b""
+        except Exception:  # noqa: BLE001 - best effort
+            return []
+        return [line for line in raw.splitlines() if line.strip()]
 
     def emit(self, event: dict[str, Any]) -> None:
         with self._lock:

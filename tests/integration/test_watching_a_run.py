@@ -52,12 +52,15 @@ async def test_status_metrics_tensorboard_and_prometheus_follow_a_run(
 
             # Poll status; record when each step first became visible.
             seen_at: dict[int, float] = {}
+            during: tuple[dict[Any, float], dict[Any, float]] | None = None
             while True:
                 status = (await http.get(f"/v1/openenv/runs/{run_id}")).json()
                 now = time.time()
                 step = (status.get("training_progress") or {}).get("step")
                 if step is not None:
                     seen_at.setdefault(int(step), now)
+                    if during is None:  # scrape both while the run trains
+                        during = (scrape_url(worker_url), parse_scrape((await http.get("/metrics")).text))
                 if status["state"] != "running":
                     break
                 await asyncio.sleep(0.1)
@@ -106,7 +109,14 @@ async def test_status_metrics_tensorboard_and_prometheus_follow_a_run(
             reward = accumulator.Scalars("group/mean_return")
             assert [e.value for e in reward] == pytest.approx(mean_returns)
 
-            # Prometheus: the worker's and the API's series moved; Temporal SDK metrics are there.
+            # Prometheus, during the run: collection is counted, the run is counted as running.
+            assert during is not None
+            worker_during, api_during = during
+            episodes = "kiln_episodes_collected_total"
+            assert total(worker_during, episodes) - total(worker_before, episodes) == 6
+            assert total(worker_during, "kiln_training_steps_total") > total(worker_before, "kiln_training_steps_total")
+            assert value(api_during, "kiln_runs", state="running") >= 1
+            # ... and after it: the worker's and the API's series moved; Temporal SDK metrics are there.
             worker_after = scrape_url(worker_url)
             assert total(worker_after, "kiln_episodes_collected_total") - total(worker_before, "kiln_episodes_collected_total") == 6
             assert total(worker_after, "kiln_training_steps_total") - total(worker_before, "kiln_training_steps_total") == steps
