@@ -11,6 +11,7 @@ from typing import Any, Callable, TypeVar
 from temporalio.exceptions import ApplicationError
 
 from kiln.errors import KilnError
+from kiln.telemetry.prometheus import count_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +35,7 @@ def kiln_errors(fn: F) -> F:
             try:
                 return await fn(*args, **kwargs)
             except KilnError as err:
+                count_error(err.code)
                 raise to_application_error(err) from None
 
         return async_wrapper  # type: ignore[return-value]
@@ -43,6 +45,7 @@ def kiln_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except KilnError as err:
+            count_error(err.code)
             raise to_application_error(err) from None
 
     return sync_wrapper  # type: ignore[return-value]

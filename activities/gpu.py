@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,6 +38,7 @@ from kiln.records import (
 from kiln.artifacts.adapters import materialise, read_pointer
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import kiln_errors
+from activities.live_metrics import open_train_stream, publish_group_figures
 
 
 @contextlib.contextmanager
@@ -125,6 +127,7 @@ class GpuActivities:
         adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
         info = activity.info()
         previous = info.heartbeat_details[-1] if info.heartbeat_details else None
+        started = time.monotonic()
         try:
             result = await collect(
                 inp,
@@ -143,6 +146,7 @@ class GpuActivities:
         if info.attempt > 1 and isinstance(previous, dict) and previous.get("failed_with"):
             result.interruption_code = str(previous["failed_with"])
         result.worker = activity.client().identity
+        await asyncio.to_thread(publish_group_figures, self.store, inp, result, time.monotonic() - started)
         return result
 
     @activity.defn(name="train_adapter")
@@ -158,14 +162,18 @@ class GpuActivities:
         if resume is not None:
             latest.update(checkpoint=resume.model_dump(), checkpoint_step=resume_step)
 
+        stream = open_train_stream(self.store, inp, home=self.settings.home)
+
         def beat(update: dict[str, Any]) -> None:
             latest.update(update)
             latest["phase"] = "training"
             activity.heartbeat(dict(latest))
+            if "loss" in update:
+                stream.step(update)
 
         activity.heartbeat(dict(latest))
         runtime = self.policy()
-        with heartbeat_ticker(lambda: dict(latest)), runtime.training_lease() as shared_base:
+        with stream, heartbeat_ticker(lambda: dict(latest)), runtime.training_lease() as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
                 return train(
                     inp,

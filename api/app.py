@@ -10,8 +10,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import dataset_routes, discovery_routes, run_routes
+from api import dataset_routes, discovery_routes, metrics_routes, page_routes, run_routes
 from api.access import BearerAccess, BodyLimit, SecretToken, required_token
+from api.page_access import TokenCookie
 from api.errors import install_error_handlers
 from api.services import Services
 from kiln.artifacts.store import S3Store
@@ -38,7 +39,10 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    app.include_router(page_routes.data)
     app.include_router(run_routes.router)
+    app.include_router(page_routes.router)
+    app.include_router(metrics_routes.router)
     app.include_router(discovery_routes.router)
     app.include_router(dataset_routes.router)
     app.add_middleware(
@@ -48,6 +52,7 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     )
     if token is not None:
         app.add_middleware(BearerAccess, token=SecretToken(token))  # outermost: runs before the body is read
+        app.add_middleware(TokenCookie)  # browsers: ?token= once → cookie → bearer (GET/HEAD only)
     return app
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.errors import InvalidRequest, KilnError
+from kiln.telemetry.prometheus import count_error
 
 
 class IdempotencyConflict(KilnError):
@@ -70,6 +71,7 @@ class ApiConfigurationError(KilnError):
 def error_response(error: KilnError) -> JSONResponse:
     """The JSON envelope of ``error`` with its HTTP status (401 adds ``WWW-Authenticate``)."""
     headers = {"WWW-Authenticate": "Bearer"} if error.http_status == 401 else None
+    count_error(error.code)
     if error.http_status == 503:
         headers = {"Retry-After": "5"}
     return JSONResponse(status_code=error.http_status, content=error.to_dict(), headers=headers)

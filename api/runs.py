@@ -10,6 +10,7 @@ equal → the existing run (200), different → ``openenv_run_idempotency_confli
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -32,6 +33,8 @@ KILN_PHASE = SearchAttributeKey.for_keyword(search_attributes.PHASE)
 KILN_RUN_KIND = SearchAttributeKey.for_keyword(search_attributes.RUN_KIND)
 KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(search_attributes.ENVIRONMENT)
 KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(search_attributes.OUTPUT_ADAPTER)
+from kiln.telemetry.live import read_progress
+from kiln.run_labels import start_details, start_summary
 
 RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
 
@@ -82,9 +85,10 @@ _PENDING_STATES = {1: "scheduled", 2: "started", 3: "cancel_requested", 4: "paus
 class RunService:
     """Thin, stateless operations on run workflows (the client is shared, the settings fixed)."""
 
-    def __init__(self, client: Client, settings: Settings) -> None:
+    def __init__(self, client: Client, settings: Settings, store: Any = None) -> None:
         self.client = client
         self.settings = settings
+        self.store = store  # S3: the live progress the gpu worker writes (kiln.telemetry.live)
 
     # ------------------------------------------------------------------ submit
     async def submit(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
@@ -101,7 +105,8 @@ class RunService:
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 memo={"request_sha256": digest, "idempotency_key": request.idempotency_key},
-                static_summary=f"{request.kind} on {request.environment_urls[0]}",
+                static_summary=start_summary(request.kind, request.environment_urls[0], request.output_adapter),
+                static_details=start_details(body),
             )
             created = True
         except WorkflowAlreadyStartedError:
@@ -154,7 +159,23 @@ class RunService:
             training = next((a for a in status["in_flight"] if a["activity"] == "train_adapter"), None)
             if training and training.get("details"):
                 status["training_progress"] = training["details"]
+            await self._merge_live(run_id, status)
         return status
+
+    async def _merge_live(self, run_id: str, status: dict[str, Any]) -> None:
+        """The latest training step the gpu worker wrote to S3 (fresher than heartbeats)."""
+        if self.store is None:
+            return
+        try:
+            live = await asyncio.to_thread(read_progress, self.store, run_id)
+        except Exception:  # noqa: BLE001 - live figures are best effort, never fatal
+            return
+        if not live:
+            return
+        status["live_training"] = live
+        current = status.get("training_progress") or {}
+        if status.get("phase") == "training" and int(current.get("step") or 0) <= int(live.get("step") or 0):
+            status["training_progress"] = {**current, **{k: v for k, v in live.items() if k != "kind"}}
 
     async def _in_flight(self, description: Any) -> list[dict[str, Any]]:
         """Pending activities with their latest heartbeat details (training step, group turn)."""
@@ -220,6 +241,7 @@ class RunService:
         async for execution in self.client.list_workflows(query, limit=limit):
             attrs = execution.typed_search_attributes
             run_state = _state(execution.status)
+            memo = await execution.memo()
             runs.append(
                 {
                     "run_id": execution.id,
@@ -228,6 +250,8 @@ class RunService:
                     "kind": attrs.get(KILN_RUN_KIND),
                     "environment": attrs.get(KILN_ENVIRONMENT),
                     "output_adapter": attrs.get(KILN_OUTPUT_ADAPTER),
+                    "mean_return": memo.get("mean_return"),  # the outcome memo, set at the end
+                    "promoted": memo.get("promoted"),
                     "started_at": _iso(execution.start_time),
                     "closed_at": _iso(execution.close_time),
                 }

@@ -23,6 +23,7 @@ class Services:
         self._client = client
         self._store = store
         self._lock: asyncio.Lock | None = None
+        self.temporal_metrics: Any = None  # the Temporal SDK metrics of a client this app connects
 
     async def client(self) -> Client:
         if self._client is None:
@@ -30,11 +31,14 @@ class Services:
                 self._lock = asyncio.Lock()
             async with self._lock:
                 if self._client is None:
-                    self._client = await connect_client(self.settings)
+                    from workers.metrics import TemporalMetrics
+
+                    self.temporal_metrics = TemporalMetrics()
+                    self._client = await connect_client(self.settings, runtime=self.temporal_metrics.runtime)
         return self._client
 
     async def runs(self) -> RunService:
-        return RunService(await self.client(), self.settings)
+        return RunService(await self.client(), self.settings, store=self.artifacts().store)
 
     def artifacts(self) -> ArtifactService:
         if self._store is None:

@@ -195,6 +195,8 @@ class RunRequest(EpisodeFields):
     environment_eval: EnvironmentEvalConfig | None = None
     post_eval: PostEvalConfig | None = None
     on_interrupt: Literal["resume", "fail"] = "resume"
+    # Experiment tracker the gpu worker logs training to (as TRL's report_to); offline only.
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
 
     @field_validator("idempotency_key")
     @classmethod

@@ -299,3 +299,11 @@ def error_from_dict(data: dict[str, Any]) -> KilnError:
         stage=data.get("stage"),
         details=data.get("details") or None,
     )
+
+
+class TrackerUnavailable(KilnError):
+    """The run's ``report_to`` tracker cannot start on the gpu worker (package missing)."""
+
+    code = "tracker_unavailable"
+    http_status = 400
+    stage = "training"

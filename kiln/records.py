@@ -116,6 +116,7 @@ class CollectGroupInput(Record):
     adapter_ref: AdapterRef | None = None
     credential_id: str | None = None
     on_interrupt: Literal["resume", "fail"]
+    label: str = "group"  # "group" (collection) or "eval baseline" / "eval candidate" (live metrics)
 
 
 class CollectGroupResult(Record):
@@ -138,6 +139,7 @@ class TrainInput(Record):
     output_adapter: str
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
+    report_to: str = "none"  # experiment tracker on the gpu worker (kiln.telemetry.trackers)
 
 
 class TrainResult(Record):

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 30.0
     api_token: str | None = None
     retained_budget_bytes: int = 512 * 1024 * 1024
+    # A worker serves Prometheus ``/metrics`` on this port when set (the API serves it on its own).
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     # {"<credential id>": {"origin": "https://host[:port]", "bearer_token_env": "VAR"}}
     credentials: dict[str, dict[str, str]] = {}
 

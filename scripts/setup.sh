@@ -14,11 +14,16 @@ fi
 quiet() { "$@" 2>&1 | grep -v "^WARNING" || true; }
 quiet python -m pip install -q --upgrade pip
 quiet python -m pip install -q -c constraints.txt "torch==2.13.0"
-quiet python -m pip install -q -c constraints.txt -e ".[train,envs,test]"
+quiet python -m pip install -q -c constraints.txt -e ".[train,envs,trackers,test]"
 # Schema-constrained decoding without the unused ~1 GB triton wheel (see pyproject's extra), and
 # Qwen's real BPE ranks (qwen.tiktoken inside the dashscope wheel; its SDK dependencies are unused).
 quiet python -m pip install -q --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.15.post2" "dashscope==2.0.2"
 python scripts/check_torch.py
+# The run-page browser test uses Debian's chromium (Playwright never downloads a browser here).
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "warning: could not install chromium (the run-page browser test needs /usr/bin/chromium)" >&2
+fi
 python - <<'PY'
 import temporalio, transformers, peft, openenv, xgrammar  # noqa: F401
 from kiln.policy.qwen_vocab import qwen_tiktoken_path

@@ -28,8 +28,8 @@ ENSURE = "ensure-search-attributes"
 USAGE = f"usage: python -m workers control|gpu|all|{ENSURE}"
 
 
-async def _prepared_client(settings: Settings):  # noqa: ANN202 - temporalio Client
-    client = await connect_with_retry(settings)
+async def _prepared_client(settings: Settings, *, runtime=None):  # noqa: ANN001,ANN202 - temporalio types
+    client = await connect_with_retry(settings, runtime=runtime)
     created = await ensure_search_attributes(client, settings.temporal_namespace)
     if created:
         print(f"created search attributes {', '.join(created)} on namespace "
@@ -46,7 +46,14 @@ async def _ensure_only() -> None:
 async def _main(roles: list[str]) -> None:
     settings = load_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    client = await _prepared_client(settings)
+    temporal_metrics = server = None
+    if settings.metrics_port is not None:
+        from workers.metrics import MetricsServer, TemporalMetrics
+
+        temporal_metrics = TemporalMetrics()
+        server = MetricsServer(settings.metrics_host, settings.metrics_port, temporal_metrics)
+        print(f"kiln worker metrics on http://{settings.metrics_host}:{server.port}/metrics", flush=True)
+    client = await _prepared_client(settings, runtime=temporal_metrics.runtime if temporal_metrics else None)
     store = S3Store.from_settings(settings)
     try:
         store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
@@ -64,6 +71,8 @@ async def _main(roles: list[str]) -> None:
     print(f"kiln workers {'+'.join(roles)} polling {settings.effective_temporal_address}", flush=True)
     async with _all(workers):
         await stop.wait()
+    if server is not None:
+        server.stop()
 
 
 class _all:

@@ -15,6 +15,7 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
+from temporalio.runtime import Runtime
 
 from kiln.errors import TemporalConfigInvalid, TemporalUnavailable
 from kiln.settings import Settings
@@ -52,8 +53,11 @@ def temporal_tls(settings: Settings) -> TLSConfig | bool:
     return TLSConfig(server_root_ca_cert=ca, client_cert=cert, client_private_key=key)
 
 
-async def connect_client(settings: Settings) -> Client:
-    """Connect to the configured Temporal frontend with Kiln's pydantic data converter."""
+async def connect_client(settings: Settings, *, runtime: Runtime | None = None) -> Client:
+    """Connect to the configured Temporal frontend with Kiln's pydantic data converter.
+
+    ``runtime``: a Temporal runtime exporting SDK metrics (see ``kiln.telemetry.prometheus``).
+    """
     api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None
     return await Client.connect(
         settings.effective_temporal_address,
@@ -61,10 +65,13 @@ async def connect_client(settings: Settings) -> Client:
         data_converter=pydantic_data_converter,
         tls=temporal_tls(settings),
         api_key=api_key,
+        runtime=runtime,
     )
 
 
-async def connect_with_retry(settings: Settings, *, timeout_s: float | None = None) -> Client:
+async def connect_with_retry(
+    settings: Settings, *, timeout_s: float | None = None, runtime: Runtime | None = None
+) -> Client:
     """:func:`connect_client`, retried with exponential backoff (logged) for a bounded time.
 
     A worker started before Temporal is up (compose, a reboot) waits instead of crashing; after
@@ -78,7 +85,7 @@ async def connect_with_retry(settings: Settings, *, timeout_s: float | None = No
     while True:
         attempt += 1
         try:
-            return await connect_client(settings)
+            return await connect_client(settings, runtime=runtime)
         except TemporalConfigInvalid:
             raise
         except Exception as err:  # noqa: BLE001 - the SDK raises RuntimeError for any connect failure

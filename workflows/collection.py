@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from kiln.run_plan import GroupSlot
     from kiln.run_status import Interruption, Progress, RunStatus
+    from workflows import ui
     from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
 
 
@@ -75,6 +76,7 @@ async def collect_groups(
             adapter_ref=policy.adapter_ref,
             credential_id=credential_ids[slot.environment_index] if credential_ids else None,
             on_interrupt=ctx.request.on_interrupt,
+            label=label,
         )
         async with gate:
             result: CollectGroupResult = await ctx.call(
@@ -99,6 +101,7 @@ async def collect_groups(
         )
         if progress is ctx.status.progress:
             ctx.status.mean_return = progress.mean_return
+        ui.show_progress(ctx.status)
 
     await asyncio.gather(*(one(slot) for slot in slots))
     return [r.group for r in sorted(results, key=lambda r: r.group_index)]

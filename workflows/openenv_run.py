@@ -61,15 +61,15 @@ class OpenEnvRunWorkflow(StatusKeeper):
         self._granted = False
         self._queue_id: str | None = None
 
-    @workflow.query
+    @workflow.query(description="The run's status: phase, progress, returns, training, manifest, failure.")
     def status(self) -> RunStatus:
         return self._status
 
-    @workflow.signal
+    @workflow.signal(description="The run queue granted this run a slot: admission may proceed.")
     def slot_granted(self) -> None:
         self._granted = True
 
-    @workflow.signal
+    @workflow.signal(description="The run's 1-based position in the FIFO run queue while it waits.")
     def queue_position(self, position: int) -> None:
         if self._status.admission is not None and not self._granted:
             self._status.admission.queue_position = position
@@ -186,6 +186,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
                 output_adapter=request.output_adapter or "",
                 behavior_policy=policy.behavior_policy,
                 base_adapter=policy.adapter_ref,
+                report_to=request.report_to,
             ),
             summary=f"GRPO+ECHO training of {request.output_adapter}",
         )

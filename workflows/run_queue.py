@@ -68,7 +68,7 @@ class RunQueueWorkflow:
             workflow.logger.warning("run %s no longer exists; dropping it from the queue", run_id)
             return False
 
-    @workflow.update
+    @workflow.update(description="Join the FIFO queue: returns the run's sequence and position.")
     def request_slot(self, request: SlotRequest) -> SlotReply:
         state = self.state
         run_id = request.run_id
@@ -91,7 +91,7 @@ class RunQueueWorkflow:
         self._dirty = True
         return SlotReply(sequence=state.sequence, position=len(state.waiting))
 
-    @workflow.signal
+    @workflow.signal(description="A run ended: free its slot (or drop it from the waiting list).")
     def release_slot(self, run_id: str) -> None:
         state = self.state
         if run_id in state.active:
@@ -102,6 +102,6 @@ class RunQueueWorkflow:
         self._told.pop(run_id, None)
         self._dirty = True
 
-    @workflow.query
+    @workflow.query(description="The queue: active runs, waiting runs in order, sequences.")
     def snapshot(self) -> dict[str, Any]:
         return self.state.model_dump()

@@ -17,7 +17,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from kiln import search_attributes as names
-    from kiln.run_status import Failure, RunStatus
+    from kiln.run_status import TERMINAL_STATES, Failure, RunStatus
+    from workflows import ui
 
 KILN_PHASE = SearchAttributeKey.for_keyword(names.PHASE)
 KILN_STATUS = SearchAttributeKey.for_keyword(names.STATUS)
@@ -54,11 +55,14 @@ class StatusKeeper:
     def _enter(self, stage: str) -> None:
         self._status.enter(stage)
         workflow.upsert_search_attributes([KILN_PHASE.value_set(stage)])
+        ui.show_progress(self._status)
 
     def _sync_state(self) -> None:
         workflow.upsert_search_attributes(
             [KILN_STATUS.value_set(self._status.state), KILN_PHASE.value_set(self._status.phase)]
         )
+        if self._status.state in TERMINAL_STATES:
+            ui.record_outcome(self._status)
 
     async def _release(self) -> None:
         """Give back what the run holds outside itself (a queue slot); never fails the run."""

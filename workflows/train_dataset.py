@@ -33,7 +33,7 @@ class TrainDatasetWorkflow(StatusKeeper):
     def __init__(self) -> None:
         self._status = RunStatus(kind="train_dataset", phase="split")
 
-    @workflow.query
+    @workflow.query(description="The dataset-training run's status: phase, training, manifest, failure.")
     def status(self) -> RunStatus:
         return self._status
 

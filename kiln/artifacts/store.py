@@ -29,6 +29,7 @@ import botocore.exceptions as bce
 from botocore.config import Config
 
 from kiln.canonical import hex_of, is_digest, sha256_bytes
+from kiln.telemetry.prometheus import S3_BYTES_WRITTEN
 from kiln.errors import (
     ArtifactIntegrityFailed,
     ArtifactNotFound,
@@ -254,6 +255,7 @@ class S3Store:
             )
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, action, key) from exc
+        S3_BYTES_WRITTEN.inc(len(data))
 
     def put_file(
         self,
@@ -289,6 +291,7 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, "put file", key) from exc
         self._check_size(key, size)
+        S3_BYTES_WRITTEN.inc(size)
         return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=size)
 
     def _multipart_upload(self, path: Path, key: str, part_size: int) -> None:
@@ -352,6 +355,7 @@ class S3Store:
                 IfNoneMatch="*",
                 ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
             )
+            S3_BYTES_WRITTEN.inc(len(data))
             return True
         except bce.ClientError as exc:
             if _status(exc) not in (412, 409) and _error_code(exc) not in (

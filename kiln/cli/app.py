@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.cli.follow import FOLLOW_OPT
 from kiln.errors import KilnError
 from kiln.settings import load_settings
 
@@ -19,12 +20,12 @@ def default(model: Any, field: str) -> Any:
     """A CLI option's default is the model field's default (each default lives once, in the model)."""
     return model.model_fields[field].get_default(call_default_factory=True)
 
-app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
-openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
-model_app = typer.Typer(help="Local models.", no_args_is_help=True)
+app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None)
+openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None)
+model_app = typer.Typer(help="Local models.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
-train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True)
+train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(train_app, name="train")
 
 from kiln.cli.console import console, fail as _fail  # noqa: E402
@@ -97,9 +98,10 @@ def example_env(
 @openenv_app.command("inspect")
 def inspect_cmd(
     environment: str = typer.Option(..., "--environment", help="Environment base URL."),
-    credential_env: Optional[str] = typer.Option(
-        None, "--credential-env", help="Name of an environment variable holding a bearer token for this URL."
+    credential_id: Optional[str] = typer.Option(
+        None, "--credential-id", help="Credential id from KILN_CREDENTIALS for this URL."
     ),
+    credential_env: Optional[str] = typer.Option(None, "--credential-env", hidden=True),  # old name
     as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
 ) -> None:
     """Discover an environment: identity, digests and action schema (direct, no server needed)."""
@@ -111,7 +113,11 @@ def inspect_cmd(
         url = normalize_url(environment)
         require_allowed_host(url, allow_remote=settings.allow_remote_environments)
         token = None
-        if credential_env:
+        if credential_id:
+            from kiln.openenv.credential_config import resolve_bearer_token
+
+            token = resolve_bearer_token(settings.credentials, credential_id, url)
+        elif credential_env:
             from kiln.openenv.credentials import prepare_token, read_token_from_env
 
             token = prepare_token(url, read_token_from_env(credential_env))
@@ -300,7 +306,8 @@ def train_cmd(
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
-    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
+    report_to: str = typer.Option("none", "--report-to", help="Tracker the gpu worker logs to, offline: none | tensorboard | trackio | wandb."),
+    follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
     """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
@@ -319,6 +326,8 @@ def train_cmd(
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
     request["auto_load"] = auto_load
+    if report_to != "none":
+        request["report_to"] = report_to
     if post_eval_suite is not None:
         request["post_eval"] = {"suite": post_eval_suite}
         if post_eval_min_accuracy is not None:
@@ -359,7 +368,7 @@ def rollout_cmd(
     replay_output: Optional[Path] = typer.Option(None, "--replay-output", help="Write the replay transcript here (X.replay.json)."),
     summary_output: Optional[Path] = typer.Option(None, "--summary-output", help="Write the summary here (X.rollout-summary.json)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
-    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
+    follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
     """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts.
@@ -396,7 +405,7 @@ def rollout_cmd(
 @openenv_app.command("start")
 def start_cmd(
     request_file: Path = typer.Option(..., "--request", help="JSON run request file (≤ 1 MiB)."),
-    follow_run: bool = typer.Option(False, "--follow/--no-follow", help="Follow progress."),
+    follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
 ) -> None:
     """Submit a run request file (the body of POST /v1/openenv/runs)."""
@@ -417,7 +426,7 @@ def train_grpo_cmd(
     echo_lambda: float = ECHO_LAMBDA_OPT,
     behavior_policy: str = typer.Option(default(TrainingConfig, "behavior_policy"), help="no_importance_correction | recorded."),
     auto_load: bool = AUTO_LOAD_OPT,
-    follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
+    follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
     """Train GRPO+ECHO from a saved rollouts file, through the same training activity as a run.
@@ -476,7 +485,9 @@ _register_extensions()
 
 
 def main() -> None:
-    app()
+    from kiln.cli.help import plain_command
+
+    plain_command(app)()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from rich.console import Console
 
 from kiln.errors import KilnError
 
-console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
+console = Console(soft_wrap=True, highlight=False)  # no highlighter colouring parts of digests
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def fail(error: KilnError) -> NoReturn:

@@ -23,7 +23,7 @@ import typer
 from kiln.artifacts.manifest import verified_manifest
 from kiln.cli.api_client import ApiClient, artifact_path
 from kiln.cli.console import console, err_console, fail, print_json  # noqa: F401
-from kiln.cli.follow import TERMINAL, exit_code, follow, print_outcome
+from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.contracts import RunRequest
 from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
 
@@ -228,6 +228,28 @@ def follow_and_download(
 # --------------------------------------------------------------------------------- commands
 
 
+RUNS_COLUMNS = "{:<36}  {:<9}  {:<7}  {:<12}  {:<16}  {:>11}  {:<8}  {}"
+
+
+def runs_header() -> str:
+    return RUNS_COLUMNS.format("RUN", "STATE", "KIND", "PHASE", "ADAPTER", "MEAN RETURN", "PROMOTED", "STARTED")
+
+
+def runs_row(run: dict[str, Any]) -> str:
+    """One ``runs`` line; the phase only while running (a finished run's phase is its state)."""
+    promoted = run.get("promoted")
+    return RUNS_COLUMNS.format(
+        run["run_id"],
+        run["state"],
+        str(run.get("kind") or "-"),
+        str(run.get("phase") or "-") if run["state"] == "running" else "",
+        str(run.get("output_adapter") or "-"),
+        num(run.get("mean_return")),
+        "-" if promoted is None else ("yes" if promoted else "no"),
+        run.get("started_at") or "-",
+    )
+
+
 def runs_cmd(
     state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -243,16 +265,15 @@ def runs_cmd(
         return
     if not runs:
         console.print("no runs")
+        return
+    console.print(runs_header(), markup=False)
     for run in runs:
-        console.print(
-            f"{run['run_id']}  {run['state']:<10} {str(run.get('kind') or '-'):<8} "
-            f"{str(run.get('phase') or '-'):<12} {run.get('started_at')}"
-        )
+        console.print(runs_row(run), markup=False)
 
 
 def status_cmd(
     run_id: str = typer.Argument(..., help="Run id."),
-    follow_run: bool = typer.Option(False, "--follow", help="Follow until the run ends."),
+    follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
     poll_seconds: float = typer.Option(1.0, "--poll-seconds", min=0.1, help="Polling interval."),
 ) -> None:

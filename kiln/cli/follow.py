@@ -1,6 +1,9 @@
-"""Follow a run until it ends, with a live progress panel; the exit code tells the outcome.
+"""Follow a run until it ends; the exit code tells the outcome.
 
-Exit codes: 0 completed, 1 failed, 3 cancelled (and 1 for anything unexpected).
+On a terminal: a live progress panel. Otherwise (CI, ``| tee``): one line per event — a line is
+printed whenever the progress line changes (phase, groups, episodes, training step, …).
+Numbers are shown to 4 significant digits. Exit codes: 0 completed, 1 failed, 3 cancelled (and 1
+for anything unexpected).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -15,6 +19,21 @@ from rich.text import Text
 
 TERMINAL = {"completed", "failed", "cancelled"}
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3}
+# One --follow/--no-follow, one default, on every command that submits or shows a run.
+FOLLOW_DEFAULT = True
+FOLLOW_HELP = "Follow the run until it ends (one line per event when not a terminal)."
+FOLLOW_OPT = typer.Option(FOLLOW_DEFAULT, "--follow/--no-follow", help=FOLLOW_HELP)
+
+
+def num(value: Any) -> str:
+    """A number to 4 significant digits (ints as they are); ``-`` for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def exit_code(status: dict[str, Any]) -> int:
@@ -32,11 +51,14 @@ def progress_line(status: dict[str, Any]) -> str:
         f"episodes={progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}",
     ]
     if mean is not None:
-        parts.append(f"mean_return={mean:.3f}")
+        parts.append(f"mean_return={num(mean)}")
     live = status.get("training_progress") or {}
     training = status.get("training") or {}
     if live.get("step"):
         parts.append(f"train_step={live['step']}/{live.get('total_steps', '?')}")
+        for key in ("loss", "kl", "env_ce"):
+            if isinstance(live.get(key), (int, float)):
+                parts.append(f"{key}={num(float(live[key]))}")
     elif training.get("steps"):
         parts.append(f"train_steps={training['steps']}")
     return "  ".join(parts)
@@ -55,7 +77,7 @@ def progress_view(status: dict[str, Any]) -> Group:
         "episodes", f"{progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}"
     )
     mean = status.get("mean_return")
-    table.add_row("mean return", "-" if mean is None else f"{mean:.3f}")
+    table.add_row("mean return", num(mean))
     training = status.get("training") or {}
     live = status.get("training_progress") or {}
     if live.get("step"):
@@ -64,9 +86,9 @@ def progress_view(status: dict[str, Any]) -> Group:
         table.add_row(
             "training",
             f"step {live['step']}/{live.get('total_steps', '?')}"
-            + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
-            + (f"  env-CE {env_ce:.4f}" if isinstance(env_ce, (int, float)) else "")
-            + (f"  {live['tokens_per_s']:.0f} tok/s" if isinstance(live.get("tokens_per_s"), (int, float)) else ""),
+            + (f"  loss {num(float(loss))}" if isinstance(loss, (int, float)) else "")
+            + (f"  env-CE {num(float(env_ce))}" if isinstance(env_ce, (int, float)) else "")
+            + (f"  {num(float(live['tokens_per_s']))} tok/s" if isinstance(live.get("tokens_per_s"), (int, float)) else ""),
         )
     else:
         table.add_row("training step", str(training.get("steps") or "-"))
@@ -103,6 +125,8 @@ def follow(
             time.sleep(poll_s)
             status = fetch()
         return status
+    if not console.is_terminal:
+        return _follow_lines(fetch, status, console, poll_s=poll_s, started=started, timeout_s=timeout_s)
     with Live(progress_view(status), console=console, refresh_per_second=4, transient=True) as view:
         while status.get("state") not in TERMINAL:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
@@ -111,6 +135,31 @@ def follow(
             status = fetch()
             view.update(progress_view(status))
     return status
+
+
+def _follow_lines(
+    fetch: Callable[[], dict[str, Any]],
+    status: dict[str, Any],
+    console: Console,
+    *,
+    poll_s: float,
+    started: float,
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    """Not a terminal: print the progress line each time it changes (flushed at once)."""
+    last = None
+    while True:
+        line = progress_line(status)
+        if line != last:
+            console.print(line, markup=False, highlight=False)
+            console.file.flush()
+            last = line
+        if status.get("state") in TERMINAL:
+            return status
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            return status
+        time.sleep(poll_s)
+        status = fetch()
 
 
 def print_outcome(status: dict[str, Any], console: Console) -> int:
@@ -124,17 +173,17 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
     stats = status.get("rollout_stats") or {}
     if stats and stats.get("mean_episode_return") is not None:
         console.print(
-            f"episodes {stats.get('rollouts')}  mean return {stats.get('mean_episode_return'):.3f}  "
-            f"min {stats.get('min_episode_return')}  max {stats.get('max_episode_return')}  "
+            f"episodes {stats.get('rollouts')}  mean return {num(stats.get('mean_episode_return'))}  "
+            f"min {num(stats.get('min_episode_return'))}  max {num(stats.get('max_episode_return'))}  "
             f"done {stats.get('done_count')}  invalid actions {stats.get('invalid_model_action_count')}"
         )
     elif status.get("mean_return") is not None:
-        console.print(f"mean return so far {status['mean_return']:.3f}")
+        console.print(f"mean return so far {num(status['mean_return'])}")
     training = status.get("training")
     if training:
         if training.get("trained"):
             console.print(
-                f"training {training.get('steps')} steps, final loss {training.get('final_loss')}, "
+                f"training {training.get('steps')} steps, final loss {num(training.get('final_loss'))}, "
                 f"adapter {training.get('adapter_sha256')}"
             )
         else:
@@ -144,7 +193,7 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
         evidence = evaluation["evidence"]
         console.print(
             f"held-out evaluation ({evidence['paired_groups']} seed groups): mean return "
-            f"base {evidence['baseline_mean_return']:.3f} -> adapter {evidence['candidate_mean_return']:.3f} "
+            f"base {num(evidence['baseline_mean_return'])} -> adapter {num(evidence['candidate_mean_return'])} "
             f"(wins {evidence['improved_groups']}, losses {evidence['regressed_groups']}, ties {evidence['tied_groups']}, "
             f"sign-test p={evidence['exact_sign_test_p_value']:.4g})"
         )
@@ -152,15 +201,15 @@ def print_outcome(status: dict[str, Any], console: Console) -> int:
         world = evaluation.get("world_model") or {}
         if world.get("world_model_gain") is not None:
             console.print(
-                f"world model: observation CE base {world['base_mean_env_ce']:.4f} -> adapter "
-                f"{world['candidate_mean_env_ce']:.4f} (gain {world['world_model_gain']:+.4f})"
+                f"world model: observation CE base {num(world['base_mean_env_ce'])} -> adapter "
+                f"{num(world['candidate_mean_env_ce'])} (gain {num(world['world_model_gain'])})"
             )
     post = status.get("post_evaluation")
     if post:
         base = post.get("baseline_accuracy")
         console.print(
-            f"post-eval {post['suite']}: accuracy {post['candidate_accuracy']:.3f}"
-            + (f" (base {base:.3f})" if isinstance(base, (int, float)) else "")
+            f"post-eval {post['suite']}: accuracy {num(post['candidate_accuracy'])}"
+            + (f" (base {num(base)})" if isinstance(base, (int, float)) else "")
             + f" → {post['gate_outcome']}: {post['reason']}"
         )
     for warning in status.get("warnings") or []:

@@ -68,10 +68,11 @@ def register(openenv_app: typer.Typer) -> None:
     def replay_cmd(
         summary: Path = typer.Option(..., "--summary", help="Rollout summary JSON of the bundle to replay."),
         concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Candidates replayed at once."),
-        credential_env: list[str] = typer.Option(
-            [], "--credential-env",
-            help="Per environment, in order: the variable holding its bearer token, or '-' for none.",
+        credential_id: list[str] = typer.Option(
+            [], "--credential-id",
+            help="Per environment, in order: its credential id from KILN_CREDENTIALS, or '-' for none.",
         ),
+        credential_env: list[str] = typer.Option([], "--credential-env", hidden=True),  # old name
         as_json: bool = typer.Option(False, "--json", help="Print the replay report as JSON."),
     ) -> None:
         """Verify offline, then replay every recorded action live and require identical answers."""
@@ -88,8 +89,18 @@ def register(openenv_app: typer.Typer) -> None:
                 require_allowed_host(
                     normalize_url(inspection["identity"]["base_url"]), allow_remote=allow_remote
                 )
-            names = parse_credential_env_args(credential_env, len(bundle.summary["environments"]))
-            tokens = [None if name is None else read_token_from_env(name) for name in names]
+            environments = bundle.summary["environments"]
+            if credential_id:
+                from kiln.openenv.credential_config import resolve_bearer_token
+
+                ids = parse_credential_env_args(credential_id, len(environments), flag="--credential-id",
+                                                validate=False)
+                credentials = load_settings().credentials
+                tokens = [resolve_bearer_token(credentials, cid, env["identity"]["base_url"])
+                          for cid, env in zip(ids, environments)]
+            else:
+                names = parse_credential_env_args(credential_env, len(environments))
+                tokens = [None if name is None else read_token_from_env(name) for name in names]
             report = asyncio.run(replay_bundle(summary, concurrency=concurrency, credentials=tokens))
         except KilnError as error:
             _fail(error)

@@ -103,16 +103,18 @@ def read_token_from_env(name: str, environ: dict[str, str] | None = None) -> str
     return validate_bearer_token(value)
 
 
-def parse_credential_env_args(names: list[str], url_count: int) -> list[str | None]:
-    """R7.3 CLI slots: one ``--credential-env`` per URL (``-`` = public) or none at all."""
+def parse_credential_env_args(
+    names: list[str], url_count: int, *, flag: str = "--credential-env", validate: bool = True
+) -> list[str | None]:
+    """R7.3 CLI slots: one value per URL (``-`` = public) or none at all."""
     if not names:
         return [None] * url_count
     if len(names) != url_count:
         raise InvalidCredential(
-            f"got {len(names)} --credential-env values for {url_count} environment URLs",
+            f"got {len(names)} {flag} values for {url_count} environment URLs",
             hint="pass one per URL in order, '-' for a public environment",
         )
-    return [None if n == "-" else validate_env_name(n) for n in names]
+    return [None if n == "-" else (validate_env_name(n) if validate else n) for n in names]
 
 
 def origin_matches(credential_origin: str, url: EnvironmentUrl) -> bool:

@@ -32,6 +32,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from kiln.canonical import compact_json
+from kiln.telemetry.prometheus import observe_round_trip
 from kiln.errors import (
     EnvironmentCapacityExhausted,
     EnvironmentProtocolError,
@@ -296,7 +297,9 @@ class EnvSession:
             if first and self._early:
                 raw = self._early.pop(0)
             else:
+                started = time.perf_counter()
                 raw = await self._send_and_wait(message)
+                observe_round_trip(message.get("type"), time.perf_counter() - started)
             return self._decode(raw, expected)
         finally:
             self._busy = False

@@ -19,12 +19,14 @@ from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
 from kiln.records import AdapterRef, PublishedArtifact, PublishInput, PublishResult, PublishTrainingInput, StoredObject
 from kiln.artifacts.adapters import adapter_ref_from_files, write_pointer
 from kiln.stages.evaluation import make_bundle
+from kiln.telemetry.live import metrics_jsonl
 
 MEDIA_TYPES = {
     "rollouts.jsonl": "application/x-ndjson",
     "replay.json": "application/json",
     "summary.json": "application/json",
     "train_receipt.json": "application/json",
+    "metrics.jsonl": "application/x-ndjson",
 }
 
 
@@ -50,6 +52,7 @@ def publish(
         reset_plan_sha256=inp.reset_plan_sha256,
         training_selection=training.selection if training else None,
     )
+    bundle = {**bundle, "metrics.jsonl": metrics_jsonl(store, inp.run_id)}  # live figures, wall-clock
     stored: list[tuple[str, StoredObject, str]] = []
     if training is not None and training.trained:
         for item in training.adapter_files:
@@ -158,6 +161,8 @@ def publish_training(store: S3Store, inp: PublishTrainingInput) -> PublishResult
             entries.append((f"adapter/{item.name}", item.object, media))
         if training.receipt is not None:
             entries.append(("train_receipt.json", training.receipt, "application/json"))
+    metrics = StoredObject.of(store.put_blob(metrics_jsonl(store, inp.run_id)))
+    entries.append(("metrics.jsonl", metrics, MEDIA_TYPES["metrics.jsonl"]))
     artifacts = [_artifact(name, obj, media) for name, obj, media in entries]
     manifest = build_manifest(
         inp.run_id,

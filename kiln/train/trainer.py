@@ -314,9 +314,8 @@ def train_grpo(
             progress({
                 "step": step,
                 "total_steps": total_steps,
-                "loss": values["loss"],
-                "policy_loss": values["policy_loss"],
-                "env_ce": values["env_ce"],
+                **values,
+                "learning_rate": float(optimizer.param_groups[0]["lr"]),
                 "action_tokens": batch.action_tokens,
                 "tokens_per_s": batch.tokens / elapsed,
             })

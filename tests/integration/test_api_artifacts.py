@@ -77,7 +77,7 @@ async def test_artifacts_served_verified_and_corruption_detected(
                 assert manifest_response.headers["etag"] == f'"{digest}"'
                 manifest = json.loads(published)
                 entries = {e["name"]: e for e in manifest["artifacts"]}
-                assert set(entries) == {"rollouts.jsonl", "replay.json", "summary.json"}
+                assert set(entries) == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
 
                 # Each declared artifact: exact bytes and the contract headers.
                 for name, entry in entries.items():

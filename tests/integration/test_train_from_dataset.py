@@ -50,6 +50,7 @@ async def test_train_grpo_from_saved_rollouts(kiln_settings: Any, counter_env_ur
             names = {a["name"]: a for a in final["artifacts"]}
             assert set(names) == {
                 "rollouts.jsonl", "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "train_receipt.json",
+                "metrics.jsonl",
             }
             import hashlib
 

@@ -675,7 +675,9 @@ class RunOutcome:
     def of(cls, stack: ChaosStack, run_id: str, status: dict[str, Any], seconds: float) -> "RunOutcome":
         store = stack.store()
         manifest = verify_published(store, run_id, status)
-        digests = {a["name"]: a["sha256"] for a in status["artifacts"] if a["name"] != "train_receipt.json"}
+        # train_receipt.json (timings) and metrics.jsonl (wall-clock figures) are not byte-reproducible.
+        digests = {a["name"]: a["sha256"] for a in status["artifacts"]
+                   if a["name"] not in ("train_receipt.json", "metrics.jsonl")}
         adapter = None
         receipt = next((a for a in status["artifacts"] if a["name"] == "train_receipt.json"), None)
         if receipt is not None:

@@ -86,12 +86,13 @@ def test_run_status_keeps_the_v1_json_keys_and_folds_progress() -> None:
     status = RunStatus(run_id="r1")
     status.progress = Progress.planned(2, 3)
     status.progress.add_group([1.0, 0.0, 2.0], latency_ms=1.5, tokens=10)
-    status.progress.add_group([0.0, 0.0, 3.0], latency_ms=2.25, tokens=5)
+    status.progress.add_group([0.0, 0.0, 3.0], latency_ms=2.25, tokens=5, group_index=1, worker="w@gpu-2", attempt=2)
     document = json.loads(to_json(status))
     assert document["schema"] == "kiln.run-status.v1"
     assert document["progress"] == {
         "groups_completed": 2, "groups_total": 2, "rollouts_completed": 6, "rollouts_total": 6,
         "mean_return": 1.0, "model_latency_ms": 3.75, "model_tokens": 15,
+        "groups": [{"group_index": 1, "worker": "w@gpu-2", "attempt": 2}],
     }
     assert {"phase", "state", "failure", "admission", "interruptions", "environment_evaluation"} <= set(document)
 

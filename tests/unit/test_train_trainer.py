@@ -75,7 +75,8 @@ def test_grpo_learns_rewarded_action(model_path, bandit_run):
         assert logprob_of(tuned, context(g), Y_TOKEN) < logprob_of(base, context(g), Y_TOKEN)
     assert result.steps == 16 and [s["step"] for s in steps] == list(range(1, 17))
     assert set(steps[0]) == {
-        "step", "total_steps", "loss", "policy_loss", "env_ce", "action_tokens", "tokens_per_s"
+        "step", "total_steps", "loss", "policy_loss", "env_ce", "kl", "clip_fraction", "grad_norm",
+        "learning_rate", "action_tokens", "tokens_per_s",
     }
     assert all(s["total_steps"] == 16 and s["action_tokens"] == 16 for s in steps)
 

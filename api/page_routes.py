@@ -1,0 +1,91 @@
+"""The run pages (HTML) and the JSON they read: ``/runs``, ``/runs/{id}``, metrics, episodes.
+
+The pages are static files in ``api/static`` (no build step, nothing fetched from a CDN); their
+script reads the JSON routes with the browser's cookie (see ``api.page_access``). The JSON routes
+added here are new; the existing run routes are unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import FileResponse, HTMLResponse
+
+from api.page_data import episode_rows, page
+from api.services import Services, services
+from kiln.errors import ArtifactNotFound, RunNotFound
+from kiln.telemetry.live import METRICS_SCHEMA, read_events
+
+STATIC = Path(__file__).with_name("static")
+ASSETS = {"kiln-charts.js": "text/javascript", "kiln-run.js": "text/javascript",
+          "kiln-runs.js": "text/javascript", "kiln.css": "text/css"}
+_NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+router = APIRouter(tags=["pages"])
+data = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
+
+
+def _html(name: str) -> HTMLResponse:
+    return HTMLResponse((STATIC / name).read_text(encoding="utf-8"), headers=_NO_STORE)
+
+
+@router.get("/runs", include_in_schema=False)
+async def runs_page() -> HTMLResponse:
+    """Every run: state, adapter, mean return, promotion."""
+    return _html("runs.html")
+
+
+@router.get("/runs/assets/{name}", include_in_schema=False)
+async def asset(name: str) -> FileResponse:
+    if name not in ASSETS:
+        raise ArtifactNotFound(f"no page asset {name!r}")
+    return FileResponse(STATIC / name, media_type=ASSETS[name], headers={"X-Content-Type-Options": "nosniff"})
+
+
+@router.get("/runs/{run_id}", include_in_schema=False)
+async def run_page(run_id: str, svc: Services = Depends(services)) -> HTMLResponse:
+    """One run: timeline, curves, verdict, episodes, links."""
+    await (await svc.runs()).describe(run_id)  # 404 for an unknown run
+    return _html("run.html")
+
+
+def _checked(run_id: str) -> str:
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        raise RunNotFound(f"no run with id {run_id!r}") from None
+    return run_id
+
+
+@data.get("/{run_id}/metrics")
+async def run_metrics(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+    """The run's live metric events so far: groups (reward curve) and training steps."""
+    await (await svc.runs()).describe(_checked(run_id))
+    events = await asyncio.to_thread(read_events, svc.artifacts().store, run_id)
+    return {"schema": METRICS_SCHEMA, "run_id": run_id, "events": events}
+
+
+@data.get("/{run_id}/episodes")
+async def run_episodes(
+    run_id: str,
+    offset: int = Query(default=0, ge=0),
+    limit: int = Query(default=10, ge=1, le=100),
+    svc: Services = Depends(services),
+) -> dict[str, Any]:
+    """Sampled episodes of a completed run, ``limit`` at a time (turn: observation, reasoning,
+    action, reward)."""
+    status = await (await svc.runs()).status(_checked(run_id))
+    recorded = (status.get("manifest") or {}).get("sha256")
+    if recorded is None:
+        raise ArtifactNotFound(f"run {run_id} is {status.get('state')} and has published no episodes",
+                               hint="episodes appear when the run completes")
+    artifacts = svc.artifacts()
+    manifest = await artifacts.manifest(run_id, recorded)
+    rollouts = await artifacts.verified(manifest, "rollouts.jsonl")
+    replay = await artifacts.verified(manifest, "replay.json")
+    rows = episode_rows(b"".join(rollouts.chunks()), b"".join(replay.chunks()))
+    return page(rows, offset, limit)

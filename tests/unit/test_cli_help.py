@@ -1,0 +1,70 @@
+"""CLI help at 80 columns: nothing cut, no type labels; one follow flag; one credential flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = [
+    [], ["openenv"], ["openenv", "train"], ["openenv", "rollout"], ["openenv", "start"],
+    ["openenv", "status"], ["openenv", "runs"], ["openenv", "inspect"], ["openenv", "replay"],
+    ["openenv", "verify"], ["openenv", "artifact"], ["openenv", "tasks"], ["openenv", "preflight"],
+    ["train", "grpo"], ["model", "tiny"], ["serve"], ["example-env"],
+]
+SCRIPT = """
+import sys
+from kiln.cli.app import main
+for argv in {argv!r}:
+    sys.argv = ["kiln", *argv, "--help"]
+    print("=== " + " ".join(argv))
+    try:
+        main()
+    except SystemExit:
+        pass
+"""
+
+
+@pytest.fixture(scope="module")
+def help_pages() -> dict[str, str]:
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(argv=COMMANDS)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    pages = {}
+    for block in out.split("=== ")[1:]:
+        title, _, body = block.partition("\n")
+        pages[title] = body
+    return pages
+
+
+@pytest.mark.timeout(180)
+def test_help_fits_80_columns_without_cuts_or_type_labels(help_pages: dict[str, str]) -> None:
+    assert len(help_pages) == len(COMMANDS)
+    for title, body in help_pages.items():
+        assert body.startswith("Usage: kiln"), (title, body[:200])
+        for line in body.splitlines():
+            assert len(line) <= 80, (title, line)
+            assert "…" not in line, (title, line)
+            if not line.startswith("Usage:"):
+                assert not line.rstrip().endswith("..."), (title, line)
+            for label in ("<bool>", "<str>", "<int>", "<float>", "<path>", "<list[str]>", "<choice"):
+                assert label not in line, (title, line)
+    train = help_pages["openenv train"]
+    for flag in ("--thinking-budget-tokens", "--checkpoint-interval", "--constrained-actions",
+                 "--environment-reset-options", "--post-eval-min-accuracy", "--report-to"):
+        assert flag in train, flag
+
+
+@pytest.mark.timeout(180)
+def test_one_follow_flag_and_one_credential_flag(help_pages: dict[str, str]) -> None:
+    for title in ("openenv train", "openenv start", "openenv status", "openenv rollout", "train grpo"):
+        page = help_pages[title]
+        assert "--follow / --no-follow" in page, title
+        assert "[default: follow]" in " ".join(page.split()), title
+    for title in ("openenv train", "openenv rollout", "openenv inspect", "openenv replay"):
+        assert "--credential-id" in help_pages[title], title
+        assert "--credential-env" not in help_pages[title], title  # the old name: a hidden alias

@@ -1,0 +1,41 @@
+"""What the Temporal Web UI shows of a run: static summary, live current details, outcome memo.
+
+``show_progress`` and ``record_outcome`` are called from workflow code; the static summary and
+details a run is started with come from ``kiln.run_labels``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from kiln.run_status import RunStatus
+
+OUTCOME_MEMO_PATCH = "kiln-outcome-memo-v1"
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def show_progress(status: RunStatus) -> None:
+    """``current_details``: the live phase and progress (Markdown)."""
+    progress = status.progress
+    parts = [f"**phase** {status.phase}"]
+    if progress.groups_total:
+        parts.append(f"**groups** {progress.groups_completed}/{progress.groups_total}")
+        parts.append(f"**rollouts** {progress.rollouts_completed}/{progress.rollouts_total}")
+    if status.mean_return is not None:
+        parts.append(f"**mean return** {_number(status.mean_return)}")
+    workflow.set_current_details(" · ".join(parts))
+
+
+def record_outcome(status: RunStatus) -> None:
+    """Memo the outcome (state, mean return, promoted) so list views show results."""
+    show_progress(status)
+    if workflow.patched(OUTCOME_MEMO_PATCH):
+        workflow.upsert_memo(
+            {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}
+        )
