@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.errors import EnvironmentProtocolError
+from kiln.openenv.session import RECOVERABLE_CODES
 from kiln.rollout.exchange import (
     action_segment,
     exchange_segment,
     harness_segment,
     observation_exchange,
+    protocol_error_continues,
     protocol_error_exchange,
 )
 
@@ -95,10 +97,11 @@ class CandidateEpisode:
             self.termination = "done"
         return segment["content"]
 
-    def record_protocol_error(self, action: dict[str, Any], error: dict[str, Any], recoverable: bool) -> str:
-        """R3.13: budgeted same-episode feedback for recoverable codes; terminal codes end it."""
-        continued = recoverable and self.recoverable_errors < self.max_recoverable_errors
-        if recoverable:
+    def record_protocol_error(self, action: dict[str, Any], error: dict[str, Any]) -> str:
+        """R3.13: budgeted same-episode feedback for recoverable codes; any other code ends it."""
+        code = error.get("code")
+        continued = protocol_error_continues(code, self.recoverable_errors, self.max_recoverable_errors)
+        if code in RECOVERABLE_CODES:
             self.recoverable_errors += 1
         exchange = protocol_error_exchange(len(self.exchanges), action, error, continued)
         segment = exchange_segment(exchange)

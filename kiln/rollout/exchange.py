@@ -20,6 +20,7 @@ from kiln.canonical import canonical_copy, compact_json
 from kiln.errors import EnvironmentProtocolError
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator
+from kiln.openenv.session import RECOVERABLE_CODES
 from kiln.rollout.prompts import harness_error_content, observation_content, protocol_error_content
 
 NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"
@@ -57,6 +58,12 @@ def protocol_error_exchange(
             "result": {"kind": "protocol_error", "error": error, "continued": continued},
         }
     )
+
+
+def protocol_error_continues(code: Any, recoverable_so_far: int, max_recoverable_errors: int) -> bool:
+    """R3.13: an episode continues after a protocol error iff its code is recoverable and fewer
+    than ``max_recoverable_errors`` recoverable errors came before it (any other code ends it)."""
+    return code in RECOVERABLE_CODES and recoverable_so_far < max_recoverable_errors
 
 
 def action_segment(text: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 from kiln.canonical import canonical_json
 from kiln.errors import CollectionFailed, RunCancelled
 from kiln.openenv.schema import ActionValidator, policy_action_schema
-from kiln.openenv.session import EnvSession, open_session_and_reset
+from kiln.openenv.session import TERMINAL_CODES, EnvSession, open_session_and_reset
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
 from kiln.rollout.exchange import NO_OUTPUT, judge_answer
@@ -267,7 +267,7 @@ class GroupCollector:
             content = ep.record_observation(action, result.observation, result.reward_value)
             self._append_turn(ep, content, warning=False)
         else:
-            content = ep.record_protocol_error(action, dict(result.error or {}), not result.terminal)
+            content = ep.record_protocol_error(action, dict(result.error or {}))
             self._append_turn(ep, content, warning=True)
 
     def _append_turn(self, ep: CandidateEpisode, content: str, *, warning: bool) -> None:
@@ -278,7 +278,7 @@ class GroupCollector:
 
     async def _finish(self, ep: CandidateEpisode, session: EnvSession) -> None:
         """R3.15: final ``state`` unless the episode ended on a terminal protocol error."""
-        if not (ep.termination == "protocol_error" and ep.protocol_error_code in _TERMINAL):
+        if not (ep.termination == "protocol_error" and ep.protocol_error_code in TERMINAL_CODES):
             ep.final_state = await session.state()
         await session.close()
 
@@ -366,8 +366,6 @@ class GroupCollector:
             "model_latency_ms": round(sum(ep.model_latency_ms for ep in self.episodes), 3),
         }
 
-
-_TERMINAL = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
 
 
 async def collect_group(

@@ -9,6 +9,7 @@ from kiln.openenv.discovery import CLIENT_PROFILE
 from kiln.openenv.rewards import is_valid_wire_reward, training_reward
 from kiln.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES
 from kiln.rollout.bundle import REPLAY_SCHEMA
+from kiln.rollout.exchange import protocol_error_continues
 from kiln.rollout.verify.checks import (
     REPLAY_FILE,
     Where,
@@ -133,7 +134,7 @@ def _check_exchange(exchange: Any, step: int, at: Where, walk: _Walk, max_recove
     if not isinstance(result["continued"], bool):
         raise fail(at, "result.continued", "must be a boolean")
     is_recoverable = error["code"] in RECOVERABLE_CODES
-    expected = is_recoverable and walk.recoverable < max_recoverable
+    expected = protocol_error_continues(error["code"], walk.recoverable, max_recoverable)
     if result["continued"] != expected:
         raise fail(
             at, "result.continued",
