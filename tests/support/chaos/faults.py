@@ -139,92 +139,107 @@ class _SlowSampling:
 def install_hooks(role: str, hooks: FaultHooks) -> None:
     """Wrap the worker's activity bodies with the hook points (see the module docstring)."""
     if role in ("gpu", "all"):
-        import activities.gpu as gpu_mod
         import kiln.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
-        import kiln.stages.training as training_mod
 
-        original_collect = gpu_mod.collect
-
-        async def collect(inp: Any, *args: Any, **kwargs: Any) -> Any:
-            attempt = kwargs.get("attempt")
-            hooks.log("collect_start", run_id=inp.run_id, group_index=inp.group_index, attempt=attempt)
-            try:
-                result = await original_collect(inp, *args, **kwargs)
-            except BaseException as exc:
-                hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
-                          attempt=attempt, outcome=f"error:{type(exc).__name__}")
-                raise
-            hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
-                      attempt=attempt, outcome="ok", group_sha256=result.group.sha256)
-            return result
-
-        gpu_mod.collect = collect
-
-        original_policy = gpu_mod.GpuActivities.policy
-
-        def policy(self: Any) -> Any:
-            return _SlowSampling(original_policy(self), hooks)
-
-        gpu_mod.GpuActivities.policy = policy  # type: ignore[method-assign]
-
-        original_train = training_mod.train
-
-        def train(inp: Any, *args: Any, **kwargs: Any) -> Any:
-            attempt = _activity_attempt()
-            run_id = inp.run_id
-            beat = kwargs["heartbeat"]
-
-            def heartbeat(details: dict[str, Any]) -> None:
-                beat(details)
-                if "step" in details and hooks.fire(TRAIN_FAIL_NOW) is not None:
-                    hooks.log("train_injected_failure", run_id=run_id, attempt=attempt, step=details["step"])
-                    raise RuntimeError(f"chaos: injected transient failure after step {details['step']}")
-                if "step" in details:
-                    hooks.log("train_step", run_id=run_id, attempt=attempt, step=details["step"],
-                              total_steps=details.get("total_steps"))
-                    delay = hooks.number(TRAIN_STEP_DELAY)
-                    if delay > 0:
-                        time.sleep(delay)
-                elif "checkpoint_step" in details:
-                    hooks.log("train_checkpoint", run_id=run_id, attempt=attempt,
-                              step=details["checkpoint_step"])
-
-            kwargs["heartbeat"] = heartbeat
-            resume = kwargs.get("resume_checkpoint")
-            hooks.log("train_start", run_id=run_id, attempt=attempt, resumed=resume is not None)
-            try:
-                if resume is not None and hooks.fire(TRAIN_FAIL_RESUMED) is not None:
-                    raise RuntimeError("chaos: injected transient failure of a resumed attempt")
-                setup_delay = hooks.fire(TRAIN_SETUP_DELAY)
-                if setup_delay:
-                    time.sleep(float(setup_delay))
-                result = original_train(inp, *args, **kwargs)
-            except BaseException as exc:
-                hooks.log("train_end", run_id=run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
-                raise
-            hooks.log("train_end", run_id=run_id, attempt=attempt, outcome="ok",
-                      steps=result.steps, adapter_sha256=result.adapter_sha256)
-            return result
-
-        training_mod.train = train
-
+        _hook_collection(hooks)
+        _hook_training(hooks)
     if role in ("control", "all"):
-        import activities.control as control_mod
+        _hook_publication(hooks)
 
-        original_publish = control_mod.publish
 
-        def publish(store: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
-            attempt = _activity_attempt()
-            hooks.log("publish_start", run_id=inp.run_id, attempt=attempt)
-            deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
-            while hooks.present(PUBLISH_HOLD) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            try:
-                result = original_publish(store, inp, *args, **kwargs)
-            except BaseException as exc:
-                hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
-                raise
-            hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome="ok")
-            return result
+def _hook_collection(hooks: FaultHooks) -> None:
+    """Log every collection attempt; slow each policy ``sample`` by ``sample_delay_s``."""
+    import activities.gpu as gpu_mod
 
-        control_mod.publish = publish
+    original_collect = gpu_mod.collect
+
+    async def collect(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = kwargs.get("attempt")
+        hooks.log("collect_start", run_id=inp.run_id, group_index=inp.group_index, attempt=attempt)
+        try:
+            result = await original_collect(inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
+                      attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
+                  attempt=attempt, outcome="ok", group_sha256=result.group.sha256)
+        return result
+
+    gpu_mod.collect = collect
+
+    original_policy = gpu_mod.GpuActivities.policy
+
+    def policy(self: Any) -> Any:
+        return _SlowSampling(original_policy(self), hooks)
+
+    gpu_mod.GpuActivities.policy = policy  # type: ignore[method-assign]
+
+
+def _hook_training(hooks: FaultHooks) -> None:
+    """Log training steps/checkpoints/attempts; inject the one-shot training faults and delays."""
+    import kiln.stages.training as training_mod
+
+    original_train = training_mod.train
+
+    def train(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _activity_attempt()
+        run_id = inp.run_id
+        beat = kwargs["heartbeat"]
+
+        def heartbeat(details: dict[str, Any]) -> None:
+            beat(details)
+            if "step" in details and hooks.fire(TRAIN_FAIL_NOW) is not None:
+                hooks.log("train_injected_failure", run_id=run_id, attempt=attempt, step=details["step"])
+                raise RuntimeError(f"chaos: injected transient failure after step {details['step']}")
+            if "step" in details:
+                hooks.log("train_step", run_id=run_id, attempt=attempt, step=details["step"],
+                          total_steps=details.get("total_steps"))
+                delay = hooks.number(TRAIN_STEP_DELAY)
+                if delay > 0:
+                    time.sleep(delay)
+            elif "checkpoint_step" in details:
+                hooks.log("train_checkpoint", run_id=run_id, attempt=attempt,
+                          step=details["checkpoint_step"])
+
+        kwargs["heartbeat"] = heartbeat
+        resume = kwargs.get("resume_checkpoint")
+        hooks.log("train_start", run_id=run_id, attempt=attempt, resumed=resume is not None)
+        try:
+            if resume is not None and hooks.fire(TRAIN_FAIL_RESUMED) is not None:
+                raise RuntimeError("chaos: injected transient failure of a resumed attempt")
+            setup_delay = hooks.fire(TRAIN_SETUP_DELAY)
+            if setup_delay:
+                time.sleep(float(setup_delay))
+            result = original_train(inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("train_end", run_id=run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("train_end", run_id=run_id, attempt=attempt, outcome="ok",
+                  steps=result.steps, adapter_sha256=result.adapter_sha256)
+        return result
+
+    training_mod.train = train
+
+
+def _hook_publication(hooks: FaultHooks) -> None:
+    """Log every publication attempt; hold it while ``publish_hold`` exists."""
+    import activities.control as control_mod
+
+    original_publish = control_mod.publish
+
+    def publish(store: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _activity_attempt()
+        hooks.log("publish_start", run_id=inp.run_id, attempt=attempt)
+        deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
+        while hooks.present(PUBLISH_HOLD) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            result = original_publish(store, inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome="ok")
+        return result
+
+    control_mod.publish = publish
