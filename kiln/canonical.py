@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from typing import Any
 
@@ -40,6 +41,38 @@ def pretty_json(value: Any) -> bytes:
     return (
         json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     ).encode("utf-8")
+
+
+def reject_constant(name: str) -> Any:
+    """``json.loads`` ``parse_constant`` hook: NaN, Infinity and -Infinity are not JSON."""
+    raise ValueError(f"non-finite number {name}")
+
+
+def strict_loads(text: str | bytes) -> Any:
+    """``json.loads`` that rejects NaN/Infinity literals (raises ``ValueError``, or
+    ``RecursionError`` for absurd nesting). Overflowing numbers such as ``1e999`` still parse to
+    ``inf``: callers that need finite values check with :func:`is_finite_json`."""
+    return json.loads(text, parse_constant=reject_constant)
+
+
+def is_finite_json(value: Any) -> bool:
+    """True when no float anywhere inside ``value`` is NaN or infinite."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def canonical_copy(value: Any) -> Any:
+    """``value`` exactly as a canonical-JSON file gives it back: every object's keys in sorted
+    order (an object's key order as a server sent it is not part of its value)."""
+    return json.loads(canonical_json(value))
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -6,10 +6,9 @@ the two harness failure codes. Error messages are content-free: they never quote
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
+from kiln.canonical import is_finite_json, strict_loads
 from kiln.openenv.schema import ActionValidator, describe_issues
 
 INVALID_MODEL_ACTION = "INVALID_MODEL_ACTION"
@@ -46,23 +45,6 @@ class ActionSchemaValidationError(Exception):
         return {"code": self.code, "message": self.message}
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError("non-finite")
-
-
-def _finite(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return False
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
 def strip_code_fence(text: str) -> str:
     """Trim; unwrap one ```/```json fence (which must be closed at the end)."""
     body = text.strip()
@@ -85,12 +67,12 @@ def parse_action_text(text: str) -> dict:
         raise ActionParseError("model output is not text")
     body = strip_code_fence(text)
     try:
-        value = json.loads(body, parse_constant=_reject_constant)
+        value = strict_loads(body)
     except (ValueError, RecursionError):
         raise ActionParseError("model output is not exactly one JSON value") from None
     if not isinstance(value, dict):
         raise ActionParseError("model output is a JSON value but not an object")
-    if not _finite(value):
+    if not is_finite_json(value):
         raise ActionParseError("model output holds a non-finite number")
     return value
 

@@ -22,7 +22,6 @@ terminal codes mark the session closed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any, Awaitable, Callable, Literal
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from kiln.canonical import compact_json
+from kiln.canonical import compact_json, strict_loads
 from kiln.telemetry.prometheus import observe_round_trip
 from kiln.errors import (
     EnvironmentCapacityExhausted,
@@ -99,10 +98,6 @@ class _SocketClosed(Exception):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError("non-finite")
 
 
 def _closed_reason(exc: BaseException) -> tuple[str, str]:
@@ -347,7 +342,7 @@ class EnvSession:
         if contains_token(raw, self._token):
             raise self._malformed("credential_reflected", "a frame reflected the bearer credential")
         try:
-            frame = json.loads(raw, parse_constant=_reject_constant)
+            frame = strict_loads(raw)
         except (ValueError, RecursionError):
             raise self._malformed("malformed_json", "the server sent malformed JSON") from None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):

@@ -12,12 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.errors import EnvironmentProtocolError
-from kiln.rollout.prompts import harness_error_content, protocol_error_content
+from kiln.openenv.session import RECOVERABLE_CODES
+from kiln.rollout.exchange import (
+    action_segment,
+    exchange_segment,
+    harness_segment,
+    observation_exchange,
+    protocol_error_continues,
+    protocol_error_exchange,
+)
 
 TURN_BREAK = "<TURN_BREAK>"
-NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"
-INVALID_ACTION = "INVALID_MODEL_ACTION"
-SCHEMA_FAILED = "ACTION_SCHEMA_VALIDATION_FAILED"
 
 
 @dataclass
@@ -55,7 +60,7 @@ class CandidateEpisode:
     def record_action(self, ids: list[int], logprobs: list[float], text: str, latency_ms: float) -> None:
         self.pieces.append({"kind": "action", "ids": list(ids), "logprobs": list(logprobs)})
         self.context_ids.extend(ids)
-        self.trajectory.append({"role": "assistant", "kind": "action", "content": text})
+        self.trajectory.append(action_segment(text))
         self.model_tokens += len(ids)
         self.model_latency_ms += latency_ms
 
@@ -72,62 +77,42 @@ class CandidateEpisode:
 
     def record_harness_error(self, code: str, message: str) -> str:
         """Invalid or missing action: harness segment, penalty, ``invalid_model_action``."""
-        content = harness_error_content(code, message)
-        self.trajectory.append(
-            {
-                "role": "tool",
-                "kind": "observation",
-                "content": content,
-                "warning_prefix_len": len(content.encode("utf-8")),
-            }
-        )
+        segment = harness_segment(code, message)
+        self.trajectory.append(segment)
         self.harness_code = code
         self.termination = "invalid_model_action"
-        return content
+        return segment["content"]
 
-    def record_observation(self, action: dict[str, Any], wire: dict[str, Any], value: float, content: str) -> None:
+    def record_observation(self, action: dict[str, Any], wire: dict[str, Any], value: float) -> str:
+        """A step answered by an observation; returns the content shown to the policy."""
         if not math.isfinite(value):
             raise EnvironmentProtocolError("the environment sent a non-finite reward")
+        exchange = observation_exchange(len(self.exchanges), action, wire)
+        segment = exchange_segment(exchange)
         self.steps += 1
         self.step_values.append(value)
-        self.trajectory.append({"role": "tool", "kind": "observation", "content": content})
-        self.exchanges.append(
-            {
-                "step_index": len(self.exchanges),
-                "action": action,
-                "result": {"kind": "observation", "observation": wire},
-            }
-        )
-        if bool(wire.get("done")):
+        self.trajectory.append(segment)
+        self.exchanges.append(exchange)
+        if bool(exchange["result"]["observation"].get("done")):
             self.termination = "done"
+        return segment["content"]
 
-    def record_protocol_error(self, action: dict[str, Any], error: dict[str, Any], recoverable: bool) -> str:
-        """R3.13: budgeted same-episode feedback for recoverable codes; terminal codes end it."""
-        continued = recoverable and self.recoverable_errors < self.max_recoverable_errors
-        if recoverable:
+    def record_protocol_error(self, action: dict[str, Any], error: dict[str, Any]) -> str:
+        """R3.13: budgeted same-episode feedback for recoverable codes; any other code ends it."""
+        code = error.get("code")
+        continued = protocol_error_continues(code, self.recoverable_errors, self.max_recoverable_errors)
+        if code in RECOVERABLE_CODES:
             self.recoverable_errors += 1
+        exchange = protocol_error_exchange(len(self.exchanges), action, error, continued)
+        segment = exchange_segment(exchange)
         self.steps += 1
         self.protocol_errors += 1
-        content = protocol_error_content(error, continued)
-        self.trajectory.append(
-            {
-                "role": "tool",
-                "kind": "observation",
-                "content": content,
-                "warning_prefix_len": len(content.encode("utf-8")),
-            }
-        )
-        self.exchanges.append(
-            {
-                "step_index": len(self.exchanges),
-                "action": action,
-                "result": {"kind": "protocol_error", "error": error, "continued": continued},
-            }
-        )
+        self.trajectory.append(segment)
+        self.exchanges.append(exchange)
         if not continued:
             self.termination = "protocol_error"
             self.protocol_error_code = str(error.get("code"))
-        return content
+        return segment["content"]
 
     # ----------------------------------------------------------------- outcome
     @property

@@ -11,29 +11,27 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
-from kiln.canonical import canonical_json, compact_json, digest_json
+from kiln.canonical import canonical_json
 from kiln.contracts import EpisodeSettings  # noqa: F401  (re-exported: collection settings live in contracts)
 from kiln.errors import CollectionFailed, RunCancelled
-from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
-from kiln.openenv.session import EnvSession, open_session_and_reset
+from kiln.openenv.session import TERMINAL_CODES, EnvSession, open_session_and_reset
 from kiln.openenv.urls import normalize_url
-from kiln.rollout.episode import (
-    INVALID_ACTION,
-    NO_OUTPUT,
-    SCHEMA_FAILED,
-    TURN_BREAK,
-    CandidateEpisode,
-    now_ms,
-)
+from kiln.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
+from kiln.rollout.exchange import NO_OUTPUT, judge_answer
 from kiln.rollout.policy_port import PolicyPort
-from kiln.rollout.prompts import initial_messages, observation_content
+from kiln.rollout.prompts import initial_messages
+from kiln.rollout.provenance import (  # noqa: F401  (ROLLOUT_SCHEMA, environment_name re-exported)
+    ROLLOUT_SCHEMA,
+    environment_name,
+    provenance_of,
+    rollout_record,
+)
 from kiln.rollout.seeds import generation_seed
 
 GROUP_SCHEMA = "kiln.openenv-group.v1"
-ROLLOUT_SCHEMA = "kiln.openenv-rollout.v1"
 
 
 @dataclass(frozen=True)
@@ -47,14 +45,6 @@ class GroupTask:
     behavior_policy: dict[str, Any]
     adapter_dir: Path | None = None
     bearer_token: str | None = None
-
-
-def environment_name(identity: dict[str, Any]) -> str:
-    """The advertised environment name (``/list_environments``), else ``metadata.name``."""
-    names = identity.get("environments") or []
-    if names:
-        return str(names[0])
-    return str((identity.get("metadata") or {}).get("name", ""))
 
 
 class GroupCollector:
@@ -231,32 +221,21 @@ class GroupCollector:
         text = self.policy.decode(text_ids)
         ep.record_action(ids, list(sample.logprobs), text, latency_ms)
         _reasoning, answer = self.policy.split_action(ids, thinking=thinking)
-        if answer is None or not answer.strip():
-            # Generation ended inside reasoning (no ``</think>``) or produced an empty answer:
-            # the unfinished text is kept as is and the completion never reaches the optimizer.
-            ep.record_harness_error(NO_OUTPUT, "the policy produced no final answer")
+        action, harness = judge_answer(answer, self.validator)
+        if harness is not None:
+            content = ep.record_harness_error(*harness)
+            # No answer (generation ended inside reasoning, or empty): the unfinished text is
+            # kept as is, no turn follows and the completion never reaches the optimizer.
+            if harness[0] != NO_OUTPUT:
+                self._append_turn(ep, content, warning=True)
             return
-        try:
-            action = parse_action_text(answer)
-        except ActionParseError as exc:
-            content = ep.record_harness_error(INVALID_ACTION, str(exc))
-            self._append_turn(ep, content, warning=True)
-            return
-        issues = self.validator.validate(action)
-        if issues:
-            content = ep.record_harness_error(
-                SCHEMA_FAILED, "action failed the advertised schema: " + compact_json(issues).decode()
-            )
-            self._append_turn(ep, content, warning=True)
-            return
+        assert action is not None
         result = await session.step(action)
         if result.kind == "observation":
-            wire = result.observation
-            content = observation_content(wire, "step result")
-            ep.record_observation(action, wire, result.reward_value, content)
+            content = ep.record_observation(action, result.observation, result.reward_value)
             self._append_turn(ep, content, warning=False)
         else:
-            content = ep.record_protocol_error(action, dict(result.error or {}), not result.terminal)
+            content = ep.record_protocol_error(action, dict(result.error or {}))
             self._append_turn(ep, content, warning=True)
 
     def _append_turn(self, ep: CandidateEpisode, content: str, *, warning: bool) -> None:
@@ -267,7 +246,7 @@ class GroupCollector:
 
     async def _finish(self, ep: CandidateEpisode, session: EnvSession) -> None:
         """R3.15: final ``state`` unless the episode ended on a terminal protocol error."""
-        if not (ep.termination == "protocol_error" and ep.protocol_error_code in _TERMINAL):
+        if not (ep.termination == "protocol_error" and ep.protocol_error_code in TERMINAL_CODES):
             ep.final_state = await session.state()
         await session.close()
 
@@ -277,26 +256,16 @@ class GroupCollector:
 
     # ------------------------------------------------------------------ output
     def _provenance(self, ep: CandidateEpisode) -> dict[str, Any]:
-        identity = self.identity
-        out: dict[str, Any] = {
-            "schema": ROLLOUT_SCHEMA,
-            "environment_name": environment_name(identity),
-            "environment_base_url": identity["base_url"],
-            "openapi_version": identity.get("openapi_version"),
-            "discovery_sha256": identity.get("discovery_sha256"),
-            "environment_schema_sha256": identity["schema_sha256"],
-            "action_schema_sha256": self.validator.action_schema_sha256,
-            "reset_sha256": digest_json(self.task.reset_payload),
-            "seed": self.task.seed,
-            "steps": ep.steps,
-            "episode_return": ep.episode_return,
-            "terminal_done": ep.terminal_done,
-            "termination": ep.termination,
-            "behavior_policy": self.task.behavior_policy,
-        }
-        if ep.termination == "protocol_error":
-            out["protocol_error_code"] = ep.protocol_error_code
-        return out
+        return provenance_of(
+            self.task.inspection,
+            reset_payload=self.task.reset_payload,
+            seed=self.task.seed,
+            steps=ep.steps,
+            episode_return=ep.episode_return,
+            termination=ep.termination,
+            protocol_error_code=ep.protocol_error_code,
+            behavior_policy=self.task.behavior_policy,
+        )
 
     def _document(self) -> dict[str, Any]:
         episodes = sorted(self.episodes, key=lambda ep: ep.candidate_index)
@@ -313,7 +282,6 @@ class GroupCollector:
         ]
         replay_candidates = []
         records = []
-        name = environment_name(self.identity)
         for ep in episodes:
             candidate = {
                 "candidate_index": ep.candidate_index,
@@ -328,23 +296,21 @@ class GroupCollector:
             if ep.final_state is not None:
                 candidate["final_state"] = ep.final_state
             replay_candidates.append(candidate)
-            record = {
-                "group_index": self.task.group_index,
-                "candidate_index": ep.candidate_index,
-                "environment_name": name,
-                "environment_url": self.identity["base_url"],
-                "seed": self.task.seed,
-                "steps": ep.steps,
-                "episode_return": ep.episode_return,
-                "terminal_done": ep.terminal_done,
-                "termination": ep.termination,
-                "recoverable_protocol_errors": ep.recoverable_errors,
-                "capacity_retries": ep.capacity_retries,
-                "model_tokens": ep.model_tokens,
-            }
-            if ep.termination == "protocol_error":
-                record["protocol_error_code"] = ep.protocol_error_code
-            records.append(record)
+            records.append(
+                rollout_record(
+                    self.identity,
+                    group_index=self.task.group_index,
+                    candidate_index=ep.candidate_index,
+                    seed=self.task.seed,
+                    steps=ep.steps,
+                    episode_return=ep.episode_return,
+                    termination=ep.termination,
+                    protocol_error_code=ep.protocol_error_code,
+                    recoverable_protocol_errors=ep.recoverable_errors,
+                    capacity_retries=ep.capacity_retries,
+                    model_tokens=ep.model_tokens,
+                )
+            )
         return {
             "schema": GROUP_SCHEMA,
             "group_index": self.task.group_index,
@@ -368,8 +334,6 @@ class GroupCollector:
             "model_latency_ms": round(sum(ep.model_latency_ms for ep in self.episodes), 3),
         }
 
-
-_TERMINAL = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
 
 
 async def collect_group(

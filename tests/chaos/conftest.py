@@ -15,7 +15,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.chaos import FIGURES, ChaosStack, RunOutcome, connect, drive
+from tests.support.chaos.assertions import FIGURES
+from tests.support.chaos.runs import RunOutcome, connect, drive
+from tests.support.chaos.stack import ChaosStack
 from tests.support.stack import assert_nothing_listening
 from workflows.options import WORKFLOW_NAME
 

@@ -14,25 +14,19 @@ from typing import Any
 import pytest
 
 from tests.chaos.conftest import rollout_request, train_request
-from tests.support.chaos import (
-    PUBLISH_HOLD,
-    SAMPLE_DELAY,
-    TRAIN_STEP_DELAY,
-    BugReproduced,
-    ChaosStack,
-    SlowHealthServer,
+from tests.support.chaos.assertions import BugReproduced, expect_fixed, manifest_absent, record
+from tests.support.chaos.environments import SlowHealthServer, wait_env_idle
+from tests.support.chaos.faults import PUBLISH_HOLD, SAMPLE_DELAY, TRAIN_STEP_DELAY
+from tests.support.chaos.runs import (
     connect,
-    expect_fixed,
     last_details,
-    manifest_absent,
-    record,
     result_within,
     start_run,
     wait_activity,
-    wait_env_idle,
     wait_status,
     wait_until_async,
 )
+from tests.support.chaos.stack import ChaosStack
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,21 +15,18 @@ import time
 import pytest
 
 from tests.chaos.conftest import rollout_request, train_request
-from tests.support.chaos import (
-    SAMPLE_DELAY,
-    ChaosStack,
+from tests.support.chaos.assertions import read_uri, record
+from tests.support.chaos.environments import SessionHolder, wait_env_idle
+from tests.support.chaos.faults import SAMPLE_DELAY
+from tests.support.chaos.runs import (
     RunOutcome,
-    SessionHolder,
     connect,
     last_details,
-    read_uri,
-    record,
     result_within,
-    serve_counter,
     start_run,
     wait_activity,
-    wait_env_idle,
 )
+from tests.support.chaos.stack import ChaosStack, serve_counter
 from kiln.devstack.processes import free_port_block
 
 pytestmark = pytest.mark.asyncio

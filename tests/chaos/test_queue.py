@@ -12,15 +12,10 @@ from datetime import datetime
 import pytest
 
 from tests.chaos.conftest import rollout_request
-from tests.support.chaos import (
-    SAMPLE_DELAY,
-    ChaosStack,
-    connect,
-    record,
-    result_within,
-    start_run,
-    wait_status,
-)
+from tests.support.chaos.assertions import record
+from tests.support.chaos.faults import SAMPLE_DELAY
+from tests.support.chaos.runs import connect, result_within, start_run, wait_status
+from tests.support.chaos.stack import ChaosStack
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import REPO_ROOT, BugReproduced, expect_fixed
+from tests.support.chaos.assertions import BugReproduced, expect_fixed
+from tests.support.chaos.stack import REPO_ROOT
 
 SCRIPT = """
 import json, sys

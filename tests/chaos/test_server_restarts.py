@@ -17,21 +17,18 @@ import time
 import pytest
 
 from tests.chaos.conftest import train_request
-from tests.support.chaos import (
-    PUBLISH_HOLD,
-    SAMPLE_DELAY,
-    BugReproduced,
-    ChaosStack,
+from tests.support.chaos.assertions import BugReproduced, expect_fixed, record
+from tests.support.chaos.faults import PUBLISH_HOLD, SAMPLE_DELAY
+from tests.support.chaos.runs import (
     RunOutcome,
     connect,
-    expect_fixed,
     last_details,
-    record,
     result_within,
     start_run,
     wait_activity,
     wait_until_async,
 )
+from tests.support.chaos.stack import ChaosStack
 
 pytestmark = pytest.mark.asyncio
 

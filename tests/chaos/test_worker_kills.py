@@ -11,23 +11,23 @@ import time
 import pytest
 
 from tests.chaos.conftest import train_request
-from tests.support.chaos import (
+from tests.support.chaos.assertions import BugReproduced, expect_fixed, record
+from tests.support.chaos.faults import (
     SAMPLE_DELAY,
-    BugReproduced,
-    expect_fixed,
     TRAIN_FAIL_NOW,
     TRAIN_FAIL_RESUMED,
     TRAIN_SETUP_DELAY,
     TRAIN_STEP_DELAY,
-    ChaosStack,
+)
+from tests.support.chaos.runs import (
     RunOutcome,
     connect,
     last_details,
-    record,
     result_within,
     start_run,
     wait_activity,
 )
+from tests.support.chaos.stack import ChaosStack
 
 pytestmark = pytest.mark.asyncio
 
@@ -201,7 +201,7 @@ async def test_slow_training_setup_is_not_timed_out(stack: ChaosStack) -> None:
 async def test_on_interrupt_fail_ends_the_run_run_interrupted(stack: ChaosStack) -> None:
     """`on_interrupt: "fail"` restores the reference behaviour: a killed worker fails the run."""
     from tests.chaos.conftest import rollout_request
-    from tests.support.chaos import manifest_absent
+    from tests.support.chaos.assertions import manifest_absent
 
     hooks = stack.hooks
     hooks.set(SAMPLE_DELAY, 0.4)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,7 +20,6 @@ from kiln.contracts import reset_payload, reset_plan_sha256
 from kiln.openenv.discovery import inspect_environment
 from kiln.rollout.bundle import build_bundle
 from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.rollout.seeds import generation_seed
 from kiln.rollout.verify import (
     VerificationFailed,
     Where,
@@ -29,7 +27,8 @@ from kiln.rollout.verify import (
     recompute_return,
     verify_bundle,
 )
-from tests.unit.test_verify_support import parse, spec_for, reseal, write_bundle
+from tests.support.scripted_policy import ScriptedPolicy
+from tests.unit.test_verify_support import parse, reseal, spec_for, write_bundle
 
 WHERE = Where("replay", group=0)
 
@@ -143,7 +142,6 @@ def test_step_indices_must_be_contiguous() -> None:
 
 
 # ------------------------------------------------------------------ scripted policy, real collector
-STOP, THINK = 1_000_000, 1_000_001
 GROUP_SEED = 5
 SCRIPTS = {
     0: ['</think>{"amount": 1}', "</think>not json"],  # 1 exchange, then INVALID_MODEL_ACTION
@@ -153,67 +151,10 @@ SCRIPTS = {
 }
 
 
-@dataclass
-class _Sample:
-    ids: list[int]
-    logprobs: list[float]
-    finished: bool
-
-
-class ScriptedPolicy:
-    """A PolicyPort whose tokens are code points; outputs come from SCRIPTS by generation seed."""
-
-    def __init__(self) -> None:
-        self.by_seed = {
-            generation_seed(GROUP_SEED, c, s): (c, s) for c, script in SCRIPTS.items() for s in range(len(script))
-        }
-
-    def identity(self, adapter_dir: Path | None = None) -> dict[str, Any]:
-        return {"base_model_sha256": "sha256:" + "ab" * 32, "runtime": {"kind": "scripted"}, "adapter_sha256": None}
-
-    def _ids(self, text: str) -> list[int]:
-        out: list[int] = []
-        for part_index, part in enumerate(text.split("</think>")):
-            if part_index:
-                out.append(THINK)
-            out.extend(ord(ch) for ch in part)
-        return out
-
-    def encode_prompt(self, messages, *, thinking):
-        return self._ids("".join(m["content"] for m in messages))
-
-    def encode_observation_turn(self, content, *, thinking):
-        return [10], self._ids(content), [10]
-
-    def sample(self, prompts, seeds, **_kwargs):
-        out = []
-        for seed in seeds:
-            c, s = self.by_seed[seed]
-            text = SCRIPTS[c][s]
-            finished = c != 2
-            ids = self._ids(text) + ([STOP] if finished else [])
-            out.append(_Sample(ids, [-0.5] * len(ids), finished))
-        return out
-
-    def decode(self, ids):
-        return "".join("</think>" if i == THINK else "<|im_end|>" if i == STOP else chr(i) for i in ids)
-
-    def split_action(self, ids, *, thinking):
-        ids = list(ids)
-        if ids and ids[-1] == STOP:
-            ids = ids[:-1]
-        if not thinking:
-            return "", self.decode(ids).strip()
-        if THINK not in ids:
-            return self.decode(ids), None
-        cut = ids.index(THINK)
-        return self.decode(ids[:cut]), self.decode(ids[cut + 1 :]).strip()
-
-
 async def _scripted_bundle(url: str, template: dict | None = None) -> dict[str, bytes]:
     template = dict(template or {})
     inspection = json.loads(canonical_json(await inspect_environment(url)))
-    policy = ScriptedPolicy()
+    policy = ScriptedPolicy(SCRIPTS, [GROUP_SEED], unfinished=frozenset({2}))
     settings = EpisodeSettings(group_size=4, max_steps=3, max_action_tokens=64)
     task = GroupTask(
         group_index=0, environment_index=0, seed=GROUP_SEED, reset_payload=reset_payload(template, GROUP_SEED),

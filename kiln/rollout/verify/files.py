@@ -1,0 +1,94 @@
+"""The bundle's three files: default paths, size-capped reads and strict canonical parsing.
+
+Every file must be in Kiln's canonical serialisation (summary and replay byte-equal to
+``pretty_json`` of their parse, each dataset line byte-equal to ``canonical_json`` + ``\\n``), so
+no byte can change without changing a parsed value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.canonical import canonical_json, pretty_json, strict_loads
+from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
+from kiln.rollout.verify.checks import DATASET_FILE, Where, fail, need_dict
+
+
+def default_paths(summary_path: Path) -> tuple[Path, Path]:
+    """``(dataset, replay)`` beside ``summary_path``.
+
+    ``X.rollout-summary.json`` pairs with ``X.rollouts.jsonl`` and ``X.replay.json`` (the CLI
+    naming); any other summary name pairs with ``rollouts.jsonl`` and ``replay.json`` beside it
+    (the server's run-folder naming). See docs/verify.md.
+    """
+    name = summary_path.name
+    suffix = ".rollout-summary.json"
+    if name.endswith(suffix) and len(name) > len(suffix):
+        stem = name[: -len(suffix)]
+        return summary_path.with_name(f"{stem}.rollouts.jsonl"), summary_path.with_name(f"{stem}.replay.json")
+    return summary_path.with_name("rollouts.jsonl"), summary_path.with_name("replay.json")
+
+
+def read_capped(path: Path, file: str) -> bytes:
+    where = Where(file)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise fail(where, "path", f"cannot read {path}: {exc.strerror or exc}") from None
+    if size > MAX_ARTIFACT_BYTES:
+        raise fail(where, "bytes", f"{path} is larger than {MAX_ARTIFACT_BYTES} bytes")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise fail(where, "path", f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def parse_json(data: bytes, where: Where, field: str = "json") -> Any:
+    """Strict JSON: UTF-8, no NaN/Infinity; JSON errors become :class:`VerificationFailed`."""
+    try:
+        return strict_loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise fail(where, field, f"is not valid JSON ({type(exc).__name__})") from None
+
+
+def parse_pretty(data: bytes, file: str) -> dict:
+    """A pretty JSON object file that must be byte-equal to ``pretty_json`` of its parse."""
+    where = Where(file)
+    value = need_dict(parse_json(data, where), where, "json")
+    if pretty_json(value) != data:
+        raise fail(where, "json", "is not in Kiln's canonical pretty serialisation (bytes were altered)")
+    return value
+
+
+def parse_dataset(data: bytes) -> list[dict]:
+    """One canonical compact JSON object per ``\\n``-terminated line, no blank lines."""
+    if not data:
+        return []
+    if not data.endswith(b"\n"):
+        raise fail(Where(DATASET_FILE), "json", "the last line is not terminated by a newline")
+    lines = []
+    for index, raw in enumerate(data[:-1].split(b"\n")):
+        where = Where(DATASET_FILE, group=index)
+        if not raw:
+            raise fail(where, "json", "blank line")
+        value = need_dict(parse_json(raw, where), where, "json")
+        if canonical_json(value) != raw:
+            raise fail(where, "json", "line is not canonical JSON (bytes were altered)")
+        lines.append(value)
+    return lines
+
+
+@dataclass
+class Bundle:
+    """The parsed, verified files (returned for callers such as live replay)."""
+
+    summary_path: Path
+    dataset_path: Path
+    replay_path: Path
+    summary: dict
+    replay: dict
+    dataset: list[dict]
+    report: dict
+

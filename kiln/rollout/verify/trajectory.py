@@ -1,0 +1,172 @@
+"""Dataset completion checks: trajectory (R4.2), token pieces and ``openenv`` provenance (R4.3).
+
+Observation, protocol-error and harness segments are rebuilt from the replay with the collector's
+own builders (:mod:`kiln.rollout.exchange`); provenance with :func:`kiln.rollout.provenance.provenance_of`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kiln.openenv.actions import ActionParseError, parse_action_text
+from kiln.openenv.schema import ActionValidator
+from kiln.rollout.episode import TURN_BREAK
+from kiln.rollout.exchange import NO_OUTPUT, exchange_segment, harness_segment, judge_answer
+from kiln.rollout.provenance import provenance_of
+from kiln.rollout.verify.checks import (
+    Where,
+    _is_int,
+    fail,
+    need_dict,
+    need_keys,
+    need_list,
+    need_match,
+    same_json,
+)
+from kiln.rollout.verify.replay import CandidateFacts
+
+THINK_CLOSE = "</think>"
+
+def split_answer(content: str, thinking: bool) -> str | None:
+    """The final answer of an action segment: text after the first ``</think>`` when thinking."""
+    if not thinking:
+        return content.strip()
+    cut = content.find(THINK_CLOSE)
+    if cut < 0:
+        return None
+    return content[cut + len(THINK_CLOSE) :].strip()
+
+
+def check_segment(segment: Any, where: Where, field: str, role: str, kind: str, warning: bool) -> dict:
+    segment = need_dict(segment, where, field)
+    keys = frozenset({"role", "kind", "content"})
+    need_keys(segment, keys | ({"warning_prefix_len"} if warning else frozenset()), where, field)
+    if segment["role"] != role or segment["kind"] != kind:
+        raise fail(where, f"{field}.kind", f"must be role {role!r}, kind {kind!r}")
+    if not isinstance(segment["content"], str):
+        raise fail(where, f"{field}.content", "must be a string")
+    if warning and segment["warning_prefix_len"] != len(segment["content"].encode("utf-8")):
+        raise fail(where, f"{field}.warning_prefix_len", "must be the UTF-8 byte length of the content")
+    return segment
+
+
+def check_trajectory(
+    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator
+) -> None:
+    """R4.2 structure: actions parse to the exchanged actions, observations are rebuilt."""
+    trajectory = need_list(completion["trajectory"], where, "trajectory")
+    invalid = facts.termination == "invalid_model_action"
+    expected_len = 2 * (len(facts.exchanges) + int(invalid))
+    if len(trajectory) != expected_len:
+        raise fail(where, "trajectory", f"holds {len(trajectory)} segments, expected {expected_len}")
+    actions: list[str] = []
+    for step, exchange in enumerate(facts.exchanges):
+        at = where.at(step=step)
+        answer = _action_answer(trajectory, step, at, thinking, actions)
+        field = f"trajectory[{2 * step}].content"
+        if answer is None:
+            raise fail(at, field, f"has no {THINK_CLOSE} (thinking) but an action was exchanged")
+        try:
+            parsed = parse_action_text(answer)
+        except ActionParseError as exc:
+            raise fail(at, field, f"does not parse as the exchanged action ({exc})") from None
+        if not same_json(parsed, exchange["action"]):
+            raise fail(at, field, "parses to an action other than the exchanged one")
+        if validator.validate(parsed):
+            raise fail(at, field, "the exchanged action fails the advertised action schema")
+        _check_tool_segment(trajectory, step, at, exchange_segment(exchange), "the recorded exchange's")
+    harness = completion["harness_code"]
+    if invalid:
+        step = len(facts.exchanges)
+        at = where.at(step=step)
+        _action, outcome = judge_answer(_action_answer(trajectory, step, at, thinking, actions), validator)
+        if outcome is None:
+            raise fail(at, f"trajectory[{2 * step}].content", "is a valid action, yet the candidate ended invalid_model_action")
+        if harness != outcome[0]:
+            raise fail(where, "harness_code", f"must be {outcome[0]!r} for the final action text")
+        _check_tool_segment(trajectory, step, at, harness_segment(*outcome), "the recomputed harness error")
+    elif harness is not None:
+        raise fail(where, "harness_code", "must be null unless termination is invalid_model_action")
+    if completion["text"] != TURN_BREAK.join(actions):
+        raise fail(where, "text", f"must be the action contents joined by {TURN_BREAK}")
+
+
+def _action_answer(trajectory: list, step: int, at: Where, thinking: bool, actions: list[str]) -> str | None:
+    """Check turn ``step``'s action segment, collect its text, return its final answer."""
+    segment = check_segment(trajectory[2 * step], at, f"trajectory[{2 * step}]", "assistant", "action", False)
+    actions.append(segment["content"])
+    return split_answer(segment["content"], thinking)
+
+
+def _check_tool_segment(trajectory: list, step: int, at: Where, expected: dict, what: str) -> None:
+    """Turn ``step``'s observation segment equals the one the collector's builder makes."""
+    field = f"trajectory[{2 * step + 1}]"
+    warning = "warning_prefix_len" in expected
+    segment = check_segment(trajectory[2 * step + 1], at, field, "tool", "observation", warning)
+    if segment["content"] != expected["content"]:
+        raise fail(at, f"{field}.content", f"is not {what} observation content")
+
+
+def check_pieces(
+    completion: dict, facts: CandidateFacts, where: Where, *, model_tokens: int, max_action_tokens: int
+) -> None:
+    """Token pieces: context, then per turn action [+ context, observation, context]."""
+    tokens = need_dict(completion["tokens"], where, "tokens")
+    need_keys(tokens, frozenset({"pieces"}), where, "tokens")
+    pieces = need_list(tokens["pieces"], where, "tokens.pieces")
+    layout: list[tuple[str, bool | None]] = [("context", None)]
+    for exchange in facts.exchanges:
+        warn = exchange["result"]["kind"] == "protocol_error"
+        layout += [("action", None), ("context", None), ("observation", warn), ("context", None)]
+    if facts.termination == "invalid_model_action":
+        layout.append(("action", None))
+        if completion["harness_code"] != NO_OUTPUT:
+            layout += [("context", None), ("observation", True), ("context", None)]
+    if len(pieces) != len(layout):
+        raise fail(where, "tokens.pieces", f"holds {len(pieces)} pieces, expected {len(layout)}")
+    total = 0
+    for index, ((kind, warning), piece) in enumerate(zip(layout, pieces)):
+        field = f"tokens.pieces[{index}]"
+        piece = need_dict(piece, where, field)
+        keys = {"kind", "ids"} | ({"logprobs"} if kind == "action" else set()) | (
+            {"warning"} if kind == "observation" else set()
+        )
+        need_keys(piece, frozenset(keys), where, field)
+        if piece["kind"] != kind:
+            raise fail(where, f"{field}.kind", f"must be {kind!r}")
+        ids = need_list(piece["ids"], where, f"{field}.ids")
+        if not all(_is_int(i) and i >= 0 for i in ids):
+            raise fail(where, f"{field}.ids", "must be non-negative integers")
+        if kind == "observation" and piece["warning"] is not warning:
+            raise fail(where, f"{field}.warning", f"must be {str(warning).lower()}")
+        if kind == "action":
+            logprobs = need_list(piece["logprobs"], where, f"{field}.logprobs")
+            if len(logprobs) != len(ids) or not all(
+                isinstance(x, float) and math.isfinite(x) and x <= 0.0 for x in logprobs
+            ):
+                raise fail(where, f"{field}.logprobs", "must be one finite log-probability <= 0 per id")
+            if not 1 <= len(ids) <= max_action_tokens:
+                raise fail(where, f"{field}.ids", f"must hold 1..max_action_tokens ({max_action_tokens}) ids")
+            total += len(ids)
+    if total != model_tokens:
+        raise fail(where, "model_tokens", f"must be {total} (the action token ids)")
+
+
+def check_provenance(
+    provenance: Any, where: Where, *, inspection: dict, group: dict, facts: CandidateFacts,
+    behavior_policy: dict,
+) -> None:
+    """R4.3 ``openenv`` provenance, rebuilt by the collector's builder from the inspection, the
+    replay and the summary."""
+    expected = provenance_of(
+        inspection,
+        reset_payload=group["reset_payload"],
+        seed=group["seed"],
+        steps=len(facts.exchanges),
+        episode_return=facts.episode_return,
+        termination=facts.termination,
+        protocol_error_code=facts.protocol_error_code,
+        behavior_policy=behavior_policy,
+    )
+    need_match(provenance, expected, where, "openenv", "the replay / inspection / summary")

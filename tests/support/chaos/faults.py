@@ -1,0 +1,245 @@
+"""Fault injection: the hook folder the test process writes and the worker processes read.
+
+:class:`FaultHooks` slows (never alters) work so a fault can land at a chosen point — a delay per
+sampling step, a delay per training step, a hold before publication — plus one-shot failures, and
+logs, as JSON lines, every collection attempt, training step/checkpoint/attempt and publication
+attempt with the worker's pid, so a test can count exactly what was re-done.
+:func:`install_hooks` wraps a worker's activity bodies with those hook points; with no hook file
+present the workers behave exactly like ``python -m workers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+HOOKS_ENV = "KILN_CHAOS_DIR"
+
+# Hook file names (values are decimal seconds unless noted).
+SAMPLE_DELAY = "sample_delay_s"  # sleep before every policy.sample call (collection steps)
+TRAIN_STEP_DELAY = "train_step_delay_s"  # sleep after every training step's progress heartbeat
+PUBLISH_HOLD = "publish_hold"  # while this file exists, publish_run waits before doing anything
+# One-shot faults (the worker deletes the file when it fires):
+TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
+TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
+TRAIN_SETUP_DELAY = "train_setup_delay_s"  # the next training attempt sleeps this long before setup
+EVENTS = "events.jsonl"
+
+PUBLISH_HOLD_MAX_S = 120.0
+
+
+class FaultHooks:
+    """The hook folder shared by the test process and the worker processes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------------- knobs (test side)
+    def set(self, name: str, value: object = "") -> None:
+        tmp = self.directory / f".{name}.tmp"
+        tmp.write_text(str(value))
+        tmp.replace(self.directory / name)
+
+    def clear(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / name).unlink()
+
+    def clear_all(self) -> None:
+        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
+                     TRAIN_SETUP_DELAY):
+            self.clear(name)
+
+    @contextlib.contextmanager
+    def knob(self, name: str, value: object = "") -> Iterator[None]:
+        self.set(name, value)
+        try:
+            yield
+        finally:
+            self.clear(name)
+
+    # ---------------------------------------------------------------- knobs (worker side)
+    def present(self, name: str) -> bool:
+        return (self.directory / name).exists()
+
+    def fire(self, name: str) -> str | None:
+        """Consume a one-shot hook: its content when it was set (and is now removed), else None."""
+        path = self.directory / name
+        try:
+            value = path.read_text()
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        return value
+
+    def number(self, name: str) -> float:
+        try:
+            return float((self.directory / name).read_text().strip() or 0.0)
+        except (OSError, ValueError):
+            return 0.0
+
+    # ---------------------------------------------------------------- events
+    def log(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **fields}) + "\n"
+        fd = os.open(self.directory / EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def events(self, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        """Logged events (optionally of one kind and matching ``field=value`` pairs), in order."""
+        try:
+            lines = (self.directory / EVENTS).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                item = json.loads(line)
+            except ValueError:  # a line being written right now
+                continue
+            if event is not None and item.get("event") != event:
+                continue
+            if all(item.get(k) == v for k, v in match.items()):
+                out.append(item)
+        return out
+
+
+def _activity_attempt() -> int | None:
+    try:
+        from temporalio import activity
+
+        return activity.info().attempt
+    except Exception:  # noqa: BLE001 - outside an activity
+        return None
+
+
+class _SlowSampling:
+    """Delegates to the worker's policy; sleeps ``sample_delay_s`` before each ``sample``."""
+
+    def __init__(self, inner: Any, hooks: FaultHooks) -> None:
+        self._inner = inner
+        self._hooks = hooks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        delay = self._hooks.number(SAMPLE_DELAY)
+        if delay > 0:
+            time.sleep(delay)
+        return self._inner.sample(*args, **kwargs)
+
+
+def install_hooks(role: str, hooks: FaultHooks) -> None:
+    """Wrap the worker's activity bodies with the hook points (see the module docstring)."""
+    if role in ("gpu", "all"):
+        import kiln.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
+
+        _hook_collection(hooks)
+        _hook_training(hooks)
+    if role in ("control", "all"):
+        _hook_publication(hooks)
+
+
+def _hook_collection(hooks: FaultHooks) -> None:
+    """Log every collection attempt; slow each policy ``sample`` by ``sample_delay_s``."""
+    import activities.gpu as gpu_mod
+
+    original_collect = gpu_mod.collect
+
+    async def collect(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = kwargs.get("attempt")
+        hooks.log("collect_start", run_id=inp.run_id, group_index=inp.group_index, attempt=attempt)
+        try:
+            result = await original_collect(inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
+                      attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("collect_end", run_id=inp.run_id, group_index=inp.group_index,
+                  attempt=attempt, outcome="ok", group_sha256=result.group.sha256)
+        return result
+
+    gpu_mod.collect = collect
+
+    original_policy = gpu_mod.GpuActivities.policy
+
+    def policy(self: Any) -> Any:
+        return _SlowSampling(original_policy(self), hooks)
+
+    gpu_mod.GpuActivities.policy = policy  # type: ignore[method-assign]
+
+
+def _hook_training(hooks: FaultHooks) -> None:
+    """Log training steps/checkpoints/attempts; inject the one-shot training faults and delays."""
+    import kiln.stages.training as training_mod
+
+    original_train = training_mod.train
+
+    def train(inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _activity_attempt()
+        run_id = inp.run_id
+        beat = kwargs["heartbeat"]
+
+        def heartbeat(details: dict[str, Any]) -> None:
+            beat(details)
+            if "step" in details and hooks.fire(TRAIN_FAIL_NOW) is not None:
+                hooks.log("train_injected_failure", run_id=run_id, attempt=attempt, step=details["step"])
+                raise RuntimeError(f"chaos: injected transient failure after step {details['step']}")
+            if "step" in details:
+                hooks.log("train_step", run_id=run_id, attempt=attempt, step=details["step"],
+                          total_steps=details.get("total_steps"))
+                delay = hooks.number(TRAIN_STEP_DELAY)
+                if delay > 0:
+                    time.sleep(delay)
+            elif "checkpoint_step" in details:
+                hooks.log("train_checkpoint", run_id=run_id, attempt=attempt,
+                          step=details["checkpoint_step"])
+
+        kwargs["heartbeat"] = heartbeat
+        resume = kwargs.get("resume_checkpoint")
+        hooks.log("train_start", run_id=run_id, attempt=attempt, resumed=resume is not None)
+        try:
+            if resume is not None and hooks.fire(TRAIN_FAIL_RESUMED) is not None:
+                raise RuntimeError("chaos: injected transient failure of a resumed attempt")
+            setup_delay = hooks.fire(TRAIN_SETUP_DELAY)
+            if setup_delay:
+                time.sleep(float(setup_delay))
+            result = original_train(inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("train_end", run_id=run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("train_end", run_id=run_id, attempt=attempt, outcome="ok",
+                  steps=result.steps, adapter_sha256=result.adapter_sha256)
+        return result
+
+    training_mod.train = train
+
+
+def _hook_publication(hooks: FaultHooks) -> None:
+    """Log every publication attempt; hold it while ``publish_hold`` exists."""
+    import activities.control as control_mod
+
+    original_publish = control_mod.publish
+
+    def publish(store: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+        attempt = _activity_attempt()
+        hooks.log("publish_start", run_id=inp.run_id, attempt=attempt)
+        deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
+        while hooks.present(PUBLISH_HOLD) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            result = original_publish(store, inp, *args, **kwargs)
+        except BaseException as exc:
+            hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
+            raise
+        hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome="ok")
+        return result
+
+    control_mod.publish = publish
