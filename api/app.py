@@ -14,6 +14,7 @@ from api import dataset_routes, discovery_routes, run_routes
 from api.access import BearerAccess, BodyLimit, SecretToken, required_token
 from api.errors import install_error_handlers
 from api.services import Services
+from api.strict_json import StrictJson
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
 
@@ -41,6 +42,7 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     app.include_router(run_routes.router)
     app.include_router(discovery_routes.router)
     app.include_router(dataset_routes.router)
+    app.add_middleware(StrictJson)  # inside BodyLimit: only bodies within the size bound are parsed
     app.add_middleware(
         BodyLimit,
         limit=MAX_BODY_BYTES,

@@ -8,14 +8,13 @@ a credential.
 
 from __future__ import annotations
 
-import json
-import math
 import ssl
 from functools import lru_cache
 from typing import Any
 
 import httpx
 
+from kiln import boundedjson
 from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable
 from kiln.openenv.credentials import bearer_headers, contains_token
 
@@ -96,33 +95,20 @@ async def check_health(
         raise status_error("GET", health_url, status)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
-
-
 def parse_json_body(body: bytes, method: str, url: str) -> Any:
-    """Strict JSON (UTF-8, no NaN/Infinity) or ``EnvironmentProtocolError`` without echoing it."""
+    """Strict, bounded JSON (UTF-8, finite numbers, nesting <= ``boundedjson.MAX_DEPTH``) or
+    ``EnvironmentProtocolError`` without echoing the body."""
     try:
-        text = body.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError):
+        return boundedjson.loads(body)
+    except boundedjson.JsonBoundsError as exc:
+        raise EnvironmentProtocolError(
+            f"{method} {url}: response breaks Kiln's JSON bounds ({exc.reason})",
+            details={"url": url},
+        ) from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise EnvironmentProtocolError(
             f"{method} {url}: response body is not valid JSON", details={"url": url}
         ) from None
-    _check_finite(value, method, url)
-    return value
-
-
-def _check_finite(value: Any, method: str, url: str) -> None:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise EnvironmentProtocolError(f"{method} {url}: response holds a non-finite number")
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 async def request_json(

@@ -88,6 +88,11 @@ class CandidateEpisode:
     def record_observation(self, action: dict[str, Any], wire: dict[str, Any], value: float, content: str) -> None:
         if not math.isfinite(value):
             raise EnvironmentProtocolError("the environment sent a non-finite reward")
+        if not math.isfinite(sum(self.step_values, value)):
+            raise EnvironmentProtocolError(
+                "the environment's rewards overflow the episode return (sum is not a finite float)",
+                hint="keep per-step rewards well below 1e308",
+            )
         self.steps += 1
         self.step_values.append(value)
         self.trajectory.append({"role": "tool", "kind": "observation", "content": content})
