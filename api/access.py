@@ -2,7 +2,10 @@
 
 - Bearer access: when the API binds a non-loopback host, every route except ``/healthz`` needs
   ``Authorization: Bearer <KILN_API_TOKEN>`` (compared in constant time). Building the app for a
-  non-loopback host without a token is refused. The token is never logged or echoed.
+  non-loopback host without a token is refused. The host is the one the server really binds: under
+  uvicorn it is read from uvicorn's own ``Config`` (``bound_host``), never only from
+  ``KILN_API_HOST``; an unknown bind counts as remote. The token is never logged or echoed.
+- Loopback only: an app served without a token answers only loopback clients (defence in depth).
 - Body limit: request bodies over 1 MiB are refused (413) before any route parses them, using
   Content-Length when given and counting streamed bytes otherwise.
 """
@@ -10,6 +13,7 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import json
 import os
 from typing import Any, Awaitable, Callable
@@ -54,6 +58,44 @@ def required_token(settings: Any) -> str | None:
             "or bind 127.0.0.1",
         )
     return token
+
+
+def bound_host() -> str | None:
+    """The host the uvicorn server loading this app will bind, read from its ``Config``.
+
+    ``uvicorn --factory`` calls the factory from ``uvicorn.Config.load``; that ``Config`` (host,
+    unix socket, inherited fd) is the truth about the bind. ``None`` when the app is not being
+    loaded by uvicorn, or binds an inherited file descriptor (unknown address).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        config = frame.f_locals.get("self")
+        if type(config).__name__ == "Config" and type(config).__module__.startswith("uvicorn"):
+            if getattr(config, "uds", None):
+                return "127.0.0.1"  # a unix socket is local by construction
+            if getattr(config, "fd", None) is not None:
+                return None
+            return str(config.host)
+        frame = frame.f_back
+    return None
+
+
+class LoopbackOnly:
+    """ASGI middleware of a token-less app: only loopback clients are answered (401 otherwise)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client") or ("", 0)
+        if scope["type"] == "http" and not is_loopback_host(str(client[0])):
+            error = Unauthorized(
+                "this Kiln API has no access token and only answers loopback clients",
+                hint="set KILN_API_TOKEN on the server and send 'Authorization: Bearer <token>'",
+            )
+            await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
 
 
 def bearer_matches(header: str | None, token: str) -> bool:

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import dataset_routes, discovery_routes, run_routes
-from api.access import BearerAccess, BodyLimit, SecretToken, required_token
+from api.access import BearerAccess, BodyLimit, LoopbackOnly, SecretToken, bound_host, required_token
 from api.errors import install_error_handlers
 from api.services import Services
 from api.strict_json import StrictJson
@@ -50,11 +50,19 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     )
     if token is not None:
         app.add_middleware(BearerAccess, token=SecretToken(token))  # outermost: runs before the body is read
+    else:
+        app.add_middleware(LoopbackOnly)
     return app
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory: ``uvicorn --factory api.app:app_from_env``."""
+    """uvicorn factory: ``uvicorn --factory api.app:app_from_env``.
+
+    The token rule follows the address uvicorn really binds (``--host``), not ``KILN_API_HOST``;
+    a bind Kiln can not see (not uvicorn, or an inherited fd) is treated as remote.
+    """
     from kiln.settings import load_settings
 
-    return create_app(load_settings())
+    settings = load_settings()
+    host = bound_host()
+    return create_app(settings.model_copy(update={"api_host": host if host is not None else "0.0.0.0"}))

@@ -117,12 +117,14 @@ def inspect_cmd(
     console.print_json(json.dumps(inspection["schema"]["action"]))
 
 
-def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool) -> None:
+def _submit_and_follow(
+    request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True
+) -> None:
     from kiln.cli.follow import follow, print_outcome
 
     api = _api()
     try:
-        code, status = api.submit(request)
+        code, status = api.submit(request, preflight=preflight)
     except KilnError as error:
         _fail(error)
         return
@@ -234,6 +236,10 @@ THINKING_BUDGET_OPT = typer.Option(None, help="Bound on reasoning tokens (< max-
 ADAPTER_OPT = typer.Option("base", help="Behaviour policy adapter (base = the base model).")
 IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
 RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
+PREFLIGHT_OPT = typer.Option(
+    True, "--preflight/--no-preflight",
+    help="Refuse the run unless every environment answers GET /health now (3 s, in parallel).",
+)
 
 
 @openenv_app.command("train")
@@ -273,6 +279,7 @@ def train_cmd(
     constrained_actions: bool = CONSTRAINED_OPT,
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress until the run ends."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
     request = _request_from_flags(
@@ -305,7 +312,7 @@ def train_cmd(
         request["environment_eval"] = evaluation
     elif gate:
         _fail(KilnError("--gate needs --eval-groups >= 20", code="openenv_invalid_request"))
-    _submit_and_follow(request, follow_run, as_json)
+    _submit_and_follow(request, follow_run, as_json, preflight)
 
 
 @openenv_app.command("rollout")
@@ -332,6 +339,7 @@ def rollout_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="Follow progress."),
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts.
 
@@ -345,13 +353,13 @@ def rollout_cmd(
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
     )
     if output is None and replay_output is None and summary_output is None:
-        _submit_and_follow(request, follow_run, as_json)
+        _submit_and_follow(request, follow_run, as_json, preflight)
         return
     from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
 
     api = _api()
     try:
-        code, status = api.submit(request)
+        code, status = api.submit(request, preflight=preflight)
     except KilnError as error:
         _fail(error)
         return
@@ -369,11 +377,12 @@ def start_cmd(
     request_file: Path = typer.Option(..., "--request", help="JSON run request file (≤ 1 MiB)."),
     follow_run: bool = typer.Option(False, "--follow/--no-follow", help="Follow progress."),
     as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Submit a run request file (the body of POST /v1/openenv/runs)."""
     if request_file.stat().st_size > 1024 * 1024:
         _fail(KilnError("request file is larger than 1 MiB", code="openenv_invalid_request"))
-    _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json)
+    _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json, preflight)
 
 
 @train_app.command("grpo")
