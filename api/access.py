@@ -15,12 +15,14 @@ from __future__ import annotations
 import hmac
 import inspect
 import json
-import os
 from typing import Any, Awaitable, Callable
 
 from kiln.openenv.urls import is_loopback_host
 
-from api.errors import ApiConfigurationError, RequestTooLarge, Unauthorized
+from api.errors import RequestTooLarge, Unauthorized
+from kiln.access_rule import configured_token, required_token
+
+__all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyLimit", "LoopbackOnly"]
 
 MAX_BODY_BYTES = 1024 * 1024
 OPEN_PATHS = frozenset({"/healthz"})
@@ -29,35 +31,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def configured_token(settings: Any) -> str | None:
-    """``settings.api_token`` when the field exists, else ``KILN_API_TOKEN``; blank means none."""
-    token = getattr(settings, "api_token", None)
-    if token is None:
-        token = os.environ.get("KILN_API_TOKEN")
-    if token is not None and hasattr(token, "get_secret_value"):
-        token = token.get_secret_value()
-    token = (token or "").strip()
-    return token or None
-
-
-def required_token(settings: Any) -> str | None:
-    """The token every request must carry, or None on a loopback bind.
-
-    Raises ``ApiConfigurationError`` for a non-loopback bind without a token.
-    """
-    host = str(getattr(settings, "api_host", "127.0.0.1"))
-    if is_loopback_host(host):
-        return configured_token(settings)
-    token = configured_token(settings)
-    if token is None:
-        raise ApiConfigurationError(
-            f"refusing to serve the Kiln API on non-loopback host {host!r} without an access token",
-            hint="set KILN_API_TOKEN (clients send it as 'Authorization: Bearer <token>'), "
-            "or bind 127.0.0.1",
-        )
-    return token
 
 
 def bound_host() -> str | None:

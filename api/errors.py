@@ -14,7 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
 from kiln.errors import InvalidRequest, KilnError
+
+__all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
 
 
 class IdempotencyConflict(KilnError):
@@ -63,8 +66,6 @@ class PreflightFailed(KilnError):
     retryable = True
 
 
-class ApiConfigurationError(KilnError):
-    code = "api_configuration_invalid"
 
 
 def error_response(error: KilnError) -> JSONResponse:
