@@ -12,7 +12,7 @@ from temporalio.client import Client
 
 from api import dataset_routes, discovery_routes, run_routes
 from api.access import BearerAccess, BodyLimit, LoopbackOnly, SecretToken, bound_host, required_token
-from api.errors import install_error_handlers
+from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.services import Services
 from api.strict_json import StrictJson
 from kiln.artifacts.store import S3Store
@@ -39,9 +39,10 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.include_router(run_routes.router)
-    app.include_router(discovery_routes.router)
-    app.include_router(dataset_routes.router)
+    app.include_router(run_routes.router, responses=ERROR_RESPONSES)
+    app.include_router(discovery_routes.router, responses=ERROR_RESPONSES)
+    app.include_router(dataset_routes.router, responses=ERROR_RESPONSES)
+    _document_errors_as_400(app)
     app.add_middleware(StrictJson)  # inside BodyLimit: only bodies within the size bound are parsed
     app.add_middleware(
         BodyLimit,
@@ -53,6 +54,25 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     else:
         app.add_middleware(LoopbackOnly)
     return app
+
+
+def _document_errors_as_400(app: FastAPI) -> None:
+    """The OpenAPI document states what the API answers: validation failures are 400 in the Kiln
+    envelope (``api.errors``), never FastAPI's default 422."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = build()
+            for path in document.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                document.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def app_from_env() -> FastAPI:

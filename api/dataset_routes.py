@@ -78,7 +78,17 @@ def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
     return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
 
 
-@router.put(UPLOAD_PATH, status_code=201, response_model=DatasetUploaded)
+@router.put(
+    UPLOAD_PATH,
+    status_code=201,
+    response_model=DatasetUploaded,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
 async def upload_dataset(request: Request, svc: Services = Depends(services)) -> dict[str, Any]:
     """Store a rollouts JSONL (raw body) content-addressed; answers ``{uri, sha256, bytes}``."""
     body = await request.body()
