@@ -19,6 +19,7 @@ from kiln.evaluation.receipt import validate_receipt
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from kiln.artifacts.adapters import pointer_key
 from tests.support.kiln_workers import running_workers
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,7 +37,7 @@ async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(parse_run_request(request))
-        return await client.get_workflow_handle(status["run_id"]).result()
+        return await workflow_result(client.get_workflow_handle(status["run_id"]))
 
 
 def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from tests.support.servers import free_port, serve_example_env
 from tests.support.stack import start_test_seaweedfs, start_test_temporal
 from workflows.options import WORKFLOW_NAME
 from workflows.run_queue import queue_workflow_id
+from tests.support.waiting import workflow_result
 
 RUNS = {
     "train_with_gate": {
@@ -49,7 +50,7 @@ async def _record(out: Path, settings: Settings, env_url: str) -> None:
                 id=f"history-{name}-{uuid.uuid4()}",
                 task_queue=settings.control_task_queue,
             )
-            await handle.result()
+            await workflow_result(handle)
             (out / f"{name}.json").write_text((await handle.fetch_history()).to_json())
         handle = await client.start_workflow(
             WORKFLOW_NAME,
@@ -58,7 +59,7 @@ async def _record(out: Path, settings: Settings, env_url: str) -> None:
             task_queue=settings.control_task_queue,
         )
         try:
-            await handle.result()
+            await workflow_result(handle)
         except Exception:
             pass
         (out / "unreachable.json").write_text((await handle.fetch_history()).to_json())
