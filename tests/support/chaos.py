@@ -47,6 +47,7 @@ LOOPBACK = "127.0.0.1"
 SAMPLE_DELAY = "sample_delay_s"  # sleep before every policy.sample call (collection steps)
 TRAIN_STEP_DELAY = "train_step_delay_s"  # sleep after every training step's progress heartbeat
 PUBLISH_HOLD = "publish_hold"  # while this file exists, publish_run waits before doing anything
+PUBLISH_HOLD_AFTER = "publish_hold_after"  # ... waits after its commit point (manifest written)
 # One-shot faults (the worker deletes the file when it fires):
 TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
 TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
@@ -252,6 +253,8 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
                 hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
                 raise
             hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome="ok")
+            while hooks.present(PUBLISH_HOLD_AFTER) and time.monotonic() < deadline + PUBLISH_HOLD_MAX_S:
+                time.sleep(0.05)
             return result
 
         control_mod.publish = publish
