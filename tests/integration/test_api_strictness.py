@@ -178,3 +178,58 @@ async def test_train_grpo_refuses_foreign_or_malformed_dataset_refs(app: Any, da
     assert response.status_code == 400, response.text
     assert response.json()["code"] == expected
     assert "dataset" in response.json()["message"]
+
+
+async def test_the_202_body_shows_the_real_kind(kiln_settings: Any) -> None:
+    # No worker answers the status query: the body is built from what Temporal knows, and still
+    # names the kind that was submitted.
+    app = create_app(kiln_settings())
+    async with asgi_client(app) as http:
+        response = await http.post(
+            RUN, params={"preflight": "false"},
+            json={"kind": "rollout", "environment_urls": [unreachable_url()], "groups": 1, "group_size": 2},
+        )
+        assert response.status_code == 202, response.text
+        assert response.json()["kind"] == "rollout"
+        run_id = response.json()["run_id"]
+        cancelled = await http.post(f"{RUN}/{run_id}/cancel")
+        assert cancelled.status_code == 200
+
+
+async def test_train_grpo_idempotency_key(kiln_settings: Any) -> None:
+    settings = kiln_settings()
+    app = create_app(settings)
+    digest = "c" * 64
+    body = {
+        "dataset": {"uri": f"s3://{settings.s3_bucket}/blobs/sha256/{digest}", "sha256": digest, "bytes": 10},
+        "output_adapter": "grpo-once",
+        "idempotency_key": f"grpo-{time.time_ns()}",
+    }
+    async with asgi_client(app) as http:
+        first = await http.post("/v1/train/grpo", json=body)
+        again = await http.post("/v1/train/grpo", json=body)
+        changed = await http.post("/v1/train/grpo", json={**body, "output_adapter": "grpo-other"})
+        assert first.status_code == 202, first.text
+        assert again.status_code == 200 and again.json()["run_id"] == first.json()["run_id"]
+        assert (changed.status_code, changed.json()["code"]) == (409, "openenv_run_idempotency_conflict")
+        await http.post(f"{RUN}/{first.json()['run_id']}/cancel")
+
+
+async def test_cli_refuses_a_down_environment_and_no_preflight_skips_the_check(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kiln.cli.app import app as cli_app
+    from tests.integration.test_api_helpers import serve_api
+
+    down = unreachable_url()
+    settings = Settings(home=tmp_path, temporal_address="127.0.0.1:9")
+    with serve_api(settings) as url:
+        args = ["openenv", "rollout", "--environment", down, "--groups", "1", "--group-size", "2", "--no-follow"]
+        refused = await asyncio.to_thread(CliRunner().invoke, cli_app, args, env={"KILN_API_URL": url})
+        skipped = await asyncio.to_thread(
+            CliRunner().invoke, cli_app, [*args, "--no-preflight"], env={"KILN_API_URL": url}
+        )
+    assert refused.exit_code == 2, refused.output
+    assert "environment_unavailable" in refused.output and down in refused.output
+    # Past the check the API needs Temporal (unreachable here): a different, documented code.
+    assert skipped.exit_code == 2 and "temporal_unavailable" in skipped.output, skipped.output
