@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.runs import run_id_for_key
 from api.services import Services, services
+from kiln.artifacts.store import BLOB_PREFIX
 from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
 from kiln.errors import InvalidRequest
@@ -40,7 +41,7 @@ class DatasetRef(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     uri: str = Field(max_length=512, description="s3://<kiln bucket>/blobs/sha256/<sha256>")
-    sha256: str = Field(description="64 lowercase hex digits; must match the uri")
+    sha256: str = Field(max_length=80, description="sha256:<64 lowercase hex>; the uri ends with the same hex")
     bytes: int = Field(ge=1, le=MAX_DATASET_BYTES, description="size in bytes (<= 256 MiB)")
 
 
@@ -65,13 +66,14 @@ class DatasetUploaded(BaseModel):
 
 def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
     """The ref as a ``StoredObject`` when it names a blob in Kiln's own bucket, else 400."""
-    expected = f"s3://{bucket}/blobs/sha256/"
-    if not _HEX64.match(ref.sha256):
-        raise InvalidDatasetRef("dataset.sha256 must be 64 lowercase hex digits",
+    hex_digest = ref.sha256.removeprefix("sha256:")
+    if not ref.sha256.startswith("sha256:") or not _HEX64.match(hex_digest):
+        raise InvalidDatasetRef("dataset.sha256 must be 'sha256:' + 64 lowercase hex digits",
                                 hint="send the reference PUT /v1/datasets answered")
-    if ref.uri != expected + ref.sha256:
+    expected = f"s3://{bucket}/{BLOB_PREFIX}"
+    if ref.uri != expected + hex_digest:
         raise InvalidDatasetRef(
-            f"dataset.uri must be {expected}<sha256> with the same digest as dataset.sha256",
+            f"dataset.uri must be {expected}<hex> with the same digest as dataset.sha256",
             hint="upload the JSONL with PUT /v1/datasets (or `kiln train grpo --input`) and send "
             "the reference it answers; other buckets and schemes are never read",
         )

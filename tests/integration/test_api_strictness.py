@@ -158,17 +158,19 @@ async def test_inspect_many_urls_is_parallel_bounded_and_uniform(app: Any) -> No
     "dataset, expected",
     [
         ({"uri": "file:///etc/passwd", "sha256": "x", "bytes": 10}, "openenv_invalid_dataset_ref"),
-        ({"uri": "s3://other-bucket/blobs/sha256/" + "a" * 64, "sha256": "a" * 64, "bytes": 10},
+        ({"uri": "s3://other-bucket/blobs/sha256/" + "a" * 64, "sha256": "sha256:" + "a" * 64, "bytes": 10},
          "openenv_invalid_dataset_ref"),
-        ({"uri": "s3://kiln-own/blobs/sha256/" + "b" * 64, "sha256": "a" * 64, "bytes": 10},
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "b" * 64, "sha256": "sha256:" + "a" * 64, "bytes": 10},
          "openenv_invalid_dataset_ref"),
-        ({"uri": "s3://kiln-own/blobs/sha256/" + "A" * 64, "sha256": "A" * 64, "bytes": 10},
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "A" * 64, "sha256": "sha256:" + "A" * 64, "bytes": 10},
          "openenv_invalid_dataset_ref"),
-        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "a" * 64, "bytes": 1e30},
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "a" * 64, "bytes": 10},
+         "openenv_invalid_dataset_ref"),
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "sha256:" + "a" * 64, "bytes": 1e30},
          "openenv_invalid_request"),
-        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "a" * 64, "bytes": -1},
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "sha256:" + "a" * 64, "bytes": -1},
          "openenv_invalid_request"),
-        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "a" * 64,
+        ({"uri": "s3://kiln-own/blobs/sha256/" + "a" * 64, "sha256": "sha256:" + "a" * 64,
           "bytes": 256 * 1024 * 1024 + 1}, "openenv_invalid_request"),
     ],
 )
@@ -201,7 +203,8 @@ async def test_train_grpo_idempotency_key(kiln_settings: Any) -> None:
     app = create_app(settings)
     digest = "c" * 64
     body = {
-        "dataset": {"uri": f"s3://{settings.s3_bucket}/blobs/sha256/{digest}", "sha256": digest, "bytes": 10},
+        "dataset": {"uri": f"s3://{settings.s3_bucket}/blobs/sha256/{digest}", "sha256": f"sha256:{digest}",
+                    "bytes": 10},
         "output_adapter": "grpo-once",
         "idempotency_key": f"grpo-{time.time_ns()}",
     }
