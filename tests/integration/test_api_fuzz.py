@@ -76,7 +76,7 @@ class _ControlWorker:
 
 
 @pytest.mark.timeout(600)
-def test_fuzz_the_api_from_its_openapi(kiln_settings: Any) -> None:
+def test_fuzz_the_api_from_its_openapi(kiln_settings: Any, counter_env_url: str) -> None:
     app_settings = kiln_settings()
     codes = documented_codes()
     statuses: Counter[int] = Counter()
@@ -127,12 +127,42 @@ def test_fuzz_the_api_from_its_openapi(kiln_settings: Any) -> None:
                     assert mode is GenerationMode.NEGATIVE, operation.label
                 timings[f"{mode.value} {operation.label}"] = (
                     sum(statuses.values()) - before, round(time.monotonic() - started, 1))
+        # Accepted runs: schema-valid bodies aimed at a real, healthy environment, so the 202 path
+        # (preflight passed, workflow started, status answered) is fuzzed too.
+        submit = schema.find_operation_by_label("POST /v1/openenv/runs")
+        accepted: list[str] = []
+
+        @given(case=submit.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        @settings(max_examples=PER_OPERATION, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run_accepted(case: Any) -> None:
+            if isinstance(case.body, dict):
+                case.body["environment_urls"] = [counter_env_url]
+                for key in ("environments", "credential_ids", "environment_reset_options"):
+                    case.body.pop(key, None)
+            case.query = {}
+            response = case.call(base_url=base_url, session=session, timeout=60)
+            statuses[response.status_code] += 1
+            if response.status_code == 202:
+                accepted.append(response.json()["run_id"])
+                assert response.json()["kind"] in ("rollout", "train")
+            elif response.status_code >= 400:
+                by_code[str(response.json().get("code"))] += 1
+                if response.status_code >= 500 or response.json().get("code") not in codes:
+                    problems.append(f"accepted-path {response.status_code} {response.text[:300]}")
+
+        started = time.monotonic()
+        run_accepted()
+        timings["positive POST /v1/openenv/runs (real environment)"] = (PER_OPERATION, round(time.monotonic() - started, 1))
+        for run_id in accepted:
+            session.post(f"{base_url}/v1/openenv/runs/{run_id}/cancel", timeout=60)
+        FIGURES["accepted_runs"] = len(accepted)
     total = sum(statuses.values())
     FIGURES.update(requests=total, statuses=dict(statuses), codes=dict(by_code),
                    operations=len(operations))
     print(f"\nschemathesis fuzz: {total} requests over {len(operations)} operations; "
           f"statuses {dict(sorted(statuses.items()))}; 5xx {sum(n for s, n in statuses.items() if s >= 500)} "
-          f"(500: {statuses.get(500, 0)}); codes {dict(by_code)}")
+          f"(500: {statuses.get(500, 0)}); accepted runs {FIGURES.get('accepted_runs')}; codes {dict(by_code)}")
     for label, (count, seconds) in timings.items():
         print(f"  {label}: {count} requests, {seconds} s")
     assert problems == [], problems[:20]
