@@ -63,6 +63,14 @@ def heartbeat_ticker(details: Callable[[], dict[str, Any]]) -> Iterator[None]:
         thread.join(timeout=interval + 1)
 
 
+async def _beat_while_waiting(latest: dict[str, Any], timeout: Any) -> None:
+    """Re-send the latest heartbeat every third of the heartbeat timeout (from the event loop)."""
+    interval = max(0.2, timeout.total_seconds() / 3) if timeout else 5.0
+    while True:
+        await asyncio.sleep(interval)
+        activity.heartbeat(dict(latest))
+
+
 class LockedPolicy:
     """Serialises every call into the shared runtime (adapter switching is not thread-safe)."""
 
@@ -128,6 +136,17 @@ class GpuActivities:
         info = activity.info()
         previous = info.heartbeat_details[-1] if info.heartbeat_details else None
         started = time.monotonic()
+        latest: dict[str, Any] = {"group_index": inp.group_index, "phase": "starting"}
+
+        def beat(details: dict[str, Any]) -> None:
+            latest.clear()
+            latest.update(details)
+            activity.heartbeat(details)
+
+        # Heartbeat from the event loop while an environment request is outstanding, so a silent
+        # environment ends with the session's own request timeout (environment_unavailable), not
+        # the activity's shorter heartbeat timeout. A stuck event loop still stops heartbeating.
+        ticker = asyncio.ensure_future(_beat_while_waiting(latest, info.heartbeat_timeout))
         try:
             result = await collect(
                 inp,
@@ -135,7 +154,7 @@ class GpuActivities:
                 policy=policy,
                 adapter_dir=adapter_dir,
                 attempt=info.attempt,
-                heartbeat=lambda details: activity.heartbeat(details),
+                heartbeat=beat,
                 should_cancel=activity.is_cancelled,
                 credentials=self.settings.credentials,
             )
@@ -143,6 +162,8 @@ class GpuActivities:
             # Leave the cause for the next attempt's interruption record.
             activity.heartbeat({"group_index": inp.group_index, "failed_with": err.code})
             raise
+        finally:
+            ticker.cancel()
         if info.attempt > 1 and isinstance(previous, dict) and previous.get("failed_with"):
             result.interruption_code = str(previous["failed_with"])
         result.worker = activity.client().identity

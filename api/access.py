@@ -2,7 +2,10 @@
 
 - Bearer access: when the API binds a non-loopback host, every route except ``/healthz`` needs
   ``Authorization: Bearer <KILN_API_TOKEN>`` (compared in constant time). Building the app for a
-  non-loopback host without a token is refused. The token is never logged or echoed.
+  non-loopback host without a token is refused. The host is the one the server really binds: under
+  uvicorn it is read from uvicorn's own ``Config`` (``bound_host``), never only from
+  ``KILN_API_HOST``; an unknown bind counts as remote. The token is never logged or echoed.
+- Loopback only: an app served without a token answers only loopback clients (defence in depth).
 - Body limit: request bodies over 1 MiB are refused (413) before any route parses them, using
   Content-Length when given and counting streamed bytes otherwise.
 """
@@ -10,13 +13,16 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import json
-import os
 from typing import Any, Awaitable, Callable
 
 from kiln.openenv.urls import is_loopback_host
 
-from api.errors import ApiConfigurationError, RequestTooLarge, Unauthorized
+from api.errors import RequestTooLarge, Unauthorized
+from kiln.access_rule import configured_token, required_token
+
+__all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyLimit", "LoopbackOnly"]
 
 MAX_BODY_BYTES = 1024 * 1024
 OPEN_PATHS = frozenset({"/healthz"})
@@ -27,33 +33,42 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def configured_token(settings: Any) -> str | None:
-    """``settings.api_token`` when the field exists, else ``KILN_API_TOKEN``; blank means none."""
-    token = getattr(settings, "api_token", None)
-    if token is None:
-        token = os.environ.get("KILN_API_TOKEN")
-    if token is not None and hasattr(token, "get_secret_value"):
-        token = token.get_secret_value()
-    token = (token or "").strip()
-    return token or None
+def bound_host() -> str | None:
+    """The host the uvicorn server loading this app will bind, read from its ``Config``.
 
-
-def required_token(settings: Any) -> str | None:
-    """The token every request must carry, or None on a loopback bind.
-
-    Raises ``ApiConfigurationError`` for a non-loopback bind without a token.
+    ``uvicorn --factory`` calls the factory from ``uvicorn.Config.load``; that ``Config`` (host,
+    unix socket, inherited fd) is the truth about the bind. ``None`` when the app is not being
+    loaded by uvicorn, or binds an inherited file descriptor (unknown address).
     """
-    host = str(getattr(settings, "api_host", "127.0.0.1"))
-    if is_loopback_host(host):
-        return configured_token(settings)
-    token = configured_token(settings)
-    if token is None:
-        raise ApiConfigurationError(
-            f"refusing to serve the Kiln API on non-loopback host {host!r} without an access token",
-            hint="set KILN_API_TOKEN (clients send it as 'Authorization: Bearer <token>'), "
-            "or bind 127.0.0.1",
-        )
-    return token
+    frame = inspect.currentframe()
+    while frame is not None:
+        config = frame.f_locals.get("self")
+        if type(config).__name__ == "Config" and type(config).__module__.startswith("uvicorn"):
+            if getattr(config, "uds", None):
+                return "127.0.0.1"  # a unix socket is local by construction
+            if getattr(config, "fd", None) is not None:
+                return None
+            return str(config.host)
+        frame = frame.f_back
+    return None
+
+
+class LoopbackOnly:
+    """ASGI middleware of a token-less app: only loopback clients are answered (401 otherwise)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client") or ("", 0)
+        if scope["type"] == "http" and not is_loopback_host(str(client[0])):
+            error = Unauthorized(
+                "this Kiln API has no access token and only answers loopback clients",
+                hint="set KILN_API_TOKEN on the server and send 'Authorization: Bearer <token>'",
+            )
+            await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
 
 
 def bearer_matches(header: str | None, token: str) -> bool:

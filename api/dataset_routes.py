@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
+import re
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.runs import run_id_for_key
 from api.services import Services, services
+from kiln.artifacts.store import BLOB_PREFIX
+from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
 from kiln.errors import InvalidRequest
 from kiln.records import StoredObject, TrainDatasetInput
@@ -22,20 +25,72 @@ from workflows.names import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"
 MAX_DATASET_BYTES = 256 * 1024 * 1024
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_IDEMPOTENCY_SCOPE = "train/grpo:"
 
 router = APIRouter(tags=["training"])
 
 
-class TrainFromDatasetRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InvalidDatasetRef(InvalidRequest):
+    code = "openenv_invalid_dataset_ref"
 
-    dataset: StoredObject
+
+class DatasetRef(BaseModel):
+    """A dataset uploaded with ``PUT /v1/datasets``: exactly the reference that call answered."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    uri: str = Field(max_length=512, description="s3://<kiln bucket>/blobs/sha256/<sha256>")
+    sha256: str = Field(max_length=80, description="sha256:<64 lowercase hex>; the uri ends with the same hex")
+    bytes: int = Field(ge=1, le=MAX_DATASET_BYTES, description="size in bytes (<= 256 MiB)")
+
+
+class TrainFromDatasetRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset: DatasetRef
     output_adapter: str
     training_config: TrainingConfig = Field(default_factory=TrainingConfig)
     auto_load: bool = True
+    idempotency_key: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="Retrying with the same key and body answers the existing run (200).",
+    )
 
 
-@router.put(UPLOAD_PATH, status_code=201)
+class DatasetUploaded(BaseModel):
+    uri: str
+    sha256: str
+    bytes: int
+
+
+def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
+    """The ref as a ``StoredObject`` when it names a blob in Kiln's own bucket, else 400."""
+    hex_digest = ref.sha256.removeprefix("sha256:")
+    if not ref.sha256.startswith("sha256:") or not _HEX64.match(hex_digest):
+        raise InvalidDatasetRef("dataset.sha256 must be 'sha256:' + 64 lowercase hex digits",
+                                hint="send the reference PUT /v1/datasets answered")
+    expected = f"s3://{bucket}/{BLOB_PREFIX}"
+    if ref.uri != expected + hex_digest:
+        raise InvalidDatasetRef(
+            f"dataset.uri must be {expected}<hex> with the same digest as dataset.sha256",
+            hint="upload the JSONL with PUT /v1/datasets (or `kiln train grpo --input`) and send "
+            "the reference it answers; other buckets and schemes are never read",
+        )
+    return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
+
+
+@router.put(
+    UPLOAD_PATH,
+    status_code=201,
+    response_model=DatasetUploaded,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
 async def upload_dataset(request: Request, svc: Services = Depends(services)) -> dict[str, Any]:
     """Store a rollouts JSONL (raw body) content-addressed; answers ``{uri, sha256, bytes}``."""
     body = await request.body()
@@ -46,25 +101,26 @@ async def upload_dataset(request: Request, svc: Services = Depends(services)) ->
     return {"uri": ref.uri, "sha256": ref.sha256, "bytes": ref.bytes}
 
 
-@router.post("/v1/train/grpo", status_code=202)
+@router.post("/v1/train/grpo", status_code=202, responses={200: {"description": "idempotent replay"}})
 async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depends(services)) -> JSONResponse:
     """Start a GRPO+ECHO training run from an uploaded dataset (same activity as a live run)."""
     try:
         check_adapter_name(body.output_adapter, "output_adapter")
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
+    dataset = check_dataset_ref(body.dataset, svc.settings.s3_bucket)
     runs = await svc.runs()
-    run_id = str(uuid.uuid4())
-    await runs.client.start_workflow(
+    status, created = await runs.start_once(
         TRAIN_DATASET_WORKFLOW,
         TrainDatasetInput(
-            dataset=body.dataset,
+            dataset=dataset,
             output_adapter=body.output_adapter,
             training_config=body.training_config,
             auto_load=body.auto_load,
         ),
-        id=run_id,
-        task_queue=svc.settings.control_task_queue,
-        static_summary=f"train {body.output_adapter} from {body.dataset.sha256}",
+        run_id=run_id_for_key(body.idempotency_key, _IDEMPOTENCY_SCOPE),
+        digest=digest_json(body.model_dump(mode="json", by_alias=True)),
+        idempotency_key=body.idempotency_key,
+        summary=f"train {body.output_adapter} from {dataset.sha256}",
     )
-    return JSONResponse(status_code=202, content=await runs.status(run_id))
+    return JSONResponse(status_code=202 if created else 200, content=status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -23,7 +24,7 @@ INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"
 class EnvironmentsBody(BaseModel):
     """Environment URLs with optional opaque credential ids aligned to them."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
     credential_ids: list[str | None] = Field(default_factory=list)
@@ -61,15 +62,46 @@ def _wrap(error: KilnError, cls: type[KilnError], url: EnvironmentUrl) -> KilnEr
     )
 
 
+INSPECT_TIMEOUT_S = 20.0  # the whole request, however many URLs (they are inspected in parallel)
+
+
+def _inspection_failed(url: EnvironmentUrl) -> KilnError:
+    """One uniform failure: the same words for a closed port, a status, a timeout or a bad body,
+    so ``/inspect`` can not be used to map which loopback ports answer and how."""
+    return InspectionFailed(
+        f"{url.base_url}: could not be inspected as an OpenEnv environment "
+        f"(GET /health, /metadata, /schema within {INSPECT_TIMEOUT_S:g}s)",
+        hint="check that the URL serves OpenEnv; `kiln inspect URL` on the environment's host "
+        "shows the detailed reason",
+        details={"base_url": url.base_url},
+    )
+
+
+async def _inspect_one(url: EnvironmentUrl, token: str | None) -> Any:
+    try:
+        return await inspect_environment(
+            url, bearer_token=token, connect_timeout_s=5.0, timeout_s=INSPECT_TIMEOUT_S
+        )
+    except (EnvironmentUnavailable, EnvironmentProtocolError):
+        return _inspection_failed(url)
+
+
 @router.post("/inspect")
 async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> dict[str, Any]:
-    """Discover each environment: identity, digests and action schema (R1.11)."""
+    """Discover each environment (in parallel, at most 20 s in all): identity, digests and action
+    schema (R1.11). Any failure answers 502 ``openenv_inspection_failed`` naming the first URL."""
+    targets = body.targets(svc.settings.allow_remote_environments, svc.settings.credentials)
+    tasks = [asyncio.ensure_future(_inspect_one(url, token)) for url, token in targets]
+    done, pending = await asyncio.wait(tasks, timeout=INSPECT_TIMEOUT_S)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
     inspections = []
-    for url, token in body.targets(svc.settings.allow_remote_environments, svc.settings.credentials):
-        try:
-            inspections.append(await inspect_environment(url, bearer_token=token))
-        except (EnvironmentUnavailable, EnvironmentProtocolError) as error:
-            raise _wrap(error, InspectionFailed, url) from None
+    for (url, _token), task in zip(targets, tasks, strict=True):
+        result = task.result() if task in done else _inspection_failed(url)
+        if isinstance(result, KilnError):
+            raise result
+        inspections.append(result)
     return {"schema": INSPECTION_SCHEMA, "environments": inspections}
 
 

@@ -12,10 +12,35 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
 from kiln.errors import InvalidRequest, KilnError
 from kiln.telemetry.prometheus import count_error
+
+__all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
+
+
+class ErrorEnvelope(BaseModel):
+    """The one error shape every route answers."""
+
+    code: str = Field(description="Stable Kiln error code (README, 'Error codes')")
+    message: str
+    retryable: bool
+    hint: str | None = None
+    stage: str | None = None
+    details: dict[str, Any] | None = None
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorEnvelope, "description": text}
+    for status, text in (
+        (400, "invalid request"), (401, "missing or wrong bearer token"), (403, "forbidden"),
+        (404, "not found"), (409, "conflict"), (413, "body too large"),
+        (502, "an environment did not answer usably"), (503, "a dependency is unavailable"),
+    )
+}
 
 
 class IdempotencyConflict(KilnError):
@@ -64,8 +89,6 @@ class PreflightFailed(KilnError):
     retryable = True
 
 
-class ApiConfigurationError(KilnError):
-    code = "api_configuration_invalid"
 
 
 def error_response(error: KilnError) -> JSONResponse:

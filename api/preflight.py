@@ -30,7 +30,7 @@ PREFLIGHT_TIMEOUT = timedelta(minutes=6)
 class PreflightRequest(BaseModel):
     """``POST /v1/openenv/training/preflight`` body (unknown fields rejected)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     adapter: str | None = Field(default="base", description="Behaviour adapter; base/none/null = base model.")
     output_adapter: str = Field(description="Name of the adapter the run will train.")

@@ -11,6 +11,8 @@ from api.artifacts import artifact_headers
 from api.services import Services, services
 from kiln.contracts import RunRequest
 from kiln.errors import ArtifactNotFound
+from kiln.openenv.credential_config import resolve_bearer_token
+from kiln.openenv.reachability import require_healthy
 from kiln.openenv.urls import normalize_url, require_allowed_host
 
 router = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
@@ -20,12 +22,31 @@ ERRORS = {400: {"description": "invalid request"}, 404: {"description": "run not
 
 
 @router.post("", status_code=202, responses={200: {"description": "idempotent replay"}, **ERRORS})
-async def create_run(request: RunRequest, svc: Services = Depends(services)) -> JSONResponse:
+async def create_run(
+    request: RunRequest,
+    preflight: bool = Query(
+        default=True,
+        description="Check every environment's /health (3 s, in parallel) before queueing; "
+        "false skips it.",
+    ),
+    svc: Services = Depends(services),
+) -> JSONResponse:
     """Start a run: 202 with the new run's status, 200 with the existing run's status when the
-    same ``idempotency_key`` is retried with the identical request, 409 when it differs."""
-    for url in request.environment_urls:
-        require_allowed_host(normalize_url(url), allow_remote=svc.settings.allow_remote_environments)
+    same ``idempotency_key`` is retried with the identical request, 409 when it differs.
+    An environment that does not answer ``/health`` is refused (502 ``environment_unavailable``)
+    before anything is queued."""
+    urls = [normalize_url(text) for text in request.environment_urls]
+    for url in urls:
+        require_allowed_host(url, allow_remote=svc.settings.allow_remote_environments)
+    if preflight:
+        credentials = request.credential_ids or [None] * len(urls)
+        await require_healthy([
+            (url, resolve_bearer_token(svc.settings.credentials or {}, credential, url))
+            for url, credential in zip(urls, credentials, strict=True)
+        ])
     status, created = await (await svc.runs()).submit(request)
+    if status.get("kind") is None:  # the workflow has not answered its first query yet
+        status["kind"] = request.kind
     return JSONResponse(status_code=202 if created else 200, content=status)
 
 

@@ -66,8 +66,13 @@ RUN_STATES: dict[str, str] = {
 
 def run_id_for(request: RunRequest) -> str:
     """uuid5 of the idempotency key (stable across retries), else a fresh uuid4."""
-    if request.idempotency_key:
-        return str(uuid.uuid5(_KEY_NAMESPACE, request.idempotency_key))
+    return run_id_for_key(request.idempotency_key)
+
+
+def run_id_for_key(key: str | None, scope: str = "") -> str:
+    """uuid5 of ``scope + key`` (``scope`` keeps the key spaces of run kinds apart), else uuid4."""
+    if key:
+        return str(uuid.uuid5(_KEY_NAMESPACE, scope + key))
     return str(uuid.uuid4())
 
 
@@ -93,27 +98,51 @@ class RunService:
     # ------------------------------------------------------------------ submit
     async def submit(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
         """Start the run; returns ``(status, created)``. Same key + same body → existing run."""
-        run_id = run_id_for(request)
-        digest = request_digest(request)
         body = request.model_dump(mode="json", exclude_none=False)
+        return await self.start_once(
+            WORKFLOW_NAME,
+            body,
+            run_id=run_id_for(request),
+            digest=request_digest(request),
+            idempotency_key=request.idempotency_key,
+            summary=start_summary(request.kind, request.environment_urls[0], request.output_adapter),
+            details=start_details(body),
+        )
+
+    async def start_once(
+        self,
+        workflow: str,
+        arg: Any,
+        *,
+        run_id: str,
+        digest: str,
+        idempotency_key: str | None,
+        summary: str,
+        details: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """Start ``workflow`` as run ``run_id`` exactly once per idempotency key.
+
+        Returns ``(status, created)``; a retry with the identical request (same ``digest``) gets
+        the existing run, a different request with the same key ``openenv_run_idempotency_conflict``.
+        """
         try:
             await self.client.start_workflow(
-                WORKFLOW_NAME,
-                body,
+                workflow,
+                arg,
                 id=run_id,
                 task_queue=self.settings.control_task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                memo={"request_sha256": digest, "idempotency_key": request.idempotency_key},
-                static_summary=start_summary(request.kind, request.environment_urls[0], request.output_adapter),
-                static_details=start_details(body),
+                memo={"request_sha256": digest, "idempotency_key": idempotency_key},
+                static_summary=summary,
+                static_details=details,
             )
             created = True
         except WorkflowAlreadyStartedError:
             created = False
-            if request.idempotency_key is None or await self._memo_digest(run_id) != digest:
+            if idempotency_key is None or await self._memo_digest(run_id) != digest:
                 raise IdempotencyConflict(
-                    f"idempotency_key {request.idempotency_key!r} was already used with a different request",
+                    f"idempotency_key {idempotency_key!r} was already used with a different request",
                     hint="reuse a key only to retry the identical request; choose a new key for new work",
                 ) from None
         return await self.status(run_id), created

@@ -11,8 +11,15 @@ from temporalio.client import Client
 from api.artifacts import ArtifactService
 from api.runs import RunService
 from kiln.artifacts.store import S3Store
+from kiln.errors import KilnError
 from kiln.settings import Settings
 from workers.client import connect_client
+
+
+class TemporalUnavailable(KilnError):
+    code = "temporal_unavailable"
+    http_status = 503
+    retryable = True
 
 
 class Services:
@@ -34,7 +41,16 @@ class Services:
                     from workers.metrics import TemporalMetrics
 
                     self.temporal_metrics = TemporalMetrics()
-                    self._client = await connect_client(self.settings, runtime=self.temporal_metrics.runtime)
+                    try:
+                        self._client = await connect_client(self.settings, runtime=self.temporal_metrics.runtime)
+                    except KilnError:
+                        raise
+                    except Exception:  # noqa: BLE001 - the SDK raises RuntimeError on refusal
+                        raise TemporalUnavailable(
+                            f"the Temporal server at {self.settings.effective_temporal_address} "
+                            "is not reachable",
+                            hint="start it (`kiln serve` does) or fix KILN_TEMPORAL_ADDRESS",
+                        ) from None
         return self._client
 
     async def runs(self) -> RunService:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from typing import Any
 
@@ -43,30 +42,13 @@ def pretty_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def reject_constant(name: str) -> Any:
-    """``json.loads`` ``parse_constant`` hook: NaN, Infinity and -Infinity are not JSON."""
-    raise ValueError(f"non-finite number {name}")
+def strict_loads(text: str | bytes, *, max_depth: int | None = None) -> Any:
+    """Untrusted JSON through the one bounded parser (``kiln.boundedjson``): no NaN/Infinity, no
+    overflowing numbers, nesting bounded. Raises ``ValueError`` (``JsonBoundsError`` names the
+    path) and never ``RecursionError``."""
+    from kiln import boundedjson
 
-
-def strict_loads(text: str | bytes) -> Any:
-    """``json.loads`` that rejects NaN/Infinity literals (raises ``ValueError``, or
-    ``RecursionError`` for absurd nesting). Overflowing numbers such as ``1e999`` still parse to
-    ``inf``: callers that need finite values check with :func:`is_finite_json`."""
-    return json.loads(text, parse_constant=reject_constant)
-
-
-def is_finite_json(value: Any) -> bool:
-    """True when no float anywhere inside ``value`` is NaN or infinite."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return False
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
+    return boundedjson.loads(text, max_depth=max_depth or boundedjson.MAX_DEPTH)
 
 
 def canonical_copy(value: Any) -> Any:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kiln import boundedjson
 from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidRequest
 
@@ -49,7 +50,23 @@ def check_adapter_name(name: str, field: str) -> str:
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """No coercion (``true``/``"1"`` are not integers), no unknown fields, every float finite."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
+
+
+MAX_FREE_JSON_DEPTH = 32
+
+
+def check_free_json(value: Any, field: str) -> Any:
+    """Bound a free-form JSON value (reset options, policy identity): depth, finite numbers, size."""
+    try:
+        boundedjson.check(value, max_depth=MAX_FREE_JSON_DEPTH, path=field)
+    except boundedjson.JsonBoundsError as exc:
+        raise ValueError(str(exc)) from None
+    if len(compact_json(value)) > MAX_RESET_OPTIONS_BYTES:
+        raise ValueError(f"{field} is larger than 16 MiB - 1024 bytes of canonical JSON")
+    return value
 
 
 class EchoConfig(StrictModel):
@@ -136,6 +153,11 @@ class TrainingContract(StrictModel):
     behavior_policy: dict[str, Any]
     output_adapter: str
     base_adapter: str | None = None
+
+    @field_validator("behavior_policy")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_free_json(value, "training_contract.behavior_policy")
 
 
 class EpisodeFields(StrictModel):
@@ -224,6 +246,11 @@ class RunRequest(EpisodeFields):
                     f"credential_ids[{index}] must match [A-Za-z0-9_-]{{1,64}} or be null"
                 )
         return value
+
+    @field_validator("reset_options", "environment_reset_options")
+    @classmethod
+    def _free_json(cls, value: Any, info: Any) -> Any:
+        return check_free_json(value, info.field_name)
 
     @field_validator("adapter")
     @classmethod

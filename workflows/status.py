@@ -34,8 +34,12 @@ def failure_from(err: BaseException, stage: str) -> Failure:
         cause = cause.cause
     if isinstance(cause, ApplicationError):
         details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+        if not details.get("code"):
+            # Not a KilnError (those always carry their dict): an unexpected Python exception whose
+            # ``type`` is its class name. Its code is ``internal_error``; the name stays in the message.
+            return Failure(code="internal_error", message=f"{cause.type or 'error'}: {cause.message}", stage=stage)
         return Failure(
-            code=cause.type or details.get("code") or "internal_error",
+            code=details["code"],
             message=details.get("message") or cause.message,
             stage=details.get("stage") or stage,
             retryable=bool(details.get("retryable", False)),

@@ -98,8 +98,10 @@ class ApiClient:
             raise self._unavailable(exc) from None
 
     # ------------------------------------------------------------------ runs
-    def submit(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        return self._call("POST", "/v1/openenv/runs", json=request)
+    def submit(self, request: dict[str, Any], *, preflight: bool = True) -> tuple[int, dict[str, Any]]:
+        """Submit a run; ``preflight=False`` skips the server's submit-time ``/health`` check."""
+        params = None if preflight else {"preflight": "false"}
+        return self._call("POST", "/v1/openenv/runs", json=request, params=params)
 
     def status(self, run_id: str) -> dict[str, Any]:
         return self._call("GET", run_path(run_id))[1]

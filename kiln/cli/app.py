@@ -142,12 +142,14 @@ def inspect_cmd(
     console.print_json(json.dumps(inspection["schema"]["action"]))
 
 
-def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool) -> None:
+def _submit_and_follow(
+    request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True
+) -> None:
     from kiln.cli.follow import follow, print_outcome
 
     api = _api()
     try:
-        code, status = api.submit(request)
+        code, status = api.submit(request, preflight=preflight)
     except KilnError as error:
         _fail(error)
         return
@@ -269,6 +271,10 @@ KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), help="k1 KL pen
 ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), help="ECHO weight on observation cross-entropy (0 = off).")
 AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", help="Promote the adapter name when allowed.")
 RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
+PREFLIGHT_OPT = typer.Option(
+    True, "--preflight/--no-preflight",
+    help="Refuse the run unless every environment answers GET /health now (3 s, in parallel).",
+)
 
 
 @openenv_app.command("train")
@@ -309,6 +315,7 @@ def train_cmd(
     report_to: str = typer.Option("none", "--report-to", help="Tracker the gpu worker logs to, offline: none | tensorboard | trackio | wandb."),
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
     request = _request_from_flags(
@@ -343,7 +350,7 @@ def train_cmd(
         request["environment_eval"] = evaluation
     elif gate:
         _fail(KilnError("--gate needs --eval-groups >= 20", code="openenv_invalid_request"))
-    _submit_and_follow(request, follow_run, as_json)
+    _submit_and_follow(request, follow_run, as_json, preflight)
 
 
 @openenv_app.command("rollout")
@@ -370,6 +377,7 @@ def rollout_cmd(
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts.
 
@@ -383,13 +391,13 @@ def rollout_cmd(
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
     )
     if output is None and replay_output is None and summary_output is None:
-        _submit_and_follow(request, follow_run, as_json)
+        _submit_and_follow(request, follow_run, as_json, preflight)
         return
     from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
 
     api = _api()
     try:
-        code, status = api.submit(request)
+        code, status = api.submit(request, preflight=preflight)
     except KilnError as error:
         _fail(error)
         return
@@ -407,11 +415,12 @@ def start_cmd(
     request_file: Path = typer.Option(..., "--request", help="JSON run request file (≤ 1 MiB)."),
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print status as JSON."),
+    preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Submit a run request file (the body of POST /v1/openenv/runs)."""
     if request_file.stat().st_size > 1024 * 1024:
         _fail(KilnError("request file is larger than 1 MiB", code="openenv_invalid_request"))
-    _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json)
+    _submit_and_follow(json.loads(request_file.read_text()), follow_run, as_json, preflight)
 
 
 @train_app.command("grpo")

@@ -16,8 +16,11 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
-from kiln.devstack import start_devstack
-from kiln.devstack.processes import ManagedProcess, start_process, wait_until
+from kiln.access_rule import required_token
+from kiln.devstack import DevStack, DevStackError, start_devstack
+from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_process, wait_until
+from kiln.devstack.stack import check_stack_config
+from kiln.errors import KilnError
 from kiln.settings import Settings
 
 
@@ -50,11 +53,38 @@ def _api_healthy(url: str) -> bool:
         return False
 
 
+class ServeConfigurationInvalid(KilnError):
+    """``kiln serve`` refused its configuration; nothing was started."""
+
+    code = "serve_configuration_invalid"
+
+
+class ServeStartFailed(KilnError):
+    """A part of ``kiln serve`` failed to start; everything it had started was stopped."""
+
+    code = "serve_start_failed"
+
+
+def check_serve_config(settings: Settings) -> None:
+    """The whole configuration, checked before anything starts: the API token rule, and every
+    port (Temporal, its UI, S3 and its +10000 gRPC twin, the API) in range, distinct and free."""
+    required_token(settings)
+    try:
+        check_stack_config(
+            settings, extra_ports=((settings.api_port, "Kiln API", "KILN_API_PORT"),)
+        )
+    except DevStackError as exc:
+        raise ServeConfigurationInvalid(str(exc)) from None
+
+
 def serve(settings: Settings, console: Console, *, ready_file: Path | None = None) -> None:
+    """Run the stack until Ctrl-C/SIGTERM. Refuses a bad configuration before starting anything;
+    if a start fails later, stops everything it had started before raising."""
     home = Path(settings.home).resolve()
+    check_serve_config(settings)
     model_path = ensure_model(settings, console)
-    stack = start_devstack(settings)
     processes: list[ManagedProcess] = []
+    stack: DevStack | None = None
     stop = threading.Event()
 
     def _stop(*_args: object) -> None:
@@ -63,6 +93,10 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
+        try:
+            stack = start_devstack(settings)
+        except (DevStackError, ProcessStartError) as exc:
+            raise ServeStartFailed(str(exc).splitlines()[0]) from None
         env = dict(os.environ)
         env.update(
             {
@@ -91,7 +125,11 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
                 env=env,
             )
         )
-        wait_until(lambda: _api_healthy(api_url), timeout_s=60, what=f"the Kiln API on {api_url}")
+        try:
+            wait_until(lambda: _api_healthy(api_url), timeout_s=60, what=f"the Kiln API on {api_url}",
+                       process=processes[-1])
+        except ProcessStartError as exc:
+            raise ServeStartFailed(str(exc).splitlines()[0]) from None
         info = {
             "pid": os.getpid(),
             "api_url": api_url,
@@ -121,7 +159,8 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
     finally:
         for proc in reversed(processes):
             proc.stop()
-        stack.stop()
+        if stack is not None:
+            stack.stop()
         try:
             (home / "run" / "serve.json").unlink()
         except FileNotFoundError:

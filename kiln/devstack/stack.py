@@ -84,12 +84,67 @@ def _check_port_for_home(
     )
 
 
+def _port_checks(settings: Settings) -> list[tuple[int, str, str, Path, str]]:
+    """Every port the embedded stack would bind: (port, what, setting, pid file, marker)."""
+    home = Path(settings.home).resolve()
+    run_dir = home / "run"
+    checks: list[tuple[int, str, str, Path, str]] = []
+    if not settings.temporal_address:
+        marker = str(home / "temporal" / "temporal.db")
+        checks += [
+            (settings.temporal_port, "Temporal frontend", "KILN_TEMPORAL_PORT",
+             run_dir / "temporal.pid", marker),
+            (settings.temporal_ui_port, "Temporal Web UI", "KILN_TEMPORAL_UI_PORT",
+             run_dir / "temporal.pid", marker),
+        ]
+    if not settings.s3_endpoint:
+        marker = f"-dir={home / 'seaweedfs'}"
+        checks += [
+            (settings.s3_port, "SeaweedFS S3", "KILN_S3_PORT", run_dir / "seaweedfs.pid", marker),
+            (settings.s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC (S3 port + 10000)", "KILN_S3_PORT",
+             run_dir / "seaweedfs.pid", marker),
+        ]
+    return checks
+
+
+def check_stack_config(
+    settings: Settings, extra_ports: tuple[tuple[int, str, str], ...] = ()
+) -> None:
+    """Refuse (``DevStackError``, one line) a configuration that can not start, before anything
+    starts: every port (the stack's, its +10000 gRPC twins, and ``extra_ports`` such as the API's)
+    must be in 1-65535, distinct, and free."""
+    home = Path(settings.home).resolve()
+    checks = _port_checks(settings)
+    ports = [(port, what, setting) for port, what, setting, _pid, _marker in checks]
+    ports += list(extra_ports)
+    seen: dict[int, str] = {}
+    for port, what, setting in ports:
+        if not 0 < port < 65536:
+            raise DevStackError(f"{setting}: port {port} ({what}) is outside 1-65535")
+        if port in seen:
+            raise DevStackError(
+                f"{setting}: port {port} ({what}) is also used by {seen[port]}; choose distinct ports"
+            )
+        seen[port] = what
+    for port, what, setting, pid_file, marker in checks:
+        _check_port_for_home(
+            port, what=what, setting=setting, home=home, pid_file=pid_file, marker=marker
+        )
+    for port, what, setting in extra_ports:
+        if not port_is_free(port, reuse_addr=True):
+            raise DevStackError(
+                f"port {port} ({what}) is already in use by another program; stop it, or set "
+                f"{setting} to a free port"
+            )
+
+
 def start_devstack(settings: Settings) -> DevStack:
     """Start whatever part of the embedded stack ``settings`` does not point elsewhere.
 
     With ``KILN_TEMPORAL_ADDRESS`` set no Temporal is started; with ``KILN_S3_ENDPOINT`` set no
     SeaweedFS is started. Data lives under ``settings.home`` (``temporal/``, ``seaweedfs/``,
-    ``logs/``; PID files in ``run/``).
+    ``logs/``; PID files in ``run/``). Every port is checked before anything starts; a start that
+    still fails stops whatever this call had started.
     """
     home = Path(settings.home).resolve()
     run_dir = home / "run"
@@ -98,28 +153,7 @@ def start_devstack(settings: Settings) -> DevStack:
     seaweed_dir = home / "seaweedfs"
     start_temporal_here = not settings.temporal_address
     start_s3_here = not settings.s3_endpoint
-
-    # Check every configured port before starting anything, so a clash leaves nothing running.
-    checks: list[tuple[int, str, str, Path, str]] = []
-    if start_temporal_here:
-        marker = str(temporal_dir / "temporal.db")
-        checks += [
-            (settings.temporal_port, "Temporal frontend", "KILN_TEMPORAL_PORT",
-             run_dir / "temporal.pid", marker),
-            (settings.temporal_ui_port, "Temporal Web UI", "KILN_TEMPORAL_UI_PORT",
-             run_dir / "temporal.pid", marker),
-        ]
-    if start_s3_here:
-        marker = f"-dir={seaweed_dir}"
-        checks += [
-            (settings.s3_port, "SeaweedFS S3", "KILN_S3_PORT", run_dir / "seaweedfs.pid", marker),
-            (settings.s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC (S3 port + 10000)", "KILN_S3_PORT",
-             run_dir / "seaweedfs.pid", marker),
-        ]
-    for port, what, setting, pid_file, marker in checks:
-        _check_port_for_home(
-            port, what=what, setting=setting, home=home, pid_file=pid_file, marker=marker
-        )
+    check_stack_config(settings)
 
     stack = DevStack(
         temporal_address=settings.effective_temporal_address,

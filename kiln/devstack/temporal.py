@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kiln.devstack.common import DevStackError, find_binary, require_free
+from kiln.devstack.common import find_binary, require_free
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
 from kiln.search_attributes import SEARCH_ATTRIBUTES
 

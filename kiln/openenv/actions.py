@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.canonical import is_finite_json, strict_loads
+from kiln.boundedjson import JsonBoundsError
+from kiln.canonical import strict_loads
 from kiln.openenv.schema import ActionValidator, describe_issues
 
 INVALID_MODEL_ACTION = "INVALID_MODEL_ACTION"
@@ -68,12 +69,14 @@ def parse_action_text(text: str) -> dict:
     body = strip_code_fence(text)
     try:
         value = strict_loads(body)
-    except (ValueError, RecursionError):
+    except JsonBoundsError:
+        raise ActionParseError(
+            "model output breaks Kiln's JSON bounds (a non-finite or oversized number, or nesting too deep)"
+        ) from None
+    except ValueError:
         raise ActionParseError("model output is not exactly one JSON value") from None
     if not isinstance(value, dict):
         raise ActionParseError("model output is a JSON value but not an object")
-    if not is_finite_json(value):
-        raise ActionParseError("model output holds a non-finite number")
     return value
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from kiln.canonical import is_finite_json, strict_loads
+from kiln import boundedjson
 from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable
 from kiln.openenv.credentials import bearer_headers, contains_token
 
@@ -96,17 +96,19 @@ async def check_health(
 
 
 def parse_json_body(body: bytes, method: str, url: str) -> Any:
-    """Strict JSON (UTF-8, no NaN/Infinity) or ``EnvironmentProtocolError`` without echoing it."""
+    """Strict, bounded JSON (UTF-8, finite numbers, nesting <= ``boundedjson.MAX_DEPTH``) or
+    ``EnvironmentProtocolError`` without echoing the body."""
     try:
-        text = body.decode("utf-8")
-        value = strict_loads(text)
-    except (UnicodeDecodeError, ValueError):
+        return boundedjson.loads(body)
+    except boundedjson.JsonBoundsError as exc:
+        raise EnvironmentProtocolError(
+            f"{method} {url}: response breaks Kiln's JSON bounds ({exc.reason})",
+            details={"url": url},
+        ) from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise EnvironmentProtocolError(
             f"{method} {url}: response body is not valid JSON", details={"url": url}
         ) from None
-    if not is_finite_json(value):
-        raise EnvironmentProtocolError(f"{method} {url}: response holds a non-finite number")
-    return value
 
 
 async def request_json(

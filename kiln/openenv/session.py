@@ -106,7 +106,10 @@ def _closed_reason(exc: BaseException) -> tuple[str, str]:
         if (sent is not None and sent.code == 1009) or (rcvd is not None and rcvd.code == 1009):
             return "oversize_frame", "a frame exceeded the size limit (close 1009)"
         code = rcvd.code if rcvd is not None else (sent.code if sent is not None else None)
-        return "closed", "the socket closed" + (f" (code {code})" if code is not None else "")
+        # Only a normal close (1000/1001, or none) can be a capacity refusal whose frame was lost;
+        # a server error (1011) or any other code is reported as itself.
+        reason = "closed" if code in (None, 1000, 1001) else "closed_abnormally"
+        return reason, "the socket closed" + (f" (code {code})" if code is not None else "")
     return "closed", f"the connection failed ({type(exc).__name__})"
 
 
@@ -256,7 +259,7 @@ class EnvSession:
     def _transport_error(self, reason: str, detail: str) -> KilnError:
         where = self.url.websocket_url
         details = {"reason": reason, "url": where}
-        if reason in ("timeout", "closed"):
+        if reason in ("timeout", "closed", "closed_abnormally"):
             return EnvironmentUnavailable(f"{where}: {detail}", details=details)
         return EnvironmentProtocolError(f"{where}: {detail}", details=details)
 

@@ -87,6 +87,11 @@ class CandidateEpisode:
         """A step answered by an observation; returns the content shown to the policy."""
         if not math.isfinite(value):
             raise EnvironmentProtocolError("the environment sent a non-finite reward")
+        if not math.isfinite(sum(self.step_values, value)):
+            raise EnvironmentProtocolError(
+                "the environment's rewards overflow the episode return (sum is not a finite float)",
+                hint="keep per-step rewards well below 1e308",
+            )
         exchange = observation_exchange(len(self.exchanges), action, wire)
         segment = exchange_segment(exchange)
         self.steps += 1

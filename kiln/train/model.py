@@ -12,7 +12,6 @@ import torch
 from kiln.canonical import pretty_json
 from kiln.errors import TrainingFailed
 from kiln.policy import identity as _identity
-from kiln.policy.identity import ADAPTER_FILES
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.conftest import rollout_request, train_request
-from tests.support.chaos.assertions import BugReproduced, expect_fixed, manifest_absent, record
+from tests.support.chaos.assertions import expect_fixed, manifest_absent, record
 from tests.support.chaos.environments import SlowHealthServer, wait_env_idle
 from tests.support.chaos.faults import PUBLISH_HOLD, SAMPLE_DELAY, TRAIN_STEP_DELAY
 from tests.support.chaos.runs import (

@@ -56,12 +56,12 @@ async def test_environment_dies_mid_episode_and_returns(stack: ChaosStack, refer
     back_at = time.time()
     state, final = await result_within(handle, RUN_BOUND_S)
     ended = time.monotonic()
-    if state == "failed":
+    # The environment came back on the same port: the run must recover (re-collect the affected
+    # groups) and complete. A failure here — even a clean environment_unavailable — is a defect.
+    if state != "completed":
         status = await handle.query("status")
         record("4 environment killed mid-episode, back on the same port", state=state,
-               failure=status["failure"], seconds_to_fail=ended - started)
-        assert status["failure"]["code"] == "environment_unavailable", status["failure"]
-        return
+               failure=status["failure"], seconds_to_end=ended - started)
     assert state == "completed", final
     outcome = RunOutcome.of(stack, handle.id, final, ended - started)
     interrupted = {item["group_index"] for item in final["interruptions"]}

@@ -49,10 +49,10 @@ async def test_two_runs_fifo_with_one_slot(stack: ChaosStack) -> None:
     admitted_b = datetime.fromisoformat(b["admission"]["admitted_at"])
     assert a["admission"]["sequence"] < b["admission"]["sequence"]
     assert admitted_a < admitted_b
-    # The second run was admitted only once the first had published (its last piece of work),
-    # and touched the environment only after that.
+    # The second run touched the environment only once the first had published (its last piece
+    # of work). Both stamps come from the same clock (the hooks), so no slack is needed; the
+    # workflow's admitted_at is another clock and is only compared with the other run's.
     first_done = hooks.events("publish_end", run_id=first.id, outcome="ok")[-1]["t"]
-    assert admitted_b.timestamp() >= first_done - 0.05
     assert min(e["t"] for e in hooks.events("collect_start", run_id=second.id)) >= first_done
     record(
         "8 FIFO queue, two runs at once, max_active_runs=1",

@@ -15,9 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-from tests.support.chaos.assertions import BugReproduced, expect_fixed
+from tests.support.chaos.assertions import expect_fixed
 from tests.support.chaos.stack import REPO_ROOT
 
 SCRIPT = """

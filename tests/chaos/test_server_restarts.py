@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.chaos.conftest import train_request
-from tests.support.chaos.assertions import BugReproduced, expect_fixed, record
+from tests.support.chaos.assertions import expect_fixed, record
 from tests.support.chaos.faults import PUBLISH_HOLD, SAMPLE_DELAY
 from tests.support.chaos.runs import (
     RunOutcome,

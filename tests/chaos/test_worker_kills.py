@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.chaos.conftest import train_request
-from tests.support.chaos.assertions import BugReproduced, expect_fixed, record
+from tests.support.chaos.assertions import expect_fixed, record
 from tests.support.chaos.faults import (
     SAMPLE_DELAY,
     TRAIN_FAIL_NOW,

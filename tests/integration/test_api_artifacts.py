@@ -23,6 +23,7 @@ from kiln.cli.api_client import ApiClient
 from kiln.cli.control_cmds import download_run_outputs, register
 from tests.integration.test_api_helpers import TINY_ROLLOUT, serve_api, wait_for
 from tests.support.kiln_workers import running_workers
+from tests.support.raw_http import raw_get
 
 pytestmark = pytest.mark.asyncio
 
@@ -94,11 +95,15 @@ async def test_artifacts_served_verified_and_corruption_detected(
                         f'attachment; filename="openenv-{run_id}-{name}"'
                     )
 
-                # Names outside the manifest are not served, even if the key exists in S3.
-                for name in ("manifest.json", "../manifest.json", "rollouts.json", "adapter/x"):
-                    response = await http.get(f"/v1/openenv/runs/{run_id}/artifacts/{name}")
-                    assert response.status_code == 404, name
-                    assert response.json()["code"] in ("openenv_artifact_not_found", "not_found")
+                # Names outside the manifest are not served, even if the key exists in S3. The
+                # targets go out byte for byte (httpx would normalise `..` away before sending), so
+                # each reaches the artifact handler and is refused there.
+                base = f"/v1/openenv/runs/{run_id}/artifacts/"
+                for name in ("manifest.json", "../manifest.json", "%2e%2e/manifest.json",
+                             "..%2fmanifest.json", "rollouts.json", "adapter/x", "../../../etc/passwd"):
+                    status_code, body = await asyncio.to_thread(raw_get, url, base + name)
+                    assert status_code == 404, (name, body)
+                    assert body["code"] == "openenv_artifact_not_found", (name, body)
                 outside = await http.get(f"/v1/openenv/runs/{run_id}/artifacts/train_receipt.json")
                 assert outside.json()["code"] == "openenv_artifact_not_found"
 

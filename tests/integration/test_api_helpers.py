@@ -17,6 +17,9 @@ import uvicorn
 from api.app import create_app
 from tests.support.servers import free_port
 
+# Tests that want a run to fail (or hang) at discovery skip the submit-time /health check.
+NO_PREFLIGHT = {"preflight": "false"}
+
 TINY_ROLLOUT = {
     "kind": "rollout",
     "groups": 1,

@@ -16,6 +16,7 @@ from api.runs import run_id_for
 from kiln.contracts import parse_run_request
 from tests.integration.test_api_helpers import (
     TINY_ROLLOUT,
+    NO_PREFLIGHT,
     BlackHole,
     asgi_client,
     unreachable_url,
@@ -34,7 +35,7 @@ async def test_twenty_concurrent_identical_submissions_make_one_run(kiln_setting
     async with running_workers(settings, roles=("control",)) as client:
         async with asgi_client(create_app(settings, client=client)) as http:
             responses = await asyncio.gather(
-                *(http.post("/v1/openenv/runs", json=request) for _ in range(20))
+                *(http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request) for _ in range(20))
             )
             codes = sorted(r.status_code for r in responses)
             assert codes == [200] * 19 + [202], [r.text for r in responses if r.status_code >= 400]
@@ -44,7 +45,7 @@ async def test_twenty_concurrent_identical_submissions_make_one_run(kiln_setting
             assert len(executions) == 1
 
             # Same key, different body: conflict, no new work.
-            changed = await http.post("/v1/openenv/runs", json={**request, "max_steps": 3})
+            changed = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json={**request, "max_steps": 3})
             assert changed.status_code == 409
             assert changed.json()["code"] == "openenv_run_idempotency_conflict"
 
@@ -52,7 +53,7 @@ async def test_twenty_concurrent_identical_submissions_make_one_run(kiln_setting
             failed = await wait_for(http, expected_id, lambda s: s["state"] == "failed")
             assert failed["failure"]["code"] == "environment_unavailable"
             assert failed["failure"]["stage"] == "discovery"
-            replay = await http.post("/v1/openenv/runs", json=request)
+            replay = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request)
             assert replay.status_code == 200
             assert replay.json()["run_id"] == expected_id and replay.json()["state"] == "failed"
             executions = [e async for e in client.list_workflows(f"WorkflowId = '{expected_id}'")]
@@ -85,8 +86,8 @@ async def test_submissions_without_key_are_distinct_runs(kiln_settings: Any) -> 
     request = {**TINY_ROLLOUT, "environment_urls": [unreachable_url()]}
     async with running_workers(settings, roles=("control",)) as client:
         async with asgi_client(create_app(settings, client=client)) as http:
-            first = await http.post("/v1/openenv/runs", json=request)
-            second = await http.post("/v1/openenv/runs", json=request)
+            first = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request)
+            second = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request)
             assert (first.status_code, second.status_code) == (202, 202)
             assert first.json()["run_id"] != second.json()["run_id"]
             for response in (first, second):
@@ -101,7 +102,7 @@ async def test_cancel_running_run_ends_cancelled(kiln_settings: Any) -> None:
     try:
         async with running_workers(settings, roles=("control",)) as client:
             async with asgi_client(create_app(settings, client=client)) as http:
-                created = await http.post("/v1/openenv/runs", json=request)
+                created = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request)
                 assert created.status_code == 202
                 run_id = created.json()["run_id"]
                 # Discovery hangs on the black hole: the run is running, in discovery.

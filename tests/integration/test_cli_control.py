@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from kiln.cli.control_cmds import register
 from tests.integration.test_api_helpers import (
     TINY_ROLLOUT,
+    NO_PREFLIGHT,
     BlackHole,
     serve_api,
     unreachable_url,
@@ -41,7 +42,7 @@ async def cli(url: str, *args: str) -> Any:
 
 async def submit(url: str, request: dict[str, Any]) -> str:
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        response = await http.post("/v1/openenv/runs", json=request)
+        response = await http.post("/v1/openenv/runs", params=NO_PREFLIGHT, json=request)
         assert response.status_code == 202, response.text
         return response.json()["run_id"]
 

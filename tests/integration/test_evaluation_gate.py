@@ -19,6 +19,7 @@ from kiln.evaluation.receipt import validate_receipt
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from kiln.artifacts.adapters import pointer_key
 from tests.support.kiln_workers import running_workers
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,7 +37,7 @@ async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(parse_run_request(request))
-        return await client.get_workflow_handle(status["run_id"]).result()
+        return await workflow_result(client.get_workflow_handle(status["run_id"]))
 
 
 def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +117,12 @@ async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: 
 
 
 async def test_post_eval_static_suite_owns_promotion(kiln_settings: Any, counter_env_url: str) -> None:
-    """post_eval with min_accuracy gates promotion; the report is published and bound by digest."""
+    """post_eval with min_accuracy gates promotion; the report is published and bound by digest.
+
+    The threshold 0.0 makes the outcome known in advance (any accuracy meets it), so the test
+    states it instead of recomputing it with the gate's own rule, and checks that the adapter
+    pointer really moved to the trained adapter.
+    """
     settings = kiln_settings()
     final = await _run(
         settings,
@@ -129,23 +135,25 @@ async def test_post_eval_static_suite_owns_promotion(kiln_settings: Any, counter
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-post-eval",
             "training_config": {"learning_rate": 1e-3, "epochs": 1, "echo": None, "lora_rank": 4, "lora_alpha": 8},
-            "post_eval": {"suite": "counter-format", "min_accuracy": 0.9},
+            "post_eval": {"suite": "counter-format", "min_accuracy": 0.0},
         },
     )
     assert final["state"] == "completed"
     post = final["post_evaluation"]
     assert post["suite"] == "counter-format"
     assert 0.0 <= post["candidate_accuracy"] <= 1.0 and 0.0 <= post["baseline_accuracy"] <= 1.0
-    expected = "promoted" if post["candidate_accuracy"] >= 0.9 else ("regression" if post["candidate_accuracy"] < post["baseline_accuracy"] else "inconclusive")
-    assert post["gate_outcome"] == expected
-    assert final["promoted"] is (expected == "promoted")
+    assert post["gate_outcome"] == "promoted"
+    assert final["promoted"] is True
     report_entry = next(a for a in final["artifacts"] if a["name"] == "post_eval/report.json")
     from kiln.artifacts.store import ObjectRef
 
-    report = json.loads(S3Store.from_settings(settings).get_bytes(ObjectRef(uri=report_entry["uri"], sha256=report_entry["sha256"], bytes=report_entry["bytes"])))
-    assert report["candidate"]["cases"] == 24 and report["gate_outcome"] == expected
-    if expected != "promoted":
-        assert S3Store.from_settings(settings).get_key(pointer_key("counter-post-eval")) is None
+    store = S3Store.from_settings(settings)
+    report = json.loads(store.get_bytes(ObjectRef(uri=report_entry["uri"], sha256=report_entry["sha256"], bytes=report_entry["bytes"])))
+    assert report["candidate"]["cases"] == 24 and report["gate_outcome"] == "promoted"
+    # The name now points at exactly the adapter this run trained.
+    pointer = json.loads(store.get_key(pointer_key("counter-post-eval")))
+    assert pointer["adapter"]["adapter_sha256"] == final["training"]["adapter_sha256"]
+    assert final["training"]["adapter_sha256"].startswith("sha256:") or len(final["training"]["adapter_sha256"]) >= 64
 
 
 def test_post_eval_and_environment_gate_cannot_both_own_promotion() -> None:

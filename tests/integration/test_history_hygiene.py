@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.kiln_workers import running_workers
 from workflows.options import WORKFLOW_NAME
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,7 +53,7 @@ async def test_256_group_run_stays_small(kiln_settings: Any, counter_env_url: st
         handle = await client.start_workflow(
             WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
         )
-        final = await handle.result()
+        final = await workflow_result(handle)
         history = await handle.fetch_history()
     assert final["state"] == "completed"
     assert final["progress"]["groups_completed"] == 256

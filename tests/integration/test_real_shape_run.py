@@ -7,7 +7,6 @@ are the real ones; the weights are random, so actions come from the action gramm
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from kiln.rollout.verify import verify_bundle
 from tests.support.kiln_workers import running_workers
 from tests.support.models import shared_random_qwen
 from tests.unit.test_verify_support import write_bundle
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -64,7 +64,7 @@ async def test_qwen_shaped_run_collects_trains_verifies_and_replays(
     started = time.perf_counter()
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
-        final = await client.get_workflow_handle(status["run_id"]).result()
+        final = await workflow_result(client.get_workflow_handle(status["run_id"]))
     elapsed = time.perf_counter() - started
     print(f"qwen3-0.6b-shaped 2-layer run: {elapsed:.1f} s")
     assert final["state"] == "completed", final.get("failure")

@@ -12,6 +12,7 @@ from temporalio.client import WorkflowFailureError
 from tests.integration.test_api_helpers import TINY_ROLLOUT, BlackHole
 from tests.support.kiln_workers import running_workers
 from workflows.options import WORKFLOW_NAME
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -54,7 +55,7 @@ async def test_queue_positions_and_capacity_full(kiln_settings: Any) -> None:
                 WORKFLOW_NAME, request, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
             )
             with pytest.raises(WorkflowFailureError) as failure:
-                await third.result()
+                await workflow_result(third)
             assert failure.value.cause.type == "openenv_run_capacity_full"
             status = await third.query("status")
             assert status["failure"]["stage"] == "admission"
@@ -62,12 +63,12 @@ async def test_queue_positions_and_capacity_full(kiln_settings: Any) -> None:
             # Cancel the queued run: it ends cancelled at admission, the first keeps its slot.
             await second.cancel()
             with pytest.raises(WorkflowFailureError):
-                await second.result()
+                await workflow_result(second)
             cancelled = await second.query("status")
             assert cancelled["state"] == "cancelled" and cancelled["cancelled_stage"] == "queue"
             await first.cancel()
             with pytest.raises(WorkflowFailureError):
-                await first.result()
+                await workflow_result(first)
             assert (await first.query("status"))["cancelled_stage"] == "discovery"
     finally:
         hole.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import json
 import random
 import socket
@@ -27,6 +26,7 @@ from kiln.records import RevalidationInput
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import example_env_argv, free_port, serve_app_process
 from workflows.options import WORKFLOW_NAME
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -76,7 +76,7 @@ async def test_train_run_end_to_end(kiln_settings: Any, counter_env_url: str) ->
         status, created = await service.submit(request)
         assert created is True
         run_id = status["run_id"]
-        final = await client.get_workflow_handle(run_id).result()
+        final = await workflow_result(client.get_workflow_handle(run_id))
         described = await service.status(run_id)
 
     assert final["state"] == "completed" and described["state"] == "completed"
@@ -160,7 +160,7 @@ async def test_identity_change_fails_run_without_manifest(kiln_settings: Any) ->
                 WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
             )
             with pytest.raises(WorkflowFailureError) as failure:
-                await handle.result()
+                await workflow_result(handle)
             status = await handle.query("status")
     finally:
         for server in swapped:
@@ -188,7 +188,7 @@ async def test_unreachable_url_fails_at_discovery_naming_url_and_route(kiln_sett
             task_queue=settings.control_task_queue,
         )
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await workflow_result(handle)
         status = await handle.query("status")
     failure = status["failure"]
     assert failure["code"] == "environment_unavailable"
@@ -232,7 +232,7 @@ async def test_invalid_request_rejected_at_admission_without_contact(kiln_settin
                 WORKFLOW_NAME, bad, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
             )
             with pytest.raises(WorkflowFailureError) as failure:
-                await handle.result()
+                await workflow_result(handle)
             status = await handle.query("status")
     finally:
         listener.close()
@@ -280,7 +280,7 @@ async def test_temporal_cli_starts_the_same_run(kiln_settings: Any, counter_env_
             timeout=60,
         )
         assert started.returncode == 0, started.stderr
-        final = await client.get_workflow_handle(run_id).result()
+        final = await workflow_result(client.get_workflow_handle(run_id))
     assert final["state"] == "completed" and final["kind"] == "rollout"
     assert final["progress"]["rollouts_completed"] == 2
     assert {a["name"] for a in final["artifacts"]} == {
@@ -306,7 +306,7 @@ async def test_same_rollout_twice_gives_identical_artifacts(kiln_settings: Any, 
         for _ in range(2):
             status, created = await service.submit(parse_run_request(request))
             assert created
-            final = await client.get_workflow_handle(status["run_id"]).result()
+            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
             assert final["state"] == "completed"
             # metrics.jsonl carries wall-clock figures (latency): the one non-reproducible file.
             digests.append({a["name"]: a["sha256"] for a in final["artifacts"] if a["name"] != "metrics.jsonl"})
@@ -333,7 +333,7 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
             WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
         )
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await workflow_result(handle)
         status = await handle.query("status")
     assert failure.value.cause.type == "retained_budget_exceeded"
     assert status["failure"]["stage"] == "publication"
@@ -362,7 +362,7 @@ async def test_constrained_actions_run_never_emits_invalid_actions(kiln_settings
     }
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(parse_run_request(request))
-        final = await client.get_workflow_handle(status["run_id"]).result()
+        final = await workflow_result(client.get_workflow_handle(status["run_id"]))
     stats = final["rollout_stats"]
     assert stats["rollouts"] == 8
     assert stats["invalid_model_action_count"] == 0
@@ -391,7 +391,7 @@ async def test_portfolio_round_robin_with_per_environment_reset_options(kiln_set
         }
         async with running_workers(settings) as client:
             status, _ = await RunService(client, settings).submit(parse_run_request(request))
-            final = await client.get_workflow_handle(status["run_id"]).result()
+            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
     assert final["state"] == "completed"
     assert final["reset_plan_sha256"] == digest_json([{"difficulty": "easy"}, {}])
     replay = json.loads(_object(settings, next(a for a in final["artifacts"] if a["name"] == "replay.json")["uri"]))

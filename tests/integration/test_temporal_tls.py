@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
-import socket
 import ssl
 import threading
 from pathlib import Path

@@ -20,6 +20,7 @@ from tests.integration.test_api_helpers import unreachable_url
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import free_port, stop_process
 from tests.support.watching import parse_scrape
+from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ async def test_summary_details_memo_and_descriptions(kiln_settings: Any) -> None
         status, _ = await RunService(client, settings).submit(request)
         handle = client.get_workflow_handle(status["run_id"])
         with pytest.raises(Exception):
-            await handle.result()
+            await workflow_result(handle)
         description = await handle.describe()
         assert await description.static_summary() == f"rollout on {url}"
         details = await description.static_details() or ""

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli.app import app as cli_app
-from tests.integration.test_api_helpers import TINY_ROLLOUT, serve_api
+from tests.integration.test_api_helpers import serve_api
 from tests.support.kiln_workers import running_workers
 
 pytestmark = pytest.mark.asyncio

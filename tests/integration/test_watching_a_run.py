@@ -9,7 +9,6 @@ import asyncio
 import json
 import statistics
 import time
-import urllib.request
 from typing import Any
 
 import pytest

@@ -12,7 +12,10 @@ Cases (discovery): ``ok``, ``health503``, ``redirect_health``, ``redirect`` (``/
 Cases (WebSocket): ``malformed_json``, ``binary``, ``oversize`` (600 KiB frame), ``unsolicited``
 (an extra frame 100 ms after the reset reply), ``capacity`` (refusal after the handshake),
 ``capfirst-N-<nonce>`` (refuse the first N connections), ``slow`` (reset reply after 3 s),
-``wrong_type``, ``close_no_reply``, ``session_error`` (on step), ``inf_reward``.
+``wrong_type``, ``close_no_reply``, ``session_error`` (on step), ``inf_reward``, ``close1011``
+(the server closes with 1011 instead of answering the reset), ``huge_reward`` (every step rewards
+1e308, so two steps overflow a float return), ``stall_step`` (steps are never answered).
+Cases (documents): ``deepmeta`` (``/metadata`` nested 100 000 levels deep).
 
 Run: ``python -m tests.support.hostile_server --port P``.
 """
@@ -87,6 +90,9 @@ def build_app() -> FastAPI:
             return RedirectResponse("/_probe/redirected", status_code=302)
         if case == "reflect":
             body["description"] = f"you sent {auth(request)}"
+        if case == "deepmeta":
+            depth = 100_000
+            return Response(b'{"name":' + b"[" * depth + b"]" * depth + b"}", media_type="application/json")
         if case == "badjson":
             return PlainTextResponse('{"name": "x", ', media_type="application/json")
         if case == "bigmeta":
@@ -180,6 +186,9 @@ def build_app() -> FastAPI:
                     if case == "close_no_reply":
                         await websocket.close(1000)
                         return
+                    if case == "close1011":
+                        await websocket.close(1011)
+                        return
                     if case == "reflect":
                         await websocket.send_text(json.dumps(_observation(0, extra=auth(websocket))))
                         continue
@@ -198,8 +207,11 @@ def build_app() -> FastAPI:
                         await websocket.send_text(_error("SESSION_ERROR", "boom"))
                         await websocket.close(1000)
                         return
+                    if case == "stall_step":
+                        await asyncio.sleep(3600)
                     count += int((request.get("data") or {}).get("amount", 1))
-                    await websocket.send_text(json.dumps(_observation(count, reward=1, done=count >= 3)))
+                    reward = 1e308 if case == "huge_reward" else 1
+                    await websocket.send_text(json.dumps(_observation(count, reward=reward, done=count >= 3 and case != "huge_reward")))
                     continue
                 await websocket.send_text(_error("UNKNOWN_TYPE", f"Unknown message type: {kind}"))
         except WebSocketDisconnect:

@@ -52,6 +52,7 @@ class _SlowRevalidation(ControlActivities):
         for _ in range(600):
             activity.heartbeat()
             await asyncio.sleep(0.1)
+from tests.support.waiting import workflow_result
 
 RUNS = {
     "train_with_gate": {
@@ -77,7 +78,7 @@ async def _record(out: Path, settings: Settings, env_url: str) -> StoredObject:
                 id=f"history-{name}-{uuid.uuid4()}",
                 task_queue=settings.control_task_queue,
             )
-            final = await handle.result()
+            final = await workflow_result(handle)
             (out / f"{name}.json").write_text((await handle.fetch_history()).to_json())
             if name == "rollout":
                 dataset = next(a for a in final["artifacts"] if a["name"] == "rollouts.jsonl")
@@ -89,7 +90,7 @@ async def _record(out: Path, settings: Settings, env_url: str) -> StoredObject:
             task_queue=settings.control_task_queue,
         )
         try:
-            await handle.result()
+            await workflow_result(handle)
         except Exception:
             pass
         (out / "unreachable.json").write_text((await handle.fetch_history()).to_json())
@@ -111,7 +112,7 @@ async def _record_dataset_training(out: Path, settings: Settings, dataset: Store
             id=f"history-train-dataset-{uuid.uuid4()}",
             task_queue=settings.control_task_queue,
         )
-        await handle.result()
+        await workflow_result(handle)
         (out / "train_dataset.json").write_text((await handle.fetch_history()).to_json())
 
 
@@ -131,7 +132,7 @@ async def _record_retry_then_cancel(out: Path, settings: Settings, env_url: str)
         assert status["interruptions"], status
         await handle.cancel()
         try:
-            await handle.result()
+            await workflow_result(handle)
         except Exception:
             pass
         status = await handle.query("status")

@@ -25,7 +25,7 @@ RENAMED = {
 CLI_ONLY = {"eval_groups", "gate", "follow_run", "as_json", "force", "output", "replay_output",
             "summary_output", "environment", "reset_options", "environment_reset_options",
             "credential_id", "input_path", "training_config", "contract_output", "post_eval_suite",
-            "post_eval_min_accuracy"}
+            "post_eval_min_accuracy", "preflight"}
 
 
 def _field(name: str) -> tuple[Any, str] | None:

@@ -48,7 +48,8 @@ def read_capped(path: Path, file: str) -> bytes:
 def parse_json(data: bytes, where: Where, field: str = "json") -> Any:
     """Strict JSON: UTF-8, no NaN/Infinity; JSON errors become :class:`VerificationFailed`."""
     try:
-        return strict_loads(data.decode("utf-8"))
+        # A bundle file nests a few levels above the frames it records (each frame <= 64 deep).
+        return strict_loads(data.decode("utf-8"), max_depth=128)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise fail(where, field, f"is not valid JSON ({type(exc).__name__})") from None
 

@@ -23,6 +23,7 @@ HOOKS_ENV = "KILN_CHAOS_DIR"
 SAMPLE_DELAY = "sample_delay_s"  # sleep before every policy.sample call (collection steps)
 TRAIN_STEP_DELAY = "train_step_delay_s"  # sleep after every training step's progress heartbeat
 PUBLISH_HOLD = "publish_hold"  # while this file exists, publish_run waits before doing anything
+PUBLISH_HOLD_AFTER = "publish_hold_after"  # ... waits after its commit point (manifest written)
 # One-shot faults (the worker deletes the file when it fires):
 TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
 TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
@@ -50,7 +51,7 @@ class FaultHooks:
             (self.directory / name).unlink()
 
     def clear_all(self) -> None:
-        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
+        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
                      TRAIN_SETUP_DELAY):
             self.clear(name)
 
@@ -240,6 +241,8 @@ def _hook_publication(hooks: FaultHooks) -> None:
             hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome=f"error:{type(exc).__name__}")
             raise
         hooks.log("publish_end", run_id=inp.run_id, attempt=attempt, outcome="ok")
+        while hooks.present(PUBLISH_HOLD_AFTER) and time.monotonic() < deadline + PUBLISH_HOLD_MAX_S:
+            time.sleep(0.05)
         return result
 
     control_mod.publish = publish

@@ -1,0 +1,170 @@
+"""Fuzz the REST API from its own OpenAPI document with schemathesis (issue 14).
+
+The real app served by uvicorn on loopback, with a real Temporal dev server and SeaweedFS (the
+session fixtures) and a real control worker, so accepted runs start and are answered quickly.
+Every operation gets schema-valid (positive) and schema-breaking (negative) requests; the test
+asserts over at least 2,000 requests that no answer is a 500, every error answer is the Kiln
+envelope with a documented code, and a 5xx other than an unreachable environment's 502 never
+happens. The figures are printed (``-s``) and kept in ``FIGURES``.
+
+Excluded by design: positive requests to ``/v1/openenv/training/preflight`` (a valid one waits up
+to 6 minutes for a gpu worker to resolve the behaviour policy; its negative requests are fuzzed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from tests.integration.test_api_helpers import serve_api
+from tests.support.kiln_workers import running_workers
+
+ROOT = Path(__file__).resolve().parents[2]
+MIN_REQUESTS = 2000
+PER_OPERATION = 150  # per operation and mode: ~2,400 requests in all
+FIGURES: dict[str, Any] = {}
+# The 5xx a fuzzer can legitimately provoke: a generated environment URL that does not answer.
+UPSTREAM_CODES = {"environment_unavailable", "openenv_inspection_failed", "openenv_task_catalog_failed"}
+
+
+def documented_codes() -> set[str]:
+    """Every code listed in the README's "Error codes" section (the contract answers are held to)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Error codes\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`([a-z][a-z0-9_]+)`", section))
+
+
+class _ControlWorker:
+    """A real control worker on its own thread and event loop (the fuzzer is synchronous)."""
+
+    def __init__(self, settings_obj: Any) -> None:
+        self.settings = settings_obj
+        self.ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with running_workers(self.settings, roles=("control",)):
+            self.ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> "_ControlWorker":
+        self.thread.start()
+        assert self.ready.wait(60), "the control worker did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_fuzz_the_api_from_its_openapi(kiln_settings: Any, counter_env_url: str) -> None:
+    app_settings = kiln_settings()
+    codes = documented_codes()
+    statuses: Counter[int] = Counter()
+    by_code: Counter[str] = Counter()
+    problems: list[str] = []
+    timings: dict[str, tuple[int, float]] = {}
+    with _ControlWorker(app_settings), serve_api(app_settings) as base_url:
+        document = httpx.get(f"{base_url}/openapi.json", timeout=30).json()
+        schema = schemathesis.openapi.from_dict(document)
+        session = requests.Session()
+
+        def check(case: Any) -> None:
+            response = case.call(base_url=base_url, session=session, timeout=60)
+            statuses[response.status_code] += 1
+            if response.status_code < 400:
+                return
+            try:
+                body = response.json()
+            except ValueError:
+                problems.append(f"{case.method} {case.path}: {response.status_code} not JSON")
+                return
+            code = body.get("code") if isinstance(body, dict) else None
+            by_code[str(code)] += 1
+            if not isinstance(code, str) or not isinstance(body.get("message"), str) or "retryable" not in body:
+                problems.append(f"{case.method} {case.path}: {response.status_code} not the envelope: {body}")
+            elif code not in codes:
+                problems.append(f"{case.method} {case.path}: undocumented code {code}")
+            if response.status_code >= 500 and code not in UPSTREAM_CODES:
+                problems.append(f"{case.method} {case.path}: {response.status_code} {body}")
+
+        operations = [result.ok() for result in schema.get_all_operations()]
+        for operation in operations:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                if mode is GenerationMode.POSITIVE and operation.path.endswith("/training/preflight"):
+                    continue
+
+                @given(case=operation.as_strategy(generation_mode=mode))
+                @settings(max_examples=PER_OPERATION, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck))
+                def run(case: Any) -> None:
+                    check(case)
+
+                started = time.monotonic()
+                before = sum(statuses.values())
+                try:
+                    run()
+                except Unsatisfiable:  # negative mode of an operation with nothing to break
+                    assert mode is GenerationMode.NEGATIVE, operation.label
+                timings[f"{mode.value} {operation.label}"] = (
+                    sum(statuses.values()) - before, round(time.monotonic() - started, 1))
+        # Accepted runs: schema-valid bodies aimed at a real, healthy environment, so the 202 path
+        # (preflight passed, workflow started, status answered) is fuzzed too.
+        submit = schema.find_operation_by_label("POST /v1/openenv/runs")
+        accepted: list[str] = []
+
+        @given(case=submit.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        @settings(max_examples=PER_OPERATION, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run_accepted(case: Any) -> None:
+            if isinstance(case.body, dict):
+                case.body["environment_urls"] = [counter_env_url]
+                for key in ("environments", "credential_ids", "environment_reset_options"):
+                    case.body.pop(key, None)
+            case.query = {}
+            response = case.call(base_url=base_url, session=session, timeout=60)
+            statuses[response.status_code] += 1
+            if response.status_code == 202:
+                accepted.append(response.json()["run_id"])
+                assert response.json()["kind"] in ("rollout", "train")
+            elif response.status_code >= 400:
+                by_code[str(response.json().get("code"))] += 1
+                if response.status_code >= 500 or response.json().get("code") not in codes:
+                    problems.append(f"accepted-path {response.status_code} {response.text[:300]}")
+
+        started = time.monotonic()
+        run_accepted()
+        timings["positive POST /v1/openenv/runs (real environment)"] = (PER_OPERATION, round(time.monotonic() - started, 1))
+        for run_id in accepted:
+            session.post(f"{base_url}/v1/openenv/runs/{run_id}/cancel", timeout=60)
+        FIGURES["accepted_runs"] = len(accepted)
+    total = sum(statuses.values())
+    FIGURES.update(requests=total, statuses=dict(statuses), codes=dict(by_code),
+                   operations=len(operations))
+    print(f"\nschemathesis fuzz: {total} requests over {len(operations)} operations; "
+          f"statuses {dict(sorted(statuses.items()))}; 5xx {sum(n for s, n in statuses.items() if s >= 500)} "
+          f"(500: {statuses.get(500, 0)}); accepted runs {FIGURES.get('accepted_runs')}; codes {dict(by_code)}")
+    for label, (count, seconds) in timings.items():
+        print(f"  {label}: {count} requests, {seconds} s")
+    assert problems == [], problems[:20]
+    assert statuses.get(500, 0) == 0
+    assert total >= MIN_REQUESTS, total
