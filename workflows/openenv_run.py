@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         WorldModelInput,
         WorldModelResult,
     )
+    from kiln.policy.identity import inference_config
     from workflows import options
     from workflows.failures import failure_from, training_status
     from workflows.run_queue import SlotReply, SlotRequest
@@ -267,7 +268,11 @@ class OpenEnvRunWorkflow:
         contract = request.get("training_contract")
         policy = await self._resolve_policy(
             gpu_queue,
-            PolicyInput(adapter=adapter, expected=contract["behavior_policy"] if contract else None),
+            PolicyInput(
+                adapter=adapter,
+                expected=contract["behavior_policy"] if contract else None,
+                inference=inference_config(request),
+            ),
         )
         self._status["behavior_policy"] = policy.behavior_policy
         group_refs = await self._collect(
@@ -461,7 +466,7 @@ class OpenEnvRunWorkflow:
             adapter_sha256=training.adapter_sha256 or "",
             files=training.adapter_files,
         )
-        candidate_policy = await self._resolve_policy(gpu_queue, PolicyInput(adapter_ref=candidate_ref))
+        candidate_policy = await self._resolve_policy(gpu_queue, PolicyInput(adapter_ref=candidate_ref, inference=inference_config(request)))
         sides: dict[str, SideBundle] = {}
         side_groups: dict[str, list[StoredObject]] = {}
         for side, policy in (("baseline", baseline_policy), ("candidate", candidate_policy)):
