@@ -13,6 +13,7 @@ Run: ``python -m bench.counter_training [--lambdas 0 0.05] [--kl 0 0.1] [--learn
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.1])
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--optimizer", default=None)
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
+                        help="extra TrainingConfig fields, e.g. is_level='\"cispo\"' epochs=8")
     parser.add_argument("--eval-groups", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'lambda':>6} {'kl_coeff':>8} {'return':>7} {'invalid%':>8} {'obs CE base':>11} {'obs CE':>7}")
         for lam in args.lambdas:
             for kl in args.kl:
-                extra = {}
+                extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
                 if args.learning_rate is not None:
                     extra["learning_rate"] = args.learning_rate
                 if args.optimizer is not None:

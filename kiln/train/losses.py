@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# Elements of one chunk of fp32 logits (64 Mi floats = 256 MiB): the sequence is scored in chunks
+# Elements of one chunk of fp32 logits (16 Mi floats = 64 MiB): the sequence is scored in chunks
 # of ``LOGIT_CHUNK_ELEMENTS // (rows · vocab)`` positions, never the whole (B, T, V) at once.
-LOGIT_CHUNK_ELEMENTS = 1 << 26
+LOGIT_CHUNK_ELEMENTS = 1 << 24
 
 
 def _scoring_temperature(temperature: float) -> float:

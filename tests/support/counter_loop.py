@@ -61,3 +61,7 @@ def outcome(documents: list[dict[str, Any]]) -> Outcome:
                     invalid += 1
     return Outcome(mean_return=sum(returns) / len(returns), invalid_rate=invalid / max(1, actions),
                    episodes=len(returns))
+
+
+# The demo's training settings (scripts/demo.sh passes the same; README "The demo's settings").
+DEMO_TRAINING: dict[str, Any] = {"learning_rate": 1e-3}

@@ -128,7 +128,7 @@ def test_saved_adapter_reproduces_trainer_logprobs(model_path, bandit_run):
 
 
 def test_echo_lowers_observation_ce(model_path, bandit_run, tmp_path):
-    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-3)
+    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-2)
     result = train_grpo(
         model_path=model_path, groups=bandit_groups(4, warning=True), config=config,
         output_dir=tmp_path,
