@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.1])
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--optimizer", default=None)
-    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
-                        help="extra TrainingConfig fields, e.g. is_level='\"cispo\"' epochs=8")
+    parser.add_argument("--variant", action="append", default=None, metavar="JSON",
+                        help='extra TrainingConfig fields per variant, e.g. \'{"is_level": "cispo"}\' '
+                        "(repeatable; each variant runs every λ × kl_coeff)")
     parser.add_argument("--eval-groups", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -63,22 +64,22 @@ def main(argv: list[str] | None = None) -> int:
               f" ({base.episodes} held-out episodes)")
         held_lines = [d["line"] for d in base_docs]
         print(f"{'lambda':>6} {'kl_coeff':>8} {'return':>7} {'invalid%':>8} {'obs CE base':>11} {'obs CE':>7}")
-        for lam in args.lambdas:
-            for kl in args.kl:
-                extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-                if args.learning_rate is not None:
-                    extra["learning_rate"] = args.learning_rate
-                if args.optimizer is not None:
-                    extra["optimizer"] = args.optimizer
-                config = TrainingConfig(kl_coeff=kl, echo={"lambda": lam} if lam > 0 else None, **extra)
-                out = work / f"adapter-{lam}-{kl}"
-                result = train_grpo(model_path=model, groups=[d["line"] for d in train_docs], config=config,
-                                    output_dir=out)
-                result_docs = collect(runtime, url, held_out, group_size=2, adapter_dir=result.adapter_dir)
-                got = outcome(result_docs)
-                ce_base, ce = world_model_comparison(model, held_lines, adapter_dir=result.adapter_dir)
-                print(f"{lam:>6} {kl:>8} {got.mean_return:>7.3f} {100 * got.invalid_rate:>8.1f} "
-                      f"{ce_base['mean_env_ce']:>11.3f} {ce['mean_env_ce']:>7.3f}", flush=True)
+        for lam, kl, variant in [(lam, kl, v) for v in (args.variant or ["{}"]) for lam in args.lambdas
+                                 for kl in args.kl]:
+            extra = json.loads(variant)
+            if args.learning_rate is not None:
+                extra["learning_rate"] = args.learning_rate
+            if args.optimizer is not None:
+                extra["optimizer"] = args.optimizer
+            config = TrainingConfig(kl_coeff=kl, echo={"lambda": lam} if lam > 0 else None, **extra)
+            out = work / f"adapter-{lam}-{kl}-{abs(hash(variant))}"
+            result = train_grpo(model_path=model, groups=[d["line"] for d in train_docs], config=config,
+                                output_dir=out)
+            result_docs = collect(runtime, url, held_out, group_size=2, adapter_dir=result.adapter_dir)
+            got = outcome(result_docs)
+            ce_base, ce = world_model_comparison(model, held_lines, adapter_dir=result.adapter_dir)
+            print(f"{lam:>6} {kl:>8} {got.mean_return:>7.3f} {100 * got.invalid_rate:>8.1f} "
+                  f"{ce_base['mean_env_ce']:>11.3f} {ce['mean_env_ce']:>7.3f}  {variant}", flush=True)
     print(f"{time.perf_counter() - started:.0f}s total")
     return 0
 

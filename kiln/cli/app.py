@@ -258,6 +258,8 @@ def train_cmd(
     lora_alpha: float = typer.Option(32.0, help="LoRA alpha."),
     kl_coeff: float = typer.Option(0.0, help="k1 KL penalty to the base policy (0 = off)."),
     echo_lambda: float = typer.Option(0.05, help="ECHO weight on observation cross-entropy (0 = off)."),
+    optimizer: Optional[str] = typer.Option(None, help="muon | adamw (default: the training config's, muon)."),
+    is_level: Optional[str] = typer.Option(None, "--is-level", help="token | sequence | cispo (default: token)."),
     checkpoint_interval: Optional[int] = typer.Option(None, help="Checkpoint every N optimizer steps."),
     eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none)."),
     eval_group_size: int = typer.Option(1, help="Episodes per held-out seed group."),
@@ -289,6 +291,10 @@ def train_cmd(
         "checkpoint_interval": checkpoint_interval,
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
+    if optimizer is not None:
+        request["training_config"]["optimizer"] = optimizer
+    if is_level is not None:
+        request["training_config"]["is_level"] = is_level
     request["auto_load"] = auto_load
     if post_eval_suite is not None:
         request["post_eval"] = {"suite": post_eval_suite}

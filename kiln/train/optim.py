@@ -57,7 +57,7 @@ def build_optimizer(config: Any, params: list[torch.nn.Parameter]) -> tuple[torc
 
 def learning_rate_at(step: int, total_steps: int, base: float, *, warmup_steps: int, schedule: str) -> float:
     """Learning rate of 1-based ``step``: linear warm-up over ``warmup_steps``, then constant or a
-    cosine decay to 0 at ``total_steps``."""
+    cosine decay ``0.5·(1 + cos(π·k / (total − warmup)))`` for the k-th step after warm-up (k from 0)."""
     if warmup_steps > 0 and step <= warmup_steps:
         return base * step / warmup_steps
     if schedule == "cosine":

@@ -140,3 +140,36 @@ def test_inference_digest_covers_every_sampling_setting():
     # settings that do not change the sampling distribution do not change the digest
     same = with_inference({}, {"group_size": 8, "concurrency": 2, "max_steps": 3})
     assert same["inference_config_sha256"] == base["inference_config_sha256"]
+
+
+def test_gradient_checkpointing_gives_the_same_step(model_path, tmp_path):
+    groups = bandit_groups(2, warning=True)
+    weights = {}
+    for flag in (False, True):
+        config = TrainingConfig(seed=2, epochs=1, groups_per_step=2, gradient_checkpointing=flag,
+                                optimizer="adamw", learning_rate=1e-2)
+        result = train_grpo(model_path=model_path, groups=groups, config=config, output_dir=tmp_path / str(flag))
+        weights[flag] = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+        assert result.receipt["grpo"]["gradient_checkpointing"] is flag
+    for key, tensor in weights[False].items():
+        assert torch.allclose(tensor, weights[True][key], atol=1e-6, rtol=0), key
+
+
+def test_learning_rate_schedule_values():
+    from kiln.train.optim import learning_rate_at
+
+    constant = [learning_rate_at(s, 6, 1.0, warmup_steps=2, schedule="constant") for s in range(1, 7)]
+    assert constant == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    cosine = [learning_rate_at(s, 6, 1.0, warmup_steps=2, schedule="cosine") for s in range(1, 7)]
+    # warm-up 1/2, 2/2; then 0.5·(1 + cos(π·k/4)) for k = 0..3 (the first step after warm-up at full rate)
+    assert cosine == pytest.approx([0.5, 1.0, 1.0, 0.8535534, 0.5, 0.1464466], abs=1e-7)
+
+
+def test_resolved_learning_rate_per_optimizer():
+    assert TrainingConfig().resolved_learning_rate() == 2e-3  # Muon, R5.2
+    assert TrainingConfig(optimizer="adamw").resolved_learning_rate() == 1e-5
+    assert TrainingConfig(optimizer="adamw", learning_rate=3e-4).resolved_learning_rate() == 3e-4
+    defaults = TrainingConfig()
+    assert (defaults.kl_coeff, defaults.kl_estimator, defaults.is_level, defaults.cispo_max_weight) == (
+        0.1, "k1", "token", 5.0
+    )
