@@ -212,8 +212,10 @@ def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, de
                         alpha=config.lora_alpha, seed=config.seed, base_adapter_dir=base_adapter_dir)
     if config.gradient_checkpointing:
         base = model.get_base_model()
-        enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
         model.train()  # transformers checkpoints only in training mode; the model has no dropout
     return model

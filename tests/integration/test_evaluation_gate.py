@@ -55,7 +55,8 @@ async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, cou
             **BASE_RUN,
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-better",
-            "training_config": {"learning_rate": 1e-3, "epochs": 4, "echo": None},
+            # the demo's settings (scripts/demo.sh): ECHO λ=0.05 and KL 0.1 at their defaults
+            "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "epochs": 4},
         },
     )
     assert final["state"] == "completed"
