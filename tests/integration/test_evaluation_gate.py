@@ -55,8 +55,9 @@ async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, cou
             **BASE_RUN,
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-better",
-            # the demo's settings (scripts/demo.sh): ECHO λ=0.05 and KL 0.1 at their defaults
-            "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "epochs": 4},
+            # the demo's settings (scripts/demo.sh; README "The demo's settings"), ECHO λ=0.05 on
+            "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0,
+                                "epochs": 4},
         },
     )
     assert final["state"] == "completed"

@@ -64,4 +64,4 @@ def outcome(documents: list[dict[str, Any]]) -> Outcome:
 
 
 # The demo's training settings (scripts/demo.sh passes the same; README "The demo's settings").
-DEMO_TRAINING: dict[str, Any] = {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo"}
+DEMO_TRAINING: dict[str, Any] = {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0}
