@@ -36,6 +36,7 @@ from kiln.records import (
     WorldModelResult,
 )
 from kiln.artifacts.adapters import materialise, read_pointer
+from kiln.policy.identity import with_inference
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import kiln_errors
 from activities.live_metrics import open_train_stream, publish_group_figures
@@ -119,9 +120,11 @@ class GpuActivities:
         if ref is None and inp.adapter is not None:
             ref = read_pointer(self.store, inp.adapter)
         identity = behavior_policy_of(self.policy(), ref, self._adapter_dir(ref))
+        full = with_inference(identity, inp.inference)
         if inp.expected is not None:
-            require_same_policy(inp.expected, identity)
-        return PolicyResult(behavior_policy=identity, adapter_ref=ref)
+            # a preflight contract names the model identity; a full identity also the sampling
+            require_same_policy(inp.expected, full if "inference_config_sha256" in inp.expected else identity)
+        return PolicyResult(behavior_policy=full, adapter_ref=ref)
 
     @activity.defn(name="resolve_policy")
     @kiln_errors

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kiln.train.batches import build_group_batch  # noqa: E402
+from kiln.train.batches import collate, group_rows  # noqa: E402
 from kiln.train.losses import token_logprobs  # noqa: E402
 from kiln.train.model import attach_lora, load_base_model, trainable_parameters  # noqa: E402
-from kiln.train.trainer import StepSettings, train_step  # noqa: E402
+from kiln.train.step import LogprobCache, StepSettings, train_step  # noqa: E402
 
 
 def _tiny_model(folder: Path) -> Path:
@@ -97,20 +97,23 @@ def main() -> None:
     kiln_model, kiln_params, kiln_opt = _make(model_path, device)
     bare_model, bare_params, bare_opt = _make(model_path, device)
     vocab = int(kiln_model.get_input_embeddings().weight.shape[0])
-    batches = [
-        build_group_batch(g, warning_filter=True).to(device)
-        for g in _groups(args.groups, args.group_size, args.turns, vocab)
-    ]
+    rows = [group_rows(g, group_index=i, warning_filter=True)
+            for i, g in enumerate(_groups(args.groups, args.group_size, args.turns, vocab))]
+    batches = [collate(r).to(device) for r in rows]
+    # Kiln's step as configured by default except the KL term (the bare loop has no reference
+    # model): chunked log-probs, first-visit old log-probs (cached after the warm-up pass, as in
+    # every epoch after the first), PPO clip, ECHO λ=0.05, micro-batches by token budget.
     settings = StepSettings(clip_epsilon=0.2, kl_coeff=0.0, echo_lambda=0.05, max_grad_norm=1.0,
                             recorded=False)
+    cache = LogprobCache()
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     def run_kiln() -> None:
-        for b in batches:
-            train_step(kiln_model, b, kiln_opt, kiln_params, settings)
+        for r in rows:
+            train_step(kiln_model, r, kiln_opt, kiln_params, settings, cache, device)
 
     def run_bare() -> None:
         for b in batches:

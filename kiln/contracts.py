@@ -77,15 +77,36 @@ class EchoConfig(StrictModel):
     warning_filter: bool = True
 
 
-class TrainingConfig(StrictModel):
-    """GRPO + ECHO hyper-parameters. Travels inside the run request (hence in history)."""
+DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 1e-5}  # R5.2: learning_rate null ⇒ these
 
-    learning_rate: float = Field(default=1e-4, gt=0.0)
+
+class TrainingConfig(StrictModel):
+    """GRPO + ECHO hyper-parameters. Travels inside the run request (hence in history).
+
+    Defaults follow R5.2 (docs: README "Training"). ``learning_rate`` null means the optimizer's
+    default (:data:`DEFAULT_LEARNING_RATES`). ``kl_estimator`` k1 folds ``kl_coeff·(logp_old −
+    logp_ref)`` into each action token's advantage (stop-gradient, a per-token reward penalty);
+    k3 adds ``kl_coeff·mean(exp(ref−logp) − (ref−logp) − 1)`` to the loss. ``is_level`` token is
+    the PPO clip per token, sequence clips one length-normalised ratio per sequence, cispo weights
+    ``logp`` by the stop-gradient IS ratio truncated at ``cispo_max_weight``.
+    """
+
+    learning_rate: float | None = Field(default=None, gt=0.0)
+    optimizer: Literal["muon", "adamw"] = "muon"
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
     lora_rank: int = Field(default=16, ge=1, le=256)
     lora_alpha: float = Field(default=32.0, gt=0.0)
     clip_epsilon: float = Field(default=0.2, ge=0.0, lt=1.0)
-    kl_coeff: float = Field(default=0.0, ge=0.0)
+    clip_eps_high: float | None = Field(default=None, ge=0.0)
+    is_level: Literal["token", "sequence", "cispo"] = "token"
+    cispo_max_weight: float = Field(default=5.0, gt=0.0)
+    kl_coeff: float = Field(default=0.1, ge=0.0)
+    kl_estimator: Literal["k1", "k3", "none"] = "k1"
     epochs: int = Field(default=4, ge=1, le=64)
+    groups_per_step: int = Field(default=1, ge=1, le=4096)
+    max_tokens_per_microbatch: int = Field(default=16384, ge=1)
+    gradient_checkpointing: bool = False
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     seed: int = Field(default=0, ge=0)
     checkpoint_interval: int | None = Field(default=None, ge=1)
@@ -94,6 +115,12 @@ class TrainingConfig(StrictModel):
     # them with reward 0, or keep them with their recorded (penalised) reward.
     on_no_output: Literal["drop", "zero_reward", "penalty"] = "drop"
     echo: EchoConfig | None = Field(default_factory=EchoConfig)
+
+    def resolved_learning_rate(self) -> float:
+        """``learning_rate``, or the optimizer's R5.2 default when it is null."""
+        if self.learning_rate is not None:
+            return float(self.learning_rate)
+        return DEFAULT_LEARNING_RATES[self.optimizer]
 
 
 TRAINING_CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"

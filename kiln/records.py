@@ -97,6 +97,8 @@ class PolicyInput(Record):
     adapter: str | None = None
     adapter_ref: AdapterRef | None = None
     expected: dict[str, Any] | None = None
+    # the run's sampling settings (kiln.policy.identity.inference_config); None = model identity only
+    inference: dict[str, Any] | None = None
 
 
 class PolicyResult(Record):

@@ -52,7 +52,9 @@ async def evaluate_adapter(
     )
     ctx.status.environment_evaluation = block
     candidate = candidate_ref(ctx, training)
-    candidate_policy = await resolve_policy(ctx, PolicyInput(adapter_ref=candidate))
+    candidate_policy = await resolve_policy(
+        ctx, PolicyInput(adapter_ref=candidate, inference=ctx.request.episode_settings().model_dump(mode="json"))
+    )
     slots = plan.schedule(len(ctx.discovery.environments))
     sides: dict[str, SideBundle] = {}
     side_groups: dict[str, list[StoredObject]] = {}

@@ -138,7 +138,11 @@ class OpenEnvRunWorkflow(StatusKeeper):
         contract = request.training_contract
         policy = await resolve_policy(
             ctx,
-            PolicyInput(adapter=request.behavior_adapter(), expected=contract.behavior_policy if contract else None),
+            PolicyInput(
+                adapter=request.behavior_adapter(),
+                expected=contract.behavior_policy if contract else None,
+                inference=request.episode_settings().model_dump(mode="json"),
+            ),
         )
         self._status.behavior_policy = policy.behavior_policy
         groups = await collect_groups(

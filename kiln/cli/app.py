@@ -263,7 +263,7 @@ THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens")
 ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), help="Behavior policy adapter (base = the base model).")
 IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
 # GRPO/ECHO options shared by `openenv train` and `train grpo`.
-LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), help="AdamW learning rate of the LoRA parameters.")
+LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), help="Learning rate (default: Muon 2e-3, AdamW 1e-5).")
 EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), help="Passes over the groups (one optimizer step per group).")
 LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), help="LoRA rank (attention and MLP projections).")
 LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), help="LoRA alpha.")
@@ -293,12 +293,14 @@ def train_cmd(
     adapter: str = ADAPTER_OPT,
     idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
     reset_options: Optional[Path] = RESET_OPTIONS_OPT,
-    learning_rate: float = LEARNING_RATE_OPT,
+    learning_rate: Optional[float] = LEARNING_RATE_OPT,
     epochs: int = EPOCHS_OPT,
     lora_rank: int = LORA_RANK_OPT,
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
+    optimizer: str = typer.Option(default(TrainingConfig, "optimizer"), help="muon | adamw."),
+    is_level: str = typer.Option(default(TrainingConfig, "is_level"), "--is-level", help="token | sequence | cispo."),
     checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), help="Checkpoint every N optimizer steps."),
     eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
     eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), help="Episodes per held-out seed group."),
@@ -332,6 +334,10 @@ def train_cmd(
         "checkpoint_interval": checkpoint_interval,
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
+    if optimizer is not None:
+        request["training_config"]["optimizer"] = optimizer
+    if is_level is not None:
+        request["training_config"]["is_level"] = is_level
     request["auto_load"] = auto_load
     if report_to != "none":
         request["report_to"] = report_to
@@ -427,7 +433,7 @@ def start_cmd(
 def train_grpo_cmd(
     input_path: Path = typer.Option(..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."),
     output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
-    learning_rate: float = LEARNING_RATE_OPT,
+    learning_rate: Optional[float] = LEARNING_RATE_OPT,
     epochs: int = EPOCHS_OPT,
     lora_rank: int = LORA_RANK_OPT,
     lora_alpha: float = LORA_ALPHA_OPT,

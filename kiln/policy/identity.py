@@ -7,11 +7,18 @@ changes the digest; modification times and directory order do not.
 
 ``adapter_content_sha256``: the same construction over exactly ``adapter_config.json`` and
 ``adapter_model.safetensors`` (the two files PEFT needs to load a LoRA adapter).
+
+``inference_config``: every setting that changes the sampling distribution of an action
+(temperature, top-p, thinking, thinking budget, max action tokens, constrained decoding), in a fixed
+key order; ``inference_config_sha256`` is its ``digest_json``. A behaviour-policy identity carries
+both (:func:`with_inference`), so the trainer scores actions under the distribution that sampled them
+and the on-policy proof (R5.5) fails when the sampling settings differ.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
 from kiln.canonical import DIGEST_PREFIX, digest_json
 
@@ -61,4 +68,61 @@ def adapter_content_sha256(adapter_dir: Path) -> str:
     return digest_json({"files": entries})
 
 
-__all__ = ["adapter_content_sha256", "file_sha256", "model_content_sha256"]
+INFERENCE_KEYS = (
+    "temperature", "top_p", "thinking", "thinking_budget_tokens", "max_action_tokens",
+    "constrained_actions",
+)
+_INFERENCE_DEFAULTS = {
+    "temperature": 1.0, "top_p": 1.0, "thinking": True, "thinking_budget_tokens": None,
+    "max_action_tokens": 256, "constrained_actions": False,
+}
+
+
+def inference_config(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling settings of ``settings`` (a run request or episode settings), normalised.
+
+    Kiln's sampler has no top-p (full-distribution sampling): it is recorded as 1.0."""
+    out: dict[str, Any] = {}
+    for key in INFERENCE_KEYS:
+        value = settings.get(key, _INFERENCE_DEFAULTS[key])
+        if key in ("temperature", "top_p"):
+            value = float(value)
+        elif key in ("thinking", "constrained_actions"):
+            value = bool(value)
+        elif value is not None:
+            value = int(value)
+        out[key] = value
+    return out
+
+
+def inference_config_sha256(config: Mapping[str, Any]) -> str:
+    return digest_json(dict(config))
+
+
+def with_inference(identity: Mapping[str, Any], settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``identity`` plus ``inference`` and ``inference_config_sha256`` (unchanged when None)."""
+    out = dict(identity)
+    if settings is not None:
+        config = inference_config(settings)
+        out["inference"] = config
+        out["inference_config_sha256"] = inference_config_sha256(config)
+    return out
+
+
+def sampling_of(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The verified ``inference`` block of a behaviour identity (None for identities from before it
+    existed). Raises ValueError when the block does not match its recorded digest."""
+    if not identity or "inference" not in identity:
+        return None
+    config = identity["inference"]
+    if not isinstance(config, dict) or set(config) != set(INFERENCE_KEYS):
+        raise ValueError("behavior_policy.inference must hold exactly " + ", ".join(INFERENCE_KEYS))
+    if identity.get("inference_config_sha256") != inference_config_sha256(config):
+        raise ValueError("behavior_policy.inference_config_sha256 does not match behavior_policy.inference")
+    return dict(config)
+
+
+__all__ = [
+    "adapter_content_sha256", "file_sha256", "inference_config", "inference_config_sha256",
+    "model_content_sha256", "sampling_of", "with_inference",
+]

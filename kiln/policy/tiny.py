@@ -18,7 +18,10 @@ then ``{"amount": N}``) or off (the JSON directly), always closed by ``<|im_end|
 uniform over 1..5 and independent of the text, so the warmed-up policy emits the action format
 reliably (>90 % parseable at temperature 1) while its choice of amount stays roughly uniform:
 there is something left for RL to learn (small amounts score best in the counter environment).
-The loss covers only the assistant-written tokens. This is a demo/test model, not a language model.
+The loss covers the assistant-written tokens (weight 1) and the system and user/observation text
+(weight ``CONTEXT_WEIGHT``), so the model also predicts observations: ECHO (which trains on them)
+starts from a sensible cross-entropy instead of one worse than uniform. This is a demo/test model,
+not a language model.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ WARMUP_STEPS = 130
 WARMUP_BATCH = 16
 WARMUP_LR = 1e-2
 MAX_WARMUP_TOKENS = 768
+# Loss weight of system/user (observation) text in the warm-up: the model then predicts
+# observations (ECHO's targets) about as well as it writes actions, instead of worse than uniform.
+CONTEXT_WEIGHT = 0.5
 TURNS = (1, 1, 2, 3, 4, 6, 8, 12)
 
 _SYSTEMS = [
@@ -187,15 +193,17 @@ def _tokenizer_corpus(rng: random.Random) -> list[str]:
     return corpus
 
 
-def _encode_transcript(tok, messages: list[dict], thinking: bool) -> tuple[list[int], list[int]]:
-    """Token ids and a 0/1 loss mask covering only what the assistant writes."""
+def _encode_transcript(tok, messages: list[dict], thinking: bool) -> tuple[list[int], list[float]]:
+    """Token ids and loss weights: 1 on what the assistant writes, ``CONTEXT_WEIGHT`` on system and
+    user (observation) text, 0 on template markup. Pieces are encoded separately, as the runtime
+    encodes an observation turn."""
     ids: list[int] = []
-    mask: list[int] = []
+    mask: list[float] = []
 
-    def add(text: str, train: bool) -> None:
+    def add(text: str, train: bool | float) -> None:
         piece = tok.encode(text, add_special_tokens=False)
         ids.extend(piece)
-        mask.extend([1 if train else 0] * len(piece))
+        mask.extend([float(train)] * len(piece))
 
     for message in messages:
         if message["role"] == "assistant":
@@ -206,7 +214,9 @@ def _encode_transcript(tok, messages: list[dict], thinking: bool) -> tuple[list[
             add(written, True)
             add("\n", False)
         else:
-            add(IM_START + message["role"] + "\n" + message["content"] + IM_END + "\n", False)
+            add(IM_START + message["role"] + "\n", False)
+            add(message["content"], CONTEXT_WEIGHT)
+            add(IM_END + "\n", False)
     return ids, mask
 
 

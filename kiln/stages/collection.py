@@ -14,13 +14,20 @@ from kiln.rollout.group import GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
 from kiln.records import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
 from kiln.openenv.credential_config import resolve_bearer_token
+from kiln.policy.identity import with_inference
 
 
-def behavior_policy_of(policy: PolicyPort, adapter_ref: AdapterRef | None, adapter_dir: Path | None) -> dict[str, Any]:
-    """The identity every action of a run is bound to (base digest + runtime + adapter digest)."""
+def behavior_policy_of(
+    policy: PolicyPort,
+    adapter_ref: AdapterRef | None,
+    adapter_dir: Path | None,
+    inference: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The identity every action of a run is bound to (base digest + runtime + adapter digest,
+    plus the sampling settings and their ``inference_config_sha256`` when ``inference`` is given)."""
     identity = dict(policy.identity(adapter_dir))
     identity["adapter"] = adapter_ref.name if adapter_ref is not None else None
-    return identity
+    return with_inference(identity, inference)
 
 
 def require_same_policy(expected: dict[str, Any], live: dict[str, Any]) -> None:
@@ -53,7 +60,10 @@ async def collect(
             stage="collection",
             retryable=False,
         )
-    require_same_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir))
+    # The group's sampling settings must be the ones the identity names (identities admitted before
+    # inference_config_sha256 existed carry none and are checked on the model part only).
+    sampling = inp.settings.model_dump() if "inference_config_sha256" in inp.behavior_policy else None
+    require_same_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir, sampling))
     inspection_raw = await asyncio.to_thread(
         store.get_bytes,
         inp.inspection.ref(),

@@ -6,10 +6,13 @@ stays usable without torch in the control worker):
 - ``selection``   R5.4 group selection (pure)
 - ``advantages``  group-normalised advantages (pure)
 - ``tokens``      token pieces → ids and disjoint action / ECHO masks, receipt token counts (pure)
-- ``batches``     one seed group → one padded, shifted training batch (torch)
-- ``losses``      PPO-clip surrogate, ECHO cross-entropy, k1 KL (torch)
+- ``batches``     seed groups → rows → padded micro-batches by token budget (torch)
+- ``losses``      chunked tempered log-probs, PPO-clip / CISPO surrogate, ECHO CE, k1/k3 KL (torch)
+- ``step``        one optimizer step: micro-batches, gradient accumulation, cached old/ref log-probs
+- ``optim``       Muon / AdamW and the learning-rate schedule
+- ``plan``        admission (on-policy check, sampling settings), selection, step schedule
 - ``model``       base model + LoRA, adapter save and content digests (torch, peft)
-- ``checkpoints`` exact checkpoints: weights, optimizer, RNG, data cursor
+- ``checkpoints`` exact checkpoints: weights, optimizer, RNG, cached log-probs, data cursor
 - ``receipt``     ``kiln.train-receipt.v1``
 - ``trainer``     ``train_grpo`` and ``TrainResult``
 """

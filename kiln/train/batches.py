@@ -1,18 +1,37 @@
-"""One seed group → one padded training batch (right padding, shifted next-token targets).
+"""Seed groups → training rows → padded micro-batches (right padding, shifted next-token targets).
 
-Row ``b`` holds completion ``b``. Shifted tensors have length ``T-1``: position ``j`` scores token
-``ids[j+1]`` from the logits at ``j`` (the log-prob of token t is predicted from position t-1).
+A :class:`Row` is one completion with its group's advantage. :func:`pack_microbatches` splits the
+rows of one optimizer step into micro-batches whose padded size (rows × longest row) stays within
+``max_tokens_per_microbatch`` (a row longer than the budget gets a micro-batch of its own), and
+:func:`collate` pads a list of rows into a :class:`GroupBatch`. Shifted tensors have length
+``T-1``: position ``j`` scores token ``ids[j+1]`` from the logits at ``j``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from kiln.train.advantages import group_advantages
 from kiln.train.tokens import tokenize_completion
+
+
+@dataclass(frozen=True)
+class Row:
+    key: tuple[int, int]  # (group index, completion index): the cache key of old/ref log-probs
+    ids: torch.Tensor  # (L,) long
+    action: torch.Tensor  # (L-1,) float, shifted
+    env: torch.Tensor  # (L-1,) float, shifted
+    obs_length: float
+    behavior: torch.Tensor | None  # (L-1,) recorded log-probs, shifted, or None
+    advantage: float
+    reward: float
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
 
 
 @dataclass
@@ -27,6 +46,7 @@ class GroupBatch:
     advantages: torch.Tensor  # (B,) float
     rewards: list[float]
     tokens: int  # non-padding tokens in the batch
+    keys: list[tuple[int, int]] | None = None
 
     @property
     def action_tokens(self) -> int:
@@ -36,7 +56,8 @@ class GroupBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
-        return GroupBatch(
+        return replace(
+            self,
             input_ids=move(self.input_ids),
             attention_mask=move(self.attention_mask),
             labels=move(self.labels),
@@ -45,9 +66,89 @@ class GroupBatch:
             obs_lengths=move(self.obs_lengths),
             behavior_logprobs=move(self.behavior_logprobs),
             advantages=move(self.advantages),
-            rewards=self.rewards,
-            tokens=self.tokens,
         )
+
+
+def group_rows(
+    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None
+) -> list[Row]:
+    """Tokenise and mask every completion of ``group``; attach the group-normalised advantages."""
+    completions = group["completions"]
+    rewards = [float(c["reward"]) for c in completions]
+    advantages = group_advantages(rewards)
+    rows = []
+    for index, completion in enumerate(completions):
+        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size)
+        ids = tc.ids if len(tc.ids) >= 2 else tc.ids + [0] * (2 - len(tc.ids))
+        pad = len(ids) - len(tc.ids)
+        action = torch.tensor(tc.is_action + [False] * pad, dtype=torch.float32)[1:]
+        env = torch.tensor(tc.is_env_target + [False] * pad, dtype=torch.float32)[1:]
+        behavior = None
+        if tc.behavior_logprobs is not None:
+            behavior = torch.tensor(tc.behavior_logprobs + [0.0] * pad, dtype=torch.float32)[1:]
+        rows.append(
+            Row(
+                key=(group_index, index),
+                ids=torch.tensor(ids, dtype=torch.long),
+                action=action,
+                env=env,
+                obs_length=float(tc.observation_tokens),
+                behavior=behavior,
+                advantage=advantages[index],
+                reward=rewards[index],
+            )
+        )
+    return rows
+
+
+def collate(rows: list[Row], pad_id: int = 0) -> GroupBatch:
+    """Right-pad ``rows`` into one batch."""
+    width = max(r.length for r in rows)
+    bsz = len(rows)
+    input_ids = torch.full((bsz, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((bsz, width), dtype=torch.long)
+    action = torch.zeros((bsz, width - 1), dtype=torch.float32)
+    env = torch.zeros((bsz, width - 1), dtype=torch.float32)
+    have_lp = all(r.behavior is not None for r in rows)
+    behavior = torch.zeros((bsz, width - 1), dtype=torch.float32) if have_lp else None
+    for b, row in enumerate(rows):
+        n = row.length
+        input_ids[b, :n] = row.ids
+        attention[b, :n] = 1
+        action[b, : n - 1] = row.action
+        env[b, : n - 1] = row.env
+        if behavior is not None:
+            behavior[b, : n - 1] = row.behavior
+    return GroupBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        labels=input_ids[:, 1:].clone(),
+        action_mask=action,
+        env_mask=env,
+        obs_lengths=torch.tensor([r.obs_length for r in rows], dtype=torch.float32),
+        behavior_logprobs=behavior,
+        advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+        rewards=[r.reward for r in rows],
+        tokens=int(attention.sum().item()),
+        keys=[r.key for r in rows],
+    )
+
+
+def pack_microbatches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
+    """Greedy in-order packing: each micro-batch's ``len(rows) · max(row length) ≤ max_tokens``."""
+    batches: list[list[Row]] = []
+    current: list[Row] = []
+    width = 0
+    for row in rows:
+        new_width = max(width, row.length)
+        if current and new_width * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, new_width = [], row.length
+        current.append(row)
+        width = new_width
+    if current:
+        batches.append(current)
+    return batches
 
 
 def build_group_batch(
@@ -56,42 +157,8 @@ def build_group_batch(
     warning_filter: bool,
     vocab_size: int | None = None,
     pad_id: int = 0,
+    group_index: int = 0,
 ) -> GroupBatch:
-    """Tokenise, pad and mask every completion of ``group``; attach its advantages."""
-    completions = group["completions"]
-    rows = [
-        tokenize_completion(c, warning_filter=warning_filter, vocab_size=vocab_size)
-        for c in completions
-    ]
-    rewards = [float(c["reward"]) for c in completions]
-    width = max(len(r.ids) for r in rows)
-    width = max(width, 2)
-    bsz = len(rows)
-    input_ids = torch.full((bsz, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((bsz, width), dtype=torch.long)
-    action = torch.zeros((bsz, width), dtype=torch.float32)
-    env = torch.zeros((bsz, width), dtype=torch.float32)
-    have_lp = all(r.behavior_logprobs is not None for r in rows)
-    behavior = torch.zeros((bsz, width), dtype=torch.float32) if have_lp else None
-    obs_lengths = torch.zeros((bsz,), dtype=torch.float32)
-    for b, row in enumerate(rows):
-        n = len(row.ids)
-        input_ids[b, :n] = torch.tensor(row.ids, dtype=torch.long)
-        attention[b, :n] = 1
-        action[b, :n] = torch.tensor(row.is_action, dtype=torch.float32)
-        env[b, :n] = torch.tensor(row.is_env_target, dtype=torch.float32)
-        obs_lengths[b] = float(row.observation_tokens)
-        if behavior is not None:
-            behavior[b, :n] = torch.tensor(row.behavior_logprobs, dtype=torch.float32)
-    return GroupBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        labels=input_ids[:, 1:].clone(),
-        action_mask=action[:, 1:].contiguous(),
-        env_mask=env[:, 1:].contiguous(),
-        obs_lengths=obs_lengths,
-        behavior_logprobs=None if behavior is None else behavior[:, 1:].contiguous(),
-        advantages=torch.tensor(group_advantages(rewards), dtype=torch.float32),
-        rewards=rewards,
-        tokens=int(attention.sum().item()),
-    )
+    """Every completion of ``group`` in one padded batch (evaluation, tests)."""
+    rows = group_rows(group, group_index=group_index, warning_filter=warning_filter, vocab_size=vocab_size)
+    return collate(rows, pad_id=pad_id)

@@ -1,7 +1,9 @@
 """Exact training checkpoints: LoRA weights, optimizer state, RNG state, data cursor, history.
 
 Folder layout (``step-000012/``): ``trainable.safetensors`` (every trainable tensor by parameter
-name, bit-exact), ``optimizer.pt``, ``rng.pt`` (torch CPU RNG state), ``state.json`` (schema,
+name, bit-exact), ``logprobs.safetensors`` (the cached old/reference log-probs of the rows seen so
+far: later epochs score against them), ``optimizer.pt``, ``rng.pt`` (torch CPU RNG state),
+``state.json`` (schema,
 step, total steps, training-data and config digests, the loss history so far). Resuming restores all
 of them, so the continued run is bit-identical to an uninterrupted one.
 """
@@ -28,11 +30,14 @@ def save_checkpoint(
     params: list[tuple[str, torch.nn.Parameter]],
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
+    logprobs: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a checkpoint folder; ``state`` must be JSON-able and contain ``step``."""
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {name: p.detach().to("cpu").contiguous().clone() for name, p in params}
     save_file(tensors, str(folder / "trainable.safetensors"), metadata={"format": "pt"})
+    cached = {k: v.contiguous() for k, v in (logprobs or {}).items()}
+    save_file(cached, str(folder / "logprobs.safetensors"), metadata={"format": "pt"})
     buffer = io.BytesIO()
     torch.save(optimizer.state_dict(), buffer)
     (folder / "optimizer.pt").write_bytes(buffer.getvalue())
@@ -62,8 +67,9 @@ def restore_checkpoint(
     *,
     params: list[tuple[str, torch.nn.Parameter]],
     optimizer: torch.optim.Optimizer,
-) -> None:
-    """Load weights, optimizer and RNG state from ``folder`` into the live objects."""
+) -> dict[str, torch.Tensor]:
+    """Load weights, optimizer and RNG state from ``folder`` into the live objects; returns the
+    cached log-probs."""
     folder = Path(folder)
     tensors = load_file(str(folder / "trainable.safetensors"))
     names = {name for name, _ in params}
@@ -78,3 +84,5 @@ def restore_checkpoint(
     optimizer.load_state_dict(opt_state)
     rng = torch.load(io.BytesIO((folder / "rng.pt").read_bytes()), weights_only=True)
     torch.set_rng_state(rng["cpu"])
+    cached = folder / "logprobs.safetensors"
+    return load_file(str(cached)) if cached.is_file() else {}

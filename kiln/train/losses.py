@@ -1,26 +1,101 @@
-"""GRPO policy surrogate, ECHO observation cross-entropy and k1 KL — on per-token log-probs.
+"""Per-token log-probs (chunked, at the sampling temperature) and the GRPO / ECHO / KL loss terms.
 
-All functions take shifted per-token tensors of shape ``(B, T-1)``; masks are float 0/1 and enter
-by multiplication, so a masked position contributes an exactly-zero gradient.
+All loss functions take shifted per-token tensors of shape ``(B, T-1)``; masks are float 0/1 and
+enter by multiplication, so a masked position contributes an exactly-zero gradient. Reductions
+divide by a caller-given ``denominator`` (the action-token count, or the number of sequences with
+observations, of the whole optimizer step), so summing the terms of several micro-batches gives
+exactly the loss of the step in one batch: results do not depend on the micro-batch size.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
-CISPO_MAX_WEIGHT = 5.0  # R5.2 cispo_max_weight: truncation cap of the recorded importance ratio
+# Elements of one chunk of fp32 logits (16 Mi floats = 64 MiB): the sequence is scored in chunks
+# of ``LOGIT_CHUNK_ELEMENTS // (rows · vocab)`` positions, never the whole (B, T, V) at once.
+LOGIT_CHUNK_ELEMENTS = 1 << 24
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``log p(labels[b, j] | prefix)`` from ``logits[:, :-1]``; shape ``(B, T-1)``, float32."""
-    shifted = logits[:, :-1, :].float()
-    flat = -F.cross_entropy(
-        shifted.reshape(-1, shifted.shape[-1]), labels.reshape(-1), reduction="none"
-    )
+def _scoring_temperature(temperature: float) -> float:
+    # T=0 is greedy decoding: there is no sampled distribution; score the untempered logits.
+    return float(temperature) if temperature and temperature > 0 else 1.0
+
+
+def _chunk_logprobs(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float):
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    flat = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     return flat.view(labels.shape)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log softmax(logits/T)[labels]`` from full ``logits[:, :-1]``; shape ``(B, T-1)``, float32.
+
+    For already-materialised logits (probes, tests); training uses :func:`sequence_logprobs`.
+    """
+    t = _scoring_temperature(temperature)
+    shifted = logits[:, :-1, :].float()
+    if t != 1.0:
+        shifted = shifted / t
+    flat = -F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), labels.reshape(-1), reduction="none")
+    return flat.view(labels.shape)
+
+
+def _split(model: Any) -> tuple[Any, Any]:
+    """(decoder backbone, output head) of a causal LM, PEFT-wrapped or not."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return lm.get_decoder(), lm.get_output_embeddings()
+
+
+def sequence_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Per-token ``log p(labels | prefix)`` at temperature ``T``, shape ``(B, T-1)``, float32.
+
+    One backbone forward, then the output head over chunks of positions. With gradients on, each
+    chunk runs under activation checkpointing, so only the hidden states are kept for backward and
+    the logits of one chunk are alive at a time (peak logits memory ``chunk_elements`` floats
+    instead of ``B·T·V``). Values are identical to :func:`token_logprobs` on the full logits.
+    """
+    backbone, head = _split(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = hidden.last_hidden_state[:, :-1, :]
+    t = _scoring_temperature(temperature)
+    rows, length = labels.shape
+    vocab = int(head.weight.shape[0])
+    step = max(1, chunk_elements // max(1, rows * vocab))
+    if step >= length:
+        return _chunk_logprobs(head, hidden, labels, t)
+    parts = []
+    for start in range(0, length, step):
+        h = hidden[:, start : start + step, :]
+        y = labels[:, start : start + step]
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logprobs, head, h, y, t, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(head, h, y, t))
+    return torch.cat(parts, dim=1)
+
+
+def _per_token(advantages: torch.Tensor) -> torch.Tensor:
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+
+
+def sequence_ratio(log_ratio: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """Length-normalised sequence ratio ``exp(mean over action tokens of logp − old)``, ``(B, 1)``."""
+    count = action_mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    return torch.exp((log_ratio * action_mask).sum(dim=-1, keepdim=True) / count)
 
 
 def policy_loss(
@@ -30,50 +105,88 @@ def policy_loss(
     action_mask: torch.Tensor,
     *,
     clip_epsilon: float,
-    max_ratio: float = CISPO_MAX_WEIGHT,
+    clip_eps_high: float | None = None,
+    is_level: str = "token",
+    cispo_max_weight: float = 5.0,
+    denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-level PPO-clip surrogate, token-mean over every action token of the batch.
+    """GRPO surrogate summed over action tokens / ``denominator`` (default: this batch's count).
 
-    ``ratio = exp(logp - old)``; objective ``min(r·A, clip(r, 1-ε, 1+ε)·A)`` where the unclipped
-    ratio is first truncated at ``max_ratio`` (truncated importance sampling: a stale token with a
-    negative advantage cannot dominate the batch). With ``old = logp.detach()`` the ratio is exactly
-    1 and the gradient is the on-policy policy gradient ``A·∇logp``.
+    ``advantages`` is ``(B,)`` or per token ``(B, T-1)``. ``is_level``:
+
+    - ``token``: ``−min(r·A, clip(r, 1−ε, 1+ε_high)·A)`` with ``r = exp(logp − old)`` per token;
+    - ``sequence``: the same with one ratio per sequence, ``exp(mean_t(logp − old))``;
+    - ``cispo``: ``−sg(min(r, cispo_max_weight))·A·logp`` (the IS weight is a constant; every
+      token keeps a gradient, large ratios are truncated rather than zeroed).
+
+    Returns the loss and ``{"clipped_tokens", "action_tokens", "max_ratio_deviation"}`` (the largest
+    per-token ``|r − 1|``; for ``sequence`` also per token): tokens whose clipped term won
+    (PPO: the min picked the clipped branch with a strictly smaller value, so the token has no
+    gradient; CISPO: the weight was truncated).
     """
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages.unsqueeze(-1)
-    unclipped = torch.clamp(ratio, max=max_ratio) * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    count = action_mask.sum().clamp(min=1.0)
-    loss = (per_token * action_mask).sum() / count
+    adv = _per_token(advantages)
+    log_ratio = logprobs - old_logprobs
+    high = clip_epsilon if clip_eps_high is None else clip_eps_high
+    if is_level == "cispo":
+        ratio = torch.exp(log_ratio)
+        weight = torch.clamp(ratio, max=cispo_max_weight).detach()
+        per_token = -weight * adv * logprobs
+        clipped_mask = ratio.detach() > cispo_max_weight
+    else:
+        ratio = sequence_ratio(log_ratio, action_mask) if is_level == "sequence" else torch.exp(log_ratio)
+        unclipped = ratio * adv
+        clipped = torch.clamp(ratio, 1.0 - clip_epsilon, 1.0 + high) * adv
+        per_token = -torch.minimum(unclipped, clipped)
+        clipped_mask = (clipped < unclipped).detach()
+        if is_level == "sequence":
+            clipped_mask = clipped_mask.expand_as(action_mask)
+    if denominator is None:
+        denominator = action_mask.sum().clamp(min=1.0)
+    loss = (per_token * action_mask).sum() / denominator
     with torch.no_grad():
-        was_clipped = ((unclipped != clipped) & (action_mask > 0)).float().sum() / count
-    return loss, {"clip_fraction": float(was_clipped.item())}
+        clipped_count = float((clipped_mask.float() * action_mask).sum().item())
+        deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
+    return loss, {"clipped_tokens": clipped_count, "action_tokens": float(action_mask.sum().item()),
+                  "max_ratio_deviation": float(deviation.item())}
 
 
 def echo_loss(
-    logprobs: torch.Tensor, env_mask: torch.Tensor, obs_lengths: torch.Tensor
+    logprobs: torch.Tensor,
+    env_mask: torch.Tensor,
+    obs_lengths: torch.Tensor,
+    denominator: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ECHO env CE: per sequence ``Σ CE over env targets / full observation length``, mean over the
-    sequences that have any observation token (0 when none has)."""
+    """ECHO env CE: per sequence ``Σ CE over env targets / full observation length``, summed over
+    the sequences that have any observation token and divided by ``denominator`` (default: their
+    count in this batch; 0 when none has)."""
     per_seq = -(logprobs * env_mask).sum(dim=-1)
     has_obs = (obs_lengths > 0).float()
     per_seq = per_seq / obs_lengths.clamp(min=1.0) * has_obs
-    return per_seq.sum() / has_obs.sum().clamp(min=1.0)
+    if denominator is None:
+        denominator = has_obs.sum().clamp(min=1.0)
+    return per_seq.sum() / denominator
 
 
-def kl_k1(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
+def kl_k3(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    action_mask: torch.Tensor,
+    denominator: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """k1 estimator ``logp - logp_ref``, token-mean over action tokens."""
-    count = action_mask.sum().clamp(min=1.0)
-    return ((logprobs - ref_logprobs) * action_mask).sum() / count
+    """k3 estimator of KL(π‖π_ref): ``exp(ref − logp) − (ref − logp) − 1`` per action token.
+
+    Non-negative, zero iff ``logp = ref``; its gradient ``(1 − exp(ref − logp))·∇logp`` pushes
+    ``logp`` down where the policy is above the reference and up where below."""
+    delta = ref_logprobs - logprobs
+    per_token = torch.exp(delta) - delta - 1.0
+    if denominator is None:
+        denominator = action_mask.sum().clamp(min=1.0)
+    return (per_token * action_mask).sum() / denominator
 
 
-@dataclass
-class LossParts:
-    total: torch.Tensor
-    policy: float
-    env_ce: float
-    kl: float
-    clip_fraction: float
+def kl_k1_penalty(
+    old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
+) -> torch.Tensor:
+    """k1 per-token KL ``logp_old − logp_ref`` on action tokens (no gradient): subtracted, times
+    ``kl_coeff``, from each token's advantage, i.e. a per-token reward penalty."""
+    return ((old_logprobs - ref_logprobs) * action_mask).detach()

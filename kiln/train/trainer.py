@@ -1,29 +1,30 @@
 """GRPO + ECHO LoRA training over collected seed groups.
 
-Schedule: one optimizer step per kept seed group per epoch (the group is the mini-batch: its
-advantages are normalised within it), ``epochs × groups`` steps in all. Group order in each epoch is
-a permutation seeded by ``(config.seed, epoch)``, so the schedule is a pure function of the inputs
-and a resumed run can skip straight to its data cursor.
+Schedule: each epoch visits the kept groups in a permutation seeded by ``(config.seed, epoch)``
+and cuts it into optimizer steps of ``groups_per_step`` groups (advantages are normalised within
+each group); a step accumulates gradients over micro-batches of at most
+``max_tokens_per_microbatch`` padded tokens (:mod:`kiln.train.step`). The schedule is a pure
+function of the inputs, so a resumed run skips straight to its data cursor.
 
-Loss per step (one forward pass, adapter enabled):
-``policy_surrogate(actions) + kl_coeff·k1(actions, base) + λ·echo_ce(observations)``.
+Loss of a step (token means over all action tokens of the step; ECHO per sequence):
+``policy_surrogate(actions; is_level) [+ kl_coeff·k3] + λ·echo_ce(observations)``; with the k1
+estimator the KL is a per-token penalty ``kl_coeff·(logp_old − logp_ref)`` subtracted from the
+advantages (stop-gradient). Log-probs are scored at the sampling temperature recorded in the
+behaviour identity (``behavior_policy.inference``, :mod:`kiln.policy.identity`).
 
-Importance ratio: with ``behavior_policy = "no_importance_correction"`` the old log-probs are the
-detached current ones (each group is visited once per epoch, so "current at the start of the
-epoch's pass over that group" is the same forward): the ratio is exactly 1, the clip is inactive
-and the gradient is the on-policy ``A·∇logp`` — the collector proves the data is on-policy instead
-(R5.5). With ``"recorded"`` the old log-probs are the behaviour log-probs the sampler recorded; the
-PPO clip applies and the unclipped ratio is truncated at ``cispo_max_weight`` (5.0).
+Importance ratio: the old log-probs are the behaviour policy's — recorded ones with
+``behavior_policy = "recorded"``, otherwise the trainer's own log-probs of each row at its first
+visit (before any update on it), cached and never refreshed: the first epoch is exactly on-policy
+(ratio 1, the clip inactive), later epochs are off-policy and the clip acts.
 
 Determinism: the LoRA init is seeded with ``config.seed``, there is no dropout, data order is
-seeded, and checkpoints restore weights/optimizer/RNG exactly, so runs with the same inputs and the
-same torch thread count produce byte-identical adapter files.
+seeded, and checkpoints restore weights/optimizer/RNG/cached log-probs exactly, so runs with the
+same inputs and the same torch thread count produce byte-identical adapter files.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -32,12 +33,11 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.canonical import digest_json
-from kiln.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed
+from kiln.errors import RunCancelled, TrainingFailed
 from kiln.train.advantages import ADVANTAGE_EPS
-from kiln.train.batches import GroupBatch, build_group_batch
+from kiln.train.batches import GroupBatch, Row, build_group_batch, group_rows
 from kiln.train.checkpoints import read_checkpoint_state, restore_checkpoint, save_checkpoint
-from kiln.train.losses import CISPO_MAX_WEIGHT, echo_loss, kl_k1, policy_loss, token_logprobs
+from kiln.train.losses import echo_loss, sequence_logprobs
 from kiln.train.model import (
     adapter_content_sha256,
     attach_lora,
@@ -47,12 +47,10 @@ from kiln.train.model import (
     save_adapter,
     trainable_parameters,
 )
+from kiln.train.optim import build_optimizer, learning_rate_at, set_learning_rate
+from kiln.train.plan import Plan, plan_training
 from kiln.train.receipt import build_receipt, write_receipt
-from kiln.train.selection import select_groups
-from kiln.train.tokens import count_tokens
-
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
+from kiln.train.step import LogprobCache, train_step
 
 
 @dataclass
@@ -65,79 +63,9 @@ class TrainResult:
     final_action_logprob_sums: list[list[float]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class StepSettings:
-    """What one optimizer step needs from the config."""
-
-    clip_epsilon: float
-    kl_coeff: float
-    echo_lambda: float  # 0 disables the ECHO term
-    max_grad_norm: float
-    recorded: bool
-
-
-def _echo_settings(config: Any) -> tuple[bool, float, str, bool]:
-    echo = config.echo
-    if echo is None:
-        return False, 0.0, "env_only", True
-    return echo.lambda_ > 0, float(echo.lambda_), echo.env_mask_mode, bool(echo.warning_filter)
-
-
-def _forward_logprobs(model: Any, batch: GroupBatch) -> torch.Tensor:
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    return token_logprobs(out.logits, batch.labels)
-
-
-def train_step(
-    model: Any,
-    batch: GroupBatch,
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
-    settings: StepSettings,
-) -> dict[str, float]:
-    """One optimizer step on one group batch; returns the step's scalar diagnostics."""
-    optimizer.zero_grad(set_to_none=True)
-    logprobs = _forward_logprobs(model, batch)
-    if settings.recorded:
-        old = batch.behavior_logprobs
-    else:
-        old = logprobs.detach()
-    p_loss, stats = policy_loss(
-        logprobs, old, batch.advantages, batch.action_mask, clip_epsilon=settings.clip_epsilon
-    )
-    total = p_loss
-    kl_value = 0.0
-    if settings.kl_coeff > 0:
-        with torch.no_grad(), model.disable_adapter():
-            ref = _forward_logprobs(model, batch)
-        kl = kl_k1(logprobs, ref, batch.action_mask)
-        total = total + settings.kl_coeff * kl
-        kl_value = float(kl.detach().item())
-    if settings.echo_lambda > 0:
-        env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths)
-        total = total + settings.echo_lambda * env
-    else:
-        with torch.no_grad():
-            env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths)
-    total.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-    optimizer.step()
-    values = {
-        "loss": float(total.detach().item()),
-        "policy_loss": float(p_loss.detach().item()),
-        "env_ce": float(env.detach().item()),
-        "kl": kl_value,
-        "grad_norm": float(grad_norm.item()),
-        "clip_fraction": stats["clip_fraction"],
-    }
-    for key, value in values.items():
-        if not math.isfinite(value):
-            raise TrainingFailed(f"non-finite {key} ({value})", code="non_finite_loss")
-    return values
-
-
 @torch.no_grad()
-def evaluate(model: Any, batches: list[GroupBatch], device: torch.device) -> dict[str, Any]:
+def evaluate(model: Any, batches: list[GroupBatch], device: torch.device,
+             temperature: float = 1.0) -> dict[str, Any]:
     """Forward-only pass: mean ECHO env CE over groups, mean action log-prob, per-row sums."""
     env_values: list[float] = []
     lp_sum = 0.0
@@ -145,7 +73,7 @@ def evaluate(model: Any, batches: list[GroupBatch], device: torch.device) -> dic
     sums: list[list[float]] = []
     for batch in batches:
         b = batch.to(device)
-        logprobs = _forward_logprobs(model, b)
+        logprobs = sequence_logprobs(model, b.input_ids, b.attention_mask, b.labels, temperature=temperature)
         env_values.append(float(echo_loss(logprobs, b.env_mask, b.obs_lengths).item()))
         per_row = (logprobs * b.action_mask).sum(dim=-1)
         sums.append([float(x) for x in per_row.tolist()])
@@ -158,38 +86,118 @@ def evaluate(model: Any, batches: list[GroupBatch], device: torch.device) -> dic
     }
 
 
-def epoch_order(n_groups: int, seed: int, epoch: int) -> list[int]:
-    """The seeded permutation of group indices visited in ``epoch``."""
-    order = list(range(n_groups))
-    random.Random(f"kiln.train.order:{seed}:{epoch}").shuffle(order)
-    return order
-
-
-def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    """Every completion's ``openenv.behavior_policy`` must equal ``expected`` (R5.5)."""
-    for g, group in enumerate(groups, start=1):
-        for c, completion in enumerate(group.get("completions") or [], start=1):
-            actual = (completion.get("openenv") or {}).get("behavior_policy")
-            if actual != expected:
-                raise PolicyIdentityChanged(
-                    f"group {g} completion {c} was sampled by a different policy than the one "
-                    "admitted for training",
-                    stage="training",
-                    details={"expected": digest_json(expected), "actual": digest_json(actual)},
-                )
+def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, dev: torch.device,
+                dtype: str, shared_base: Any) -> Any:
+    """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
+    it (one copy per worker), else on a freshly loaded one."""
+    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), dev, dtype)
+    model = attach_lora(base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed,
+                        base_adapter_dir=base_adapter_dir)
+    if shared_base is not None:
+        shared_base.trained = model
+    if config.gradient_checkpointing:
+        base = model.get_base_model()
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+        model.train()  # transformers checkpoints only in training mode; the model has no dropout
+    return model
 
 
 def _runtime(device: torch.device, dtype: str) -> dict[str, Any]:
     import peft
     import transformers
 
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "peft": peft.__version__, "device": str(device), "dtype": dtype,
+            "torch_threads": torch.get_num_threads()}
+
+
+@dataclass
+class Loop:
+    """The live training state the step loop advances (and checkpoints)."""
+
+    model: Any
+    optimizer: torch.optim.Optimizer
+    named: list[tuple[str, torch.nn.Parameter]]
+    rows: list[list[Row]]
+    cache: LogprobCache
+    history: list[dict[str, Any]]
+    initial_eval: dict[str, Any]
+    optimizer_info: dict[str, Any]
+
+
+def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
+                sink: Callable[[int, Path], None] | None) -> None:
+    folder = output_dir / "checkpoints" / f"step-{step:06d}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    save_checkpoint(folder, params=loop.named, optimizer=loop.optimizer,
+                    state={**plan.identity, "step": step, "history": loop.history,
+                           "initial_eval": loop.initial_eval},
+                    logprobs=loop.cache.tensors())
+    if sink is not None:
+        sink(step, folder)
+
+
+def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_step: int,
+              output_dir: Path, progress: Callable[[dict], None] | None,
+              checkpoint_sink: Callable[[int, Path], None] | None,
+              should_cancel: Callable[[], bool] | None) -> None:
+    """Run the optimizer steps ``start_step+1 … total``; checkpoints and progress included."""
+    total = len(plan.schedule)
+    params = [p for _, p in loop.named]
+    base_lr = loop.optimizer_info["learning_rate"]
+    for step in range(start_step + 1, total + 1):
+        if should_cancel is not None and should_cancel():
+            raise RunCancelled(f"training cancelled before step {step} of {total}")
+        epoch, group_ids = plan.schedule[step - 1]
+        rows = [row for g in group_ids for row in loop.rows[g]]
+        lr = learning_rate_at(step, total, base_lr, warmup_steps=config.warmup_steps, schedule=config.lr_schedule)
+        set_learning_rate(loop.optimizer, lr)
+        t0 = time.perf_counter()
+        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev)
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        tokens = values.pop("tokens")
+        action_tokens = int(sum(float(r.action.sum()) for r in rows))
+        group = group_ids[0] if len(group_ids) == 1 else list(group_ids)
+        loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
+                             "action_tokens": action_tokens})
+        if progress is not None:
+            progress({"step": step, "total_steps": total, **values, "learning_rate": float(lr),
+                      "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
+        if config.checkpoint_interval and step % config.checkpoint_interval == 0:
+            _checkpoint(loop, plan, step, output_dir, checkpoint_sink)
+
+
+def _grpo_block(plan: Plan, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:
+    s = plan.settings
     return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "device": str(device),
-        "dtype": dtype,
-        "torch_threads": torch.get_num_threads(),
+        "advantage": "group_normalised_population_std",
+        "advantage_eps": ADVANTAGE_EPS,
+        "loss_aggregation": "token_mean_per_step",
+        "importance": "recorded" if s.recorded else "first_visit_logprobs",
+        "is_level": s.is_level,
+        "clip_epsilon": s.clip_epsilon,
+        "clip_eps_high": s.clip_eps_high,
+        "cispo_max_weight": s.cispo_max_weight,
+        "kl_estimator": s.kl_estimator if s.kl_on else "none",
+        "kl_coeff": s.kl_coeff,
+        "kl_application": {"k1": "advantage_penalty_stop_gradient", "k3": "loss_term"}.get(s.kl_estimator)
+        if s.kl_on else None,
+        "kl_reference_policy": {"kind": "base_per_step"},
+        "scoring_temperature": s.temperature,
+        "sampling": plan.sampling,
+        "optimizer": optimizer_info,
+        "groups": len(plan.kept),
+        "groups_per_step": config.groups_per_step,
+        "max_tokens_per_microbatch": s.max_tokens_per_microbatch,
+        "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "epochs": config.epochs,
+        "total_steps": len(plan.schedule),
+        "group_order": "seeded_permutation_per_epoch",
     }
 
 
@@ -220,176 +228,82 @@ def train_grpo(
     """
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
-    if expected_behavior_policy is not None:
-        require_groups_on_policy(groups, expected_behavior_policy)
-    kept, selection = select_groups(groups, config.on_no_output)
-    if not kept:
-        raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
-    echo_on, echo_lambda, env_mask_mode, warning_filter = _echo_settings(config)
-    token_counts = count_tokens(kept, warning_filter=warning_filter)
-    dropped_reason = None
-    if echo_on and token_counts["env_tokens_after_warning_filter"] == 0:
-        echo_on, dropped_reason = False, "no_environment_tokens"
-    settings = StepSettings(
-        clip_epsilon=float(config.clip_epsilon),
-        kl_coeff=float(config.kl_coeff),
-        echo_lambda=echo_lambda if echo_on else 0.0,
-        max_grad_norm=float(config.max_grad_norm),
-        recorded=config.behavior_policy == "recorded",
-    )
-    effective_config = config.model_dump(mode="json", by_alias=True)
-    data_sha = digest_json(groups)
-    config_sha = digest_json(effective_config)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
-
+    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha)
     dev = torch.device(device or "cpu")
-    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), dev, dtype)
-    model = attach_lora(
-        base,
-        rank=config.lora_rank,
-        alpha=config.lora_alpha,
-        seed=config.seed,
-        base_adapter_dir=base_adapter_dir,
-    )
-    if shared_base is not None:
-        shared_base.trained = model
+    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    batches = [build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab) for g in kept]
-    if settings.recorded and any(b.behavior_logprobs is None for b in batches):
-        raise TrainingFailed(
-            "behavior_policy 'recorded' needs logprobs on every action piece",
-            code="invalid_training_data",
-        )
+    warning_filter = plan.echo["warning_filter"]
+    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
+            for i, g in enumerate(plan.kept)]
+    if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
+        raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
+                             code="invalid_training_data")
     named = trainable_parameters(model)
-    params = [p for _, p in named]
-    optimizer = torch.optim.AdamW(
-        params, lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=0.0
-    )
-    schedule = [
-        (epoch, index)
-        for epoch in range(config.epochs)
-        for index in epoch_order(len(batches), config.seed, epoch)
-    ]
-    total_steps = len(schedule)
-    identity = {
-        "training_data_sha256": data_sha,
-        "config_sha256": config_sha,
-        "base_adapter_sha256": base_adapter_sha,
-        "total_steps": total_steps,
-    }
-
-    history: list[dict[str, Any]] = []
-    start_step = 0
-    resumed_from = None
+    optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
+    eval_batches = [build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab) for g in plan.kept]
+    loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
+                history=[], initial_eval={}, optimizer_info=optimizer_info)
+    start_step, resumed_from = 0, None
     if resume_from is not None:
         state = read_checkpoint_state(Path(resume_from))
-        for key, value in identity.items():
+        for key, value in plan.identity.items():
             if state.get(key) != value:
-                raise TrainingFailed(
-                    f"checkpoint {key} differs from this training job; cannot resume",
-                    code="resume_mismatch",
-                )
-        restore_checkpoint(Path(resume_from), params=named, optimizer=optimizer)
-        start_step = int(state["step"])
-        history = list(state["history"])
-        initial_eval = state["initial_eval"]
-        resumed_from = start_step
+                raise TrainingFailed(f"checkpoint {key} differs from this training job; cannot resume",
+                                     code="resume_mismatch")
+        loop.cache = LogprobCache.from_tensors(
+            restore_checkpoint(Path(resume_from), params=named, optimizer=optimizer))
+        start_step = resumed_from = int(state["step"])
+        loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
     else:
-        initial_eval = evaluate(model, batches, dev)
-        initial_eval.pop("action_logprob_sums")
+        loop.initial_eval = evaluate(model, eval_batches, dev, plan.settings.temperature)
+        loop.initial_eval.pop("action_logprob_sums")
     t_loaded = time.perf_counter()
-
-    for step in range(start_step + 1, total_steps + 1):
-        if should_cancel is not None and should_cancel():
-            raise RunCancelled(f"training cancelled before step {step} of {total_steps}")
-        epoch, index = schedule[step - 1]
-        batch = batches[index].to(dev)
-        t0 = time.perf_counter()
-        values = train_step(model, batch, optimizer, params, settings)
-        elapsed = max(time.perf_counter() - t0, 1e-9)
-        record = {"step": step, "epoch": epoch, "group": index, **values,
-                  "action_tokens": batch.action_tokens}
-        history.append(record)
-        if progress is not None:
-            progress({
-                "step": step,
-                "total_steps": total_steps,
-                **values,
-                "learning_rate": float(optimizer.param_groups[0]["lr"]),
-                "action_tokens": batch.action_tokens,
-                "tokens_per_s": batch.tokens / elapsed,
-            })
-        interval = config.checkpoint_interval
-        if interval and step % interval == 0:
-            folder = output_dir / "checkpoints" / f"step-{step:06d}"
-            if folder.exists():
-                shutil.rmtree(folder)
-            save_checkpoint(
-                folder,
-                params=named,
-                optimizer=optimizer,
-                state={**identity, "step": step, "history": history, "initial_eval": initial_eval},
-            )
-            if checkpoint_sink is not None:
-                checkpoint_sink(step, folder)
+    run_steps(loop, plan, config, dev, start_step=start_step, output_dir=output_dir, progress=progress,
+              checkpoint_sink=checkpoint_sink, should_cancel=should_cancel)
     t_trained = time.perf_counter()
+    return _finish(loop, plan, config, model_path=model_path, output_dir=output_dir, dev=dev, dtype=dtype,
+                   eval_batches=eval_batches, adapter_name=adapter_name, base_adapter_sha=base_adapter_sha,
+                   behavior=expected_behavior_policy, resumed_from=resumed_from,
+                   timings=(t_start, t_loaded, t_trained))
 
-    final_eval = evaluate(model, batches, dev)
+
+def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
+            dev: torch.device, dtype: str, eval_batches: list[GroupBatch], adapter_name: str | None,
+            base_adapter_sha: str | None, behavior: dict | None, resumed_from: int | None,
+            timings: tuple[float, float, float]) -> TrainResult:
+    """Final evaluation, adapter, receipt."""
+    final_eval = evaluate(loop.model, eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
-    adapter_sha = save_adapter(model, adapter_dir)
-    delta_total, delta_norms = lora_delta_norms(model)
-    t_saved = time.perf_counter()
-
+    adapter_sha = save_adapter(loop.model, adapter_dir)
+    delta_total, delta_norms = lora_delta_norms(loop.model)
+    t_start, t_loaded, t_trained = timings
+    echo = {**plan.echo, "initial_env_ce": loop.initial_eval["env_ce"], "final_env_ce": final_eval["env_ce"]}
     receipt = build_receipt(
         adapter_name=adapter_name,
         base_model_sha256=model_content_sha256(Path(model_path)),
         base_adapter_sha256=base_adapter_sha,
-        training_data_sha256=data_sha,
-        effective_config=effective_config,
-        grpo={
-            "advantage": "group_normalised_population_std",
-            "advantage_eps": ADVANTAGE_EPS,
-            "loss_aggregation": "token_mean",
-            "importance": "recorded_truncated" if settings.recorded else "none_ratio_one",
-            "cispo_max_weight": CISPO_MAX_WEIGHT,
-            "kl_estimator": "k1",
-            "kl_reference_policy": {"kind": "base_per_step"},
-            "optimizer": {"name": "adamw", "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
-                          "weight_decay": 0.0},
-            "groups": len(batches),
-            "epochs": config.epochs,
-            "total_steps": total_steps,
-            "group_order": "seeded_permutation_per_epoch",
-        },
-        selection=selection,
-        history=history,
-        echo={
-            "enabled": echo_on,
-            "lambda": echo_lambda,
-            "env_mask_mode": env_mask_mode,
-            "warning_filter": warning_filter,
-            "initial_env_ce": initial_eval["env_ce"],
-            "final_env_ce": final_eval["env_ce"],
-            **({"dropped_reason": dropped_reason} if dropped_reason else {}),
-        },
-        token_counts=token_counts,
-        evaluation={"initial": initial_eval, "final": final_eval},
+        training_data_sha256=plan.identity["training_data_sha256"],
+        effective_config=plan.effective_config,
+        grpo=_grpo_block(plan, config, loop.optimizer_info),
+        selection=plan.selection,
+        history=loop.history,
+        echo=echo,
+        token_counts=plan.token_counts,
+        evaluation={"initial": loop.initial_eval, "final": final_eval},
         adapter_sha256=adapter_sha,
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
-        behavior_policy=expected_behavior_policy,
+        behavior_policy=behavior,
         runtime=_runtime(dev, dtype),
-        phase_timings={
-            "setup_s": t_loaded - t_start,
-            "train_s": t_trained - t_loaded,
-            "save_s": t_saved - t_trained,
-        },
+        phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
+                       "save_s": time.perf_counter() - t_trained},
         resumed_from_step=resumed_from,
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)
-    return TrainResult(adapter_dir=adapter_dir, receipt=receipt, steps=total_steps,
+    return TrainResult(adapter_dir=adapter_dir, receipt=receipt, steps=len(plan.schedule),
                        final_action_logprob_sums=sums)

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from kiln.errors import AdapterNotFound, TrainingFailed
-from kiln.train.losses import token_logprobs
+from kiln.train.losses import sequence_logprobs
 from kiln.train.model import load_base_model
 from kiln.train.tokens import tokenize_completion
 
@@ -57,8 +57,7 @@ def observation_cross_entropy_with_model(model: Any, lines: list[dict[str, Any]]
         if count == 0 or len(row.ids) < 2:
             continue
         ids = torch.tensor([row.ids], dtype=torch.long, device=device)
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        logprobs = token_logprobs(logits, ids[:, 1:])[0]
+        logprobs = sequence_logprobs(model, ids, torch.ones_like(ids), ids[:, 1:])[0]
         mask = torch.tensor(targets, dtype=torch.bool, device=device)
         ce = float(-logprobs[mask].double().sum().item())
         if not math.isfinite(ce):

@@ -68,7 +68,11 @@ async def test_preflight_contract_is_sealed_and_executed(kiln_settings: Any, cou
             run_id = created.json()["run_id"]
             final = await wait_for(http, run_id, lambda s: s["state"] in TERMINAL, timeout_s=180)
             assert final["state"] == "completed", final.get("failure")
-            assert final["behavior_policy"] == policy
+            # the run's identity is the contract's plus the run's sampling settings (issue 13)
+            run_policy = dict(final["behavior_policy"])
+            assert run_policy.pop("inference")["temperature"] == 1.0
+            assert run_policy.pop("inference_config_sha256").startswith("sha256:")
+            assert run_policy == policy
 
             # The same contract with a tampered behaviour policy fails closed, before collection.
             tampered = {**contract, "behavior_policy": {**policy, "base_model_sha256": "sha256:" + "0" * 64}}

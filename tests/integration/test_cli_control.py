@@ -80,7 +80,11 @@ async def test_follow_completed_run_exits_0(kiln_settings: Any, counter_env_url:
             preflight = json.loads(receipt.output)
             assert preflight["schema"] == "kiln.openenv-training-preflight.v1"
             assert preflight["capacity_reserved"] is False
-            assert preflight["contract"]["behavior_policy"] == status["behavior_policy"]
+            # a run's identity adds its sampling settings to the model identity a preflight names
+            run_policy = {k: v for k, v in status["behavior_policy"].items()
+                          if k not in ("inference", "inference_config_sha256")}
+            assert "inference_config_sha256" in status["behavior_policy"]
+            assert preflight["contract"]["behavior_policy"] == run_policy
 
 
 async def test_follow_failed_run_exits_1(kiln_settings: Any) -> None:

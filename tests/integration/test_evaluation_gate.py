@@ -56,7 +56,9 @@ async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, cou
             **BASE_RUN,
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-better",
-            "training_config": {"learning_rate": 1e-3, "epochs": 4, "echo": None},
+            # the demo's settings (scripts/demo.sh; README "The demo's settings"), ECHO λ=0.05 on
+            "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0,
+                                "epochs": 4},
         },
     )
     assert final["state"] == "completed"
@@ -94,7 +96,8 @@ async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: 
             **BASE_RUN,
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-worse",
-            "training_config": {"learning_rate": 3e-3, "epochs": 4, "echo": {"lambda": 1.0}},
+            # measured (bench/counter_training.py): held-out return -0.65 vs base 2.5, 74 % invalid actions
+            "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0}},
         },
     )
     assert final["state"] == "completed"

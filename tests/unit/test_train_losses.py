@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from kiln.train.batches import build_group_batch  # noqa: E402
-from kiln.train.losses import echo_loss, policy_loss, token_logprobs  # noqa: E402
+from kiln.train.losses import (  # noqa: E402
+    echo_loss,
+    kl_k1_penalty,
+    kl_k3,
+    policy_loss,
+    sequence_logprobs,
+    token_logprobs,
+)
 from tests.unit.test_train_support import (  # noqa: E402
     X_TOKEN,
     Y_TOKEN,
@@ -83,18 +92,105 @@ def test_echo_normalised_by_full_observation_length():
     assert float(echo_loss(lp, env, obs)) == pytest.approx((2.0 + 3.0) / 4.0)
 
 
-def test_recorded_ratio_clips_and_truncates():
-    adv = torch.tensor([1.0, -1.0])
-    mask = torch.ones(2, 1)
-    lp = torch.zeros(2, 1, requires_grad=True)
-    old = torch.log(torch.tensor([[1 / 1.5], [1 / 10.0]]))  # ratios 1.5 and 10
+def test_token_clip_counts_tokens_where_the_clipped_term_won():
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    mask = torch.ones(4, 1)
+    lp = torch.zeros(4, 1, requires_grad=True)
+    # ratios 1.5 (A>0: clipped wins), 10 (A<0: unclipped −10 is smaller, keeps its gradient),
+    # 0.5 (A>0: unclipped 0.5 < 0.8 wins), 0.5 (A<0: clipped −0.8 < −0.5 wins)
+    old = torch.log(torch.tensor([[1 / 1.5], [1 / 10.0], [2.0], [2.0]]))
     loss, stats = policy_loss(lp, old, adv, mask, clip_epsilon=0.2)
-    # row 0: A>0, ratio 1.5 → clipped to 1.2 (no gradient);
-    # row 1: A<0, min(10 truncated to 5, 1.2)·(-1) picks -5 (no gradient)
-    assert float(loss.detach()) == pytest.approx(-(1.2 * 1.0 + 5.0 * -1.0) / 2)
+    assert float(loss.detach()) == pytest.approx(-(1.2 - 10.0 + 0.5 - 0.8) / 4, rel=1e-6)
     loss.backward()
-    assert lp.grad.tolist() == [[0.0], [0.0]]
-    assert stats["clip_fraction"] == 1.0
+    # d/dlp of −r·A/4 = −r·A/4 where unclipped won, 0 where the clipped term won
+    assert lp.grad[:, 0].tolist() == pytest.approx([0.0, 10.0 / 4, -0.5 / 4, 0.0], rel=1e-6)
+    assert stats["clipped_tokens"] == 2.0 and stats["action_tokens"] == 4.0
+    assert stats["max_ratio_deviation"] == pytest.approx(9.0, rel=1e-6)
+
+
+def test_cispo_keeps_gradient_with_truncated_stop_gradient_weight():
+    adv = torch.tensor([-1.0, 2.0])
+    mask = torch.ones(2, 1)
+    lp = torch.tensor([[-0.1], [-0.2]], requires_grad=True)
+    old = lp.detach() - torch.log(torch.tensor([[10.0], [0.5]]))  # ratios 10 and 0.5
+    loss, stats = policy_loss(lp, old, adv, mask, clip_epsilon=0.2, is_level="cispo", cispo_max_weight=5.0)
+    loss.backward()
+    # gradient −sg(min(r, 5))·A / n: the r=10, A<0 token still gets +5/2 (dual-clip PPO gave 0)
+    assert lp.grad[:, 0].tolist() == pytest.approx([5.0 / 2, -0.5 * 2.0 / 2], rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(-(5.0 * -1.0 * -0.1 + 0.5 * 2.0 * -0.2) / 2, rel=1e-5)
+    assert stats["clipped_tokens"] == 1.0
+
+
+def test_sequence_level_ratio_is_length_normalised():
+    lp = torch.zeros(1, 3, requires_grad=True)
+    old = torch.tensor([[-0.3, 0.0, -0.3]])  # mean log-ratio over the 2 action tokens = 0.3
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    loss, stats = policy_loss(lp, old, torch.tensor([1.0]), mask, clip_epsilon=0.5, is_level="sequence")
+    r = math.exp(0.3)
+    assert float(loss.detach()) == pytest.approx(-r, rel=1e-6)  # (r·A summed over 2 tokens) / 2
+    loss.backward()
+    # d(−r)/dlp_t = −r · mask_t / 2 for each action token
+    assert lp.grad[0].tolist() == pytest.approx([-r / 2, 0.0, -r / 2], rel=1e-6)
+    assert stats["clipped_tokens"] == 0.0
+
+
+def test_k3_value_and_gradient_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    ref = torch.tensor([[-2.0, -1.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    value = kl_k3(lp, ref, mask)
+    # token 0: d = ref−lp = −1 → e^−1 + 1 − 1 = 0.367879; token 1: d = 1 → e − 1 − 1 = 0.718282
+    assert float(value.detach()) == pytest.approx((math.exp(-1) + math.exp(1) - 2.0) / 2, rel=1e-6)
+    value.backward()
+    # ∂/∂lp = (1 − e^d)/n: token 0 (policy above ref) +0.316 → descent lowers it; token 1 −0.859
+    assert lp.grad[0].tolist() == pytest.approx(
+        [(1 - math.exp(-1)) / 2, (1 - math.exp(1)) / 2, 0.0], rel=1e-6
+    )
+    # the gradient depends on the reference (the old k1-in-loss did not)
+    lp2 = lp.detach().clone().requires_grad_(True)
+    kl_k3(lp2, ref - 50.0, mask).backward()
+    assert not torch.allclose(lp2.grad, lp.grad)
+
+
+def test_k1_penalty_lowers_advantage_where_policy_exceeds_reference():
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    ref = torch.tensor([[-2.0, -1.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    penalty = kl_k1_penalty(old, ref, mask)
+    assert penalty.tolist() == [[1.0, -1.0, 0.0]]
+    assert not penalty.requires_grad
+    # folded into the advantage with kl_coeff 0.1: A=1 → 0.9 where π_old > π_ref, 1.1 where below
+    lp = old.clone().requires_grad_(True)
+    adv = torch.tensor([1.0]).unsqueeze(-1) - 0.1 * penalty
+    loss, _ = policy_loss(lp, old, adv, mask, clip_epsilon=0.2)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([-0.9 / 2, -1.1 / 2, 0.0], rel=1e-6)
+
+
+def test_temperature_scoring_matches_tempered_softmax(tiny_model):
+    batch = _batch()
+    out = tiny_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    want = torch.log_softmax(out.logits[:, :-1].float() / 0.7, dim=-1).gather(
+        -1, batch.labels.unsqueeze(-1)
+    ).squeeze(-1)
+    got = sequence_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.labels, temperature=0.7)
+    assert torch.allclose(got, want, atol=1e-5)
+    # chunked over positions (3 per chunk) gives the same values and the same gradients
+    chunked = sequence_logprobs(
+        tiny_model, batch.input_ids, batch.attention_mask, batch.labels, temperature=0.7,
+        chunk_elements=3 * 2 * 300,
+    )
+    assert torch.allclose(chunked, want, atol=1e-5)
+    weight = tiny_model.model.layers[-1].mlp.down_proj.weight
+    grads = []
+    for elements in (1 << 26, 3 * 2 * 300):
+        tiny_model.zero_grad(set_to_none=True)
+        lp = sequence_logprobs(tiny_model, batch.input_ids, batch.attention_mask, batch.labels,
+                               temperature=0.7, chunk_elements=elements)
+        (lp * batch.action_mask).sum().backward()
+        grads.append(weight.grad.clone())
+    tiny_model.zero_grad(set_to_none=True)
+    assert grads[0].abs().sum() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
 def test_ratio_one_gives_policy_gradient():

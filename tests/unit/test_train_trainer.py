@@ -51,9 +51,9 @@ def _bytes(adapter_dir: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def bandit_run(model_path, tmp_path_factory):
-    """GRPO only (ECHO off), default epochs, the tiny model's learning rate."""
+    """GRPO only (ECHO off), default epochs and optimizer (Muon), the tiny model's learning rate."""
     steps = []
-    config = TrainingConfig(echo=None, seed=0, learning_rate=2e-3)
+    config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2)
     result = train_grpo(
         model_path=model_path,
         groups=bandit_groups(4),
@@ -77,9 +77,18 @@ def test_grpo_learns_rewarded_action(model_path, bandit_run):
     assert result.steps == 16 and [s["step"] for s in steps] == list(range(1, 17))
     assert set(steps[0]) == {
         "step", "total_steps", "loss", "policy_loss", "env_ce", "kl", "clip_fraction", "grad_norm",
-        "learning_rate", "action_tokens", "tokens_per_s",
+        "learning_rate", "action_tokens", "tokens_per_s", "microbatches", "max_ratio_deviation",
     }
     assert all(s["total_steps"] == 16 and s["action_tokens"] == 16 for s in steps)
+
+
+def test_clip_inactive_in_first_epoch_and_acts_later(bandit_run):
+    history = bandit_run[0].receipt["steps"]
+    first = [h for h in history if h["epoch"] == 0]
+    later = [h for h in history if h["epoch"] > 0]
+    assert len(first) == 4 and all(h["clip_fraction"] == 0.0 for h in first)
+    assert all(h["max_ratio_deviation"] == 0.0 for h in first)  # old = the pre-update policy
+    assert any(h["clip_fraction"] > 0.0 for h in later)
 
 
 def test_receipt_contents(model_path, bandit_run):
@@ -95,7 +104,13 @@ def test_receipt_contents(model_path, bandit_run):
 
     assert receipt["adapter_sha256"] == runtime_adapter_digest(result.adapter_dir)
     assert receipt["base_model_sha256"] == model_content_sha256(model_path)
-    assert receipt["config"]["echo"] is None and receipt["config"]["learning_rate"] == 2e-3
+    assert receipt["config"]["echo"] is None and receipt["config"]["learning_rate"] == 2e-2
+    grpo = receipt["grpo"]
+    assert grpo["optimizer"]["name"] == "muon" and grpo["optimizer"]["learning_rate"] == 2e-2
+    assert grpo["optimizer"]["implementation"] == "torch.optim.Muon"
+    assert grpo["kl_estimator"] == "k1" and grpo["kl_coeff"] == 0.1
+    assert grpo["kl_application"] == "advantage_penalty_stop_gradient"
+    assert grpo["is_level"] == "token" and grpo["groups_per_step"] == 1
     assert receipt["echo"]["enabled"] is False
     assert receipt["token_counts"]["action_tokens"] == 64
     assert len(receipt["steps"]) == 16 and receipt["lora_delta_norm"] > 0
@@ -115,7 +130,7 @@ def test_saved_adapter_reproduces_trainer_logprobs(model_path, bandit_run):
 
 
 def test_echo_lowers_observation_ce(model_path, bandit_run, tmp_path):
-    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-3)
+    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-2)
     result = train_grpo(
         model_path=model_path, groups=bandit_groups(4, warning=True), config=config,
         output_dir=tmp_path,
@@ -196,7 +211,7 @@ def test_recorded_policy_with_kl_and_warm_start(model_path, bandit_run, tmp_path
     result = train_grpo(model_path=model_path, groups=bandit_groups(2), config=config,
                         output_dir=tmp_path / "r", base_adapter_dir=bandit_run[0].adapter_dir)
     history = result.receipt["steps"]
-    assert result.receipt["grpo"]["importance"] == "recorded_truncated"
+    assert result.receipt["grpo"]["importance"] == "recorded"
     assert result.receipt["base_adapter_sha256"] == bandit_run[0].receipt["adapter_sha256"]
     assert history[0]["kl"] != 0.0  # warm-started adapter differs from the base at step 1
     assert any(h["clip_fraction"] > 0 for h in history)

@@ -1,0 +1,132 @@
+"""Training admission and plan: the on-policy check, the sampling settings, selection, step
+settings and the step schedule — everything decided from the inputs before the model is loaded."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.canonical import digest_json
+from kiln.errors import PolicyIdentityChanged, TrainingFailed
+from kiln.policy.identity import sampling_of
+from kiln.train.selection import select_groups
+from kiln.train.step import StepSettings
+from kiln.train.tokens import count_tokens
+
+
+@dataclass
+class Plan:
+    """Everything derived from the inputs before the model is touched."""
+
+    kept: list[dict]
+    selection: dict[str, Any]
+    settings: StepSettings
+    sampling: dict[str, Any] | None
+    echo: dict[str, Any]
+    token_counts: dict[str, int]
+    effective_config: dict[str, Any]
+    identity: dict[str, Any]
+    schedule: list[tuple[int, list[int]]] = field(default_factory=list)
+
+
+def epoch_order(n_groups: int, seed: int, epoch: int) -> list[int]:
+    """The seeded permutation of group indices visited in ``epoch``."""
+    order = list(range(n_groups))
+    random.Random(f"kiln.train.order:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def step_schedule(n_groups: int, seed: int, epochs: int, groups_per_step: int) -> list[tuple[int, list[int]]]:
+    """``(epoch, group indices)`` of every optimizer step, in order."""
+    schedule = []
+    for epoch in range(epochs):
+        order = epoch_order(n_groups, seed, epoch)
+        for start in range(0, n_groups, groups_per_step):
+            schedule.append((epoch, order[start : start + groups_per_step]))
+    return schedule
+
+
+def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    """Every completion's ``openenv.behavior_policy`` must equal ``expected`` (R5.5)."""
+    for g, group in enumerate(groups, start=1):
+        for c, completion in enumerate(group.get("completions") or [], start=1):
+            actual = (completion.get("openenv") or {}).get("behavior_policy")
+            if actual != expected:
+                raise PolicyIdentityChanged(
+                    f"group {g} completion {c} was sampled by a different policy than the one "
+                    "admitted for training",
+                    stage="training",
+                    details={"expected": digest_json(expected), "actual": digest_json(actual)},
+                )
+
+
+def sampling_settings(groups: list[dict], expected: dict | None, recorded: bool) -> dict[str, Any] | None:
+    """The verified sampling settings the corpus was drawn with (None: an identity from before
+    ``inference_config_sha256``; scored at temperature 1, unmasked)."""
+    identity = expected
+    if identity is None and groups and groups[0].get("completions"):
+        identity = (groups[0]["completions"][0].get("openenv") or {}).get("behavior_policy")
+    try:
+        sampling = sampling_of(identity)
+    except ValueError as exc:
+        raise PolicyIdentityChanged(str(exc), stage="training") from None
+    if recorded and sampling is not None and sampling["constrained_actions"]:
+        raise TrainingFailed(
+            "behavior_policy 'recorded' cannot be used on actions sampled with constrained decoding: "
+            "the recorded log-probs are of the grammar-masked distribution, which the trainer does "
+            "not reproduce",
+            code="training_recorded_constrained",
+            hint="train with training_config.behavior_policy 'no_importance_correction', or collect "
+            "without constrained_actions",
+        )
+    return sampling
+
+
+def _echo_block(config: Any, token_counts: dict[str, int]) -> dict[str, Any]:
+    echo = config.echo
+    on, lam = (False, 0.0) if echo is None else (echo.lambda_ > 0, float(echo.lambda_))
+    block = {
+        "enabled": on,
+        "lambda": lam,
+        "env_mask_mode": "env_only" if echo is None else echo.env_mask_mode,
+        "warning_filter": True if echo is None else bool(echo.warning_filter),
+    }
+    if on and token_counts["env_tokens_after_warning_filter"] == 0:
+        block.update(enabled=False, dropped_reason="no_environment_tokens")
+    return block
+
+
+def plan_training(groups: list[dict], config: Any, expected: dict | None,
+                  base_adapter_sha: str | None) -> Plan:
+    """Admission checks, selection, settings and the step schedule (no model needed)."""
+    if expected is not None:
+        require_groups_on_policy(groups, expected)
+    recorded = config.behavior_policy == "recorded"
+    sampling = sampling_settings(groups, expected, recorded)
+    kept, selection = select_groups(groups, config.on_no_output)
+    if not kept:
+        raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
+    warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
+    token_counts = count_tokens(kept, warning_filter=warning_filter)
+    echo = _echo_block(config, token_counts)
+    settings = StepSettings(
+        clip_epsilon=float(config.clip_epsilon), clip_eps_high=config.clip_eps_high,
+        is_level=config.is_level, cispo_max_weight=float(config.cispo_max_weight),
+        kl_coeff=float(config.kl_coeff), kl_estimator=config.kl_estimator,
+        echo_lambda=echo["lambda"] if echo["enabled"] else 0.0,
+        max_grad_norm=float(config.max_grad_norm), recorded=recorded,
+        temperature=float(sampling["temperature"]) if sampling else 1.0,
+        max_tokens_per_microbatch=int(config.max_tokens_per_microbatch),
+    )
+    effective_config = config.model_dump(mode="json", by_alias=True)
+    schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step)
+    identity = {
+        "training_data_sha256": digest_json(groups),
+        "config_sha256": digest_json(effective_config),
+        "base_adapter_sha256": base_adapter_sha,
+        "total_steps": len(schedule),
+    }
+    return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, echo=echo,
+                token_counts=token_counts, effective_config=effective_config, identity=identity,
+                schedule=schedule)

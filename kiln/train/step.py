@@ -1,0 +1,185 @@
+"""One GRPO optimizer step: micro-batches with gradient accumulation over the rows of its groups.
+
+Old log-probs (the behaviour policy's): with ``recorded`` the sampler's recorded log-probs; with
+``no_importance_correction`` the trainer's own log-probs of a row at its first visit (the first
+epoch's pass, before any update on that row: the ratio is then exactly 1 and the clip inactive),
+kept in :class:`LogprobCache` and reused, never refreshed, in later epochs — where the clip acts.
+Reference log-probs (KL) come from the same model with the adapter disabled, computed once per row
+and cached (the base never changes). Every loss term is divided by totals of the whole step (action
+tokens, sequences with observations), so accumulating micro-batches gives the gradient of the
+step in one batch up to float rounding, whatever ``max_tokens_per_microbatch`` is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kiln.errors import TrainingFailed
+from kiln.train.batches import GroupBatch, Row, collate, pack_microbatches
+from kiln.train.losses import echo_loss, kl_k1_penalty, kl_k3, policy_loss, sequence_logprobs
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one optimizer step needs from the config."""
+
+    clip_epsilon: float
+    kl_coeff: float
+    echo_lambda: float  # 0 disables the ECHO term
+    max_grad_norm: float
+    recorded: bool
+    clip_eps_high: float | None = None
+    is_level: str = "token"
+    cispo_max_weight: float = 5.0
+    kl_estimator: str = "k1"  # k1 | k3 | none
+    temperature: float = 1.0
+    max_tokens_per_microbatch: int = 16384
+
+    @property
+    def kl_on(self) -> bool:
+        return self.kl_coeff > 0 and self.kl_estimator != "none"
+
+
+@dataclass
+class LogprobCache:
+    """Per-row old (behaviour) and reference log-probs, keyed by (group, completion)."""
+
+    old: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    ref: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"old.{g}.{c}": t for (g, c), t in self.old.items()}
+        out.update({f"ref.{g}.{c}": t for (g, c), t in self.ref.items()})
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "LogprobCache":
+        cache = cls()
+        for name, tensor in tensors.items():
+            kind, g, c = name.split(".")
+            getattr(cache, kind)[(int(g), int(c))] = tensor
+        return cache
+
+
+def batch_logprobs(model: Any, batch: GroupBatch, temperature: float) -> torch.Tensor:
+    return sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature
+    )
+
+
+def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32, device=device)
+    for b, row in enumerate(rows):
+        values = store[row.key]
+        out[b, : values.shape[0]] = values.to(device)
+    return out
+
+
+def _fill_reference(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
+                    device: torch.device) -> None:
+    missing = [r for r in rows if r.key not in cache.ref]
+    if not missing:
+        return
+    for micro in pack_microbatches(missing, settings.max_tokens_per_microbatch):
+        batch = collate(micro).to(device)
+        with torch.no_grad(), model.disable_adapter():
+            ref = batch_logprobs(model, batch, settings.temperature)
+        for b, row in enumerate(micro):
+            cache.ref[row.key] = ref[b, : row.length - 1].detach().cpu()
+
+
+def _old_logprobs(rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache,
+                  settings: StepSettings) -> torch.Tensor:
+    if settings.recorded:
+        return batch.behavior_logprobs
+    for b, row in enumerate(rows):
+        if row.key not in cache.old:  # first visit: the current (pre-update) policy is the behaviour
+            cache.old[row.key] = logprobs[b, : row.length - 1].detach().cpu()
+    return _stack(rows, cache.old, logprobs.shape[1], logprobs.device)
+
+
+def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: LogprobCache,
+                totals: tuple[float, float], device: torch.device) -> dict[str, float]:
+    """Forward + backward of one micro-batch; returns its additive contributions."""
+    action_total, obs_total = totals
+    batch = collate(rows).to(device)
+    logprobs = batch_logprobs(model, batch, settings.temperature)
+    old = _old_logprobs(rows, batch, logprobs, cache, settings)
+    advantages = batch.advantages.unsqueeze(-1).expand_as(logprobs)
+    kl = torch.zeros((), device=device)
+    if settings.kl_on:
+        ref = _stack(rows, cache.ref, logprobs.shape[1], device)
+        if settings.kl_estimator == "k1":
+            advantages = advantages - settings.kl_coeff * kl_k1_penalty(old, ref, batch.action_mask)
+            kl = ((logprobs.detach() - ref) * batch.action_mask).sum() / action_total
+        else:
+            kl = kl_k3(logprobs, ref, batch.action_mask, denominator=action_total)
+    p_loss, stats = policy_loss(
+        logprobs, old, advantages, batch.action_mask,
+        clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
+        is_level=settings.is_level, cispo_max_weight=settings.cispo_max_weight,
+        denominator=action_total,
+    )
+    env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths, denominator=obs_total)
+    total = p_loss
+    if settings.kl_on and settings.kl_estimator == "k3":
+        total = total + settings.kl_coeff * kl
+    if settings.echo_lambda > 0:
+        total = total + settings.echo_lambda * env
+    total.backward()
+    return {
+        "loss": float(total.detach().item()),
+        "policy_loss": float(p_loss.detach().item()),
+        "env_ce": float(env.detach().item()),
+        "kl": float(kl.detach().item()),
+        "clipped_tokens": stats["clipped_tokens"],
+        "max_ratio_deviation": stats["max_ratio_deviation"],
+        "tokens": float(batch.tokens),
+    }
+
+
+def train_step(
+    model: Any,
+    rows: list[Row],
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    settings: StepSettings,
+    cache: LogprobCache,
+    device: torch.device,
+) -> dict[str, float]:
+    """One optimizer step over ``rows`` (every completion of the step's groups)."""
+    action_total = max(1.0, float(sum(float(r.action.sum()) for r in rows)))
+    obs_total = max(1.0, float(sum(1 for r in rows if r.obs_length > 0)))
+    if settings.kl_on:
+        _fill_reference(model, rows, cache, settings, device)
+    optimizer.zero_grad(set_to_none=True)
+    sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
+    deviation = 0.0
+    micro = pack_microbatches(rows, settings.max_tokens_per_microbatch)
+    for part in micro:
+        for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total), device).items():
+            if key == "max_ratio_deviation":
+                deviation = max(deviation, value)
+            else:
+                sums[key] += value
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
+    optimizer.step()
+    values = {
+        "loss": sums["loss"],
+        "policy_loss": sums["policy_loss"],
+        "env_ce": sums["env_ce"],
+        "kl": sums["kl"],
+        "grad_norm": float(grad_norm.item()),
+        "clip_fraction": sums["clipped_tokens"] / action_total,
+        "max_ratio_deviation": deviation,
+        "microbatches": len(micro),
+    }
+    for key, value in values.items():
+        if not math.isfinite(value):
+            raise TrainingFailed(f"non-finite {key} ({value})", code="non_finite_loss")
+    values["tokens"] = int(sums["tokens"])
+    return values
