@@ -123,6 +123,9 @@ class CollectGroupResult(Record):
     model_latency_ms: float
     attempt: int = 1
     interruption_code: str | None = None
+    # What the environment granted this worker (sessions_granted_max, max_sessions_advertised,
+    # refusals, waves): run status only, never the reproducible artifacts.
+    capacity: dict[str, Any] | None = None
 
 
 class TrainInput(Record):

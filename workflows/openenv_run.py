@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         WorldModelResult,
     )
     from workflows import options
+    from workflows.capacity import capacity_failure, capacity_wait_for
     from workflows.failures import failure_from, training_status
     from workflows.run_queue import SlotReply, SlotRequest
 
@@ -587,29 +588,28 @@ class OpenEnvRunWorkflow:
             seed = seed_start + group_index
             payload = dict(admission.reset_templates[env_index])
             payload["seed"] = seed
-            async with gate:
-                result: CollectGroupResult = await workflow.execute_activity(
-                    "collect_group",
-                    CollectGroupInput(
-                        run_id=run_id,
-                        group_index=group_index,
-                        environment_index=env_index,
-                        seed=seed,
-                        reset_payload=payload,
-                        inspection=environments[env_index].inspection,
-                        settings=settings,
-                        behavior_policy=policy.behavior_policy,
-                        adapter_ref=policy.adapter_ref,
-                        credential_id=credential_ids[env_index] if credential_ids else None,
-                        on_interrupt=request.get("on_interrupt", "resume"),
-                    ),
-                    result_type=CollectGroupResult,
-                    task_queue=gpu_queue,
-                    start_to_close_timeout=options.GROUP_TIMEOUT,
-                    heartbeat_timeout=self._heartbeat,
-                    retry_policy=options.GROUP_RETRY,
-                    summary=f"{label} {group_index} seed {seed} on {environments[env_index].base_url}",
-                )
+            # Capacity wait (issue 14): an attempt at a full environment ends within seconds;
+            # the wait happens here, in a timer, outside the gate (no gpu slot held).
+            waited_from = None
+            capacity_retries = 0
+            while True:
+                try:
+                    async with gate:
+                        result = await self._collect_attempt(
+                            run_id, group_index, env_index, seed, payload, environments,
+                            settings, policy, credential_ids, request, gpu_queue, label,
+                        )
+                    break
+                except ActivityError as err:
+                    waited_from = waited_from or workflow.now()  # the first refusal starts the wait
+                    waited = (workflow.now() - waited_from).total_seconds()
+                    pause = capacity_wait_for(err, waited, request["capacity_wait_seconds"], capacity_retries)
+                    if pause is None:
+                        raise capacity_failure(err, group_index, group_size, waited) or err
+                    capacity_retries += 1
+                    await workflow.sleep(pause)
+            if result.capacity is not None:
+                self._status.setdefault("environment_capacity", {})[environments[env_index].base_url] = result.capacity
             results.append(result)
             if result.attempt > 1:
                 self._status["interruptions"].append(
@@ -633,3 +633,31 @@ class OpenEnvRunWorkflow:
 
         await asyncio.gather(*(one(index) for index in range(groups)))
         return [r.group for r in sorted(results, key=lambda r: r.group_index)]
+
+    async def _collect_attempt(
+        self, run_id, group_index, env_index, seed, payload, environments, settings, policy,
+        credential_ids, request, gpu_queue, label,
+    ) -> CollectGroupResult:
+        """One ``collect_group`` activity (its own retry policy covers worker interruptions)."""
+        return await workflow.execute_activity(
+            "collect_group",
+            CollectGroupInput(
+                run_id=run_id,
+                group_index=group_index,
+                environment_index=env_index,
+                seed=seed,
+                reset_payload=payload,
+                inspection=environments[env_index].inspection,
+                settings=settings,
+                behavior_policy=policy.behavior_policy,
+                adapter_ref=policy.adapter_ref,
+                credential_id=credential_ids[env_index] if credential_ids else None,
+                on_interrupt=request.get("on_interrupt", "resume"),
+            ),
+            result_type=CollectGroupResult,
+            task_queue=gpu_queue,
+            start_to_close_timeout=options.GROUP_TIMEOUT,
+            heartbeat_timeout=self._heartbeat,
+            retry_policy=options.GROUP_RETRY,
+            summary=f"{label} {group_index} seed {seed} on {environments[env_index].base_url}",
+        )

@@ -1,7 +1,8 @@
 """Collect one seed group: every candidate of one seed, all turns, against one environment.
 
-The group is the durable unit of collection. Candidates run in waves of ``min(concurrency,
-group_size)``; within a wave, each turn samples every live candidate in ONE batched policy call,
+The group is the durable unit of collection. Candidates run in waves that fit what the
+environment grants (``kiln.openenv.capacity``): ``min(concurrency, group_size, capacity)``, and a
+wave's sessions are all closed before the next opens; within a wave, each turn samples every live candidate in ONE batched policy call,
 then steps every session concurrently. Token ids are kept end to end: a candidate's next prompt is
 its previous ids plus the new observation's ids, never a re-rendered conversation.
 """
@@ -9,12 +10,14 @@ its previous ids plus the new observation's ids, never a re-rendered conversatio
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from kiln.canonical import canonical_json, compact_json, digest_json
-from kiln.errors import CollectionFailed, RunCancelled
+from kiln.errors import CollectionFailed, EnvironmentCapacityExhausted, RunCancelled
+from kiln.openenv.capacity import CAPACITY, EnvironmentAtCapacity, capacity_exhausted, wave_size
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
 from kiln.openenv.session import EnvSession, open_session_and_reset
@@ -99,7 +102,11 @@ class GroupCollector:
         *,
         should_cancel: Callable[[], bool] | None = None,
         heartbeat: Callable[[dict[str, Any]], None] | None = None,
+        attempt_capacity_wait_s: float | None = None,
     ) -> None:
+        """``attempt_capacity_wait_s`` set (the activity path): wait at most that long for a
+        first session, then raise ``EnvironmentAtCapacity`` so the workflow waits with no slot
+        held; None (local tools): wait the whole ``capacity_wait_seconds`` here."""
         self.task = task
         self.policy = policy
         self.settings = task.settings
@@ -115,48 +122,137 @@ class GroupCollector:
         self.final_states: dict[int, dict[str, Any] | None] = {}
         self.messages: list[dict[str, Any]] | None = None
         self.reset_wire: dict[str, Any] | None = None
+        self.attempt_capacity_wait_s = attempt_capacity_wait_s
+        self.waves = 0
+        self._book_key = self.url.websocket_url
 
     # ------------------------------------------------------------------ public
     async def run(self) -> dict[str, Any]:
+        """Collect every candidate in waves that fit what the environment grants.
+
+        A wave opens ``min(concurrency, group_size, advertised capacity)`` sessions at once, each
+        tried once; the candidates the environment refused move to a later wave (never held
+        waiting). Only when a wave got no session at all does one candidate wait for capacity.
+        Every session of a wave is closed before the next wave opens.
+        """
         size = self.settings.group_size
-        wave = max(1, min(self.settings.concurrency, size))
-        for start in range(0, size, wave):
+        pending = list(range(size))
+        while pending:
             self._check_cancel()
-            await self._run_wave(list(range(start, min(size, start + wave))))
+            width = wave_size(self.settings.concurrency, size, CAPACITY.limit(self._book_key))
+            ran = await self._run_wave(pending[:width])
+            self.waves += 1
+            pending = [index for index in pending if index not in ran]
         return self._document()
 
     # ------------------------------------------------------------------ waves
-    async def _run_wave(self, candidates: list[int]) -> None:
+    async def _run_wave(self, candidates: list[int]) -> list[int]:
         sessions: dict[int, EnvSession] = {}
+        opened_here: list[EnvSession] = []
         try:
-            opened = await asyncio.gather(
-                *(self._open(index) for index in candidates), return_exceptions=True
+            attempts = await asyncio.gather(
+                *(self._open(index, opened_here, wait=False) for index in candidates),
+                return_exceptions=True,
             )
-            failures = [item for item in opened if isinstance(item, BaseException)]
-            for item in opened:
-                if not isinstance(item, BaseException):
-                    sessions[item[0]] = item[1]
+            failures = [a for a in attempts if isinstance(a, BaseException) and not _refused(a)]
+            granted = [a for a in attempts if not isinstance(a, BaseException)]
+            for item in granted:
+                sessions[item[0]] = item[1]
             if failures:
                 raise failures[0]
-            episodes = [self._episode_for(index, opened_item) for index, opened_item in zip(candidates, opened)]
+            if not granted:
+                # Nothing granted: wait (holding no session) for one candidate's session.
+                item = await self._open(candidates[0], opened_here, wait=True)
+                sessions[item[0]] = item[1]
+                granted = [item]
+            granted.sort(key=lambda item: item[0])
+            episodes = [self._episode_for(item[0], item) for item in granted]
             self.episodes.extend(episodes)
             await self._run_turns(episodes, sessions)
             await asyncio.gather(*(self._finish(ep, sessions[ep.candidate_index]) for ep in episodes))
+            return [item[0] for item in granted]
         finally:
-            await asyncio.gather(*(session.close() for session in sessions.values()), return_exceptions=True)
+            # Every socket this wave opened (registered the moment it opened) is closed here:
+            # on success, failure, RunCancelled and asyncio cancellation alike.
+            await asyncio.gather(*(self._release(s) for s in opened_here), return_exceptions=True)
 
-    async def _open(self, index: int) -> tuple[int, EnvSession, Any, int]:
+    async def _release(self, session: EnvSession) -> None:
+        await session.close()
+        if getattr(session, "_kiln_granted", False):
+            session._kiln_granted = False  # type: ignore[attr-defined]
+            CAPACITY.released(self._book_key)
+
+    async def _open(
+        self, index: int, registry: list[EnvSession], *, wait: bool
+    ) -> tuple[int, EnvSession, Any, int]:
+        key = self._book_key
+        if wait:
+            return await self._open_waiting(index, registry)
         session, result, retries = await open_session_and_reset(
             self.url,
             self.task.reset_payload,
-            capacity_wait_s=float(self.settings.capacity_wait_seconds),
+            capacity_wait_s=0.0,
             bearer_token=self.task.bearer_token,
             should_cancel=self.should_cancel,
-            on_wait=lambda retries: self.heartbeat(
-                {"group_index": self.task.group_index, "candidate_index": index, "capacity_retries": retries}
-            ),
+            on_open=registry.append,
+            on_refused=lambda error: CAPACITY.refused(key, error),
         )
+        session._kiln_granted = True  # type: ignore[attr-defined]
+        CAPACITY.granted(key)
         return index, session, result, retries
+
+    async def _open_waiting(self, index: int, registry: list[EnvSession]) -> tuple[int, EnvSession, Any, int]:
+        key = self._book_key
+        total = float(self.settings.capacity_wait_seconds)
+        window = total if self.attempt_capacity_wait_s is None else min(total, self.attempt_capacity_wait_s)
+        if self.attempt_capacity_wait_s is not None and not CAPACITY.try_wait(key):
+            raise self._at_capacity(0.0)  # another group of this environment already waits here
+        started = time.monotonic()
+        try:
+            session, result, retries = await open_session_and_reset(
+                self.url,
+                self.task.reset_payload,
+                capacity_wait_s=window,
+                bearer_token=self.task.bearer_token,
+                should_cancel=self.should_cancel,
+                on_open=registry.append,
+                on_refused=lambda error: CAPACITY.refused(key, error),
+                on_wait=lambda retries: self.heartbeat(
+                    {"group_index": self.task.group_index, "candidate_index": index, "capacity_retries": retries}
+                ),
+            )
+        except EnvironmentCapacityExhausted:
+            waited = time.monotonic() - started
+            if self.attempt_capacity_wait_s is not None:
+                raise self._at_capacity(waited) from None
+            raise capacity_exhausted(
+                self.url.websocket_url, self.task.group_index, self.settings.group_size,
+                waited, CAPACITY.snapshot(key),
+            ) from None
+        finally:
+            if self.attempt_capacity_wait_s is not None:
+                CAPACITY.end_wait(key)
+        session._kiln_granted = True  # type: ignore[attr-defined]
+        CAPACITY.granted(key)
+        return index, session, result, retries
+
+    def _at_capacity(self, waited_s: float) -> EnvironmentAtCapacity:
+        observed = CAPACITY.snapshot(self._book_key)
+        return EnvironmentAtCapacity(
+            f"group {self.task.group_index}: {self.url.websocket_url} is at capacity; "
+            "the run waits for a session without holding a gpu slot",
+            details={
+                "url": self.url.websocket_url,
+                "group_index": self.task.group_index,
+                "group_size": self.settings.group_size,
+                "attempt_wait_s": round(waited_s, 3),
+                **observed,
+            },
+        )
+
+    def capacity_observed(self) -> dict[str, Any]:
+        """What the environment granted (for run status, never the artifacts)."""
+        return {**CAPACITY.snapshot(self._book_key), "waves": self.waves}
 
     def _episode_for(self, index: int, opened: tuple[int, EnvSession, Any, int]) -> CandidateEpisode:
         _, _session, result, retries = opened
@@ -399,6 +495,11 @@ class GroupCollector:
         return {
             "model_latency_ms": round(sum(ep.model_latency_ms for ep in self.episodes), 3),
         }
+
+
+def _refused(error: BaseException) -> bool:
+    """A one-shot open that the environment refused for capacity (deferred to a later wave)."""
+    return isinstance(error, EnvironmentCapacityExhausted)
 
 
 _TERMINAL = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
