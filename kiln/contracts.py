@@ -155,6 +155,8 @@ class RunRequest(StrictModel):
     protocol_error_reward: float = -1.0
     max_recoverable_errors: int = Field(default=3, ge=0, le=64)
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
+    # "warn": a group whose candidates saw different resets is collected anyway (recorded).
+    reset_determinism: Literal["strict", "warn"] = "strict"
     training_config: TrainingConfig | None = None
     training_contract: TrainingContract | None = None
     auto_load: bool = True

@@ -578,6 +578,8 @@ class OpenEnvRunWorkflow:
             )
         }
         settings["group_size"] = group_size
+        if request.get("reset_determinism", "strict") != "strict":
+            settings["reset_determinism"] = request["reset_determinism"]
         credential_ids = request.get("credential_ids") or []
         gate = asyncio.Semaphore(options.MAX_PARALLEL_GROUPS)
         returns: list[float] = []

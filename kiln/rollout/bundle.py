@@ -104,6 +104,11 @@ def summary_document(
         "protocol_error_reward": request["protocol_error_reward"],
         "max_recoverable_errors": request["max_recoverable_errors"],
         "capacity_wait_seconds": request["capacity_wait_seconds"],
+        **(
+            {"reset_determinism": request["reset_determinism"]}
+            if request.get("reset_determinism", "strict") != "strict"
+            else {}
+        ),
         "reset_plan_sha256": reset_plan_sha256,
         "dataset_sha256": sha256_bytes(dataset),
         "dataset_bytes": len(dataset),

@@ -10,12 +10,14 @@ its previous ids plus the new observation's ids, never a re-rendered conversatio
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from kiln.canonical import canonical_json, compact_json, digest_json
+from kiln.jsondiff import differing_paths
 from kiln.errors import CollectionFailed, EnvironmentCapacityExhausted, RunCancelled
 from kiln.openenv.capacity import CAPACITY, EnvironmentAtCapacity, capacity_exhausted, wave_size
 from kiln.openenv.actions import ActionParseError, parse_action_text
@@ -33,6 +35,8 @@ from kiln.rollout.episode import (
 from kiln.rollout.policy_port import PolicyPort
 from kiln.rollout.prompts import initial_messages, observation_content
 from kiln.rollout.seeds import generation_seed
+
+log = logging.getLogger(__name__)
 
 GROUP_SCHEMA = "kiln.openenv-group.v1"
 ROLLOUT_SCHEMA = "kiln.openenv-rollout.v1"
@@ -53,6 +57,7 @@ class EpisodeSettings:
     max_recoverable_errors: int = 3
     capacity_wait_seconds: int = 300
     constrained_actions: bool = False
+    reset_determinism: str = "strict"  # "warn": candidates may see different resets (recorded)
 
     @classmethod
     def from_request(cls, request: Any) -> "EpisodeSettings":
@@ -68,6 +73,7 @@ class EpisodeSettings:
             max_recoverable_errors=request.max_recoverable_errors,
             capacity_wait_seconds=request.capacity_wait_seconds,
             constrained_actions=request.constrained_actions,
+            reset_determinism=getattr(request, "reset_determinism", "strict"),
         )
 
 
@@ -123,6 +129,8 @@ class GroupCollector:
         self.messages: list[dict[str, Any]] | None = None
         self.reset_wire: dict[str, Any] | None = None
         self.attempt_capacity_wait_s = attempt_capacity_wait_s
+        self.nondeterministic_fields: set[str] = set()
+        self.own_resets: dict[int, dict[str, Any]] = {}
         self.waves = 0
         self._book_key = self.url.websocket_url
 
@@ -274,14 +282,8 @@ class GroupCollector:
         messages = initial_messages(self.identity.get("metadata") or {}, self.shown_schema, wire)
         if self.messages is None:
             self.messages, self.reset_wire = messages, wire
-        elif canonical_json(messages) != canonical_json(self.messages) or canonical_json(
-            wire
-        ) != canonical_json(self.reset_wire):
-            raise CollectionFailed(
-                f"group {self.task.group_index} candidate {index}: reset(seed={self.task.seed}) "
-                "must be deterministic — candidates of one group saw different reset observations",
-                retryable=False,
-            )
+        elif canonical_json(wire) != canonical_json(self.reset_wire):
+            self._reset_differs(index, wire)
         prompt_ids = self.policy.encode_prompt(messages, thinking=self.settings.thinking)
         return CandidateEpisode(
             candidate_index=index,
@@ -289,6 +291,31 @@ class GroupCollector:
             protocol_error_reward=self.settings.protocol_error_reward,
             max_recoverable_errors=self.settings.max_recoverable_errors,
             capacity_retries=retries,
+        )
+
+    def _reset_differs(self, index: int, wire: dict[str, Any]) -> None:
+        """Candidates of one group saw different resets: fail naming the fields (strict), or record
+        them and let this candidate act on its own observation (``reset_determinism: warn``)."""
+        fields = differing_paths(self.reset_wire, wire, "reset_observation")
+        if self.settings.reset_determinism != "warn":
+            raise CollectionFailed(
+                f"group {self.task.group_index} candidate {index}: reset(seed={self.task.seed}) is not "
+                f"deterministic — candidates of one group saw different {', '.join(fields[:8])}",
+                hint="the environment ignores the seed for these fields; set reset_determinism: "
+                "\"warn\" to collect anyway (each candidate then acts on its own reset, recorded)",
+                retryable=False,
+                details={
+                    "group_index": self.task.group_index,
+                    "candidate_index": index,
+                    "seed": self.task.seed,
+                    "fields": fields[:64],
+                },
+            )
+        self.nondeterministic_fields.update(fields)
+        self.own_resets[index] = wire
+        log.warning(
+            "group %d candidate %d: reset(seed=%d) differs in %s (reset_determinism: warn)",
+            self.task.group_index, index, self.task.seed, ", ".join(fields[:8]),
         )
 
     # ------------------------------------------------------------------ turns
@@ -455,6 +482,8 @@ class GroupCollector:
             }
             if ep.final_state is not None:
                 candidate["final_state"] = ep.final_state
+            if ep.candidate_index in self.own_resets:
+                candidate["reset_observation"] = self.own_resets[ep.candidate_index]
             replay_candidates.append(candidate)
             record = {
                 "group_index": self.task.group_index,
@@ -473,20 +502,23 @@ class GroupCollector:
             if ep.termination == "protocol_error":
                 record["protocol_error_code"] = ep.protocol_error_code
             records.append(record)
+        replay = {
+            "group_index": self.task.group_index,
+            "environment_index": self.task.environment_index,
+            "seed": self.task.seed,
+            "reset_payload": self.task.reset_payload,
+            "reset_observation": self.reset_wire,
+            "candidates": replay_candidates,
+        }
+        if self.nondeterministic_fields:
+            replay["reset_nondeterministic_fields"] = sorted(self.nondeterministic_fields)
         return {
             "schema": GROUP_SCHEMA,
             "group_index": self.task.group_index,
             "environment_index": self.task.environment_index,
             "seed": self.task.seed,
             "line": {"messages": self.messages, "completions": completions},
-            "replay": {
-                "group_index": self.task.group_index,
-                "environment_index": self.task.environment_index,
-                "seed": self.task.seed,
-                "reset_payload": self.task.reset_payload,
-                "reset_observation": self.reset_wire,
-                "candidates": replay_candidates,
-            },
+            "replay": replay,
             "records": records,
         }
 

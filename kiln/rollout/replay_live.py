@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from kiln.canonical import canonical_json
 from kiln.errors import EnvironmentIdentityChanged, InvalidRequest, KilnError, RunCancelled
+from kiln.jsondiff import differing_paths, without_paths
 from kiln.openenv.discovery import identity_differences, inspect_environment
 from kiln.openenv.session import TERMINAL_CODES, EnvSession, StepResult, open_session_and_reset
 from kiln.openenv.urls import normalize_url
@@ -108,32 +109,6 @@ async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
             )
 
 
-def differing_paths(a: Any, b: Any, prefix: str) -> list[str]:
-    """Dotted paths of every leaf where two JSON values differ (dicts recursed, others compared)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                out.append(f"{prefix}.{key}")
-            elif not _same(a[key], b[key]):
-                out.extend(differing_paths(a[key], b[key], f"{prefix}.{key}"))
-        return out
-    return [] if _same(a, b) else [prefix]
-
-
-def without_paths(value: Any, paths: list[str], prefix: str) -> Any:
-    """A copy of ``value`` with the dotted ``paths`` (relative to ``prefix``) removed."""
-    if not isinstance(value, dict):
-        return value
-    out = {}
-    for key, item in value.items():
-        path = f"{prefix}.{key}"
-        if path in paths:
-            continue
-        out[key] = without_paths(item, paths, path)
-    return out
-
-
 async def session_identifiers(
     base_url: str, payload: dict, *, bearer_token: str | None, capacity_wait_s: float,
     should_cancel: Callable[[], bool] | None,
@@ -178,7 +153,12 @@ async def replay_candidate(
         should_cancel=should_cancel,
     )
     try:
-        compare_result(group["reset_observation"], reset, g, c, None)
+        # Under reset_determinism: warn the recording lists the fields resets differed in.
+        loose = list(group.get("reset_nondeterministic_fields") or [])
+        recorded_reset = without_paths(candidate.get("reset_observation", group["reset_observation"]), loose, "reset_observation")
+        if loose and reset.kind == "observation":
+            reset = StepResult(kind="observation", observation=without_paths(reset.observation, loose, "reset_observation"))
+        compare_result(recorded_reset, reset, g, c, None)
         for exchange in candidate["exchanges"]:
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
@@ -287,5 +267,11 @@ async def replay_bundle(
             {"environment_index": index, "field": field, "reason": "differs between two resets with the same payload"}
             for index in sorted(excluded)
             for field in excluded[index]
+        ]
+        + [
+            {"environment_index": group["environment_index"], "group_index": group["group_index"], "field": field,
+             "reason": "recorded as non-deterministic (reset_determinism: warn)"}
+            for group in bundle.replay["groups"]
+            for field in group.get("reset_nondeterministic_fields") or []
         ],
     }

@@ -128,7 +128,7 @@ _SUMMARY_KEYS = frozenset(
         "stats", "rollouts",
     }
 )
-_SUMMARY_OPTIONAL = frozenset({"training_selection"})
+_SUMMARY_OPTIONAL = frozenset({"training_selection", "reset_determinism"})
 _REPLAY_KEYS = frozenset(
     {"schema", "client_profile", "dataset_sha256", "protocol_error_reward", "max_steps",
      "environments", "groups"}
@@ -507,7 +507,7 @@ def check_replay_candidate(
     """R4.4 manifest rules for one candidate."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
-    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state"}))
+    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation"}))
     if candidate["candidate_index"] != index or not _is_int(candidate["candidate_index"]):
         raise fail(where, "candidate_index", f"must be {index} (contiguous candidate indices)")
     exchanges = need_list(candidate["exchanges"], where, "exchanges")
@@ -839,13 +839,27 @@ def check_replay_header(replay: dict, summary: dict, dataset_sha256: str) -> Non
         raise fail(where, "groups", f"holds {len(groups)} groups, the summary says {summary['groups']}")
 
 
+def check_reset_determinism(group: dict, summary: dict, where: Where) -> None:
+    """Per-candidate resets are allowed only under ``reset_determinism: warn``, listed by field."""
+    own = [c for c in group.get("candidates") or [] if isinstance(c, dict) and "reset_observation" in c]
+    if summary.get("reset_determinism", "strict") != "warn":
+        if "reset_nondeterministic_fields" in group or own:
+            raise fail(where, "reset_nondeterministic_fields", "only allowed with reset_determinism: warn")
+        return
+    if own and not group.get("reset_nondeterministic_fields"):
+        raise fail(where, "reset_nondeterministic_fields", "must list the fields in which resets differed")
+    for candidate in own:
+        check_wire_observation(candidate["reset_observation"], where, "candidates[].reset_observation")
+
+
 def check_group(
     g: int, group: Any, line: dict, summary: dict, validators: list[ActionValidator], records: list
 ) -> int:
     """All checks of one group; returns its number of environment exchanges."""
     rwhere = Where(REPLAY_FILE, group=g)
     group = need_dict(group, rwhere, "group")
-    need_keys(group, _GROUP_KEYS, rwhere, "")
+    need_keys(group, _GROUP_KEYS, rwhere, "", frozenset({"reset_nondeterministic_fields"}))
+    check_reset_determinism(group, summary, rwhere)
     environments = summary["environments"]
     if group["group_index"] != g or not _is_int(group["group_index"]):
         raise fail(rwhere, "group_index", f"must be {g} (contiguous group indices)")

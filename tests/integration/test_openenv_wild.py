@@ -1,0 +1,83 @@
+"""Properties of public OpenEnv servers (issue 12), each on a server of our own built with the real
+``openenv`` package (``tests.support.wild_servers``): a seed-ignoring reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from kiln.canonical import canonical_json
+from kiln.contracts import reset_payload, reset_plan_sha256
+from kiln.errors import CollectionFailed
+from kiln.openenv.discovery import inspect_environment
+from kiln.rollout.bundle import build_bundle
+from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.rollout.replay_live import replay_bundle
+from kiln.rollout.verify import verify_bundle
+from tests.support.servers import free_port, serve_app_process
+from tests.unit.test_verify_support import request_for, write_bundle
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@contextlib.contextmanager
+def wild(name: str, port: int, sessions: int = 1) -> Iterator[str]:
+    argv = [sys.executable, "-m", "tests.support.wild_servers", name, "--port", str(port),
+            "--max-concurrent-envs", str(sessions)]
+    with serve_app_process(argv, port=port) as url:
+        yield url
+
+
+async def _collect(url: str, runtime, settings: EpisodeSettings, *, groups: int = 1, seed_start: int = 11) -> dict[str, bytes]:
+    inspection = json.loads(canonical_json(await inspect_environment(url)))
+    behavior_policy = {**runtime.identity(None), "adapter": None}
+    documents = []
+    for g in range(groups):
+        task = GroupTask(
+            group_index=g, environment_index=0, seed=seed_start + g,
+            reset_payload=reset_payload({}, seed_start + g), inspection=inspection,
+            settings=settings, behavior_policy=behavior_policy,
+        )
+        documents.append(json.loads(canonical_json(await GroupCollector(task, runtime).run())))
+    request = {**request_for(settings, groups=groups, seed_start=seed_start, urls=[url]),
+               "reset_determinism": settings.reset_determinism}
+    return build_bundle(documents, request=request, inspections=[inspection], behavior_policy=behavior_policy,
+                        reset_plan_sha256=reset_plan_sha256([{}]))
+
+
+def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from kiln.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    port = free_port()
+    strict = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24)
+    with wild("seed_ignoring", port) as url:
+        with pytest.raises(CollectionFailed) as info:
+            asyncio.run(_collect(url, runtime, strict))
+        assert info.value.code == "collection_failed"
+        assert info.value.details["fields"] == ["reset_observation.observation.side"]
+        assert "reset_observation.observation.side" in info.value.message
+        assert "reset_determinism" in info.value.hint
+
+        warn = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24, reset_determinism="warn")
+        files = asyncio.run(_collect(url, runtime, warn))
+    summary = json.loads(files["summary.json"])
+    replay = json.loads(files["replay.json"])
+    assert summary["reset_determinism"] == "warn" and summary["rollout_count"] == 2
+    assert replay["groups"][0]["reset_nondeterministic_fields"] == ["reset_observation.observation.side"]
+    own = replay["groups"][0]["candidates"][1]["reset_observation"]["observation"]["side"]
+    assert own != replay["groups"][0]["reset_observation"]["observation"]["side"]
+    summary_path = write_bundle(tmp_path, files)
+    assert verify_bundle(summary_path)["rollouts"] == 2  # verify honours reset_determinism: warn
+
+    with wild("seed_ignoring", port):
+        report = asyncio.run(replay_bundle(summary_path, concurrency=2))
+    fields = {item["field"] for item in report["excluded_fields"]}
+    assert fields == {"reset_observation.observation.side", "final_state.side"}
