@@ -61,6 +61,7 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "done_count": terminations.count("done"),
         "max_steps_count": terminations.count("max_steps"),
         "invalid_model_action_count": terminations.count("invalid_model_action"),
+        "truncated_action_count": sum(1 for r in records if r.get("harness_code") == "MODEL_ACTION_TRUNCATED"),
         "protocol_error_count": terminations.count("protocol_error"),
         "recoverable_protocol_error_count": sum(r["recoverable_protocol_errors"] for r in records),
         "capacity_retry_count": sum(r["capacity_retries"] for r in records),

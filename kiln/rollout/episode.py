@@ -18,6 +18,15 @@ TURN_BREAK = "<TURN_BREAK>"
 NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"
 INVALID_ACTION = "INVALID_MODEL_ACTION"
 SCHEMA_FAILED = "ACTION_SCHEMA_VALIDATION_FAILED"
+TRUNCATED = "MODEL_ACTION_TRUNCATED"
+
+
+def truncation_outcome(code: str, message: str, action_ids: int, max_action_tokens: int) -> tuple[str, str]:
+    """An unparsable or schema-failing action that used all ``max_action_tokens`` ids was cut
+    off, not wrong: it gets its own code (the one rule the collector and verify share)."""
+    if code in (INVALID_ACTION, SCHEMA_FAILED) and action_ids >= max_action_tokens:
+        return TRUNCATED, f"the action was cut at max_action_tokens ({max_action_tokens}): {message}"
+    return code, message
 
 
 @dataclass

@@ -31,6 +31,7 @@ from kiln.rollout.episode import (
     TURN_BREAK,
     CandidateEpisode,
     now_ms,
+    truncation_outcome,
 )
 from kiln.rollout.policy_port import PolicyPort
 from kiln.rollout.prompts import initial_messages, observation_content
@@ -391,16 +392,19 @@ class GroupCollector:
             # the unfinished text is kept as is and the completion never reaches the optimizer.
             ep.record_harness_error(NO_OUTPUT, "the policy produced no final answer")
             return
+        limit = self.settings.max_action_tokens
         try:
             action = parse_action_text(answer)
         except ActionParseError as exc:
-            content = ep.record_harness_error(INVALID_ACTION, str(exc))
+            content = ep.record_harness_error(*truncation_outcome(INVALID_ACTION, str(exc), len(ids), limit))
             self._append_turn(ep, content, warning=True)
             return
         issues = self.validator.validate(action)
         if issues:
             content = ep.record_harness_error(
-                SCHEMA_FAILED, "action failed the advertised schema: " + compact_json(issues).decode()
+                *truncation_outcome(
+                    SCHEMA_FAILED, "action failed the advertised schema: " + compact_json(issues).decode(), len(ids), limit
+                )
             )
             self._append_turn(ep, content, warning=True)
             return
@@ -501,6 +505,8 @@ class GroupCollector:
             }
             if ep.termination == "protocol_error":
                 record["protocol_error_code"] = ep.protocol_error_code
+            if ep.harness_code is not None:
+                record["harness_code"] = ep.harness_code
             records.append(record)
         replay = {
             "group_index": self.task.group_index,

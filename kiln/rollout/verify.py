@@ -90,7 +90,14 @@ from kiln.rollout.bundle import (
     SUMMARY_SCHEMA,
     rollout_stats,
 )
-from kiln.rollout.episode import INVALID_ACTION, NO_OUTPUT, SCHEMA_FAILED, TURN_BREAK
+from kiln.rollout.episode import (
+    INVALID_ACTION,
+    NO_OUTPUT,
+    SCHEMA_FAILED,
+    TRUNCATED,
+    TURN_BREAK,
+    truncation_outcome,
+)
 from kiln.rollout.group import ROLLOUT_SCHEMA, environment_name
 from kiln.rollout.prompts import (
     PROMPT_VERSION,
@@ -153,7 +160,7 @@ _RECORD_KEYS = frozenset(
      "capacity_retries", "model_tokens"}
 )
 _TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error"})
-_HARNESS_CODES = frozenset({NO_OUTPUT, INVALID_ACTION, SCHEMA_FAILED})
+_HARNESS_CODES = frozenset({NO_OUTPUT, INVALID_ACTION, SCHEMA_FAILED, TRUNCATED})
 
 
 class VerificationFailed(KilnError):
@@ -648,7 +655,8 @@ def check_segment(segment: Any, where: Where, field: str, role: str, kind: str, 
 
 
 def check_trajectory(
-    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator
+    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator,
+    max_action_tokens: int | None = None,
 ) -> None:
     """R4.2 structure: actions parse to the exchanged actions, observations are recomputed."""
     trajectory = need_list(completion["trajectory"], where, "trajectory")
@@ -693,6 +701,9 @@ def check_trajectory(
         action_seg = check_segment(trajectory[2 * step], at, f"trajectory[{2 * step}]", "assistant", "action", False)
         actions.append(action_seg["content"])
         outcome = expected_harness(split_answer(action_seg["content"], thinking), validator)
+        if outcome is not None and max_action_tokens is not None:
+            last = [p for p in completion["tokens"]["pieces"] if isinstance(p, dict) and p.get("kind") == "action"]
+            outcome = truncation_outcome(*outcome, len(last[-1].get("ids") or []) if last else 0, max_action_tokens)
         if outcome is None:
             raise fail(at, f"trajectory[{2 * step}].content", "is a valid action, yet the candidate ended invalid_model_action")
         if harness != outcome[0]:
@@ -788,11 +799,14 @@ def check_provenance(
 
 
 def check_record(
-    record: Any, where: Where, *, group: dict, candidate: dict, facts: CandidateFacts, inspection: dict
+    record: Any, where: Where, *, group: dict, candidate: dict, facts: CandidateFacts, inspection: dict,
+    harness_code: str | None = None,
 ) -> None:
     """One summary ``rollouts`` record against the replay candidate."""
     record = need_dict(record, where, "rollouts[]")
-    need_keys(record, _RECORD_KEYS, where, "rollouts[]", frozenset({"protocol_error_code"}))
+    need_keys(record, _RECORD_KEYS, where, "rollouts[]", frozenset({"protocol_error_code", "harness_code"}))
+    if "harness_code" in record and record["harness_code"] != harness_code:
+        raise fail(where, "rollouts[].harness_code", f"must be the completion's harness_code {harness_code!r}")
     identity = inspection["identity"]
     expected = {
         "group_index": group["group_index"],
@@ -911,7 +925,10 @@ def check_group(
         )
         if completion["harness_code"] is not None and completion["harness_code"] not in _HARNESS_CODES:
             raise fail(cwhere, "harness_code", f"must be null or one of {sorted(_HARNESS_CODES)}")
-        check_trajectory(completion, facts, cwhere, thinking=summary["thinking"], validator=validator)
+        check_trajectory(
+            completion, facts, cwhere, thinking=summary["thinking"], validator=validator,
+            max_action_tokens=summary["max_action_tokens"],
+        )
         check_pieces(
             completion, facts, cwhere,
             model_tokens=candidate["model_tokens"], max_action_tokens=summary["max_action_tokens"],
@@ -920,6 +937,7 @@ def check_group(
         check_record(
             records[record_index], Where(SUMMARY_FILE, group=g, candidate=c),
             group=group, candidate=candidate, facts=facts, inspection=inspection,
+            harness_code=completion["harness_code"],
         )
     return exchanges
 

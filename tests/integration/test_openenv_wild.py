@@ -81,3 +81,27 @@ def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: P
         report = asyncio.run(replay_bundle(summary_path, concurrency=2))
     fields = {item["field"] for item in report["excluded_fields"]}
     assert fields == {"reset_observation.observation.side", "final_state.side"}
+
+
+def test_truncated_actions_get_their_own_code_and_count(tiny_model_dir: Path, counter_env_url: str, tmp_path: Path) -> None:
+    """An answer cut at max_action_tokens is MODEL_ACTION_TRUNCATED (not INVALID_MODEL_ACTION),
+    counted in the summary stats, and the bundle verifies."""
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.unit.test_verify_support import _collect as collect_counter
+
+    settings = EpisodeSettings(group_size=4, max_steps=2, max_action_tokens=3, thinking=False)
+    files = asyncio.run(
+        collect_counter(counter_env_url, PolicyRuntime.load(tiny_model_dir), groups=2, seed_start=3, settings=settings, template={})
+    )
+    summary = json.loads(files["summary.json"])
+    codes = [r.get("harness_code") for r in summary["rollouts"]]
+    assert codes.count("MODEL_ACTION_TRUNCATED") == summary["stats"]["truncated_action_count"] > 0
+    assert "INVALID_MODEL_ACTION" not in codes  # a 3-token answer that fails to parse was cut, not wrong
+    lines = [json.loads(line) for line in files["rollouts.jsonl"].splitlines()]
+    message = next(
+        json.loads(seg["content"])["openenv_harness_error"]["message"]
+        for line in lines for c in line["completions"] if c["harness_code"] == "MODEL_ACTION_TRUNCATED"
+        for seg in c["trajectory"][-1:]
+    )
+    assert message.startswith("the action was cut at max_action_tokens (3)")
+    assert verify_bundle(write_bundle(tmp_path, files))["rollouts"] == 8
