@@ -115,6 +115,9 @@ def inspect_cmd(
     console.print(f"discovery sha256 {identity.get('discovery_sha256')}")
     console.print("action schema:")
     console.print_json(json.dumps(inspection["schema"]["action"]))
+    for tool in identity.get("tools") or []:  # MCP tool environments
+        console.print(f"tool {tool['name']} — {tool['description']}", markup=False, highlight=False)
+        console.print_json(json.dumps(tool["input_schema"]))
 
 
 def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from kiln.canonical import canonical_json, compact_json, digest_json
 from kiln.jsondiff import differing_paths
-from kiln.errors import CollectionFailed, EnvironmentCapacityExhausted, RunCancelled
+from kiln.errors import CollectionFailed, EnvironmentCapacityExhausted, EnvironmentIdentityChanged, RunCancelled
 from kiln.openenv.capacity import CAPACITY, EnvironmentAtCapacity, capacity_exhausted, wave_size
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
@@ -145,6 +145,7 @@ class GroupCollector:
         Every session of a wave is closed before the next wave opens.
         """
         size = self.settings.group_size
+        await self._check_tools()
         pending = list(range(size))
         while pending:
             self._check_cancel()
@@ -153,6 +154,20 @@ class GroupCollector:
             self.waves += 1
             pending = [index for index in pending if index not in ran]
         return self._document()
+
+    async def _check_tools(self) -> None:
+        """MCP environments: list the tools again before the episodes; they must be the inspected
+        ones (the prompt and identity digests were built from them)."""
+        if not self.identity.get("tools"):
+            return
+        from kiln.openenv.discovery import inspect_environment
+
+        live = await inspect_environment(self.url, bearer_token=self.task.bearer_token)
+        if canonical_json(live["identity"].get("tools")) != canonical_json(self.identity["tools"]):
+            raise EnvironmentIdentityChanged(
+                f"{self.url.base_url}: the MCP tools differ from the inspected ones",
+                details={"environment_url": self.url.base_url, "changed_fields": ["identity.tools"]},
+            )
 
     # ------------------------------------------------------------------ waves
     async def _run_wave(self, candidates: list[int]) -> list[int]:
@@ -280,7 +295,9 @@ class GroupCollector:
                 "a rollout needs at least one action",
                 retryable=False,
             )
-        messages = initial_messages(self.identity.get("metadata") or {}, self.shown_schema, wire)
+        messages = initial_messages(
+            self.identity.get("metadata") or {}, self.shown_schema, wire, self.identity.get("tools")
+        )
         if self.messages is None:
             self.messages, self.reset_wire = messages, wire
         elif canonical_json(wire) != canonical_json(self.reset_wire):

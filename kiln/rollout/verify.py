@@ -897,7 +897,8 @@ def check_group(
     dwhere = Where(DATASET_FILE, group=g)
     need_keys(line, frozenset({"messages", "completions"}), dwhere, "")
     expected_messages = initial_messages(
-        inspection["identity"]["metadata"], policy_action_schema(inspection["schema"]["action"]), reset
+        inspection["identity"]["metadata"], policy_action_schema(inspection["schema"]["action"]), reset,
+        inspection["identity"].get("tools"),
     )
     if not same_json(line["messages"], expected_messages):
         raise fail(dwhere, "messages", "is not the recomputed R3.6 prompt for this group's reset observation")

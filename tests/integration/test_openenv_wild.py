@@ -105,3 +105,34 @@ def test_truncated_actions_get_their_own_code_and_count(tiny_model_dir: Path, co
     )
     assert message.startswith("the action was cut at max_action_tokens (3)")
     assert verify_bundle(write_bundle(tmp_path, files))["rollouts"] == 8
+
+
+def test_mcp_tools_reach_the_prompt_and_the_identity(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kiln.cli.app import app
+    from kiln.openenv.discovery import identity_differences
+    from kiln.policy.runtime import PolicyRuntime
+
+    port = free_port()
+    base = ["--tool-variant"]
+    with wild("mcp_tools", port, sessions=4) as url:
+        first = asyncio.run(inspect_environment(url))
+        settings = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24, thinking=False)
+        files = asyncio.run(_collect(url, PolicyRuntime.load(tiny_model_dir), settings))
+        printed = CliRunner().invoke(app, ["openenv", "inspect", "--environment", url]).output
+    tools = first["identity"]["tools"]
+    assert [t["name"] for t in tools] == ["add", "total"]
+    line = json.loads(files["rollouts.jsonl"].splitlines()[0])
+    system = line["messages"][0]["content"]
+    assert "Add an amount to the running total." in system and '"maximum":5' in system and '"name":"total"' in system
+    assert json.loads(files["summary.json"])["prompt_version"] == "kiln.openenv-prompt.v3"
+    assert verify_bundle(write_bundle(tmp_path, files))["rollouts"] == 2  # verify rebuilds the prompt with tools
+    assert "tool add — Add an amount to the running total." in printed
+
+    argv = [sys.executable, "-m", "tests.support.wild_servers", "mcp_tools", "--port", str(port), *base, "2"]
+    with serve_app_process(argv, port=port) as url:
+        second = asyncio.run(inspect_environment(url))
+    assert second["identity"]["tools_sha256"] != first["identity"]["tools_sha256"]
+    assert second["identity"]["discovery_sha256"] != first["identity"]["discovery_sha256"]
+    assert "identity.tools" in identity_differences(first, second)
