@@ -11,15 +11,16 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from kiln.cli.output import JsonAwareGroup, fail, progress
 from kiln.errors import KilnError
 from kiln.settings import load_settings
 
-app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
-openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
-model_app = typer.Typer(help="Local models.", no_args_is_help=True)
+app = typer.Typer(cls=JsonAwareGroup, help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True)
+openenv_app = typer.Typer(cls=JsonAwareGroup, help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True)
+model_app = typer.Typer(cls=JsonAwareGroup, help="Local models.", no_args_is_help=True)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
-train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True)
+train_app = typer.Typer(cls=JsonAwareGroup, help="Train adapters from saved rollouts.", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 
 console = Console(soft_wrap=True)
@@ -27,10 +28,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(error: KilnError) -> None:
-    err_console.print(f"[red]error[/] {error.code}: {error.message}")
-    if error.hint:
-        err_console.print(f"hint: {error.hint}")
-    raise typer.Exit(2)
+    fail(error)  # under --json: the error envelope on stdout as well
 
 
 def _api() -> Any:
@@ -130,22 +128,23 @@ def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool)
         _fail(error)
         return
     run_id = status["run_id"]
+    out = progress()  # stderr under --json: stdout then holds only the JSON document
     if not follow_run:
         if as_json:
             sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
         else:
-            console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
+            out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
             if status.get("temporal_ui"):
-                console.print(f"web ui {status['temporal_ui']}")
+                out.print(f"web ui {status['temporal_ui']}")
         return
-    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
     if status.get("temporal_ui"):
-        console.print(f"web ui {status['temporal_ui']}")
-    final = follow(lambda: api.status(run_id), console)
+        out.print(f"web ui {status['temporal_ui']}")
+    final = follow(lambda: api.status(run_id), out)
     if as_json:
         sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
         raise typer.Exit(0 if final.get("state") == "completed" else 1)
-    raise typer.Exit(print_outcome(final, console))
+    raise typer.Exit(print_outcome(final, out))
 
 
 def _request_from_flags(
@@ -359,12 +358,14 @@ def rollout_cmd(
         _fail(error)
         return
     run_id = status["run_id"]
-    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
-    raise typer.Exit(
-        follow_and_download(
-            api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force
-        )
+    out = progress()
+    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    exit_code = follow_and_download(
+        api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
+    if as_json:  # --output does not turn --json off: the final status, then the exit code
+        sys.stdout.write(json.dumps(api.status(run_id), indent=2, sort_keys=True) + "\n")
+    raise typer.Exit(exit_code)
 
 
 @openenv_app.command("start")

@@ -55,11 +55,10 @@ def api_client() -> ApiClient:
 
 
 def fail(error: KilnError) -> None:
-    """Print a KilnError (code, message, hint) on stderr and exit 2."""
-    err_console.print(f"[red]error[/] {error.code}: {error.message}")
-    if error.hint:
-        err_console.print(f"hint: {error.hint}")
-    raise typer.Exit(2)
+    """Print a KilnError (code, message, hint) on stderr (and as JSON on stdout under --json); exit 2."""
+    from kiln.cli.output import fail as report
+
+    report(error)
 
 
 def print_json(value: Any) -> None:

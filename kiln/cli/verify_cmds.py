@@ -33,10 +33,9 @@ _VERIFY_CHECKS = (
 
 
 def _fail(error: KilnError) -> None:
-    err_console.print(f"[red]error[/] {error.code}: {error.message}", markup=True, highlight=False)
-    if error.hint:
-        err_console.print(f"hint: {error.hint}", markup=False, highlight=False)
-    raise typer.Exit(2)
+    from kiln.cli.output import fail
+
+    fail(error)  # under --json the error envelope goes to stdout too
 
 
 def _print_json(report: dict[str, Any]) -> None:
