@@ -157,6 +157,8 @@ class RunRequest(StrictModel):
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
     # "warn": a group whose candidates saw different resets is collected anyway (recorded).
     reset_determinism: Literal["strict", "warn"] = "strict"
+    # A train run whose every group is skipped ends failed (training_failed, zero_groups) unless true.
+    allow_empty_training: bool = False
     training_config: TrainingConfig | None = None
     training_contract: TrainingContract | None = None
     auto_load: bool = True

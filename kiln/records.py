@@ -135,6 +135,8 @@ class TrainInput(Record):
     output_adapter: str
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
+    # True: a run whose every group is skipped completes without an adapter (else training_failed).
+    allow_empty_training: bool = False
 
 
 class TrainResult(Record):

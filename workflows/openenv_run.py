@@ -315,6 +315,7 @@ class OpenEnvRunWorkflow:
                     output_adapter=request["output_adapter"],
                     behavior_policy=policy.behavior_policy,
                     base_adapter=policy.adapter_ref,
+                    allow_empty_training=bool(request.get("allow_empty_training", False)),
                 ),
                 result_type=TrainResult,
                 task_queue=gpu_queue,

@@ -22,7 +22,8 @@ def select_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
 
     Kept groups are shallow copies with filtered completions.
 
-    Group numbers in warnings are 1-based positions in ``groups``.
+    Group numbers in warnings are 0-based positions in ``groups`` (as ``group_index`` in
+    receipts and artifacts).
     """
     kept: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -30,7 +31,7 @@ def select_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
     discarded = 0
     no_usable = 0
     no_gradient = 0
-    for number, group in enumerate(groups, start=1):
+    for number, group in enumerate(groups):
         completions = list(group.get("completions") or [])
         rollouts += len(completions)
         usable = [c for c in completions if c.get("harness_code") != NO_OUTPUT_CODE]
