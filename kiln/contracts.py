@@ -313,6 +313,18 @@ class RunRequest(StrictModel):
     def behaviour_adapter(self) -> str | None:
         return normalize_adapter(self.adapter)
 
+    def reset_option_warnings(self) -> list[str]:
+        """A ``seed`` in reset options is replaced by each group's seed: say so, never silently."""
+        if self.environment_reset_options:
+            sources = [(f"environment_reset_options[{i}]", item) for i, item in enumerate(self.environment_reset_options)]
+        else:
+            sources = [("reset_options", self.reset_options)]
+        return [
+            f"{field}.seed was dropped: every group resets with its own seed (seed_start + group index)"
+            for field, options in sources
+            if "seed" in options
+        ]
+
     def reset_templates(self) -> list[dict[str, Any]]:
         """One seed-free reset template per environment URL (R3.1)."""
         urls = len(self.environment_urls)

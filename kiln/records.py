@@ -47,6 +47,7 @@ class AdmissionResult(Record):
     gpu_task_queue: str
     queue_workflow_id: str
     heartbeat_timeout_s: float = 30.0
+    warnings: list[str] = []  # e.g. a seed dropped from reset options
 
 
 class DiscoveryInput(Record):

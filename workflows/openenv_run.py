@@ -200,6 +200,7 @@ class OpenEnvRunWorkflow:
         self._status["kind"] = request["kind"]
         self._status["request_sha256"] = admission.request_sha256
         self._status["reset_plan_sha256"] = admission.reset_plan_sha256
+        self._status["warnings"].extend(admission.warnings)
         groups_total = request["groups"]
         self._status["progress"]["groups_total"] = groups_total
         self._status["progress"]["rollouts_total"] = groups_total * request["group_size"]
