@@ -381,6 +381,14 @@ class GroupCollector:
     async def _await_with_keepalive(self, task: "asyncio.Future[Any]", sessions: list[EnvSession]) -> Any:
         """Await the policy while every session answers pings and stays fresh, and the activity
         keeps heartbeating (a long generation on a slow model is not a dead worker)."""
+        # Most samples are done well inside one keepalive interval: skip the keepalive machinery
+        # for those (a frame that arrives meanwhile still poisons the session via its reader).
+        done, _ = await asyncio.wait({task}, timeout=_FAST_SAMPLE_S)
+        if task in done:
+            for session in sessions:
+                if hasattr(session, "run_with_keepalive"):
+                    session._check_usable()
+            return task.result()
         ticker = asyncio.ensure_future(self._heartbeat_until(task))
         try:
             keepers = [s.run_with_keepalive(task) for s in sessions if hasattr(s, "run_with_keepalive")]
@@ -556,6 +564,8 @@ def _refused(error: BaseException) -> bool:
     """A one-shot open that the environment refused for capacity (deferred to a later wave)."""
     return isinstance(error, EnvironmentCapacityExhausted)
 
+
+_FAST_SAMPLE_S = 0.05
 
 _TERMINAL = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
 
