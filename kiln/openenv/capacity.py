@@ -20,9 +20,9 @@ from typing import Any
 
 from kiln.errors import EnvironmentCapacityExhausted, KilnError
 
-# One activity attempt waits at most this long for a first session before it ends; the rest of
+# One activity attempt waits at most this long for a first session before it ends (0: one try); all of
 # ``capacity_wait_seconds`` is spent in workflow timers (no gpu slot held).
-ATTEMPT_CAPACITY_WAIT_S = 1.0
+ATTEMPT_CAPACITY_WAIT_S = 0.0
 # Workflow backoff between capacity attempts: min(first × 2^n, max), never past the deadline.
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0

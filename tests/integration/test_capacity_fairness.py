@@ -23,7 +23,8 @@ from workflows.options import WORKFLOW_NAME
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
 
-SMALL = {"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 2, "max_action_tokens": 16}
+# Run B: big enough that its solo time (~1-2 s here) is not dominated by scheduling noise.
+SMALL = {"kind": "rollout", "groups": 2, "group_size": 2, "max_steps": 4, "max_action_tokens": 32}
 TINY = {"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 1, "max_action_tokens": 8}
 
 
@@ -52,6 +53,9 @@ async def test_head_of_line_run_b_is_not_blocked_by_a_full_environment(kiln_sett
                 await _run(client, settings, {**SMALL, "environment_urls": [free_url]})  # warm-up
                 solo, final = await _run(client, settings, {**SMALL, "environment_urls": [free_url]})
                 assert final["state"] == "completed"
+                # What the environment granted is in status (never in the artifacts).
+                granted = final["environment_capacity"][free_url]
+                assert granted["sessions_granted_max"] >= 2 and granted["waves"] == 1
 
                 a = await client.start_workflow(
                     WORKFLOW_NAME,
