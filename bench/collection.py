@@ -25,11 +25,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.openenv import normalize_url, open_session_and_reset  # noqa: E402
-from tests.support.servers import serve_example_env  # noqa: E402
+from kiln.openenv import normalize_url, open_session_and_reset
+from tests.support.servers import serve_example_env
 
 MAX_STEPS = 8
 CONCURRENCY = (1, 2, 4, 8)
@@ -102,7 +103,7 @@ async def main_async(base_url: str, episodes: int, rounds: int) -> list[tuple[in
 class ConstantPolicy:
     """A PolicyPort that always answers ``{"amount": 1}`` (thinking off): no model in the way."""
 
-    ANSWER = [ord(ch) for ch in '{"amount": 1}']
+    ANSWER: ClassVar[list[int]] = [ord(ch) for ch in '{"amount": 1}']
 
     def identity(self, adapter_dir=None) -> dict:
         return {"base_model_sha256": "sha256:" + "00" * 32, "runtime": {"kind": "constant"}, "adapter_sha256": None}

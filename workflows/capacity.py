@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from kiln.openenv.capacity import CAPACITY_WAIT_CODE, capacity_exhausted, capacity_wait_decision
+from kiln.openenv.capacity import (
+    CAPACITY_WAIT_CODE,
+    capacity_exhausted,
+    capacity_wait_decision,
+)
 
 
 def _cause(err: BaseException) -> ApplicationError | None:

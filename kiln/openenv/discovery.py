@@ -15,8 +15,8 @@ from kiln.canonical import canonical_json, digest_json
 from kiln.errors import EnvironmentProtocolError, KilnError
 from kiln.openenv.credentials import authentication_label, prepare_token
 from kiln.openenv.httpio import check_health, make_client, request_json
-from kiln.openenv.schema import ActionValidator
 from kiln.openenv.mcp_tools import list_tools
+from kiln.openenv.schema import ActionValidator
 from kiln.openenv.urls import EnvironmentUrl, coerce_url
 
 IDENTITY_SCHEMA = "kiln.openenv-identity.v1"
@@ -221,8 +221,6 @@ def identity_differences(first: dict, second: dict) -> list[str]:
         labels.append("identity.discovery_sha256")
     a_schema, b_schema = first.get("schema", {}), second.get("schema", {})
     for field in _SCHEMA_FIELDS:
-        if not isinstance(a_schema, dict) or not isinstance(b_schema, dict):
-            labels.append(f"schema.{field}")
-        elif not _same(a_schema.get(field), b_schema.get(field)):
+        if not isinstance(a_schema, dict) or not isinstance(b_schema, dict) or not _same(a_schema.get(field), b_schema.get(field)):
             labels.append(f"schema.{field}")
     return labels

@@ -75,9 +75,9 @@ def _tighten(node: Any, root: dict, max_string_chars: int) -> None:
         for key in ("oneOf", "anyOf"):
             for variant in node.get(key) or []:
                 target = _resolve(variant, root)
-                if isinstance(target, dict) and isinstance(target.get("properties"), dict):
-                    if name in target["properties"]:
-                        _require(target, name)
+                properties = target.get("properties") if isinstance(target, dict) else None
+                if isinstance(properties, dict) and name in properties:
+                    _require(target, name)
     if node.get("type") == "string" and not any(
         key in node for key in ("maxLength", "enum", "const", "pattern", "format")
     ):

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from kiln.canonical import canonical_json, compact_json, digest_json
+from kiln.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
 from kiln.jsondiff import differing_paths
-from kiln.errors import CollectionFailed, EnvironmentCapacityExhausted, EnvironmentIdentityChanged, RunCancelled
-from kiln.openenv.capacity import CAPACITY, EnvironmentAtCapacity, capacity_exhausted, wave_size
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator, policy_action_schema
-from kiln.openenv.session import EnvSession, open_session_and_reset
+from kiln.openenv.session import EnvSession
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.episode import (
     INVALID_ACTION,
@@ -36,6 +35,7 @@ from kiln.rollout.episode import (
 from kiln.rollout.policy_port import PolicyPort
 from kiln.rollout.prompts import initial_messages, observation_content
 from kiln.rollout.seeds import generation_seed
+from kiln.rollout.sessions import SessionPlanner
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class EpisodeSettings:
     reset_determinism: str = "strict"  # "warn": candidates may see different resets (recorded)
 
     @classmethod
-    def from_request(cls, request: Any) -> "EpisodeSettings":
+    def from_request(cls, request: Any) -> EpisodeSettings:
         return cls(
             group_size=request.group_size,
             max_steps=request.max_steps,
@@ -129,11 +129,20 @@ class GroupCollector:
         self.final_states: dict[int, dict[str, Any] | None] = {}
         self.messages: list[dict[str, Any]] | None = None
         self.reset_wire: dict[str, Any] | None = None
-        self.attempt_capacity_wait_s = attempt_capacity_wait_s
+        self.planner = SessionPlanner(
+            self.url,
+            task.reset_payload,
+            bearer_token=task.bearer_token,
+            group_index=task.group_index,
+            group_size=self.settings.group_size,
+            capacity_wait_s=float(self.settings.capacity_wait_seconds),
+            attempt_capacity_wait_s=attempt_capacity_wait_s,
+            should_cancel=self.should_cancel,
+            heartbeat=self.heartbeat,
+        )
         self.nondeterministic_fields: set[str] = set()
         self.own_resets: dict[int, dict[str, Any]] = {}
         self.waves = 0
-        self._book_key = self.url.websocket_url
 
     # ------------------------------------------------------------------ public
     async def run(self) -> dict[str, Any]:
@@ -149,7 +158,7 @@ class GroupCollector:
         pending = list(range(size))
         while pending:
             self._check_cancel()
-            width = wave_size(self.settings.concurrency, size, CAPACITY.limit(self._book_key))
+            width = self.planner.wave_size(self.settings.concurrency)
             ran = await self._run_wave(pending[:width])
             self.waves += 1
             pending = [index for index in pending if index not in ran]
@@ -171,25 +180,10 @@ class GroupCollector:
 
     # ------------------------------------------------------------------ waves
     async def _run_wave(self, candidates: list[int]) -> list[int]:
-        sessions: dict[int, EnvSession] = {}
         opened_here: list[EnvSession] = []
         try:
-            attempts = await asyncio.gather(
-                *(self._open(index, opened_here, wait=False) for index in candidates),
-                return_exceptions=True,
-            )
-            failures = [a for a in attempts if isinstance(a, BaseException) and not _refused(a)]
-            granted = [a for a in attempts if not isinstance(a, BaseException)]
-            for item in granted:
-                sessions[item[0]] = item[1]
-            if failures:
-                raise failures[0]
-            if not granted:
-                # Nothing granted: wait (holding no session) for one candidate's session.
-                item = await self._open(candidates[0], opened_here, wait=True)
-                sessions[item[0]] = item[1]
-                granted = [item]
-            granted.sort(key=lambda item: item[0])
+            granted = await self.planner.open_wave(candidates, opened_here)
+            sessions = {item[0]: item[1] for item in granted}
             episodes = [self._episode_for(item[0], item) for item in granted]
             self.episodes.extend(episodes)
             await self._run_turns(episodes, sessions)
@@ -198,85 +192,11 @@ class GroupCollector:
         finally:
             # Every socket this wave opened (registered the moment it opened) is closed here:
             # on success, failure, RunCancelled and asyncio cancellation alike.
-            await asyncio.gather(*(self._release(s) for s in opened_here), return_exceptions=True)
-
-    async def _release(self, session: EnvSession) -> None:
-        await session.close()
-        if getattr(session, "_kiln_granted", False):
-            session._kiln_granted = False  # type: ignore[attr-defined]
-            CAPACITY.released(self._book_key)
-
-    async def _open(
-        self, index: int, registry: list[EnvSession], *, wait: bool
-    ) -> tuple[int, EnvSession, Any, int]:
-        key = self._book_key
-        if wait:
-            return await self._open_waiting(index, registry)
-        session, result, retries = await open_session_and_reset(
-            self.url,
-            self.task.reset_payload,
-            capacity_wait_s=0.0,
-            bearer_token=self.task.bearer_token,
-            should_cancel=self.should_cancel,
-            on_open=registry.append,
-            on_refused=lambda error: CAPACITY.refused(key, error),
-        )
-        session._kiln_granted = True  # type: ignore[attr-defined]
-        CAPACITY.granted(key)
-        return index, session, result, retries
-
-    async def _open_waiting(self, index: int, registry: list[EnvSession]) -> tuple[int, EnvSession, Any, int]:
-        key = self._book_key
-        total = float(self.settings.capacity_wait_seconds)
-        window = total if self.attempt_capacity_wait_s is None else min(total, self.attempt_capacity_wait_s)
-        if self.attempt_capacity_wait_s is not None and not CAPACITY.try_wait(key):
-            raise self._at_capacity(0.0)  # another group of this environment already waits here
-        started = time.monotonic()
-        try:
-            session, result, retries = await open_session_and_reset(
-                self.url,
-                self.task.reset_payload,
-                capacity_wait_s=window,
-                bearer_token=self.task.bearer_token,
-                should_cancel=self.should_cancel,
-                on_open=registry.append,
-                on_refused=lambda error: CAPACITY.refused(key, error),
-                on_wait=lambda retries: self.heartbeat(
-                    {"group_index": self.task.group_index, "candidate_index": index, "capacity_retries": retries}
-                ),
-            )
-        except EnvironmentCapacityExhausted:
-            waited = time.monotonic() - started
-            if self.attempt_capacity_wait_s is not None:
-                raise self._at_capacity(waited) from None
-            raise capacity_exhausted(
-                self.url.websocket_url, self.task.group_index, self.settings.group_size,
-                waited, CAPACITY.snapshot(key),
-            ) from None
-        finally:
-            if self.attempt_capacity_wait_s is not None:
-                CAPACITY.end_wait(key)
-        session._kiln_granted = True  # type: ignore[attr-defined]
-        CAPACITY.granted(key)
-        return index, session, result, retries
-
-    def _at_capacity(self, waited_s: float) -> EnvironmentAtCapacity:
-        observed = CAPACITY.snapshot(self._book_key)
-        return EnvironmentAtCapacity(
-            f"group {self.task.group_index}: {self.url.websocket_url} is at capacity; "
-            "the run waits for a session without holding a gpu slot",
-            details={
-                "url": self.url.websocket_url,
-                "group_index": self.task.group_index,
-                "group_size": self.settings.group_size,
-                "attempt_wait_s": round(waited_s, 3),
-                **observed,
-            },
-        )
+            await asyncio.gather(*(self.planner.release(s) for s in opened_here), return_exceptions=True)
 
     def capacity_observed(self) -> dict[str, Any]:
         """What the environment granted (for run status, never the artifacts)."""
-        return {**CAPACITY.snapshot(self._book_key), "waves": self.waves}
+        return {**self.planner.observed(), "waves": self.waves}
 
     def _episode_for(self, index: int, opened: tuple[int, EnvSession, Any, int]) -> CandidateEpisode:
         _, _session, result, retries = opened
@@ -378,7 +298,7 @@ class GroupCollector:
             if ep.live:
                 ep.termination = "max_steps"
 
-    async def _await_with_keepalive(self, task: "asyncio.Future[Any]", sessions: list[EnvSession]) -> Any:
+    async def _await_with_keepalive(self, task: asyncio.Future[Any], sessions: list[EnvSession]) -> Any:
         """Await the policy while every session answers pings and stays fresh, and the activity
         keeps heartbeating (a long generation on a slow model is not a dead worker)."""
         # Most samples are done well inside one keepalive interval: skip the keepalive machinery
@@ -399,7 +319,7 @@ class GroupCollector:
         finally:
             ticker.cancel()
 
-    async def _heartbeat_until(self, task: "asyncio.Future[Any]", every_s: float = 1.0) -> None:
+    async def _heartbeat_until(self, task: asyncio.Future[Any], every_s: float = 1.0) -> None:
         while not task.done():
             await asyncio.wait({task}, timeout=every_s)
             if not task.done():
@@ -558,11 +478,6 @@ class GroupCollector:
         return {
             "model_latency_ms": round(sum(ep.model_latency_ms for ep in self.episodes), 3),
         }
-
-
-def _refused(error: BaseException) -> bool:
-    """A one-shot open that the environment refused for capacity (deferred to a later wave)."""
-    return isinstance(error, EnvironmentCapacityExhausted)
 
 
 _FAST_SAMPLE_S = 0.05

@@ -25,14 +25,25 @@ silently. Ordinary capacity refusals are retried quietly and counted (``capacity
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.errors import EnvironmentIdentityChanged, InvalidRequest, KilnError, RunCancelled
+from kiln.errors import (
+    EnvironmentIdentityChanged,
+    InvalidRequest,
+    KilnError,
+    RunCancelled,
+)
 from kiln.jsondiff import differing_paths, without_paths
 from kiln.openenv.discovery import identity_differences, inspect_environment
-from kiln.openenv.session import TERMINAL_CODES, EnvSession, StepResult, open_session_and_reset
+from kiln.openenv.session import (
+    TERMINAL_CODES,
+    EnvSession,
+    StepResult,
+    open_session_and_reset,
+)
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.verify import Bundle, load_bundle
 

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 import uvicorn
 from openenv.core.env_server.http_server import create_app
@@ -28,7 +28,12 @@ from openenv.core.env_server.mcp_types import (
     ListToolsObservation,
     Tool,
 )
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from openenv.core.env_server.types import (
+    Action,
+    EnvironmentMetadata,
+    Observation,
+    State,
+)
 
 from examples.envs.counter.server import (
     CounterAction,
@@ -41,7 +46,7 @@ from examples.envs.counter.server import (
 class UuidEpisodeCounter(CounterEnvironment):
     """The counter, but ``episode_id`` is a new uuid4 on every reset, whatever was asked."""
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CounterObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> CounterObservation:
         observation = super().reset(seed=seed, **kwargs)
         self._state.episode_id = str(uuid.uuid4())
         return observation
@@ -58,7 +63,7 @@ class SideState(CounterState):
 class SeedIgnoringCounter(CounterEnvironment):
     """The counter, plus a ``side`` drawn from an unseeded generator at every reset."""
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> SideObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> SideObservation:
         base = super().reset(seed=seed, episode_id=episode_id, **kwargs)
         side = random.SystemRandom().choice(["white", "black"]) + "-" + uuid.uuid4().hex[:6]
         self._state = SideState(**self._state.model_dump(), side=side)
@@ -92,11 +97,11 @@ def _mcp_env(variant: int) -> type:
         def get_metadata(self) -> EnvironmentMetadata:
             return EnvironmentMetadata(name="tools", description="Call tools to reach a total of 6.", version="0.1.0")
 
-        def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Observation:
             self._state = ToolState(episode_id=f"seed-{seed}", step_count=0)
             return CallToolObservation(tool_name="", result="Reach a total of 6.", reward=None)
 
-        def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
             if isinstance(action, ListToolsAction):
                 return ListToolsObservation(tools=_tools(variant))
             self._state.step_count += 1
