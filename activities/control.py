@@ -69,6 +69,7 @@ class ControlActivities:
             gpu_task_queue=self.settings.gpu_task_queue,
             queue_workflow_id=queue_workflow_id(self.settings.control_task_queue),
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+            warnings=request.reset_option_warnings(),
         )
 
     @activity.defn(name="enqueue_run")

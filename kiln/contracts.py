@@ -202,6 +202,8 @@ class EpisodeFields(StrictModel):
     protocol_error_reward: float = -1.0
     max_recoverable_errors: int = Field(default=3, ge=0, le=64)
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
+    # "warn": a group whose candidates saw different resets is collected anyway (recorded).
+    reset_determinism: Literal["strict", "warn"] = "strict"
 
     @field_validator("temperature", "protocol_error_reward")
     @classmethod
@@ -238,6 +240,8 @@ class RunRequest(EpisodeFields):
     seed_start: int = Field(default=0, ge=0, le=MAX_SEED)
     reset_options: dict[str, Any] = Field(default_factory=dict)
     environment_reset_options: list[dict[str, Any]] = Field(default_factory=list)
+    # A train run whose every group is skipped ends failed (training_failed, zero_groups) unless true.
+    allow_empty_training: bool = False
     training_config: TrainingConfig | None = None
     training_contract: TrainingContract | None = None
     auto_load: bool = True
@@ -395,6 +399,18 @@ class RunRequest(EpisodeFields):
 
     def behavior_adapter(self) -> str | None:
         return normalize_adapter(self.adapter)
+
+    def reset_option_warnings(self) -> list[str]:
+        """A ``seed`` in reset options is replaced by each group's seed: say so, never silently."""
+        if self.environment_reset_options:
+            sources = [(f"environment_reset_options[{i}]", item) for i, item in enumerate(self.environment_reset_options)]
+        else:
+            sources = [("reset_options", self.reset_options)]
+        return [
+            f"{field}.seed was dropped: every group resets with its own seed (seed_start + group index)"
+            for field, options in sources
+            if "seed" in options
+        ]
 
     def reset_templates(self) -> list[dict[str, Any]]:
         """One seed-free reset template per environment URL (R3.1)."""

@@ -52,6 +52,7 @@ class AdmissionResult(Record):
     gpu_task_queue: str
     queue_workflow_id: str
     heartbeat_timeout_s: float = 30.0
+    warnings: list[str] = []  # e.g. a seed dropped from reset options
 
 
 class DiscoveryInput(Record):
@@ -132,6 +133,9 @@ class CollectGroupResult(Record):
     attempt: int = 1
     interruption_code: str | None = None
     worker: str | None = None  # identity of the worker process that collected it (wall-clock fact)
+    # What the environment granted this worker (sessions_granted_max, max_sessions_advertised,
+    # refusals, waves): run status only, never the reproducible artifacts.
+    capacity: dict[str, Any] | None = None
 
 
 class TrainInput(Record):
@@ -142,6 +146,8 @@ class TrainInput(Record):
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
     report_to: str = "none"  # experiment tracker on the gpu worker (kiln.telemetry.trackers)
+    # True: a run whose every group is skipped completes without an adapter (else training_failed).
+    allow_empty_training: bool = False
 
 
 class TrainResult(Record):

@@ -186,6 +186,8 @@ class RunStatus(_Status):
     rollout_stats: dict[str, Any] | None = None
     promoted: bool | None = None
     cancelled_stage: str | None = None
+    # What each environment granted (sessions, refusals, waves): wall-clock facts, never artifacts.
+    environment_capacity: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     # ------------------------------------------------------------------ phase helpers
     def enter(self, stage: str) -> None:

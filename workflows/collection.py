@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.gpu import GpuActivities
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from kiln.run_plan import GroupSlot
     from kiln.run_status import Interruption, Progress, RunStatus
     from workflows import ui
+    from workflows.capacity import capacity_failure, capacity_wait_for
     from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
 
 
@@ -45,6 +47,31 @@ class RunContext:
 async def resolve_policy(ctx: RunContext, inp: PolicyInput) -> PolicyResult:
     label = inp.adapter_ref.name if inp.adapter_ref else (inp.adapter or "base")
     return await ctx.call(GpuActivities.resolve_policy, inp, summary=f"resolve policy identity ({label})")
+
+
+async def _collect_waiting_for_capacity(
+    ctx: RunContext, inp: CollectGroupInput, gate: asyncio.Semaphore, *, summary: str
+) -> CollectGroupResult:
+    """One group's ``collect_group`` activity; a refusal for capacity waits in a workflow timer.
+
+    An attempt at a full environment ends within seconds (``environment_at_capacity``); the wait
+    happens here, outside ``gate``, so it holds no gpu slot. It is bounded by the request's
+    ``capacity_wait_seconds`` counted from the first refusal (``kiln.openenv.capacity``).
+    """
+    waited_from = None
+    retries = 0
+    while True:
+        try:
+            async with gate:
+                return await ctx.call(GpuActivities.collect_group, inp, summary=summary)
+        except ActivityError as err:
+            waited_from = waited_from or workflow.now()  # the first refusal starts the wait
+            waited = (workflow.now() - waited_from).total_seconds()
+            pause = capacity_wait_for(err, waited, ctx.request.capacity_wait_seconds, retries)
+            if pause is None:
+                raise capacity_failure(err, inp.group_index, inp.settings.group_size, waited) or err
+            retries += 1
+            await workflow.sleep(pause)
 
 
 async def collect_groups(
@@ -78,12 +105,11 @@ async def collect_groups(
             on_interrupt=ctx.request.on_interrupt,
             label=label,
         )
-        async with gate:
-            result: CollectGroupResult = await ctx.call(
-                GpuActivities.collect_group,
-                inp,
-                summary=f"{label} {slot.group_index} seed {slot.seed} on {env.base_url}",
-            )
+        result = await _collect_waiting_for_capacity(
+            ctx, inp, gate, summary=f"{label} {slot.group_index} seed {slot.seed} on {env.base_url}"
+        )
+        if result.capacity is not None:
+            ctx.status.environment_capacity[env.base_url] = result.capacity
         results.append(result)
         if result.attempt > 1:
             ctx.status.interruptions.append(

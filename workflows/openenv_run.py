@@ -102,6 +102,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
         status.kind = request.kind
         status.request_sha256 = admission.request_sha256
         status.reset_plan_sha256 = admission.reset_plan_sha256
+        status.warnings.extend(admission.warnings)
         status.progress = Progress.planned(request.groups, request.group_size)
         attrs = [KILN_RUN_KIND.value_set(request.kind), KILN_ENVIRONMENT.value_set(request.environment_urls[0])]
         if request.output_adapter:
@@ -187,6 +188,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
                 run_id=ctx.run_id,
                 groups=groups,
                 training_config=request.effective_training_config(),
+                allow_empty_training=request.allow_empty_training,
                 output_adapter=request.output_adapter or "",
                 behavior_policy=policy.behavior_policy,
                 base_adapter=policy.adapter_ref,

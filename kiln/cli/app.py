@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.cli.console import JsonAwareGroup, console, fail as _fail, progress
 from kiln.cli.follow import FOLLOW_OPT
 from kiln.errors import KilnError
 from kiln.settings import load_settings
@@ -20,15 +21,14 @@ def default(model: Any, field: str) -> Any:
     """A CLI option's default is the model field's default (each default lives once, in the model)."""
     return model.model_fields[field].get_default(call_default_factory=True)
 
-app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None)
-openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None)
-model_app = typer.Typer(help="Local models.", no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
+openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
+model_app = typer.Typer(help="Local models.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
-train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None)
+train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 app.add_typer(train_app, name="train")
 
-from kiln.cli.console import console, fail as _fail  # noqa: E402
 
 
 def _api() -> Any:
@@ -140,6 +140,9 @@ def inspect_cmd(
     console.print(f"discovery sha256 {identity.get('discovery_sha256')}")
     console.print("action schema:")
     console.print_json(json.dumps(inspection["schema"]["action"]))
+    for tool in identity.get("tools") or []:  # MCP tool environments
+        console.print(f"tool {tool['name']} — {tool['description']}", markup=False, highlight=False)
+        console.print_json(json.dumps(tool["input_schema"]))
 
 
 def _submit_and_follow(
@@ -154,22 +157,23 @@ def _submit_and_follow(
         _fail(error)
         return
     run_id = status["run_id"]
+    out = progress()  # stderr under --json: stdout then holds only the JSON document
     if not follow_run:
         if as_json:
             sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
         else:
-            console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
+            out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
             if status.get("temporal_ui"):
-                console.print(f"web ui {status['temporal_ui']}")
+                out.print(f"web ui {status['temporal_ui']}")
         return
-    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
     if status.get("temporal_ui"):
-        console.print(f"web ui {status['temporal_ui']}")
-    final = follow(lambda: api.status(run_id), console)
+        out.print(f"web ui {status['temporal_ui']}")
+    final = follow(lambda: api.status(run_id), out)
     if as_json:
         sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
         raise typer.Exit(0 if final.get("state") == "completed" else 1)
-    raise typer.Exit(print_outcome(final, console))
+    raise typer.Exit(print_outcome(final, out))
 
 
 def _request_from_flags(
@@ -408,12 +412,14 @@ def rollout_cmd(
         _fail(error)
         return
     run_id = status["run_id"]
-    console.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
-    raise typer.Exit(
-        follow_and_download(
-            api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force
-        )
+    out = progress()
+    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    exit_code = follow_and_download(
+        api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
+    if as_json:  # --output does not turn --json off: the final status, then the exit code
+        sys.stdout.write(json.dumps(api.status(run_id), indent=2, sort_keys=True) + "\n")
+    raise typer.Exit(exit_code)
 
 
 @openenv_app.command("start")

@@ -225,6 +225,16 @@ def follow_and_download(
     return 0
 
 
+def task_page_line(catalog: dict[str, Any]) -> str:
+    """``split: tasks 1..3 of 3`` (end exclusive), or why the page is empty."""
+    split, start, stop, total = catalog["selected_split"], catalog["start"], catalog["stop"], catalog["num_tasks"]
+    if total == 0:
+        return f"  {split}: no tasks"
+    if start >= total:
+        return f"  {split}: --start {start} is past the end: the split has {total} task(s) (start 0..{total - 1})"
+    return f"  {split}: tasks {start}..{stop - 1} of {total} (0-based, inclusive)"
+
+
 # --------------------------------------------------------------------------------- commands
 
 
@@ -363,8 +373,7 @@ def tasks_cmd(
         for entry in catalog.get("splits") or []:
             console.print(f"  split {entry.get('name')} ({entry.get('type')})")
         if "selected_split" in catalog:
-            console.print(f"  {catalog['selected_split']}: tasks {catalog['start']}..{catalog['stop']} "
-                          f"of {catalog['num_tasks']}")
+            console.print(task_page_line(catalog), markup=False, highlight=False)
             for row in catalog.get("tasks") or []:
                 text = json.dumps(row, sort_keys=True)
                 console.print(f"    {text if len(text) <= 160 else text[:157] + '...'}", markup=False)

@@ -12,9 +12,10 @@ import asyncio
 from typing import Any
 
 from kiln.canonical import canonical_json, digest_json
-from kiln.errors import EnvironmentProtocolError
+from kiln.errors import EnvironmentProtocolError, KilnError
 from kiln.openenv.credentials import authentication_label, prepare_token
 from kiln.openenv.httpio import check_health, make_client, request_json
+from kiln.openenv.mcp_tools import list_tools
 from kiln.openenv.schema import ActionValidator
 from kiln.openenv.urls import EnvironmentUrl, coerce_url
 
@@ -34,6 +35,7 @@ _IDENTITY_FIELDS = (
     "environments",
     "metadata",
     "schema_sha256",
+    "tools",
 )
 _SCHEMA_FIELDS = ("action", "observation", "state")
 
@@ -81,17 +83,18 @@ def openapi_version_of(openapi: Any) -> str | None:
     return None
 
 
-def discovery_digest(metadata: Any, schema: Any, environments: Any, openapi: Any) -> str:
-    """R1.5 ``discovery_sha256`` over the canonical discovery object."""
-    return digest_json(
-        {
-            "schema": DISCOVERY_SCHEMA,
-            "metadata": metadata,
-            "environment_schema": schema,
-            "environments": environments,
-            "openapi": openapi,
-        }
-    )
+def discovery_digest(metadata: Any, schema: Any, environments: Any, openapi: Any, tools: Any = None) -> str:
+    """R1.5 ``discovery_sha256`` over the canonical discovery object (MCP tools when offered)."""
+    document = {
+        "schema": DISCOVERY_SCHEMA,
+        "metadata": metadata,
+        "environment_schema": schema,
+        "environments": environments,
+        "openapi": openapi,
+    }
+    if tools:
+        document["tools"] = tools
+    return digest_json(document)
 
 
 def build_identity(
@@ -102,9 +105,10 @@ def build_identity(
     environments: list,
     openapi: Any,
     authentication: str = "none",
+    tools: list | None = None,
 ) -> dict:
-    """The ``kiln.openenv-identity.v1`` object (R1.6)."""
-    return {
+    """The ``kiln.openenv-identity.v1`` object (R1.6); ``tools`` only for MCP environments."""
+    identity = {
         "schema": IDENTITY_SCHEMA,
         "client_profile": CLIENT_PROFILE,
         "base_url": url.base_url,
@@ -114,8 +118,12 @@ def build_identity(
         "environments": environments,
         "metadata": metadata,
         "schema_sha256": digest_json(schema),
-        "discovery_sha256": discovery_digest(metadata, schema, environments, openapi),
+        "discovery_sha256": discovery_digest(metadata, schema, environments, openapi, tools),
     }
+    if tools:
+        identity["tools"] = tools
+        identity["tools_sha256"] = digest_json(tools)
+    return identity
 
 
 async def inspect_environment(
@@ -157,6 +165,14 @@ async def inspect_environment(
             get("/openapi.json"),
             return_exceptions=True,
         )
+        tools = None
+        if not any(isinstance(r, BaseException) for r in results) and _offers_mcp(results[3][1]):
+            try:
+                tools = await list_tools(
+                    client, env_url, bearer_token=token, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s
+                )
+            except KilnError:
+                tools = None  # a broken /mcp is "no tools", never a failed inspection
     for result in results:  # report the first failure in route order (deterministic)
         if isinstance(result, BaseException):
             raise result
@@ -175,8 +191,16 @@ async def inspect_environment(
         environments=environments,
         openapi=openapi,
         authentication=authentication_label(token),
+        tools=tools,
     )
     return {"identity": identity, "schema": schema}
+
+
+def _offers_mcp(openapi: Any) -> bool:
+    """The OpenAPI document lists ``POST /mcp`` (servers without it are never asked)."""
+    paths = openapi.get("paths") if isinstance(openapi, dict) else None
+    route = paths.get("/mcp") if isinstance(paths, dict) else None
+    return isinstance(route, dict) and "post" in route
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -197,8 +221,6 @@ def identity_differences(first: dict, second: dict) -> list[str]:
         labels.append("identity.discovery_sha256")
     a_schema, b_schema = first.get("schema", {}), second.get("schema", {})
     for field in _SCHEMA_FIELDS:
-        if not isinstance(a_schema, dict) or not isinstance(b_schema, dict):
-            labels.append(f"schema.{field}")
-        elif not _same(a_schema.get(field), b_schema.get(field)):
+        if not isinstance(a_schema, dict) or not isinstance(b_schema, dict) or not _same(a_schema.get(field), b_schema.get(field)):
             labels.append(f"schema.{field}")
     return labels

@@ -146,6 +146,7 @@ class EnvSession:
         self._busy = False
         self._close_task: asyncio.Task | None = None
         self._finished = False
+        self._answered = False  # an observation or state reply arrived (a real session)
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     # ----------------------------------------------------------------- opening
@@ -267,7 +268,10 @@ class EnvSession:
         if not self.poisoned and not self.closed:
             self.poisoned = True
             self._poison_error = error
-            log.warning("openenv session poisoned: %s", error.message)
+            # A socket closed before any request is the connect-time refusal race (retried like
+            # CAPACITY_REACHED): ordinary, counted by the caller, not worth a warning.
+            level = logging.DEBUG if not self._answered else logging.WARNING
+            log.log(level, "openenv session poisoned: %s", error.message)
             self._poison_event.set()
             self._start_close(send_close=False)
         return error
@@ -370,6 +374,7 @@ class EnvSession:
             raise self._malformed("malformed_frame", f"the {kind} frame data is not an object")
         if kind == "observation":
             self._check_observation(data)
+        self._answered = True
         return kind, data
 
     def _check_observation(self, data: dict) -> None:
@@ -525,6 +530,8 @@ async def open_session_and_reset(
     connect_timeout_s: float = 10.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     on_wait: Callable[[int], None] | None = None,
+    on_open: Callable[[EnvSession], None] | None = None,
+    on_refused: Callable[[dict | None], None] | None = None,
 ) -> tuple[EnvSession, StepResult, int]:
     """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED`` (R3.4).
 
@@ -532,6 +539,10 @@ async def open_session_and_reset(
     ``EnvironmentCapacityExhausted`` once ``capacity_wait_s`` has elapsed, ``RunCancelled`` when
     ``should_cancel()`` turns true, or the session's own errors. ``on_wait(retries)`` is called
     after every refusal (callers heartbeat there: a long wait for capacity is not a hang).
+    ``on_open(session)`` runs the moment a socket opens (callers register it for cleanup, so a
+    cancel at any later point still closes it); ``on_refused(error)`` after each refusal with the
+    ``CAPACITY_REACHED`` data (None when the socket closed before any frame).
+    ``capacity_wait_s=0`` makes exactly one attempt.
     """
     start = time.monotonic()
     retries = 0
@@ -545,6 +556,8 @@ async def open_session_and_reset(
             connect_timeout_s=connect_timeout_s,
             max_frame_bytes=max_frame_bytes,
         )
+        if on_open is not None:
+            on_open(session)
         try:
             result = await session.reset(payload)
         except EnvironmentUnavailable as err:
@@ -562,6 +575,8 @@ async def open_session_and_reset(
             return session, result, retries
         await session.close()
         retries += 1
+        if on_refused is not None:
+            on_refused(result.error if result is not None else None)
         if on_wait is not None:
             on_wait(retries)
         elapsed = time.monotonic() - start

@@ -198,7 +198,13 @@ async def task_catalog(
             return {**catalog, "tasks": []}
         chosen = next((s["name"] for s in splits if s["name"].lower() == split.lower()), None)
         if chosen is None:
-            raise _selection_error("unknown split for this environment")
+            valid = [str(s["name"]) for s in splits][:64]
+            error = _selection_error(
+                f"unknown split {split[:64]!r} for this environment; valid splits: "
+                + (", ".join(valid) if valid else "(none advertised)")
+            )
+            error.details = {"split": split[:64], "valid_splits": valid}
+            raise error
         try:
             count = await tasks_api.num_tasks(chosen)
             stop = min(start + limit, count)

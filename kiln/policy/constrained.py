@@ -6,7 +6,8 @@ grammar over the model's vocabulary::
 
     root ::= [ \\n\\r\\t]{0,8} JSON_OBJECT_OF_THE_SCHEMA
 
-i.e. up to :data:`MAX_PREFIX_WHITESPACE` whitespace characters may precede the JSON (Kiln's
+where the schema is first tightened by :func:`kiln.policy.grammar_schema.grammar_schema`
+(fixed values and discriminators required, strings bounded), i.e. up to :data:`MAX_PREFIX_WHITESPACE` whitespace characters may precede the JSON (Kiln's
 template writes ``</think>\\n\\n{...}``), and inside the JSON at most :data:`MAX_WHITESPACE` whitespace
 characters are allowed between tokens (``any_whitespace`` with a cap, so a model can neither loop on
 blanks nor be forced into one separator style). ``strict_mode`` is on: properties not named by the
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from kiln.canonical import digest_json
+from kiln.policy.grammar_schema import DEFAULT_MAX_STRING_CHARS, grammar_schema
 
 MAX_PREFIX_WHITESPACE = 8  # whitespace characters allowed before the JSON object
 MAX_WHITESPACE = 4  # whitespace characters allowed between JSON tokens
@@ -120,6 +122,8 @@ class ActionGrammar:
             "schema_sha256": self.schema_sha256,
             "max_prefix_whitespace": MAX_PREFIX_WHITESPACE,
             "max_whitespace": MAX_WHITESPACE,
+            "fixed_values_required": True,
+            "default_max_string_chars": DEFAULT_MAX_STRING_CHARS,
         }
 
 
@@ -254,7 +258,7 @@ class ActionGrammarCache:
         xgr = _xgrammar()
         try:
             body = xgr.Grammar.from_json_schema(
-                json.dumps(action_schema),
+                json.dumps(grammar_schema(action_schema)),
                 any_whitespace=True,
                 max_whitespace_cnt=MAX_WHITESPACE,
                 strict_mode=True,

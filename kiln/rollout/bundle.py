@@ -62,6 +62,7 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "done_count": terminations.count("done"),
         "max_steps_count": terminations.count("max_steps"),
         "invalid_model_action_count": terminations.count("invalid_model_action"),
+        "truncated_action_count": sum(1 for r in records if r.get("harness_code") == "MODEL_ACTION_TRUNCATED"),
         "protocol_error_count": terminations.count("protocol_error"),
         "recoverable_protocol_error_count": sum(r["recoverable_protocol_errors"] for r in records),
         "capacity_retry_count": sum(r["capacity_retries"] for r in records),
@@ -104,6 +105,11 @@ def summary_document(
         "protocol_error_reward": settings.protocol_error_reward,
         "max_recoverable_errors": settings.max_recoverable_errors,
         "capacity_wait_seconds": settings.capacity_wait_seconds,
+        **(
+            {"reset_determinism": settings.reset_determinism}
+            if settings.reset_determinism != "strict"
+            else {}
+        ),
         "reset_plan_sha256": reset_plan_sha256,
         "dataset_sha256": sha256_bytes(dataset),
         "dataset_bytes": len(dataset),

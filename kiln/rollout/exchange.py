@@ -26,7 +26,8 @@ from kiln.rollout.prompts import harness_error_content, observation_content, pro
 NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"
 INVALID_ACTION = "INVALID_MODEL_ACTION"
 SCHEMA_FAILED = "ACTION_SCHEMA_VALIDATION_FAILED"
-HARNESS_CODES = frozenset({NO_OUTPUT, INVALID_ACTION, SCHEMA_FAILED})
+TRUNCATED = "MODEL_ACTION_TRUNCATED"
+HARNESS_CODES = frozenset({NO_OUTPUT, INVALID_ACTION, SCHEMA_FAILED, TRUNCATED})
 NO_OUTPUT_MESSAGE = "the policy produced no final answer"
 SCHEMA_FAILED_PREFIX = "action failed the advertised schema: "
 
@@ -90,6 +91,14 @@ def exchange_segment(exchange: dict[str, Any]) -> dict[str, Any]:
 def harness_segment(code: str, message: str) -> dict[str, Any]:
     """The observation segment of a harness error (the action never reached the environment)."""
     return tool_segment(harness_error_content(code, message), warning=True)
+
+
+def truncation_outcome(code: str, message: str, action_ids: int, max_action_tokens: int) -> tuple[str, str]:
+    """An unparsable or schema-failing action that used all ``max_action_tokens`` ids was cut
+    off, not wrong: it gets its own code (the one rule the collector and verify share)."""
+    if code in (INVALID_ACTION, SCHEMA_FAILED) and action_ids >= max_action_tokens:
+        return TRUNCATED, f"the action was cut at max_action_tokens ({max_action_tokens}): {message}"
+    return code, message
 
 
 def judge_answer(

@@ -1,7 +1,8 @@
 """Collect one seed group: every candidate of one seed, all turns, against one environment.
 
-The group is the durable unit of collection. Candidates run in waves of ``min(concurrency,
-group_size)``; within a wave, each turn samples every live candidate in ONE batched policy call,
+The group is the durable unit of collection. Candidates run in waves that fit what the
+environment grants (``kiln.openenv.capacity``): ``min(concurrency, group_size, capacity)``, and a
+wave's sessions are all closed before the next opens; within a wave, each turn samples every live candidate in ONE batched policy call,
 then steps every session concurrently. Token ids are kept end to end: a candidate's next prompt is
 its previous ids plus the new observation's ids, never a re-rendered conversation.
 """
@@ -9,18 +10,21 @@ its previous ids plus the new observation's ids, never a re-rendered conversatio
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kiln.canonical import canonical_json
 from kiln.contracts import EpisodeSettings  # noqa: F401  (re-exported: collection settings live in contracts)
-from kiln.errors import CollectionFailed, RunCancelled
+from kiln.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
+from kiln.jsondiff import differing_paths
 from kiln.openenv.schema import ActionValidator, policy_action_schema
-from kiln.openenv.session import TERMINAL_CODES, EnvSession, open_session_and_reset
+from kiln.openenv.session import TERMINAL_CODES, EnvSession
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
-from kiln.rollout.exchange import NO_OUTPUT, judge_answer
+from kiln.rollout.exchange import NO_OUTPUT, judge_answer, truncation_outcome
 from kiln.rollout.policy_port import PolicyPort
 from kiln.rollout.prompts import initial_messages
 from kiln.rollout.provenance import (  # noqa: F401  (ROLLOUT_SCHEMA, environment_name re-exported)
@@ -30,6 +34,9 @@ from kiln.rollout.provenance import (  # noqa: F401  (ROLLOUT_SCHEMA, environmen
     rollout_record,
 )
 from kiln.rollout.seeds import generation_seed
+from kiln.rollout.sessions import SessionPlanner
+
+log = logging.getLogger(__name__)
 
 GROUP_SCHEMA = "kiln.openenv-group.v1"
 
@@ -57,7 +64,11 @@ class GroupCollector:
         *,
         should_cancel: Callable[[], bool] | None = None,
         heartbeat: Callable[[dict[str, Any]], None] | None = None,
+        attempt_capacity_wait_s: float | None = None,
     ) -> None:
+        """``attempt_capacity_wait_s`` set (the activity path): wait at most that long for a
+        first session, then raise ``EnvironmentAtCapacity`` so the workflow waits with no slot
+        held; None (local tools): wait the whole ``capacity_wait_seconds`` here."""
         self.task = task
         self.policy = policy
         self.settings = task.settings
@@ -73,48 +84,74 @@ class GroupCollector:
         self.final_states: dict[int, dict[str, Any] | None] = {}
         self.messages: list[dict[str, Any]] | None = None
         self.reset_wire: dict[str, Any] | None = None
+        self.planner = SessionPlanner(
+            self.url,
+            task.reset_payload,
+            bearer_token=task.bearer_token,
+            group_index=task.group_index,
+            group_size=self.settings.group_size,
+            capacity_wait_s=float(self.settings.capacity_wait_seconds),
+            attempt_capacity_wait_s=attempt_capacity_wait_s,
+            should_cancel=self.should_cancel,
+            heartbeat=self.heartbeat,
+        )
+        self.nondeterministic_fields: set[str] = set()
+        self.own_resets: dict[int, dict[str, Any]] = {}
+        self.waves = 0
 
     # ------------------------------------------------------------------ public
     async def run(self) -> dict[str, Any]:
+        """Collect every candidate in waves that fit what the environment grants.
+
+        A wave opens ``min(concurrency, group_size, advertised capacity)`` sessions at once, each
+        tried once; the candidates the environment refused move to a later wave (never held
+        waiting). Only when a wave got no session at all does one candidate wait for capacity.
+        Every session of a wave is closed before the next wave opens.
+        """
         size = self.settings.group_size
-        wave = max(1, min(self.settings.concurrency, size))
-        for start in range(0, size, wave):
+        await self._check_tools()
+        pending = list(range(size))
+        while pending:
             self._check_cancel()
-            await self._run_wave(list(range(start, min(size, start + wave))))
+            width = self.planner.wave_size(self.settings.concurrency)
+            ran = await self._run_wave(pending[:width])
+            self.waves += 1
+            pending = [index for index in pending if index not in ran]
         return self._document()
 
-    # ------------------------------------------------------------------ waves
-    async def _run_wave(self, candidates: list[int]) -> None:
-        sessions: dict[int, EnvSession] = {}
-        try:
-            opened = await asyncio.gather(
-                *(self._open(index) for index in candidates), return_exceptions=True
+    async def _check_tools(self) -> None:
+        """MCP environments: list the tools again before the episodes; they must be the inspected
+        ones (the prompt and identity digests were built from them)."""
+        if not self.identity.get("tools"):
+            return
+        from kiln.openenv.discovery import inspect_environment
+
+        live = await inspect_environment(self.url, bearer_token=self.task.bearer_token)
+        if canonical_json(live["identity"].get("tools")) != canonical_json(self.identity["tools"]):
+            raise EnvironmentIdentityChanged(
+                f"{self.url.base_url}: the MCP tools differ from the inspected ones",
+                details={"environment_url": self.url.base_url, "changed_fields": ["identity.tools"]},
             )
-            failures = [item for item in opened if isinstance(item, BaseException)]
-            for item in opened:
-                if not isinstance(item, BaseException):
-                    sessions[item[0]] = item[1]
-            if failures:
-                raise failures[0]
-            episodes = [self._episode_for(index, opened_item) for index, opened_item in zip(candidates, opened)]
+
+    # ------------------------------------------------------------------ waves
+    async def _run_wave(self, candidates: list[int]) -> list[int]:
+        opened_here: list[EnvSession] = []
+        try:
+            granted = await self.planner.open_wave(candidates, opened_here)
+            sessions = {item[0]: item[1] for item in granted}
+            episodes = [self._episode_for(item[0], item) for item in granted]
             self.episodes.extend(episodes)
             await self._run_turns(episodes, sessions)
             await asyncio.gather(*(self._finish(ep, sessions[ep.candidate_index]) for ep in episodes))
+            return [item[0] for item in granted]
         finally:
-            await asyncio.gather(*(session.close() for session in sessions.values()), return_exceptions=True)
+            # Every socket this wave opened (registered the moment it opened) is closed here:
+            # on success, failure, RunCancelled and asyncio cancellation alike.
+            await asyncio.gather(*(self.planner.release(s) for s in opened_here), return_exceptions=True)
 
-    async def _open(self, index: int) -> tuple[int, EnvSession, Any, int]:
-        session, result, retries = await open_session_and_reset(
-            self.url,
-            self.task.reset_payload,
-            capacity_wait_s=float(self.settings.capacity_wait_seconds),
-            bearer_token=self.task.bearer_token,
-            should_cancel=self.should_cancel,
-            on_wait=lambda retries: self.heartbeat(
-                {"group_index": self.task.group_index, "candidate_index": index, "capacity_retries": retries}
-            ),
-        )
-        return index, session, result, retries
+    def capacity_observed(self) -> dict[str, Any]:
+        """What the environment granted (for run status, never the artifacts)."""
+        return {**self.planner.observed(), "waves": self.waves}
 
     def _episode_for(self, index: int, opened: tuple[int, EnvSession, Any, int]) -> CandidateEpisode:
         _, _session, result, retries = opened
@@ -133,17 +170,13 @@ class GroupCollector:
                 "a rollout needs at least one action",
                 retryable=False,
             )
-        messages = initial_messages(self.identity.get("metadata") or {}, self.shown_schema, wire)
+        messages = initial_messages(
+            self.identity.get("metadata") or {}, self.shown_schema, wire, self.identity.get("tools")
+        )
         if self.messages is None:
             self.messages, self.reset_wire = messages, wire
-        elif canonical_json(messages) != canonical_json(self.messages) or canonical_json(
-            wire
-        ) != canonical_json(self.reset_wire):
-            raise CollectionFailed(
-                f"group {self.task.group_index} candidate {index}: reset(seed={self.task.seed}) "
-                "must be deterministic — candidates of one group saw different reset observations",
-                retryable=False,
-            )
+        elif canonical_json(wire) != canonical_json(self.reset_wire):
+            self._reset_differs(index, wire)
         prompt_ids = self.policy.encode_prompt(messages, thinking=self.settings.thinking)
         return CandidateEpisode(
             candidate_index=index,
@@ -151,6 +184,31 @@ class GroupCollector:
             protocol_error_reward=self.settings.protocol_error_reward,
             max_recoverable_errors=self.settings.max_recoverable_errors,
             capacity_retries=retries,
+        )
+
+    def _reset_differs(self, index: int, wire: dict[str, Any]) -> None:
+        """Candidates of one group saw different resets: fail naming the fields (strict), or record
+        them and let this candidate act on its own observation (``reset_determinism: warn``)."""
+        fields = differing_paths(self.reset_wire, wire, "reset_observation")
+        if self.settings.reset_determinism != "warn":
+            raise CollectionFailed(
+                f"group {self.task.group_index} candidate {index}: reset(seed={self.task.seed}) is not "
+                f"deterministic — candidates of one group saw different {', '.join(fields[:8])}",
+                hint="the environment ignores the seed for these fields; set reset_determinism: "
+                "\"warn\" to collect anyway (each candidate then acts on its own reset, recorded)",
+                retryable=False,
+                details={
+                    "group_index": self.task.group_index,
+                    "candidate_index": index,
+                    "seed": self.task.seed,
+                    "fields": fields[:64],
+                },
+            )
+        self.nondeterministic_fields.update(fields)
+        self.own_resets[index] = wire
+        log.warning(
+            "group %d candidate %d: reset(seed=%d) differs in %s (reset_determinism: warn)",
+            self.task.group_index, index, self.task.seed, ", ".join(fields[:8]),
         )
 
     # ------------------------------------------------------------------ turns
@@ -195,9 +253,17 @@ class GroupCollector:
             if ep.live:
                 ep.termination = "max_steps"
 
-    async def _await_with_keepalive(self, task: "asyncio.Future[Any]", sessions: list[EnvSession]) -> Any:
+    async def _await_with_keepalive(self, task: asyncio.Future[Any], sessions: list[EnvSession]) -> Any:
         """Await the policy while every session answers pings and stays fresh, and the activity
         keeps heartbeating (a long generation on a slow model is not a dead worker)."""
+        # Most samples are done well inside one keepalive interval: skip the keepalive machinery
+        # for those (a frame that arrives meanwhile still poisons the session via its reader).
+        done, _ = await asyncio.wait({task}, timeout=_FAST_SAMPLE_S)
+        if task in done:
+            for session in sessions:
+                if hasattr(session, "run_with_keepalive"):
+                    session._check_usable()
+            return task.result()
         ticker = asyncio.ensure_future(self._heartbeat_until(task))
         try:
             keepers = [s.run_with_keepalive(task) for s in sessions if hasattr(s, "run_with_keepalive")]
@@ -208,7 +274,7 @@ class GroupCollector:
         finally:
             ticker.cancel()
 
-    async def _heartbeat_until(self, task: "asyncio.Future[Any]", every_s: float = 1.0) -> None:
+    async def _heartbeat_until(self, task: asyncio.Future[Any], every_s: float = 1.0) -> None:
         while not task.done():
             await asyncio.wait({task}, timeout=every_s)
             if not task.done():
@@ -223,6 +289,8 @@ class GroupCollector:
         _reasoning, answer = self.policy.split_action(ids, thinking=thinking)
         action, harness = judge_answer(answer, self.validator)
         if harness is not None:
+            if harness[0] != NO_OUTPUT:
+                harness = truncation_outcome(*harness, len(ids), self.settings.max_action_tokens)
             content = ep.record_harness_error(*harness)
             # No answer (generation ended inside reasoning, or empty): the unfinished text is
             # kept as is, no turn follows and the completion never reaches the optimizer.
@@ -295,6 +363,8 @@ class GroupCollector:
             }
             if ep.final_state is not None:
                 candidate["final_state"] = ep.final_state
+            if ep.candidate_index in self.own_resets:
+                candidate["reset_observation"] = self.own_resets[ep.candidate_index]
             replay_candidates.append(candidate)
             records.append(
                 rollout_record(
@@ -309,22 +379,26 @@ class GroupCollector:
                     recoverable_protocol_errors=ep.recoverable_errors,
                     capacity_retries=ep.capacity_retries,
                     model_tokens=ep.model_tokens,
+                    harness_code=ep.harness_code,
                 )
             )
+        replay = {
+            "group_index": self.task.group_index,
+            "environment_index": self.task.environment_index,
+            "seed": self.task.seed,
+            "reset_payload": self.task.reset_payload,
+            "reset_observation": self.reset_wire,
+            "candidates": replay_candidates,
+        }
+        if self.nondeterministic_fields:
+            replay["reset_nondeterministic_fields"] = sorted(self.nondeterministic_fields)
         return {
             "schema": GROUP_SCHEMA,
             "group_index": self.task.group_index,
             "environment_index": self.task.environment_index,
             "seed": self.task.seed,
             "line": {"messages": self.messages, "completions": completions},
-            "replay": {
-                "group_index": self.task.group_index,
-                "environment_index": self.task.environment_index,
-                "seed": self.task.seed,
-                "reset_payload": self.task.reset_payload,
-                "reset_observation": self.reset_wire,
-                "candidates": replay_candidates,
-            },
+            "replay": replay,
             "records": records,
         }
 
@@ -334,6 +408,8 @@ class GroupCollector:
             "model_latency_ms": round(sum(ep.model_latency_ms for ep in self.episodes), 3),
         }
 
+
+_FAST_SAMPLE_S = 0.05
 
 
 async def collect_group(

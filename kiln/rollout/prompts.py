@@ -9,8 +9,9 @@ import json
 from typing import Any, Literal
 
 from kiln.canonical import canonical_json
+from kiln.openenv.mcp_tools import tools_prompt_block
 
-PROMPT_VERSION = "kiln.openenv-prompt.v2"
+PROMPT_VERSION = "kiln.openenv-prompt.v3"  # v3: MCP tools listed in the system prompt
 
 _SYSTEM_TEMPLATE = """You are acting in the OpenEnv environment "{name}".
 Environment description: {description}
@@ -23,13 +24,16 @@ When an observation has a non-empty "input_text", that text is your decision pro
 full observation JSON (observation, reward, done, and optional metadata) is shown to you."""
 
 
-def system_prompt(metadata: dict[str, Any], policy_action_schema: dict[str, Any]) -> str:
-    """System text naming the environment and embedding the compact action schema."""
+def system_prompt(
+    metadata: dict[str, Any], policy_action_schema: dict[str, Any], tools: list[dict[str, Any]] | None = None
+) -> str:
+    """System text naming the environment and embedding the compact action schema, then the MCP
+    tools (name, description, input schema) when the environment offers any."""
     return _SYSTEM_TEMPLATE.format(
         name=str(metadata.get("name", "")),
         description=str(metadata.get("description", "")),
         schema=canonical_json(policy_action_schema).decode("utf-8"),
-    )
+    ) + tools_prompt_block(tools)
 
 
 def observation_content(
@@ -48,11 +52,14 @@ def observation_content(
 
 
 def initial_messages(
-    metadata: dict[str, Any], policy_action_schema: dict[str, Any], reset_wire: dict[str, Any]
+    metadata: dict[str, Any],
+    policy_action_schema: dict[str, Any],
+    reset_wire: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, str]]:
     """``[system, user]`` for a candidate; identical across a group (R3.8)."""
     return [
-        {"role": "system", "content": system_prompt(metadata, policy_action_schema)},
+        {"role": "system", "content": system_prompt(metadata, policy_action_schema, tools)},
         {"role": "user", "content": observation_content(reset_wire, "reset result")},
     ]
 

@@ -69,8 +69,10 @@ def rollout_record(
     recoverable_protocol_errors: int,
     capacity_retries: int,
     model_tokens: int,
+    harness_code: str | None = None,
 ) -> dict[str, Any]:
-    """One summary ``rollouts`` record (``protocol_error_code`` only when it ended so)."""
+    """One summary ``rollouts`` record (``protocol_error_code`` only when it ended so;
+    ``harness_code`` only when the episode ended on a harness error)."""
     record: dict[str, Any] = {
         "group_index": group_index,
         "candidate_index": candidate_index,
@@ -87,4 +89,6 @@ def rollout_record(
     }
     if termination == "protocol_error":
         record["protocol_error_code"] = protocol_error_code
+    if harness_code is not None:
+        record["harness_code"] = harness_code
     return record

@@ -14,18 +14,36 @@ The first mismatch raises :class:`ReplayDrift` (``openenv_replay_drift``) with
 concurrency: the lowest ``(group, candidate)`` that drifts is reported (candidates are started in
 order and later ones are skipped once an earlier one has drifted). ``step_index`` is ``None`` for
 the reset observation and the final state.
+
+Per-session identifiers (issue 12): many environments put a fresh random ``episode_id`` (or
+similar) into their state on every reset. Before replaying, each environment is reset twice with
+the same payload and its state read: the fields that differ are per-session identifiers, excluded
+from the ``final_state`` comparison and listed in the report (``excluded_fields``), never
+silently. Ordinary capacity refusals are retried quietly and counted (``capacity_retries``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.errors import EnvironmentIdentityChanged, InvalidRequest, KilnError, RunCancelled
+from kiln.errors import (
+    EnvironmentIdentityChanged,
+    InvalidRequest,
+    KilnError,
+    RunCancelled,
+)
+from kiln.jsondiff import differing_paths, without_paths
 from kiln.openenv.discovery import identity_differences, inspect_environment
-from kiln.openenv.session import TERMINAL_CODES, EnvSession, StepResult, open_session_and_reset
+from kiln.openenv.session import (
+    TERMINAL_CODES,
+    EnvSession,
+    StepResult,
+    open_session_and_reset,
+)
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.verify import Bundle, load_bundle
 
@@ -102,6 +120,26 @@ async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
             )
 
 
+async def session_identifiers(
+    base_url: str, payload: dict, *, bearer_token: str | None, capacity_wait_s: float,
+    should_cancel: Callable[[], bool] | None,
+) -> tuple[list[str], int]:
+    """Fields of ``state`` that differ between two sessions reset with the same payload."""
+    states: list[dict] = []
+    retries_total = 0
+    for _ in range(2):
+        session, _reset, retries = await open_session_and_reset(
+            normalize_url(base_url), payload, capacity_wait_s=capacity_wait_s,
+            bearer_token=bearer_token, should_cancel=should_cancel,
+        )
+        retries_total += retries
+        try:
+            states.append(await session.state())
+        finally:
+            await session.close()
+    return differing_paths(states[0], states[1], "final_state"), retries_total
+
+
 async def replay_candidate(
     group: dict,
     candidate: dict,
@@ -110,8 +148,12 @@ async def replay_candidate(
     bearer_token: str | None,
     capacity_wait_s: float,
     should_cancel: Callable[[], bool] | None,
+    excluded: list[str] | None = None,
 ) -> int:
-    """Replay one candidate; return its capacity retries. Raises ``ReplayDrift`` on a mismatch."""
+    """Replay one candidate; return its capacity retries. Raises ``ReplayDrift`` on a mismatch.
+
+    ``excluded``: ``final_state.*`` paths of per-session identifiers, left out of the comparison.
+    """
     g, c = group["group_index"], candidate["candidate_index"]
     session: EnvSession
     session, reset, retries = await open_session_and_reset(
@@ -122,7 +164,12 @@ async def replay_candidate(
         should_cancel=should_cancel,
     )
     try:
-        compare_result(group["reset_observation"], reset, g, c, None)
+        # Under reset_determinism: warn the recording lists the fields resets differed in.
+        loose = list(group.get("reset_nondeterministic_fields") or [])
+        recorded_reset = without_paths(candidate.get("reset_observation", group["reset_observation"]), loose, "reset_observation")
+        if loose and reset.kind == "observation":
+            reset = StepResult(kind="observation", observation=without_paths(reset.observation, loose, "reset_observation"))
+        compare_result(recorded_reset, reset, g, c, None)
         for exchange in candidate["exchanges"]:
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
@@ -133,9 +180,11 @@ async def replay_candidate(
             last is not None and last["kind"] == "protocol_error" and last["error"].get("code") in TERMINAL_CODES
         )
         if not ended_terminal:
-            state = await session.state()
-            if not _same(candidate.get("final_state"), state):
-                field = first_difference(candidate.get("final_state"), state, "final_state")
+            skip = list(excluded or [])
+            state = without_paths(await session.state(), skip, "final_state")
+            recorded = without_paths(candidate.get("final_state"), skip, "final_state")
+            if not _same(recorded, state):
+                field = first_difference(recorded, state, "final_state")
                 raise drift(g, c, None, field, "the final state differs from the recording")
     finally:
         await session.close()
@@ -167,6 +216,17 @@ async def replay_bundle(
             f"credentials must have one entry per environment ({len(environments)}), got {len(tokens)}"
         )
     await reinspect(bundle, tokens)
+    capacity_wait_s = float(bundle.summary["capacity_wait_seconds"])
+    retries_total = 0
+    excluded: dict[int, list[str]] = {}
+    for group in bundle.replay["groups"]:
+        index = group["environment_index"]
+        if index not in excluded:
+            excluded[index], retries = await session_identifiers(
+                environments[index]["identity"]["base_url"], group["reset_payload"],
+                bearer_token=tokens[index], capacity_wait_s=capacity_wait_s, should_cancel=should_cancel,
+            )
+            retries_total += retries
 
     work = [
         (group, candidate)
@@ -175,8 +235,6 @@ async def replay_bundle(
     ]
     semaphore = asyncio.Semaphore(concurrency)
     failures: dict[tuple[int, int], BaseException] = {}
-    retries_total = 0
-    capacity_wait_s = float(bundle.summary["capacity_wait_seconds"])
 
     async def run_one(group: dict, candidate: dict) -> None:
         nonlocal retries_total
@@ -194,6 +252,7 @@ async def replay_bundle(
                     bearer_token=tokens[group["environment_index"]],
                     capacity_wait_s=capacity_wait_s,
                     should_cancel=should_cancel,
+                    excluded=excluded[group["environment_index"]],
                 )
             except ReplayDrift as exc:
                 failures[key] = exc
@@ -214,4 +273,16 @@ async def replay_bundle(
         "environment_exchanges": bundle.report["environment_exchanges"],
         "capacity_retries": retries_total,
         "environment_prefix_only_rollouts": prefix_only,
+        # Per-session identifiers found by two same-payload resets: not compared, always listed.
+        "excluded_fields": [
+            {"environment_index": index, "field": field, "reason": "differs between two resets with the same payload"}
+            for index in sorted(excluded)
+            for field in excluded[index]
+        ]
+        + [
+            {"environment_index": group["environment_index"], "group_index": group["group_index"], "field": field,
+             "reason": "recorded as non-deterministic (reset_determinism: warn)"}
+            for group in bundle.replay["groups"]
+            for field in group.get("reset_nondeterministic_fields") or []
+        ],
     }

@@ -13,6 +13,7 @@ from kiln.errors import PolicyIdentityChanged, RunInterrupted
 from kiln.rollout.group import GroupCollector, GroupTask
 from kiln.rollout.policy_port import PolicyPort
 from kiln.records import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
+from kiln.openenv.capacity import ATTEMPT_CAPACITY_WAIT_S
 from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.policy.identity import with_inference
 
@@ -82,7 +83,13 @@ async def collect(
             credentials or {}, inp.credential_id, inspection["identity"]["base_url"]
         ),
     )
-    collector = GroupCollector(task, policy, should_cancel=should_cancel, heartbeat=heartbeat)
+    collector = GroupCollector(
+        task,
+        policy,
+        should_cancel=should_cancel,
+        heartbeat=heartbeat,
+        attempt_capacity_wait_s=ATTEMPT_CAPACITY_WAIT_S,
+    )
     document = await collector.run()
     ref = await asyncio.to_thread(store.put_blob, canonical_json(document))
     records = document["records"]
@@ -98,5 +105,6 @@ async def collect(
         model_tokens=sum(r["model_tokens"] for r in records),
         model_latency_ms=collector.timings()["model_latency_ms"],
         attempt=attempt,
+        capacity=collector.capacity_observed(),
         interruption_code="executor_interrupted" if attempt > 1 else None,
     )

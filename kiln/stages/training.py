@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
-from kiln.errors import PolicyIdentityChanged
+from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import model_content_sha256
 from kiln.records import AdapterFile, StoredObject, TrainInput, TrainResult
 from kiln.artifacts.adapters import materialise
@@ -66,6 +66,15 @@ def train(
     config = inp.training_config
     # train_grpo selects again and reports the same counts
     kept, selection = select_groups(lines, config.on_no_output)
+    if not kept and not inp.allow_empty_training:
+        raise TrainingFailed(
+            "every seed group was skipped before training, so no adapter was trained: "
+            + "; ".join(selection.get("warnings", [])[:8]),
+            hint="groups need reward variation and final model actions; collect more or larger "
+            "groups, or set allow_empty_training: true to let such a run complete without an adapter",
+            retryable=False,
+            details={"reason": "zero_groups", "groups_submitted": selection.get("groups_submitted")},
+        )
     if not kept:
         return TrainResult(
             trained=False,

@@ -34,7 +34,8 @@ def select_groups(
 
     Kept groups are shallow copies with filtered completions.
 
-    Group numbers in warnings are 1-based positions in ``groups``.
+    Group numbers in warnings are 0-based positions in ``groups`` (as ``group_index`` in
+    receipts and artifacts).
     """
     kept: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -42,7 +43,7 @@ def select_groups(
     discarded = 0
     no_usable = 0
     no_gradient = 0
-    for number, group in enumerate(groups, start=1):
+    for number, group in enumerate(groups):
         completions = list(group.get("completions") or [])
         rollouts += len(completions)
         usable = _no_output_view(completions, on_no_output)

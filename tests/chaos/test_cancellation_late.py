@@ -50,10 +50,10 @@ async def test_cancel_during_revalidation(stack: ChaosStack) -> None:
         await wait_status(handle, lambda s: s["progress"]["groups_completed"] == 2, timeout_s=120,
                           what="collection to finish")
         proxy.hold()
-        await wait_status(handle, lambda s: s["phase"] == "revalidating", timeout_s=60, what="revalidation")
+        await wait_status(handle, lambda s: s["phase"] == "revalidation", timeout_s=60, what="revalidation")
         await wait_until_async(lambda: proxy.parked > 0, timeout_s=30, what="revalidation's request")
         seconds, state, status = await _cancel(handle)
-        _assert_cancelled(stack, handle.id, state, status, "identity_verification")
+        _assert_cancelled(stack, handle.id, state, status, "revalidation")
         assert seconds < PROMPT_S, seconds
         record("7g cancel during revalidation", cancel_to_closed_s=seconds)
     finally:
@@ -68,7 +68,7 @@ async def test_cancel_during_post_evaluation(stack: ChaosStack) -> None:
     handle = await start_run(client, stack, request)
     await wait_status(handle, lambda s: s["phase"] == "training", timeout_s=120, what="training")
     hooks.set(SAMPLE_DELAY, 0.5)  # evaluation generations stay in flight long enough
-    await wait_status(handle, lambda s: s["phase"] == "post_evaluating", timeout_s=180, what="post_eval")
+    await wait_status(handle, lambda s: s["phase"] == "post_evaluation", timeout_s=180, what="post_eval")
     seconds, state, status = await _cancel(handle)
     hooks.clear(SAMPLE_DELAY)
     _assert_cancelled(stack, handle.id, state, status, "post_evaluation")

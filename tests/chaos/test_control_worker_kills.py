@@ -38,7 +38,7 @@ async def test_control_worker_killed_during_discovery(stack: ChaosStack) -> None
         proxy.hold()
         started = time.monotonic()
         handle = await start_run(client, stack, rollout_request(proxy.url))
-        await wait_status(handle, lambda s: s["phase"] == "discovering", timeout_s=60, what="discovery")
+        await wait_status(handle, lambda s: s["phase"] == "discovery", timeout_s=60, what="discovery")
         await wait_until_async(lambda: proxy.parked > 0, timeout_s=30, what="discovery's first request")
         pid = await asyncio.to_thread(stack.kill_worker, "control")
         killed_at = time.monotonic()

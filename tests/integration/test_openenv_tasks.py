@@ -44,6 +44,8 @@ async def test_selection_and_page_errors(taskbank):
     with pytest.raises(InvalidRequest) as info:
         await task_catalog(taskbank, split="nope")
     assert info.value.code == "openenv_invalid_task_selection"
+    assert "valid splits: train, test, holdout" in info.value.message
+    assert info.value.details["valid_splits"] == ["train", "test", "holdout"]
     with pytest.raises(InvalidRequest) as info:
         await task_catalog(taskbank, environment_name="other")
     assert info.value.code == "openenv_invalid_task_selection"
@@ -76,3 +78,11 @@ async def test_task_selected_by_reset_options(taskbank):
         assert result.done and result.observation["reward"] == 1.0
     finally:
         await session.close()
+
+
+def test_task_page_line_past_the_end() -> None:
+    from kiln.cli.control_cmds import task_page_line
+
+    page = {"selected_split": "train", "start": 10, "stop": 3, "num_tasks": 3}
+    assert task_page_line(page) == "  train: --start 10 is past the end: the split has 3 task(s) (start 0..2)"
+    assert task_page_line({**page, "start": 1}) == "  train: tasks 1..2 of 3 (0-based, inclusive)"

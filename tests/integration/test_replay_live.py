@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -66,6 +68,7 @@ def test_replay_passes_against_the_same_environment(bundle: dict[str, bytes], po
         "environment_prefix_only_rollouts": sum(
             r["termination"] == "invalid_model_action" for r in json.loads(bundle["summary.json"])["rollouts"]
         ),
+        "excluded_fields": [],  # the counter's episode_id is seed-derived: nothing excluded
     }
     assert report["environment_exchanges"] >= 4
 
@@ -163,3 +166,25 @@ def test_replay_cli_json_and_failure_exit_code(bundle: dict[str, bytes], port: i
     result = CliRunner().invoke(_cli(), ["replay", "--summary", str(broken)])
     assert result.exit_code == 2
     assert "openenv_verification_failed" in result.stderr
+
+
+def test_random_episode_id_is_excluded_and_listed(tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A 1-session server with a fresh uuid episode_id per reset: replay passes, and says what it
+    did not compare; its capacity refusals are counted, not logged as poisoned sessions."""
+    wild_port = free_port()
+    argv = [sys.executable, "-m", "tests.support.wild_servers", "uuid_episode", "--port", str(wild_port)]
+    with serve_app_process(argv, port=wild_port) as url:
+        files = collect_bundle(url, tiny_model_dir, groups=1, group_size=2, max_steps=2, seed_start=7)
+    summary = write_bundle(tmp_path, files)
+    _, replay, _ = parse(files)
+    ids = {c["final_state"]["episode_id"] for g in replay["groups"] for c in g["candidates"] if "final_state" in c}
+    assert len(ids) == 2  # the recording itself holds two different uuids for one seed
+    caplog.set_level(logging.DEBUG)
+    with serve_app_process(argv, port=wild_port):
+        report = _replay(summary, concurrency=4)
+    assert report["rollouts"] == 2
+    assert report["excluded_fields"] == [
+        {"environment_index": 0, "field": "final_state.episode_id", "reason": "differs between two resets with the same payload"}
+    ]
+    assert report["capacity_retries"] > 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "poisoned" in r.getMessage()]

@@ -72,7 +72,7 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 failed = (await http.post("/v1/openenv/runs", json={"kind": "rollout", "environment_urls": [unreachable_url()]})).json()
                 hung = (await http.post("/v1/openenv/runs", json={"kind": "rollout", "environment_urls": [hole.url]})).json()
                 await _wait(http, hung["run_id"], ("running",))
-                while (await http.get(f"/v1/openenv/runs/{hung['run_id']}")).json()["phase"] != "discovering":
+                while (await http.get(f"/v1/openenv/runs/{hung['run_id']}")).json()["phase"] != "discovery":
                     await asyncio.sleep(0.2)
                 assert (await http.post(f"/v1/openenv/runs/{hung['run_id']}/cancel")).status_code == 200
                 done = await _wait(http, trained["run_id"], ("completed", "failed", "cancelled"))

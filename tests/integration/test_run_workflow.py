@@ -327,6 +327,7 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
         "max_steps": 2,
         "output_adapter": adapter,
         "environment_urls": [counter_env_url],
+        "allow_empty_training": True,  # a tiny group may have no reward variation: still publish
     }
     async with running_workers(settings) as client:
         handle = await client.start_workflow(

@@ -45,6 +45,7 @@ WORKFLOW_KILN_MODULES = {
     "kiln.records",
     "kiln.contracts",
     "kiln.run_plan",
+    "kiln.openenv.capacity",
     "kiln.run_status",
     "kiln.search_attributes",
 }

@@ -48,3 +48,17 @@ def test_reset_plan_digest_ignores_key_order_and_caller_seed() -> None:
     assert reset_plan_sha256([{"difficulty": "hard"}, {"split": "train"}]) == (
         "sha256:08f2095cfc0fc441b62020716f2cbf01ed3268692c623f171b82e80fb473eae0"
     )
+
+
+def test_seed_in_reset_options_is_dropped_with_a_warning() -> None:
+    from kiln.contracts import parse_run_request
+
+    request = parse_run_request(
+        {"kind": "rollout", "environment_urls": ["http://127.0.0.1:1"], "reset_options": {"seed": 5, "level": 2}}
+    )
+    assert request.reset_templates() == [{"level": 2}]
+    assert request.reset_option_warnings() == [
+        "reset_options.seed was dropped: every group resets with its own seed (seed_start + group index)"
+    ]
+    plain = parse_run_request({"kind": "rollout", "environment_urls": ["http://127.0.0.1:1"]})
+    assert plain.reset_option_warnings() == []

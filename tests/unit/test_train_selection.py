@@ -45,11 +45,11 @@ def test_selection_counts_and_warnings_exact():
         "no_usable_output_groups_skipped": 2,
         "no_reward_gradient_groups_skipped": 2,
         "warnings": [
-            "group 2 produced no final model actions; skipped",
-            "group 3 has no reward variation (all rewards 1.0); zero-gradient work skipped",
-            "group 4: dropped 1 of 3 completions that produced no final model action",
-            "group 5 has no reward variation (all rewards 0.0); zero-gradient work skipped",
-            "group 6 produced no final model actions; skipped",
+            "group 1 produced no final model actions; skipped",
+            "group 2 has no reward variation (all rewards 1.0); zero-gradient work skipped",
+            "group 3: dropped 1 of 3 completions that produced no final model action",
+            "group 4 has no reward variation (all rewards 0.0); zero-gradient work skipped",
+            "group 5 produced no final model actions; skipped",
         ],
     }
     # artifacts keep everything: the input is not mutated

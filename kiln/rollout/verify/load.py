@@ -52,7 +52,8 @@ def check_group(
     dwhere = Where(DATASET_FILE, group=g)
     need_keys(line, frozenset({"messages", "completions"}), dwhere, "")
     expected_messages = initial_messages(
-        inspection["identity"]["metadata"], policy_action_schema(inspection["schema"]["action"]), reset
+        inspection["identity"]["metadata"], policy_action_schema(inspection["schema"]["action"]), reset,
+        inspection["identity"].get("tools"),
     )
     if not same_json(line["messages"], expected_messages):
         raise fail(dwhere, "messages", "is not the recomputed R3.6 prompt for this group's reset observation")
@@ -80,7 +81,10 @@ def check_group(
         )
         if completion["harness_code"] is not None and completion["harness_code"] not in HARNESS_CODES:
             raise fail(cwhere, "harness_code", f"must be null or one of {sorted(HARNESS_CODES)}")
-        check_trajectory(completion, facts, cwhere, thinking=summary["thinking"], validator=validator)
+        check_trajectory(
+            completion, facts, cwhere, thinking=summary["thinking"], validator=validator,
+            max_action_tokens=summary["max_action_tokens"],
+        )
         check_pieces(
             completion, facts, cwhere,
             model_tokens=candidate["model_tokens"], max_action_tokens=summary["max_action_tokens"],
@@ -89,6 +93,7 @@ def check_group(
         check_record(
             records[record_index], Where(SUMMARY_FILE, group=g, candidate=c),
             group=group, candidate=candidate, facts=facts, inspection=inspection,
+            harness_code=completion["harness_code"],
         )
     return exchanges
 

@@ -172,7 +172,7 @@ def check_replay_candidate(
     """R4.4 manifest rules for one candidate."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
-    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state"}))
+    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation"}))
     if candidate["candidate_index"] != index or not _is_int(candidate["candidate_index"]):
         raise fail(where, "candidate_index", f"must be {index} (contiguous candidate indices)")
     exchanges = need_list(candidate["exchanges"], where, "exchanges")
@@ -207,12 +207,26 @@ def check_replay_candidate(
     return CandidateFacts(exchanges, returned, termination, walk.code)
 
 
+def check_reset_determinism(group: dict, summary: dict, where: Where) -> None:
+    """Per-candidate resets are allowed only under ``reset_determinism: warn``, listed by field."""
+    own = [c for c in group.get("candidates") or [] if isinstance(c, dict) and "reset_observation" in c]
+    if summary.get("reset_determinism", "strict") != "warn":
+        if "reset_nondeterministic_fields" in group or own:
+            raise fail(where, "reset_nondeterministic_fields", "only allowed with reset_determinism: warn")
+        return
+    if own and not group.get("reset_nondeterministic_fields"):
+        raise fail(where, "reset_nondeterministic_fields", "must list the fields in which resets differed")
+    for candidate in own:
+        check_wire_observation(candidate["reset_observation"], where, "candidates[].reset_observation")
+
+
 def check_replay_group(g: int, group: Any, summary: dict) -> tuple[dict, dict]:
     """One group's replay header: indices, seed, reset payload and observation, candidate count.
     Returns ``(group, reset observation)``."""
     rwhere = Where(REPLAY_FILE, group=g)
     group = need_dict(group, rwhere, "group")
-    need_keys(group, _GROUP_KEYS, rwhere, "")
+    need_keys(group, _GROUP_KEYS, rwhere, "", frozenset({"reset_nondeterministic_fields"}))
+    check_reset_determinism(group, summary, rwhere)
     environments = summary["environments"]
     if group["group_index"] != g or not _is_int(group["group_index"]):
         raise fail(rwhere, "group_index", f"must be {g} (contiguous group indices)")

@@ -46,7 +46,7 @@ _SUMMARY_KEYS = frozenset(
         "stats", "rollouts",
     }
 )
-_SUMMARY_OPTIONAL = frozenset({"training_selection"})
+_SUMMARY_OPTIONAL = frozenset({"training_selection", "reset_determinism"})
 
 
 def check_summary(summary: dict) -> None:
@@ -149,9 +149,13 @@ def check_inspection(inspection: Any, where: Where, field: str) -> None:
 
 
 def check_record(
-    record: Any, where: Where, *, group: dict, candidate: dict, facts: Any, inspection: dict
+    record: Any, where: Where, *, group: dict, candidate: dict, facts: Any, inspection: dict,
+    harness_code: str | None = None,
 ) -> None:
-    """One summary ``rollouts`` record against the replay candidate (rebuilt by the collector's builder)."""
+    """One summary ``rollouts`` record against the replay candidate (rebuilt by the collector's builder).
+
+    ``harness_code`` (the completion's) is optional in a record: bundles written before it
+    existed omit it; when present it must be the completion's."""
     expected = rollout_record(
         inspection["identity"],
         group_index=group["group_index"],
@@ -164,5 +168,6 @@ def check_record(
         recoverable_protocol_errors=candidate["recoverable_protocol_errors"],
         capacity_retries=candidate["capacity_retries"],
         model_tokens=candidate["model_tokens"],
+        harness_code=harness_code if isinstance(record, dict) and "harness_code" in record else None,
     )
     need_match(record, expected, where, "rollouts[]", "the replay")

@@ -12,7 +12,7 @@ from typing import Any
 from kiln.openenv.actions import ActionParseError, parse_action_text
 from kiln.openenv.schema import ActionValidator
 from kiln.rollout.episode import TURN_BREAK
-from kiln.rollout.exchange import NO_OUTPUT, exchange_segment, harness_segment, judge_answer
+from kiln.rollout.exchange import NO_OUTPUT, exchange_segment, harness_segment, judge_answer, truncation_outcome
 from kiln.rollout.provenance import provenance_of
 from kiln.rollout.verify.checks import (
     Where,
@@ -52,7 +52,8 @@ def check_segment(segment: Any, where: Where, field: str, role: str, kind: str, 
 
 
 def check_trajectory(
-    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator
+    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator,
+    max_action_tokens: int | None = None,
 ) -> None:
     """R4.2 structure: actions parse to the exchanged actions, observations are rebuilt."""
     trajectory = need_list(completion["trajectory"], where, "trajectory")
@@ -81,6 +82,8 @@ def check_trajectory(
         step = len(facts.exchanges)
         at = where.at(step=step)
         _action, outcome = judge_answer(_action_answer(trajectory, step, at, thinking, actions), validator)
+        if outcome is not None and max_action_tokens is not None:
+            outcome = truncation_outcome(*outcome, _last_action_ids(completion), max_action_tokens)
         if outcome is None:
             raise fail(at, f"trajectory[{2 * step}].content", "is a valid action, yet the candidate ended invalid_model_action")
         if harness != outcome[0]:
@@ -90,6 +93,13 @@ def check_trajectory(
         raise fail(where, "harness_code", "must be null unless termination is invalid_model_action")
     if completion["text"] != TURN_BREAK.join(actions):
         raise fail(where, "text", f"must be the action contents joined by {TURN_BREAK}")
+
+
+def _last_action_ids(completion: dict) -> int:
+    """How many ids the final action piece holds (a cut-off action used all max_action_tokens)."""
+    pieces = (completion.get("tokens") or {}).get("pieces") or []
+    last = [p for p in pieces if isinstance(p, dict) and p.get("kind") == "action"]
+    return len(last[-1].get("ids") or []) if last else 0
 
 
 def _action_answer(trajectory: list, step: int, at: Where, thinking: bool, actions: list[str]) -> str | None:

@@ -1,0 +1,73 @@
+"""MCP tool discovery (protocol §2.4): the tools a tool-calling environment offers.
+
+Owns: ``tools/list`` over ``POST /mcp`` (JSON-RPC 2.0), the normal form of a tool list
+(``[{"name", "description", "input_schema"}]`` in the server's order), and the answer "this
+environment has no MCP tools" (404/405 on ``/mcp``, or any JSON-RPC error such as -32603
+"Environment does not support MCP"). Tools go into the identity (and its digests) and the prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from kiln.errors import EnvironmentProtocolError
+from kiln.openenv.httpio import request_json
+from kiln.openenv.urls import EnvironmentUrl
+
+MAX_TOOLS = 256
+_LIST_REQUEST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+
+def normalize_tools(value: Any, url: str) -> list[dict[str, Any]]:
+    """``[{"name", "description", "input_schema"}]`` from a ``tools/list`` result."""
+    tools = value.get("tools") if isinstance(value, dict) else None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise EnvironmentProtocolError(f"POST {url}: tools/list result has no tool list (or over {MAX_TOOLS})")
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise EnvironmentProtocolError(f"POST {url}: a listed tool has no string name")
+        schema = tool.get("input_schema", tool.get("inputSchema", {}))
+        out.append(
+            {
+                "name": tool["name"],
+                "description": str(tool.get("description") or ""),
+                "input_schema": schema if isinstance(schema, dict) else {},
+            }
+        )
+    return out
+
+
+async def list_tools(
+    client: httpx.AsyncClient,
+    url: EnvironmentUrl,
+    *,
+    bearer_token: str | None,
+    timeout_s: float,
+    connect_timeout_s: float,
+) -> list[dict[str, Any]] | None:
+    """The environment's MCP tools, or None when it offers none."""
+    route = url.route("/mcp")
+    status, body = await request_json(
+        client, "POST", route, json_body=_LIST_REQUEST, bearer_token=bearer_token,
+        timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, ok_statuses=(404, 405, 422),
+    )
+    if status != 200 or not isinstance(body, dict) or "error" in body or "result" not in body:
+        return None
+    tools = normalize_tools(body["result"], route)
+    return tools or None
+
+
+def tools_prompt_block(tools: list[dict[str, Any]] | None) -> str:
+    """The prompt paragraph listing the tools (empty when there are none)."""
+    if not tools:
+        return ""
+    from kiln.canonical import canonical_json
+
+    return (
+        "\n\nTools this environment offers (call one per turn with "
+        '{"type": "call_tool", "tool_name": NAME, "arguments": {...}} matching its input_schema):\n'
+        + canonical_json(tools).decode("utf-8")
+    )

@@ -1,0 +1,138 @@
+"""Properties of public OpenEnv servers (issue 12), each on a server of our own built with the real
+``openenv`` package (``tests.support.wild_servers``): a seed-ignoring reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiln.canonical import canonical_json
+from kiln.contracts import reset_payload, reset_plan_sha256
+from kiln.errors import CollectionFailed
+from kiln.openenv.discovery import inspect_environment
+from kiln.rollout.bundle import build_bundle
+from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.rollout.replay_live import replay_bundle
+from kiln.rollout.verify import verify_bundle
+from tests.support.servers import free_port, serve_app_process
+from tests.unit.test_verify_support import request_for, write_bundle
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@contextlib.contextmanager
+def wild(name: str, port: int, sessions: int = 1) -> Iterator[str]:
+    argv = [sys.executable, "-m", "tests.support.wild_servers", name, "--port", str(port),
+            "--max-concurrent-envs", str(sessions)]
+    with serve_app_process(argv, port=port) as url:
+        yield url
+
+
+async def _collect(url: str, runtime, settings: EpisodeSettings, *, groups: int = 1, seed_start: int = 11) -> dict[str, bytes]:
+    inspection = json.loads(canonical_json(await inspect_environment(url)))
+    behavior_policy = {**runtime.identity(None), "adapter": None}
+    documents = []
+    for g in range(groups):
+        task = GroupTask(
+            group_index=g, environment_index=0, seed=seed_start + g,
+            reset_payload=reset_payload({}, seed_start + g), inspection=inspection,
+            settings=settings, behavior_policy=behavior_policy,
+        )
+        documents.append(json.loads(canonical_json(await GroupCollector(task, runtime).run())))
+    request = {**request_for(settings, groups=groups, seed_start=seed_start, urls=[url]),
+               "reset_determinism": settings.reset_determinism}
+    return build_bundle(documents, request=request, inspections=[inspection], behavior_policy=behavior_policy,
+                        reset_plan_sha256=reset_plan_sha256([{}]))
+
+
+def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from kiln.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    port = free_port()
+    strict = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24)
+    with wild("seed_ignoring", port) as url:
+        with pytest.raises(CollectionFailed) as info:
+            asyncio.run(_collect(url, runtime, strict))
+        assert info.value.code == "collection_failed"
+        assert info.value.details["fields"] == ["reset_observation.observation.side"]
+        assert "reset_observation.observation.side" in info.value.message
+        assert "reset_determinism" in info.value.hint
+
+        warn = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24, reset_determinism="warn")
+        files = asyncio.run(_collect(url, runtime, warn))
+    summary = json.loads(files["summary.json"])
+    replay = json.loads(files["replay.json"])
+    assert summary["reset_determinism"] == "warn" and summary["rollout_count"] == 2
+    assert replay["groups"][0]["reset_nondeterministic_fields"] == ["reset_observation.observation.side"]
+    own = replay["groups"][0]["candidates"][1]["reset_observation"]["observation"]["side"]
+    assert own != replay["groups"][0]["reset_observation"]["observation"]["side"]
+    summary_path = write_bundle(tmp_path, files)
+    assert verify_bundle(summary_path)["rollouts"] == 2  # verify honours reset_determinism: warn
+
+    with wild("seed_ignoring", port):
+        report = asyncio.run(replay_bundle(summary_path, concurrency=2))
+    fields = {item["field"] for item in report["excluded_fields"]}
+    assert fields == {"reset_observation.observation.side", "final_state.side"}
+
+
+def test_truncated_actions_get_their_own_code_and_count(tiny_model_dir: Path, counter_env_url: str, tmp_path: Path) -> None:
+    """An answer cut at max_action_tokens is MODEL_ACTION_TRUNCATED (not INVALID_MODEL_ACTION),
+    counted in the summary stats, and the bundle verifies."""
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.unit.test_verify_support import _collect as collect_counter
+
+    settings = EpisodeSettings(group_size=4, max_steps=2, max_action_tokens=3, thinking=False)
+    files = asyncio.run(
+        collect_counter(counter_env_url, PolicyRuntime.load(tiny_model_dir), groups=2, seed_start=3, settings=settings, template={})
+    )
+    summary = json.loads(files["summary.json"])
+    codes = [r.get("harness_code") for r in summary["rollouts"]]
+    assert codes.count("MODEL_ACTION_TRUNCATED") == summary["stats"]["truncated_action_count"] > 0
+    assert "INVALID_MODEL_ACTION" not in codes  # a 3-token answer that fails to parse was cut, not wrong
+    lines = [json.loads(line) for line in files["rollouts.jsonl"].splitlines()]
+    message = next(
+        json.loads(seg["content"])["openenv_harness_error"]["message"]
+        for line in lines for c in line["completions"] if c["harness_code"] == "MODEL_ACTION_TRUNCATED"
+        for seg in c["trajectory"][-1:]
+    )
+    assert message.startswith("the action was cut at max_action_tokens (3)")
+    assert verify_bundle(write_bundle(tmp_path, files))["rollouts"] == 8
+
+
+def test_mcp_tools_reach_the_prompt_and_the_identity(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kiln.cli.app import app
+    from kiln.openenv.discovery import identity_differences
+    from kiln.policy.runtime import PolicyRuntime
+
+    port = free_port()
+    base = ["--tool-variant"]
+    with wild("mcp_tools", port, sessions=4) as url:
+        first = asyncio.run(inspect_environment(url))
+        settings = EpisodeSettings(group_size=2, max_steps=2, max_action_tokens=24, thinking=False)
+        files = asyncio.run(_collect(url, PolicyRuntime.load(tiny_model_dir), settings))
+        printed = CliRunner().invoke(app, ["openenv", "inspect", "--environment", url]).output
+    tools = first["identity"]["tools"]
+    assert [t["name"] for t in tools] == ["add", "total"]
+    line = json.loads(files["rollouts.jsonl"].splitlines()[0])
+    system = line["messages"][0]["content"]
+    assert "Add an amount to the running total." in system and '"maximum":5' in system and '"name":"total"' in system
+    assert json.loads(files["summary.json"])["prompt_version"] == "kiln.openenv-prompt.v3"
+    assert verify_bundle(write_bundle(tmp_path, files))["rollouts"] == 2  # verify rebuilds the prompt with tools
+    assert "tool add — Add an amount to the running total." in printed
+
+    argv = [sys.executable, "-m", "tests.support.wild_servers", "mcp_tools", "--port", str(port), *base, "2"]
+    with serve_app_process(argv, port=port) as url:
+        second = asyncio.run(inspect_environment(url))
+    assert second["identity"]["tools_sha256"] != first["identity"]["tools_sha256"]
+    assert second["identity"]["discovery_sha256"] != first["identity"]["discovery_sha256"]
+    assert "identity.tools" in identity_differences(first, second)
