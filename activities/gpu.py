@@ -108,10 +108,12 @@ class GpuActivities:
         ref = inp.adapter_ref
         if ref is None and inp.adapter is not None:
             ref = read_pointer(self.store, inp.adapter)
-        identity = behavior_policy_of(self.policy(), ref, self._adapter_dir(ref))
+        policy = self.policy()
+        thinking = None if inp.thinking is None else policy.resolve_thinking(inp.thinking)
+        identity = behavior_policy_of(policy, ref, self._adapter_dir(ref))
         if inp.expected is not None:
             require_same_policy(inp.expected, identity)
-        return PolicyResult(behavior_policy=identity, adapter_ref=ref)
+        return PolicyResult(behavior_policy=identity, adapter_ref=ref, thinking=thinking)
 
     @activity.defn(name="resolve_policy")
     @kiln_errors

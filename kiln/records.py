@@ -97,11 +97,14 @@ class PolicyInput(Record):
     adapter: str | None = None
     adapter_ref: AdapterRef | None = None
     expected: dict[str, Any] | None = None
+    # The run's thinking mode, resolved against the model's chat template (None = not asked).
+    thinking: bool | Literal["auto"] | None = None
 
 
 class PolicyResult(Record):
     behavior_policy: dict[str, Any]
     adapter_ref: AdapterRef | None = None
+    thinking: bool | None = None  # the resolved thinking mode, when the input asked for one
 
 
 class CollectGroupInput(Record):

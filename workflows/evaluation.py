@@ -114,7 +114,7 @@ async def post_evaluate(ctx: RunContext, baseline: PolicyResult, training: Train
             min_accuracy=config.min_accuracy,
             include_baseline=config.include_baseline,
             owns_promotion=config.min_accuracy is not None,
-            thinking=ctx.request.thinking,
+            thinking=ctx.request.episode_settings(baseline.thinking).thinking,
             candidate=candidate_ref(ctx, training),
             baseline=baseline.adapter_ref,
         ),

@@ -138,14 +138,18 @@ class OpenEnvRunWorkflow(StatusKeeper):
         contract = request.training_contract
         policy = await resolve_policy(
             ctx,
-            PolicyInput(adapter=request.behavior_adapter(), expected=contract.behavior_policy if contract else None),
+            PolicyInput(
+                adapter=request.behavior_adapter(),
+                expected=contract.behavior_policy if contract else None,
+                thinking=request.thinking,
+            ),
         )
         self._status.behavior_policy = policy.behavior_policy
         groups = await collect_groups(
             ctx,
             policy,
             slots=group_schedule(request.seed_start, request.groups, len(discovery.environments)),
-            settings=request.episode_settings(),
+            settings=request.episode_settings(policy.thinking),
             progress=self._status.progress,
             label="group",
         )
@@ -199,7 +203,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
         request = ctx.request
         trained = training is not None and training.trained
         evaluation: EvaluationResult | None = None
-        plan = EvaluationPlan.of(request)
+        plan = EvaluationPlan.of(request, policy.thinking)
         if trained and plan is not None:
             self._enter("evaluation")
             evaluation = await evaluate_adapter(ctx, plan, policy, training)
@@ -221,7 +225,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
                 run_id=ctx.run_id,
                 kind=request.kind,
                 output_adapter=request.output_adapter,
-                bundle=BundleSpec.of_run(request),
+                bundle=BundleSpec.of_run(request, policy.thinking),
                 environments=ctx.discovery.environments,
                 groups=groups,
                 behavior_policy=policy.behavior_policy,
