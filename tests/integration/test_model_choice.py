@@ -174,3 +174,26 @@ async def test_unknown_model_is_refused_at_admission_without_contact(kiln_settin
     assert status["failure"]["details"] == {"field": "model", "model": "qwen3-4b", "served": ["llama", "tiny"]}
     assert "served models: llama, tiny" in status["failure"]["message"]
     assert listener.accepted == 0
+
+
+@pytest.mark.timeout(300)
+async def test_default_model_with_thinking_auto_publishes_the_bytes_of_thinking_true(
+    kiln_settings: Any, counter_env_url: str
+) -> None:
+    """No ``model``, ``thinking`` left at its default (auto): the demo model's template has a
+    thinking mode, so the run is exactly today's ``thinking: true`` run, byte for byte."""
+    settings = kiln_settings()
+    digests = []
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        for extra in ({}, {"thinking": True}):
+            request = parse_run_request({**ROLLOUT, "environment_urls": [counter_env_url], **extra})
+            status, created = await service.submit(request)
+            assert created
+            final = await client.get_workflow_handle(status["run_id"]).result()
+            assert final["state"] == "completed"
+            digests.append({a["name"]: a["sha256"] for a in final["artifacts"]})
+            summary, _ = _bundle(settings, final)
+            assert summary["thinking"] is True
+    assert digests[0] == digests[1]
+    assert set(digests[0]) == {"rollouts.jsonl", "replay.json", "summary.json"}
