@@ -49,6 +49,16 @@ def check_adapter_name(name: str, field: str) -> str:
     return name
 
 
+def check_model_name(name: str | None) -> str | None:
+    """A served model's name is its folder name under KILN_MODELS_DIR (None = the default model)."""
+    if name is not None and not _MODEL_NAME_RE.match(name):
+        raise ValueError(
+            f"model {name!r} is not a model name: use the folder name of a served model "
+            "(1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit)"
+        )
+    return name
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -233,14 +243,7 @@ class RunRequest(EpisodeFields):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not _MODEL_NAME_RE.match(value):
-            raise ValueError(
-                f"model {value!r} is not a model name: use the folder name of a served model "
-                "(1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit)"
-            )
-        return value
+        return check_model_name(value)
 
     @field_validator("adapter")
     @classmethod

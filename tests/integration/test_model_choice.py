@@ -197,3 +197,22 @@ async def test_default_model_with_thinking_auto_publishes_the_bytes_of_thinking_
             assert summary["thinking"] is True
     assert digests[0] == digests[1]
     assert set(digests[0]) == {"rollouts.jsonl", "replay.json", "summary.json"}
+
+
+@pytest.mark.timeout(180)
+async def test_preflight_seals_the_named_models_identity(kiln_settings: Any, models_dir: Path) -> None:
+    """A training contract for a run naming a model carries that model's identity."""
+    from api.app import create_app
+    from tests.integration.test_api_helpers import asgi_client
+
+    settings = kiln_settings(models_dir=models_dir)
+    async with running_workers(settings) as client:
+        async with asgi_client(create_app(settings, client=client)) as http:
+            sealed = await http.post("/v1/openenv/training/preflight", json={"output_adapter": "out", "model": "llama"})
+            assert sealed.status_code == 200, sealed.text
+            unknown = await http.post("/v1/openenv/training/preflight", json={"output_adapter": "out", "model": "nope"})
+    assert sealed.json()["behavior_policy"]["base_model_sha256"] == model_content_sha256(models_dir / "llama")
+    assert unknown.status_code == 400
+    body = unknown.json()
+    assert body["code"] == "model_not_served"
+    assert body["details"] == {"field": "model", "model": "nope", "served": ["llama", "tiny"]}
