@@ -106,6 +106,7 @@ def test_run_status_keeps_the_v1_json_keys_and_folds_progress() -> None:
     assert document["progress"] == {
         "groups_completed": 2, "groups_total": 2, "rollouts_completed": 6, "rollouts_total": 6,
         "mean_return": 1.0, "model_latency_ms": 3.75, "model_tokens": 15,
+        "groups": [],  # per-group worker records only for groups reported with their index
     }
     assert {"phase", "state", "failure", "admission", "interruptions", "environment_evaluation"} <= set(document)
 
