@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request, request_digest, reset_plan_sha256
 from kiln.openenv.urls import normalize_url, require_allowed_host
+from kiln.served_models import model_task_queue, require_served
 from kiln.stages.discovery import discover, revalidate
 from kiln.stages.publication import publish
 from kiln.settings import Settings
@@ -52,6 +53,7 @@ class ControlActivities:
     @kiln_errors
     async def admit_run(self, inp: AdmissionInput) -> AdmissionResult:
         request = parse_run_request(inp.submission)
+        require_served(request.model, self.settings.models_dir)  # model_not_served lists the served ones
         for url in request.environment_urls:
             require_allowed_host(
                 normalize_url(url), allow_remote=self.settings.allow_remote_environments
@@ -66,7 +68,7 @@ class ControlActivities:
             request_sha256=request_digest(request),
             reset_templates=templates,
             reset_plan_sha256=reset_plan_sha256(templates),
-            gpu_task_queue=self.settings.gpu_task_queue,
+            gpu_task_queue=model_task_queue(self.settings.gpu_task_queue, request.model),
             queue_workflow_id=queue_workflow_id(self.settings.control_task_queue),
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             warnings=request.reset_option_warnings(),

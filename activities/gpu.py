@@ -72,6 +72,17 @@ async def _beat_while_waiting(latest: dict[str, Any], timeout: Any) -> None:
         activity.heartbeat(dict(latest))
 
 
+def _resolved_sampling(sampling: dict[str, Any] | None, thinking: bool | None) -> dict[str, Any] | None:
+    """The run's sampling settings with ``thinking`` as resolved for the model (without thinking
+    the reasoning budget does not apply), as ``RunRequest.episode_settings`` resolves them."""
+    if sampling is None or thinking is None:
+        return sampling
+    resolved = {**sampling, "thinking": thinking}
+    if not thinking:
+        resolved["thinking_budget_tokens"] = None
+    return resolved
+
+
 class LockedPolicy:
     """Serialises every call into the shared runtime (adapter switching is not thread-safe)."""
 
@@ -119,12 +130,14 @@ class GpuActivities:
         ref = inp.adapter_ref
         if ref is None and inp.adapter is not None:
             ref = read_pointer(self.store, inp.adapter)
-        identity = behavior_policy_of(self.policy(), ref, self._adapter_dir(ref))
-        full = with_inference(identity, inp.inference)
+        policy = self.policy()
+        thinking = None if inp.thinking is None else policy.resolve_thinking(inp.thinking)
+        identity = behavior_policy_of(policy, ref, self._adapter_dir(ref))
+        full = with_inference(identity, _resolved_sampling(inp.inference, thinking))
         if inp.expected is not None:
             # a preflight contract names the model identity; a full identity also the sampling
             require_same_policy(inp.expected, full if "inference_config_sha256" in inp.expected else identity)
-        return PolicyResult(behavior_policy=full, adapter_ref=ref)
+        return PolicyResult(behavior_policy=full, adapter_ref=ref, thinking=thinking)
 
     @activity.defn(name="resolve_policy")
     @kiln_errors

@@ -17,8 +17,9 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTimeoutError
 
 from api.errors import PreflightFailed
-from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, normalize_adapter
+from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, check_model_name, normalize_adapter
 from kiln.errors import error_from_dict
+from kiln.served_models import model_task_queue, require_served
 from kiln.settings import Settings
 from kiln.records import PreflightInput, PreflightResult
 from workflows.names import PREFLIGHT_WORKFLOW
@@ -33,6 +34,7 @@ class PreflightRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     adapter: str | None = Field(default="base", description="Behaviour adapter; base/none/null = base model.")
+    model: str | None = Field(default=None, description="Served model the run will name (default: the workers' default).")
     output_adapter: str = Field(description="Name of the adapter the run will train.")
     training_config: TrainingConfig | None = Field(
         default=None, description="GRPO + ECHO configuration; defaults are filled in."
@@ -44,6 +46,11 @@ class PreflightRequest(BaseModel):
     def _adapter(cls, value: str | None) -> str:
         normalized = normalize_adapter(value)
         return "base" if normalized is None else check_adapter_name(normalized, "adapter")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        return check_model_name(value)
 
     @field_validator("output_adapter")
     @classmethod
@@ -57,12 +64,16 @@ class PreflightRequest(BaseModel):
         return self
 
 
-async def resolve_behavior_policy(client: Client, settings: Settings, adapter: str | None) -> dict[str, Any]:
-    """Run ``PreflightWorkflow`` and return the gpu worker's behaviour-policy identity."""
+async def resolve_behavior_policy(
+    client: Client, settings: Settings, adapter: str | None, model: str | None = None
+) -> dict[str, Any]:
+    """Run ``PreflightWorkflow`` on ``model``'s gpu queue and return its behaviour-policy identity."""
+    require_served(model, settings.models_dir)
+    gpu_task_queue = model_task_queue(settings.gpu_task_queue, model)
     try:
         result: PreflightResult = await client.execute_workflow(
             PREFLIGHT_WORKFLOW,
-            PreflightInput(adapter=adapter, gpu_task_queue=settings.gpu_task_queue),
+            PreflightInput(adapter=adapter, gpu_task_queue=gpu_task_queue),
             id=f"kiln-preflight-{uuid.uuid4()}",
             task_queue=settings.control_task_queue,
             execution_timeout=PREFLIGHT_TIMEOUT,
@@ -75,7 +86,7 @@ async def resolve_behavior_policy(client: Client, settings: Settings, adapter: s
         if isinstance(cause, TemporalTimeoutError):
             raise PreflightFailed(
                 "no gpu worker resolved the behaviour policy in time",
-                hint="start a gpu worker (`python -m workers gpu`) on " + settings.gpu_task_queue,
+                hint="start a gpu worker (`python -m workers gpu`) on " + gpu_task_queue,
             ) from None
         raise PreflightFailed(f"training preflight failed: {cause or err}") from None
     return result.behavior_policy
@@ -84,7 +95,7 @@ async def resolve_behavior_policy(client: Client, settings: Settings, adapter: s
 async def preflight(client: Client, settings: Settings, request: PreflightRequest) -> dict[str, Any]:
     """The preflight receipt: ``{schema, contract, effective_config, behavior_policy, ...}``."""
     base_adapter = normalize_adapter(request.adapter)
-    behavior_policy = await resolve_behavior_policy(client, settings, base_adapter)
+    behavior_policy = await resolve_behavior_policy(client, settings, base_adapter, request.model)
     contract = TrainingContract(
         effective_config=request.training_config or TrainingConfig(),
         behavior_policy=behavior_policy,

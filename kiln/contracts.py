@@ -27,6 +27,7 @@ MAX_RESET_OPTIONS_BYTES = 16 * 1024 * 1024 - 1024
 _ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _CREDENTIAL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 BASE_ADAPTER_ALIASES = {"base", "none", "null"}
 
 
@@ -45,6 +46,16 @@ def check_adapter_name(name: str, field: str) -> str:
         raise ValueError(
             f"{field} {name!r} is not a valid adapter name: use 1-128 characters from "
             "A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )
+    return name
+
+
+def check_model_name(name: str | None) -> str | None:
+    """A served model's name is its folder name under KILN_MODELS_DIR (None = the default model)."""
+    if name is not None and not _MODEL_NAME_RE.match(name):
+        raise ValueError(
+            f"model {name!r} is not a model name: use the folder name of a served model "
+            "(1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit)"
         )
     return name
 
@@ -219,8 +230,9 @@ class EpisodeSettings(EpisodeFields):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
-    def from_request(cls, request: "RunRequest") -> "EpisodeSettings":
-        return cls.model_validate({name: getattr(request, name) for name in EpisodeFields.model_fields})
+    def from_request(cls, request: "RunRequest", *, thinking: bool) -> "EpisodeSettings":
+        values = {name: getattr(request, name) for name in EpisodeFields.model_fields}
+        return cls.model_validate({**values, "thinking": thinking})
 
     def for_group_size(self, group_size: int) -> "EpisodeSettings":
         """The same settings for groups of ``group_size`` (never more concurrent than a group)."""
@@ -231,6 +243,11 @@ class RunRequest(EpisodeFields):
     """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
 
     kind: Literal["rollout", "train"] = "rollout"
+    # A model served under KILN_MODELS_DIR (its folder name); None = the workers' default model.
+    model: str | None = None
+    # "auto" = thinking exactly when the model's chat template supports it (resolved by the gpu
+    # worker with the policy; the resolved bool is what collection uses and bundles record).
+    thinking: bool | Literal["auto"] = "auto"
     idempotency_key: str | None = None
     environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
     credential_ids: list[str | None] = Field(default_factory=list)
@@ -283,6 +300,11 @@ class RunRequest(EpisodeFields):
     def _free_json(cls, value: Any, info: Any) -> Any:
         return check_free_json(value, info.field_name)
 
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None) -> str | None:
+        return check_model_name(value)
+
     @field_validator("adapter")
     @classmethod
     def _adapter(cls, value: str | None) -> str | None:
@@ -321,8 +343,8 @@ class RunRequest(EpisodeFields):
                 "environment_reset_options must have one object per environment URL"
             )
         if self.thinking_budget_tokens is not None:
-            if not self.thinking:
-                raise ValueError("thinking_budget_tokens requires thinking=true")
+            if self.thinking is False:
+                raise ValueError("thinking_budget_tokens requires thinking=true (or auto)")
             if self.thinking_budget_tokens >= self.max_action_tokens:
                 raise ValueError("thinking_budget_tokens must be < max_action_tokens")
         if self.kind == "train":
@@ -388,8 +410,17 @@ class RunRequest(EpisodeFields):
             return evaluation.seed_start
         return self.seed_start + self.groups
 
-    def episode_settings(self) -> EpisodeSettings:
-        return EpisodeSettings.from_request(self)
+    def episode_settings(self, thinking: bool | None = None) -> EpisodeSettings:
+        """The collection settings, with ``thinking`` as resolved for the model (``None`` = the
+        request's own bool; ``"auto"`` needs the resolved value). Without thinking the reasoning
+        budget does not apply and is dropped."""
+        resolved = self.thinking if thinking is None else thinking
+        if not isinstance(resolved, bool):
+            raise ValueError("thinking 'auto' must be resolved against the model first")
+        settings = EpisodeSettings.from_request(self, thinking=resolved)
+        if not resolved and settings.thinking_budget_tokens is not None:
+            settings = settings.model_copy(update={"thinking_budget_tokens": None})
+        return settings
 
     def effective_training_config(self) -> TrainingConfig:
         """The sealed contract's config when preflight sealed one, else the given or default one."""
@@ -479,5 +510,9 @@ def parse_run_request(data: Any) -> RunRequest:
 
 
 def request_digest(request: RunRequest) -> str:
-    """Digest of the typed, default-filled request (idempotency comparisons use it)."""
-    return digest_json(request.model_dump(mode="json", by_alias=False))
+    """Digest of the typed, default-filled request (idempotency comparisons use it). ``model``
+    is left out while unset, so a request for the default model digests as before it existed."""
+    data = request.model_dump(mode="json", by_alias=False)
+    if data.get("model") is None:
+        data.pop("model", None)
+    return digest_json(data)

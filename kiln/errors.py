@@ -80,6 +80,12 @@ class InvalidUrl(InvalidRequest):
     code = "openenv_invalid_url"
 
 
+class ModelNotServed(InvalidRequest):
+    """The request's ``model`` names no model the workers serve (``KILN_MODELS_DIR``)."""
+
+    code = "model_not_served"
+
+
 class RemoteEnvironmentForbidden(KilnError):
     code = "openenv_remote_environment_forbidden"
     http_status = 403

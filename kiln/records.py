@@ -100,11 +100,14 @@ class PolicyInput(Record):
     expected: dict[str, Any] | None = None
     # the run's sampling settings (kiln.policy.identity.inference_config); None = model identity only
     inference: dict[str, Any] | None = None
+    # The run's thinking mode, resolved against the model's chat template (None = not asked).
+    thinking: bool | Literal["auto"] | None = None
 
 
 class PolicyResult(Record):
     behavior_policy: dict[str, Any]
     adapter_ref: AdapterRef | None = None
+    thinking: bool | None = None  # the resolved thinking mode, when the input asked for one
 
 
 class CollectGroupInput(Record):

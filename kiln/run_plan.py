@@ -25,12 +25,13 @@ class BundleSpec(_Plan):
     settings: EpisodeSettings
 
     @classmethod
-    def of_run(cls, request: RunRequest) -> "BundleSpec":
-        """The published bundle of a run: its own seeds, policy and settings."""
+    def of_run(cls, request: RunRequest, thinking: bool | None = None) -> "BundleSpec":
+        """The published bundle of a run: its own seeds, policy and settings (``thinking`` as
+        resolved for the model; see ``RunRequest.episode_settings``)."""
         return cls(
             adapter=normalize_adapter(request.adapter),
             seed_start=request.seed_start,
-            settings=request.episode_settings(),
+            settings=request.episode_settings(thinking),
         )
 
 
@@ -59,7 +60,7 @@ class EvaluationPlan(_Plan):
     settings: EpisodeSettings
 
     @classmethod
-    def of(cls, request: RunRequest) -> "EvaluationPlan | None":
+    def of(cls, request: RunRequest, thinking: bool | None = None) -> "EvaluationPlan | None":
         config = request.environment_eval
         if config is None:
             return None
@@ -67,7 +68,7 @@ class EvaluationPlan(_Plan):
             config=config,
             seed_start=request.eval_seed_start(),
             groups=config.groups,
-            settings=request.episode_settings().for_group_size(config.group_size),
+            settings=request.episode_settings(thinking).for_group_size(config.group_size),
         )
 
     def bundle(self, adapter: str | None) -> BundleSpec:

@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_port: int = 8333
     model_path: Path | None = None
+    # More models to serve: each sub-folder (with a config.json) is a model a run may name.
+    models_dir: Path | None = None
     # Where the gpu worker computes (sampling and training share it): auto = CUDA when available.
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
     # auto = bfloat16 on CUDA, float32 on CPU.

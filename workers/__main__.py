@@ -1,7 +1,8 @@
 """``python -m workers control|gpu|all``: run Kiln workers against the configured Temporal and S3.
 
 This is how a GPU machine joins: point ``KILN_TEMPORAL_ADDRESS``/``KILN_S3_*`` at the shared
-servers, set ``KILN_MODEL_PATH`` to the local model folder, and run ``python -m workers gpu``.
+servers, set ``KILN_MODEL_PATH`` to the local model folder (and ``KILN_MODELS_DIR`` for more
+models: one gpu task queue per model, see docs/models.md), and run ``python -m workers gpu``.
 
 At start a worker connects with bounded, logged retries (Temporal may come up later), then makes
 sure Kiln's search attributes exist on the namespace (creating missing ones; where the namespace
@@ -68,7 +69,8 @@ async def _main(roles: list[str]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"kiln workers {'+'.join(roles)} polling {settings.effective_temporal_address}", flush=True)
+    queues = ", ".join(worker.task_queue for worker in workers)
+    print(f"kiln workers {'+'.join(roles)} polling {settings.effective_temporal_address} ({queues})", flush=True)
     async with _all(workers):
         await stop.wait()
     if server is not None:

@@ -13,6 +13,7 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
+from kiln.served_models import model_task_queue, served_models
 from kiln.settings import Settings
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
@@ -48,16 +49,30 @@ def build_workers(
             )
         )
     if "gpu" in roles:
-        from activities.gpu import GpuActivities
-
-        gpu = (gpu_factory or GpuActivities)(settings, store, model_path or settings.default_model_path)
-        workers.append(
-            Worker(
-                client,
-                task_queue=settings.gpu_task_queue,
-                activities=gpu.all(),
-                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
-                max_concurrent_activities=settings.gpu_max_concurrent_activities,
-            )
-        )
+        workers.extend(_gpu_workers(client, settings, store, model_path, gpu_factory))
     return workers
+
+
+def _gpu_workers(
+    client: Client,
+    settings: Settings,
+    store: S3Store,
+    model_path: Path | None,
+    gpu_factory: Callable[[Settings, S3Store, Path], Any] | None,
+) -> list[Worker]:
+    """One worker per served model, each on its model's queue with its own lazily loaded runtime:
+    the default model on the gpu task queue, every ``KILN_MODELS_DIR`` model on ``<queue>.<name>``."""
+    from activities.gpu import GpuActivities
+
+    models: dict[str | None, Path] = {None: model_path or settings.default_model_path}
+    models.update(served_models(settings.models_dir))
+    return [
+        Worker(
+            client,
+            task_queue=model_task_queue(settings.gpu_task_queue, name),
+            activities=(gpu_factory or GpuActivities)(settings, store, path).all(),
+            activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
+            max_concurrent_activities=settings.gpu_max_concurrent_activities,
+        )
+        for name, path in models.items()
+    ]

@@ -53,7 +53,7 @@ async def evaluate_adapter(
     ctx.status.environment_evaluation = block
     candidate = candidate_ref(ctx, training)
     candidate_policy = await resolve_policy(
-        ctx, PolicyInput(adapter_ref=candidate, inference=ctx.request.episode_settings().model_dump(mode="json"))
+        ctx, PolicyInput(adapter_ref=candidate, inference=plan.settings.model_dump(mode="json"))
     )
     slots = plan.schedule(len(ctx.discovery.environments))
     sides: dict[str, SideBundle] = {}
@@ -116,7 +116,7 @@ async def post_evaluate(ctx: RunContext, baseline: PolicyResult, training: Train
             min_accuracy=config.min_accuracy,
             include_baseline=config.include_baseline,
             owns_promotion=config.min_accuracy is not None,
-            thinking=ctx.request.thinking,
+            thinking=ctx.request.episode_settings(baseline.thinking).thinking,
             candidate=candidate_ref(ctx, training),
             baseline=baseline.adapter_ref,
         ),

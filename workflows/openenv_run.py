@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainResult,
     )
-    from kiln.contracts import RunRequest
+    from kiln.contracts import EpisodeFields, RunRequest
     from kiln.run_plan import BundleSpec, EvaluationPlan, group_schedule, promotion_decision
     from kiln.run_status import Admission, EnvironmentStatus, Progress, RunStatus
     from workflows.collection import RunContext, collect_groups, resolve_policy
@@ -142,7 +142,8 @@ class OpenEnvRunWorkflow(StatusKeeper):
             PolicyInput(
                 adapter=request.behavior_adapter(),
                 expected=contract.behavior_policy if contract else None,
-                inference=request.episode_settings().model_dump(mode="json"),
+                inference=request.model_dump(mode="json", include=set(EpisodeFields.model_fields)),
+                thinking=request.thinking,
             ),
         )
         self._status.behavior_policy = policy.behavior_policy
@@ -150,7 +151,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
             ctx,
             policy,
             slots=group_schedule(request.seed_start, request.groups, len(discovery.environments)),
-            settings=request.episode_settings(),
+            settings=request.episode_settings(policy.thinking),
             progress=self._status.progress,
             label="group",
         )
@@ -206,7 +207,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
         request = ctx.request
         trained = training is not None and training.trained
         evaluation: EvaluationResult | None = None
-        plan = EvaluationPlan.of(request)
+        plan = EvaluationPlan.of(request, policy.thinking)
         if trained and plan is not None:
             self._enter("evaluation")
             evaluation = await evaluate_adapter(ctx, plan, policy, training)
@@ -228,7 +229,7 @@ class OpenEnvRunWorkflow(StatusKeeper):
                 run_id=ctx.run_id,
                 kind=request.kind,
                 output_adapter=request.output_adapter,
-                bundle=BundleSpec.of_run(request),
+                bundle=BundleSpec.of_run(request, policy.thinking),
                 environments=ctx.discovery.environments,
                 groups=groups,
                 behavior_policy=policy.behavior_policy,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import sys
 from pathlib import Path
@@ -186,7 +187,7 @@ def _request_from_flags(
     concurrency: int,
     max_action_tokens: int,
     temperature: float,
-    thinking: bool,
+    thinking: str,
     thinking_budget_tokens: Optional[int],
     adapter: str,
     output_adapter: Optional[str],
@@ -195,6 +196,7 @@ def _request_from_flags(
     environment_reset_options: Optional[list[str]] = None,
     credential_id: Optional[list[str]] = None,
     constrained_actions: bool = False,
+    model: Optional[str] = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "kind": kind,
@@ -206,9 +208,11 @@ def _request_from_flags(
         "concurrency": concurrency,
         "max_action_tokens": max_action_tokens,
         "temperature": temperature,
-        "thinking": thinking,
+        "thinking": THINKING_VALUES[Thinking(thinking).value],
         "adapter": adapter,
     }
+    if model is not None:
+        request["model"] = model
     if thinking_budget_tokens is not None:
         request["thinking_budget_tokens"] = thinking_budget_tokens
     if constrained_actions:
@@ -262,7 +266,17 @@ MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), help="Environment
 CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), help="Concurrent sessions per group (1-256).")
 MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), help="Token limit of one action (1-16384).")
 TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), help="Sampling temperature (>= 0).")
-THINKING_OPT = typer.Option(default(RunRequest, "thinking"), "--thinking/--no-thinking", help="Let the policy reason in <think> first.")
+class Thinking(str, enum.Enum):
+    """``--thinking``: auto = reason in <think> first when the model's chat template supports it."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+THINKING_VALUES: dict[str, Any] = {"auto": "auto", "on": True, "off": False}  # → RunRequest.thinking
+THINKING_OPT = typer.Option(Thinking(default(RunRequest, "thinking")), "--thinking", help="Reason in <think> first: auto (when the model's chat template supports it), on or off.")
+MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", help="A model the workers serve (a KILN_MODELS_DIR folder name); default: the workers' default model.")
 THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), help="Bound on reasoning tokens (< max-action-tokens).")
 ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), help="Behavior policy adapter (base = the base model).")
 IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
@@ -292,8 +306,9 @@ def train_cmd(
     concurrency: int = CONCURRENCY_OPT,
     max_action_tokens: int = MAX_ACTION_TOKENS_OPT,
     temperature: float = TEMPERATURE_OPT,
-    thinking: bool = THINKING_OPT,
+    thinking: Thinking = THINKING_OPT,
     thinking_budget_tokens: Optional[int] = THINKING_BUDGET_OPT,
+    model: Optional[str] = MODEL_OPT,
     adapter: str = ADAPTER_OPT,
     idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
     reset_options: Optional[Path] = RESET_OPTIONS_OPT,
@@ -327,7 +342,7 @@ def train_cmd(
     request = _request_from_flags(
         "train", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
-        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
+        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -373,8 +388,9 @@ def rollout_cmd(
     concurrency: int = CONCURRENCY_OPT,
     max_action_tokens: int = MAX_ACTION_TOKENS_OPT,
     temperature: float = TEMPERATURE_OPT,
-    thinking: bool = THINKING_OPT,
+    thinking: Thinking = THINKING_OPT,
     thinking_budget_tokens: Optional[int] = THINKING_BUDGET_OPT,
+    model: Optional[str] = MODEL_OPT,
     adapter: str = ADAPTER_OPT,
     idempotency_key: Optional[str] = IDEMPOTENCY_OPT,
     reset_options: Optional[Path] = RESET_OPTIONS_OPT,
@@ -398,7 +414,7 @@ def rollout_cmd(
     request = _request_from_flags(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
-        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions,
+        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
     )
     if output is None and replay_output is None and summary_output is None:
         _submit_and_follow(request, follow_run, as_json, preflight)

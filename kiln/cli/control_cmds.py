@@ -382,12 +382,15 @@ def tasks_cmd(
 def preflight_cmd(
     output_adapter: str = typer.Option(..., "--output-adapter", help="Adapter the run will train."),
     adapter: str = typer.Option(RunRequest.model_fields["adapter"].default, "--adapter", help="Behavior adapter (base = the base model)."),
+    model: Optional[str] = typer.Option(RunRequest.model_fields["model"].default, "--model", help="Served model the run will name (default: the workers' default model)."),
     training_config: Optional[Path] = typer.Option(None, "--training-config", help="JSON file of GRPO/ECHO settings."),
     contract_output: Optional[Path] = typer.Option(None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the preflight receipt as JSON."),
 ) -> None:
     """Seal a training contract: effective config with defaults and the behaviour policy identity."""
     body: dict[str, Any] = {"adapter": adapter, "output_adapter": output_adapter}
+    if model is not None:
+        body["model"] = model
     try:
         if training_config is not None:
             body["training_config"] = json.loads(training_config.read_text())

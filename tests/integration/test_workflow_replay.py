@@ -30,7 +30,23 @@ def test_histories_were_recorded() -> None:
         "run_queue",
         "train_dataset",
         "retry_interrupt_cancel",
+        "model_rollout",
     }
+
+
+def test_model_rollout_history_routes_gpu_work_to_the_model_queue() -> None:
+    """The run naming model "tiny" scheduled every gpu activity on the model's own queue."""
+    import json
+
+    path = next(p for p in HISTORIES if p.stem == "model_rollout")
+    events = json.loads(path.read_text())["events"]
+    queues = {
+        e["activityTaskScheduledEventAttributes"]["activityType"]["name"]: e["activityTaskScheduledEventAttributes"]["taskQueue"]["name"]
+        for e in events
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+    }
+    assert queues["resolve_policy"] == queues["collect_group"] == "kiln-gpu-history.tiny"
+    assert queues["admit_run"] == "kiln-control-history"
 
 
 @pytest.mark.asyncio

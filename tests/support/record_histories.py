@@ -4,7 +4,7 @@
 
 Starts a throw-away Temporal dev server, SeaweedFS and the counter environment, runs a few
 representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a
-training run from the rollout's saved dataset, and a run whose first group attempt is interrupted
+training run from the rollout's saved dataset, a rollout naming a served model, and a run whose first group attempt is interrupted
 and retried and which is then cancelled during revalidation) and writes each run's history (and the
 queue's) as JSON. Re-record only when a workflow change is meant to be incompatible with running
 histories.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import uuid
@@ -66,6 +67,10 @@ RUNS = {
         "environment_eval": {"groups": 2, "group_size": 1},
     },
     "rollout": {"kind": "rollout", "groups": 2, "group_size": 2, "max_steps": 2, "max_action_tokens": 32},
+    # A run naming a served model (KILN_MODELS_DIR/tiny): its gpu activities go to kiln-gpu-history.tiny.
+    "model_rollout": {
+        "kind": "rollout", "model": "tiny", "groups": 1, "group_size": 2, "max_steps": 2, "max_action_tokens": 32,
+    },
 }
 
 
@@ -149,6 +154,7 @@ def main(out_dir: str) -> None:
         seaweed, endpoint, access, secret = start_test_seaweedfs(root / "s", bucket="kiln-test")
         try:
             model = build_tiny_model(root / "tiny")
+            shutil.copytree(model, root / "models" / "tiny")
             settings = Settings(
                 home=root / "home",
                 temporal_address=address,
@@ -157,6 +163,7 @@ def main(out_dir: str) -> None:
                 s3_secret_key=secret,
                 s3_bucket="kiln-test",
                 model_path=model,
+                models_dir=root / "models",
                 control_task_queue="kiln-control-history",
                 gpu_task_queue="kiln-gpu-history",
             )

@@ -33,32 +33,46 @@ def test_group_schedule_round_robins_environments_over_consecutive_seeds() -> No
 
 
 def test_evaluation_plan_defaults_to_the_seeds_after_training() -> None:
-    plan = EvaluationPlan.of(parse_run_request(TRAIN))
+    plan = EvaluationPlan.of(parse_run_request(TRAIN), True)
     assert plan is not None
     assert (plan.seed_start, plan.groups, plan.settings.group_size) == (106, 4, 2)
     # Never more concurrent sessions than candidates in a group.
     assert plan.settings.concurrency == 2
     assert [s.seed for s in plan.schedule(2)] == [106, 107, 108, 109]
     explicit = parse_run_request({**TRAIN, "environment_eval": {"groups": 4, "group_size": 2, "seed_start": 500}})
-    assert EvaluationPlan.of(explicit).seed_start == 500  # type: ignore[union-attr]
-    assert EvaluationPlan.of(parse_run_request({**TRAIN, "environment_eval": None})) is None
+    assert EvaluationPlan.of(explicit, True).seed_start == 500  # type: ignore[union-attr]
+    assert EvaluationPlan.of(parse_run_request({**TRAIN, "environment_eval": None}), True) is None
 
 
 def test_bundle_specs_of_the_run_and_of_each_side() -> None:
     request = parse_run_request(TRAIN)
-    run = BundleSpec.of_run(request)
+    run = BundleSpec.of_run(request, True)
     assert run.adapter is None and run.seed_start == 100
-    assert run.settings == EpisodeSettings.from_request(request)
-    assert run.settings.group_size == 3 and run.settings.concurrency == 8
-    side = EvaluationPlan.of(request).bundle("a1")  # type: ignore[union-attr]
+    assert run.settings == EpisodeSettings.from_request(request, thinking=True)
+    assert run.settings.group_size == 3 and run.settings.concurrency == 8 and run.settings.thinking is True
+    side = EvaluationPlan.of(request, True).bundle("a1")  # type: ignore[union-attr]
     assert (side.adapter, side.seed_start, side.settings.group_size) == ("a1", 106, 2)
 
 
 def test_episode_settings_share_the_request_fields_and_defaults() -> None:
     request = parse_run_request({"environment_urls": ["http://127.0.0.1:1"]})
-    settings = request.episode_settings()
+    assert request.thinking == "auto"  # resolved against the model's template by the gpu worker
+    settings = request.episode_settings(True)
     assert settings == EpisodeSettings()  # one default per field, shared by inheritance
-    assert settings.model_dump() == {name: getattr(request, name) for name in EpisodeSettings.model_fields}
+    expected = {name: getattr(request, name) for name in EpisodeSettings.model_fields}
+    assert settings.model_dump() == {**expected, "thinking": True}
+
+
+def test_episode_settings_carry_the_resolved_thinking_bool() -> None:
+    request = parse_run_request({"environment_urls": ["http://127.0.0.1:1"], "thinking_budget_tokens": 64})
+    with pytest.raises(ValueError, match="resolved"):
+        request.episode_settings()  # "auto" cannot reach collection unresolved
+    assert request.episode_settings(True).thinking_budget_tokens == 64
+    off = request.episode_settings(False)
+    assert (off.thinking, off.thinking_budget_tokens) == (False, None)  # no reasoning, no budget
+    assert BundleSpec.of_run(request, False).settings == off
+    explicit = parse_run_request({"environment_urls": ["http://127.0.0.1:1"], "thinking": False})
+    assert explicit.episode_settings().thinking is False  # an explicit bool needs no resolution
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ BASE = {"kind": "train", "environment_urls": ["http://127.0.0.1:8990"], "output_
         ({"kind": "rollout"}, "openenv_invalid_request", "does not take output_adapter"),
         ({"idempotency_key": "has space"}, "openenv_invalid_request", "idempotency_key"),
         ({"thinking": False, "thinking_budget_tokens": 8}, "openenv_invalid_request", "requires thinking"),
+        ({"thinking": "maybe"}, "openenv_invalid_request", "thinking"),
+        ({"model": "../etc"}, "openenv_invalid_request", "model '../etc' is not a model name"),
         ({"reset_options": {"a": 1}, "environment_reset_options": [{}]}, "openenv_invalid_request", "mutually exclusive"),
         ({"environment_eval": {"groups": 5, "seed_start": 3}}, "openenv_invalid_environment_eval", "overlap the training seeds [0, 8)"),
         ({"environment_eval": {"groups": 10, "gate": {}}}, "openenv_invalid_environment_eval", "needs groups >= 20"),
@@ -35,7 +37,8 @@ def test_invalid_requests_name_the_field(change: dict, code: str, fragment: str)
 
 def test_defaults_and_held_out_seeds() -> None:
     request = parse_run_request({**BASE, "seed_start": 100, "environment_eval": {"gate": {}}})
-    assert (request.groups, request.group_size, request.max_steps, request.thinking) == (8, 4, 8, True)
+    assert (request.groups, request.group_size, request.max_steps, request.thinking) == (8, 4, 8, "auto")
+    assert request.model is None
     assert request.eval_seed_start() == 108
     assert request.reset_templates() == [{}]
 

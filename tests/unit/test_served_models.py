@@ -1,0 +1,61 @@
+"""Served models: the folders under KILN_MODELS_DIR, their task queues, admission's rejection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiln.contracts import parse_run_request, request_digest
+from kiln.errors import InvalidRequest, ModelNotServed
+from kiln.served_models import model_task_queue, require_served, served_models
+
+
+def _model(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.timeout(30)
+def test_each_subfolder_with_a_config_is_a_served_model(tmp_path: Path) -> None:
+    qwen, llama = _model(tmp_path, "qwen3-tiny"), _model(tmp_path, "llama-tiny")
+    (tmp_path / "notes").mkdir()  # no config.json: not a model
+    _model(tmp_path, ".cache")  # hidden: skipped
+    (tmp_path / "README.txt").write_text("x")
+    assert served_models(tmp_path) == {"llama-tiny": llama, "qwen3-tiny": qwen}
+    assert served_models(None) == {} and served_models(tmp_path / "missing") == {}
+
+
+@pytest.mark.timeout(30)
+def test_model_task_queues() -> None:
+    assert model_task_queue("kiln-gpu", None) == "kiln-gpu"
+    assert model_task_queue("kiln-gpu", "qwen3-4b") == "kiln-gpu.qwen3-4b"
+
+
+@pytest.mark.timeout(30)
+def test_unknown_model_is_a_field_error_listing_the_served_ones(tmp_path: Path) -> None:
+    _model(tmp_path, "b-model")
+    _model(tmp_path, "a-model")
+    require_served(None, tmp_path)  # the default model is always served
+    require_served("a-model", tmp_path)
+    with pytest.raises(ModelNotServed) as error:
+        require_served("c-model", tmp_path)
+    assert isinstance(error.value, InvalidRequest)
+    assert error.value.code == "model_not_served" and error.value.http_status == 400
+    assert error.value.details == {"field": "model", "model": "c-model", "served": ["a-model", "b-model"]}
+    assert "model: 'c-model' is not served" in error.value.message
+    assert "served models: a-model, b-model" in error.value.message
+    with pytest.raises(ModelNotServed, match="served models: none besides the default"):
+        require_served("c-model", None)
+
+
+@pytest.mark.timeout(30)
+def test_unset_model_keeps_the_request_digest_of_a_default_request() -> None:
+    base = {"environment_urls": ["http://127.0.0.1:1"]}
+    plain = parse_run_request(base)
+    named = parse_run_request({**base, "model": "qwen3-tiny"})
+    assert "model" not in plain.model_dump(exclude_none=True)
+    assert request_digest(plain) != request_digest(named)
+    assert request_digest(plain) == request_digest(parse_run_request({**base, "model": None}))
