@@ -27,7 +27,7 @@ def publish_group_figures(store: S3Store, inp: CollectGroupInput, result: Collec
         steps=result.steps,
         invalid_actions=invalid,
         wall_s=wall_s,
-        concurrency=int(inp.settings.get("concurrency", 1) or 1),
+        concurrency=inp.settings.concurrency,
     )
     put_group(store, inp.run_id, event)
     prom.EPISODES.inc(len(result.returns))
@@ -44,9 +44,9 @@ class LiveTraining:
             inp.report_to,
             run_id=inp.run_id,
             home=home,
-            config={"output_adapter": inp.output_adapter, **inp.training_config},
+            config={"output_adapter": inp.output_adapter, **inp.training_config.model_dump(mode="json", by_alias=True)},
         )
-        self.learning_rate = inp.training_config.get("learning_rate")
+        self.learning_rate = inp.training_config.learning_rate
         sinks = [self.tracker.log] if self.tracker is not None else []
         self.stream = TrainStream(store, inp.run_id, sinks=sinks)
         if self.tracker is not None:  # the reward curve so far: one point per collected group
