@@ -17,7 +17,7 @@ from kiln.rollout.episode import CandidateEpisode
 from kiln.settings import Settings
 from tests.integration.test_api_helpers import asgi_client
 from tests.support.servers import serve_module
-from workflows.failures import failure_from
+from workflows.status import failure_from
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
@@ -92,9 +92,9 @@ async def test_a_silent_environment_ends_with_the_request_timeout(hostile: str) 
 async def test_unknown_exceptions_end_as_internal_error(python_type: str) -> None:
     # What Temporal makes of a non-Kiln exception raised in an activity: type = its class name.
     failure = failure_from(ApplicationError("boom", type=python_type), "collection")
-    assert failure["code"] == "internal_error"
-    assert failure["message"] == f"{python_type}: boom"
+    assert failure.code == "internal_error"
+    assert failure.message == f"{python_type}: boom"
     # A KilnError keeps its code.
     kiln = EnvironmentProtocolError("bad frame")
     mapped = failure_from(ApplicationError(kiln.message, kiln.to_dict(), type=kiln.code), "collection")
-    assert mapped["code"] == "environment_protocol_error"
+    assert mapped.code == "environment_protocol_error"

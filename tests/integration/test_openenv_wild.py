@@ -22,7 +22,7 @@ from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from kiln.rollout.replay_live import replay_bundle
 from kiln.rollout.verify import verify_bundle
 from tests.support.servers import free_port, serve_app_process
-from tests.unit.test_verify_support import request_for, write_bundle
+from tests.unit.test_verify_support import spec_for, write_bundle
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,10 +46,8 @@ async def _collect(url: str, runtime, settings: EpisodeSettings, *, groups: int 
             settings=settings, behavior_policy=behavior_policy,
         )
         documents.append(json.loads(canonical_json(await GroupCollector(task, runtime).run())))
-    request = {**request_for(settings, groups=groups, seed_start=seed_start, urls=[url]),
-               "reset_determinism": settings.reset_determinism}
-    return build_bundle(documents, request=request, inspections=[inspection], behavior_policy=behavior_policy,
-                        reset_plan_sha256=reset_plan_sha256([{}]))
+    return build_bundle(documents, spec=spec_for(settings, seed_start=seed_start), inspections=[inspection],
+                        behavior_policy=behavior_policy, reset_plan_sha256=reset_plan_sha256([{}]))
 
 
 def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: Path, tmp_path: Path) -> None:
