@@ -176,13 +176,18 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        delivered = False
+        await forward_with_body(self.app, scope, body, receive, send)
 
-        async def replay() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+async def forward_with_body(app: Any, scope: Any, body: bytes, receive: Any, send: Any) -> None:
+    """Call ``app`` with a request body that was already read (delivered once, then ``receive``)."""
+    delivered = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    await app(scope, replay, send)

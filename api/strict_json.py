@@ -10,9 +10,8 @@ FastAPI (which answers the same code). The body is replayed unchanged to the app
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from api.access import ASGIApp, Receive, Scope, Send, _send_error
+from api.access import ASGIApp, Receive, Scope, Send, _send_error, forward_with_body
 from kiln import boundedjson
 from kiln.errors import InvalidRequest
 
@@ -48,16 +47,7 @@ class StrictJson:
         if problem is not None:
             await _send_error(send, 400, problem.to_dict(), [])
             return
-        delivered = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await forward_with_body(self.app, scope, body, receive, send)
 
 
 def _problem(body: bytes) -> InvalidRequest | None:
