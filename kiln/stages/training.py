@@ -64,8 +64,7 @@ def train(
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
     config = inp.training_config
-    # train_grpo selects again and reports the same counts
-    kept, selection = select_groups(lines, config.on_no_output)
+    kept, selection = select_groups(lines, config.on_no_output)  # once: train_grpo reuses it
     if not kept and not inp.allow_empty_training:
         raise TrainingFailed(
             "every seed group was skipped before training, so no adapter was trained: "
@@ -125,6 +124,7 @@ def train(
         device=device,
         dtype=dtype,
         shared_base=shared_base,
+        selected=(kept, selection),
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter

@@ -98,13 +98,17 @@ def _echo_block(config: Any, token_counts: dict[str, int]) -> dict[str, Any]:
 
 
 def plan_training(groups: list[dict], config: Any, expected: dict | None,
-                  base_adapter_sha: str | None) -> Plan:
-    """Admission checks, selection, settings and the step schedule (no model needed)."""
+                  base_adapter_sha: str | None,
+                  selected: tuple[list[dict], dict[str, Any]] | None = None) -> Plan:
+    """Admission checks, selection, settings and the step schedule (no model needed).
+
+    ``selected``: the ``select_groups`` result when the caller already selected (it is not
+    computed twice)."""
     if expected is not None:
         require_groups_on_policy(groups, expected)
     recorded = config.behavior_policy == "recorded"
     sampling = sampling_settings(groups, expected, recorded)
-    kept, selection = select_groups(groups, config.on_no_output)
+    kept, selection = selected if selected is not None else select_groups(groups, config.on_no_output)
     if not kept:
         raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)

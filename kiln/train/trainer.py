@@ -217,6 +217,7 @@ def train_grpo(
     device: str | None = None,
     dtype: str = "float32",
     shared_base: Any = None,
+    selected: tuple[list[dict], dict[str, Any]] | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -229,7 +230,7 @@ def train_grpo(
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
-    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha)
+    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected)
     dev = torch.device(device or "cpu")
     model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
     vocab = int(model.get_input_embeddings().weight.shape[0])
