@@ -52,7 +52,6 @@ class EnvironmentCapacity:
     advertised_max: int | None = None  # CAPACITY_REACHED.max_sessions
     refusals: int = 0
     held: int = 0
-    waiting_groups: int = 0
     last_refusal: float = 0.0
 
     def snapshot(self) -> dict[str, Any]:
@@ -113,20 +112,6 @@ class CapacityBook:
     def snapshot(self, url: str) -> dict[str, Any]:
         with self._lock:
             return self._entry(url).snapshot()
-
-    def try_wait(self, url: str) -> bool:
-        """Claim this environment's one capacity-wait place on this worker (fairness)."""
-        with self._lock:
-            entry = self._entry(url)
-            if entry.waiting_groups >= 1:
-                return False
-            entry.waiting_groups += 1
-            return True
-
-    def end_wait(self, url: str) -> None:
-        with self._lock:
-            entry = self._entry(url)
-            entry.waiting_groups = max(0, entry.waiting_groups - 1)
 
 
 CAPACITY = CapacityBook()

@@ -103,10 +103,9 @@ class GroupCollector:
     async def run(self) -> dict[str, Any]:
         """Collect every candidate in waves that fit what the environment grants.
 
-        A wave opens ``min(concurrency, group_size, advertised capacity)`` sessions at once, each
-        tried once; the candidates the environment refused move to a later wave (never held
-        waiting). Only when a wave got no session at all does one candidate wait for capacity.
-        Every session of a wave is closed before the next wave opens.
+        A wave opens ``min(concurrency, group_size, advertised capacity)`` sessions at once, all
+        or nothing (see ``SessionPlanner.open_wave``): a busy environment is waited for holding
+        no session. Every session of a wave is closed before the next wave opens.
         """
         size = self.settings.group_size
         await self._check_tools()
@@ -137,7 +136,7 @@ class GroupCollector:
     async def _run_wave(self, candidates: list[int]) -> list[int]:
         opened_here: list[EnvSession] = []
         try:
-            granted = await self.planner.open_wave(candidates, opened_here)
+            granted = await self.planner.open_wave(candidates, opened_here, self.settings.concurrency)
             sessions = {item[0]: item[1] for item in granted}
             episodes = [self._episode_for(item[0], item) for item in granted]
             self.episodes.extend(episodes)

@@ -1,10 +1,10 @@
 """Opening a group's sessions in waves that fit what the environment grants (issue 12/14).
 
-Owns: one wave's session opening — every candidate tried once, refusals deferred to a later wave
-(never held waiting), and only when nothing was granted one candidate waits for capacity (on the
-activity path only ``attempt_capacity_wait_s``, then ``EnvironmentAtCapacity`` so the workflow waits
-with no gpu slot held) — the ``CapacityBook`` bookkeeping of every grant, refusal and release,
-and registration of each socket the moment it opens (the caller closes all of them).
+Owns: one wave's session opening — all or nothing, every candidate tried once; a partly refused
+wave releases what it got and either shrinks (the environment grants fewer sessions) or waits
+holding nothing (on the activity path ``EnvironmentAtCapacity`` at once, so the workflow waits in a
+timer with no gpu slot held) — the ``CapacityBook`` bookkeeping of every grant, refusal and
+release, and registration of each socket the moment it opens (the caller closes all of them).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class SessionPlanner:
         self.should_cancel = should_cancel
         self.heartbeat = heartbeat
         self.key = url.websocket_url
+        self._busy_since: float | None = None
+        self._busy_waits = 0
 
     def wave_size(self, concurrency: int) -> int:
         return wave_size(concurrency, self.group_size, CAPACITY.limit(self.key))
@@ -60,8 +62,20 @@ class SessionPlanner:
     def observed(self) -> dict[str, Any]:
         return CAPACITY.snapshot(self.key)
 
-    async def open_wave(self, candidates: list[int], registry: list[EnvSession]) -> list[Opened]:
-        """The candidates granted a session (sorted), at least one; sockets go into ``registry``."""
+    async def open_wave(
+        self, candidates: list[int], registry: list[EnvSession], concurrency: int
+    ) -> list[Opened]:
+        """Every candidate of the wave granted a session (sorted), or ``[]`` when the caller must
+        plan again; sockets go into ``registry`` the moment they open.
+
+        A wave is all or nothing, so which candidates share a sampling batch depends only on what
+        the environment grants (its advertised ``max_sessions``), never on which sessions happened
+        to be free: a retried group (after a worker died and left sessions behind) samples in the
+        same batches and writes the same bytes. A partly refused wave releases what it got; if the
+        environment grants fewer sessions than the wave the caller plans smaller waves, else the
+        environment is busy and the group waits holding nothing (on the activity path: it ends
+        with ``environment_at_capacity`` and the workflow waits in a timer).
+        """
         attempts = await asyncio.gather(
             *(self._open_once(index, registry) for index in candidates), return_exceptions=True
         )
@@ -71,9 +85,36 @@ class SessionPlanner:
         if failures:
             raise failures[0]
         granted = [a for a in attempts if not isinstance(a, BaseException)]
-        if not granted:  # nothing granted: wait (holding no session) for one candidate's session
-            granted = [await self._open_waiting(candidates[0], registry)]
-        return sorted(granted, key=lambda item: item[0])
+        if len(granted) == len(candidates):
+            return sorted(granted, key=lambda item: item[0])
+        for item in granted:
+            await self.release(item[1])
+        if self.wave_size(concurrency) < len(candidates):
+            return []  # the environment grants fewer sessions than this wave: plan smaller waves
+        await self._wait_for_room()
+        return []
+
+    async def _wait_for_room(self) -> None:
+        """The environment is busy (not too small): wait, holding no session, then try again."""
+        if self.attempt_capacity_wait_s is not None:
+            raise self._at_capacity(0.0)
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+        waited = time.monotonic() - self._busy_since
+        if waited >= self.capacity_wait_s:
+            raise capacity_exhausted(
+                self.key, self.group_index, self.group_size, waited, CAPACITY.snapshot(self.key)
+            )
+        self._busy_waits += 1
+        self.heartbeat({"group_index": self.group_index, "capacity_waits": self._busy_waits})
+        delay = min(0.25 * self._busy_waits, 2.0, self.capacity_wait_s - waited)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:  # cancellation is checked every 100 ms (R3.4)
+            if self.should_cancel():
+                from kiln.errors import RunCancelled
+
+                raise RunCancelled("cancelled while waiting for environment capacity")
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     async def release(self, session: EnvSession) -> None:
         await session.close()
@@ -96,37 +137,6 @@ class SessionPlanner:
             on_open=registry.append,
             on_refused=lambda error: CAPACITY.refused(self.key, error),
         )
-        return self._granted(index, session, result, retries)
-
-    async def _open_waiting(self, index: int, registry: list[EnvSession]) -> Opened:
-        bounded = self.attempt_capacity_wait_s is not None
-        window = min(self.capacity_wait_s, self.attempt_capacity_wait_s) if bounded else self.capacity_wait_s
-        if bounded and not CAPACITY.try_wait(self.key):
-            raise self._at_capacity(0.0)  # another group of this environment already waits here
-        started = time.monotonic()
-        try:
-            session, result, retries = await open_session_and_reset(
-                self.url,
-                self.reset_payload,
-                capacity_wait_s=window,
-                bearer_token=self.bearer_token,
-                should_cancel=self.should_cancel,
-                on_open=registry.append,
-                on_refused=lambda error: CAPACITY.refused(self.key, error),
-                on_wait=lambda retries: self.heartbeat(
-                    {"group_index": self.group_index, "candidate_index": index, "capacity_retries": retries}
-                ),
-            )
-        except EnvironmentCapacityExhausted:
-            waited = time.monotonic() - started
-            if bounded:
-                raise self._at_capacity(waited) from None
-            raise capacity_exhausted(
-                self.key, self.group_index, self.group_size, waited, CAPACITY.snapshot(self.key)
-            ) from None
-        finally:
-            if bounded:
-                CAPACITY.end_wait(self.key)
         return self._granted(index, session, result, retries)
 
     def _at_capacity(self, waited_s: float) -> EnvironmentAtCapacity:
