@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Literal
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from kiln.boundedjson import JsonBoundsError
 from kiln.canonical import compact_json, strict_loads
 from kiln.telemetry.prometheus import observe_round_trip
 from kiln.errors import (
@@ -350,7 +351,9 @@ class EnvSession:
             raise self._malformed("credential_reflected", "a frame reflected the bearer credential")
         try:
             frame = strict_loads(raw)
-        except (ValueError, RecursionError):
+        except JsonBoundsError as exc:  # valid JSON, but a non-finite number, huge integer or deep nesting
+            raise self._malformed("malformed_frame", f"the frame breaks Kiln's JSON bounds ({exc.reason})") from None
+        except ValueError:
             raise self._malformed("malformed_json", "the server sent malformed JSON") from None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             raise self._malformed("malformed_frame", "the frame is not an object with a 'type'")

@@ -73,6 +73,6 @@ async def test_control_worker_killed_during_publication(stack: ChaosStack) -> No
     assert attempts[0] == 1 and max(attempts) >= 2, attempts  # the killed attempt was retried
     assert [e["outcome"] for e in hooks.events("publish_end", run_id=handle.id)] == ["ok"]
     manifest = verify_published(stack.store(), handle.id, final)
-    assert {a["name"] for a in manifest["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json"}
+    assert {a["name"] for a in manifest["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
     record("9b control worker kill -9 during publication", killed_pid=pid, publish_attempts=attempts,
            kill_to_completed_s=time.monotonic() - killed_at, run_s=time.monotonic() - started)

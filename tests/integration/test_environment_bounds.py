@@ -53,10 +53,10 @@ async def test_rewards_that_overflow_the_return_are_a_protocol_error(hostile: st
     try:
         first = await session.step({"amount": 1})
         assert first.reward_value == 1e308
-        episode.record_observation({"amount": 1}, first.observation, first.reward_value, "x")
+        episode.record_observation({"amount": 1}, first.observation, first.reward_value)
         second = await session.step({"amount": 1})
         with pytest.raises(EnvironmentProtocolError) as info:
-            episode.record_observation({"amount": 1}, second.observation, second.reward_value, "x")
+            episode.record_observation({"amount": 1}, second.observation, second.reward_value)
     finally:
         await session.close()
     assert info.value.code == "environment_protocol_error"

@@ -69,8 +69,11 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
             headers = {"Authorization": f"Bearer {TOKEN}"}
             async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
                 trained = (await http.post("/v1/openenv/runs", json={**TRAIN, "environment_urls": [counter_env_url]})).json()
-                failed = (await http.post("/v1/openenv/runs", json={"kind": "rollout", "environment_urls": [unreachable_url()]})).json()
-                hung = (await http.post("/v1/openenv/runs", json={"kind": "rollout", "environment_urls": [hole.url]})).json()
+                # Past the submit-time health check (preflight=false), so both fail or hang in the workflow.
+                failed = (await http.post("/v1/openenv/runs", params={"preflight": "false"},
+                                          json={"kind": "rollout", "environment_urls": [unreachable_url()]})).json()
+                hung = (await http.post("/v1/openenv/runs", params={"preflight": "false"},
+                                        json={"kind": "rollout", "environment_urls": [hole.url]})).json()
                 await _wait(http, hung["run_id"], ("running",))
                 while (await http.get(f"/v1/openenv/runs/{hung['run_id']}")).json()["phase"] != "discovery":
                     await asyncio.sleep(0.2)
