@@ -108,3 +108,20 @@ async def run_committing_with_heartbeats(
         return task.result()
     except RunCancelled:
         raise asyncio.CancelledError() from None
+
+
+async def heartbeating(awaitable: Any, every_s: float = 1.0) -> Any:
+    """Await ``awaitable`` while heartbeating every ``every_s``: a killed worker is noticed after
+    the heartbeat timeout (not the whole start-to-close), and a cancel reaches the work at once."""
+    from temporalio import activity
+
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                return task.result()
+            activity.heartbeat()
+    finally:
+        if not task.done():
+            task.cancel()

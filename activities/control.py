@@ -36,7 +36,7 @@ from kiln.stages.dataset import split_dataset
 from kiln.stages.evaluation import evaluate, store_side_bundle
 from kiln.stages.publication import publish_training
 from kiln.records import DatasetSplit, PublishTrainingInput, StoredObject
-from activities.common import kiln_errors, run_committing_with_heartbeats
+from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
 from kiln.records import QueueState, SlotReply, SlotRequest
 from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
@@ -104,12 +104,12 @@ class ControlActivities:
     @activity.defn(name="discover_environments")
     @kiln_errors
     async def discover_environments(self, inp: DiscoveryInput) -> DiscoveryResult:
-        return await discover(self.store, inp, credentials=self.settings.credentials)
+        return await heartbeating(discover(self.store, inp, credentials=self.settings.credentials))
 
     @activity.defn(name="revalidate_environments")
     @kiln_errors
     async def revalidate_environments(self, inp: RevalidationInput) -> None:
-        await revalidate(self.store, inp, credentials=self.settings.credentials)
+        await heartbeating(revalidate(self.store, inp, credentials=self.settings.credentials))
 
     @activity.defn(name="publish_run")
     @kiln_errors

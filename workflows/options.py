@@ -69,7 +69,9 @@ class ActivityOptions:
 
 
 _CONTROL = ActivityOptions("control", CONTROL_RETRY, start_to_close=ADMISSION_TIMEOUT)
-_INSPECT = ActivityOptions("control", CONTROL_RETRY, start_to_close=DISCOVERY_TIMEOUT)
+# Discovery and revalidation heartbeat while their requests run: a killed control worker is
+# noticed after the heartbeat timeout, not DISCOVERY_TIMEOUT.
+_INSPECT = ActivityOptions("control", CONTROL_RETRY, start_to_close=DISCOVERY_TIMEOUT, heartbeat=True)
 _STORE = ActivityOptions("control", PUBLISH_RETRY, schedule_to_close=PUBLISH_TIMEOUT)
 _GPU_PASS = ActivityOptions("gpu", TRAIN_RETRY, start_to_close=TRAIN_TIMEOUT)
 

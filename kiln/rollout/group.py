@@ -98,6 +98,7 @@ class GroupCollector:
         self.nondeterministic_fields: set[str] = set()
         self.own_resets: dict[int, dict[str, Any]] = {}
         self.waves = 0
+        self.steps_done = 0  # turns completed in the current wave (heartbeat details)
 
     # ------------------------------------------------------------------ public
     async def run(self) -> dict[str, Any]:
@@ -241,10 +242,11 @@ class GroupCollector:
                     for ep, sample in zip(live, samples)
                 )
             )
+            self.steps_done = step + 1
             self.heartbeat(
                 {
                     "group_index": self.task.group_index,
-                    "step": step + 1,
+                    "step": self.steps_done,
                     "live": sum(1 for ep in episodes if ep.live),
                 }
             )
@@ -277,7 +279,9 @@ class GroupCollector:
         while not task.done():
             await asyncio.wait({task}, timeout=every_s)
             if not task.done():
-                self.heartbeat({"group_index": self.task.group_index, "phase": "sampling"})
+                # The progress so far stays in the details (the last heartbeat is what a
+                # retried attempt and the Web UI see).
+                self.heartbeat({"group_index": self.task.group_index, "step": self.steps_done, "phase": "sampling"})
 
     async def _apply(self, ep: CandidateEpisode, sample: Any, latency_ms: float, session: EnvSession) -> None:
         thinking = self.settings.thinking

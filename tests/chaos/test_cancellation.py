@@ -56,10 +56,12 @@ async def test_cancel_while_queued_and_mid_group(stack: ChaosStack) -> None:
     delay = 1.0
     hooks.set(SAMPLE_DELAY, delay)  # run A holds the only slot (max_active_runs=1) for a while
     client = await connect(stack)
-    first = await start_run(client, stack, rollout_request(stack.env_url, max_steps=6))
+    # Constrained actions: every action is valid, so episodes run several slowed steps (an
+    # invalid first action would end a group after one sample, before the test could cancel).
+    first = await start_run(client, stack, rollout_request(stack.env_url, max_steps=6, constrained_actions=True))
     await wait_activity(
         client, first,
-        lambda a: a["type"] == "collect_group" and a["state"] == "STARTED" and bool(last_details(a).get("step")),
+        lambda a: a["type"] == "collect_group" and a["state"] == "STARTED" and bool(last_details(a).get("group_index") is not None),
         timeout_s=60, what="run A mid-group",
     )
     queued = await start_run(client, stack, rollout_request(stack.env_url))

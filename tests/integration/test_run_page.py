@@ -2,10 +2,13 @@
 
 A completed train run (with a paired evaluation), a failed run and a cancelled run; the API is
 served over real HTTP with a bearer token, the browser authenticates once with ``?token=``.
-Saves docs/run-page.png (the README's screenshot).
+Takes a screenshot of the run page; with KILN_UPDATE_SCREENSHOT=1 it becomes docs/run-page.png (the
+README's screenshot), otherwise it goes to the test's temporary folder.
 """
 
 from __future__ import annotations
+
+import os
 
 import asyncio
 from pathlib import Path
@@ -48,7 +51,7 @@ async def _wait(http: Any, run_id: str, states: tuple[str, ...], timeout_s: floa
 
 
 @pytest.mark.timeout(600)
-async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: str) -> None:
+async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: str, tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian chromium is missing: run scripts/setup.sh as root (apt-get install chromium)")
     from playwright.async_api import async_playwright
@@ -117,7 +120,9 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 assert await page.text_content("#page-info") == "episodes 1–5 of 9"
                 first = await page.locator("#episodes tbody tr").first.get_attribute("data-episode")
                 SCREENSHOT.parent.mkdir(exist_ok=True)
-                await page.screenshot(path=str(SCREENSHOT), full_page=True)
+                shot = SCREENSHOT if os.environ.get("KILN_UPDATE_SCREENSHOT") == "1" else tmp_path / "run-page.png"
+                await page.screenshot(path=str(shot), full_page=True)
+                assert shot.stat().st_size > 10_000  # a real rendering, not an empty page
                 await page.click("#next")
                 await page.wait_for_selector("#page-info:has-text('episodes 6–9 of 9')")
                 shown = await page.locator("#episodes tbody tr").evaluate_all(
