@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -52,6 +52,7 @@ class TrainFromDatasetRequest(BaseModel):
     output_adapter: str
     training_config: TrainingConfig = Field(default_factory=TrainingConfig)
     auto_load: bool = True
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
     idempotency_key: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
         description="Retrying with the same key and body answers the existing run (200).",
@@ -117,6 +118,7 @@ async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depe
             output_adapter=body.output_adapter,
             training_config=body.training_config,
             auto_load=body.auto_load,
+            report_to=body.report_to,
         ),
         run_id=run_id_for_key(body.idempotency_key, _IDEMPOTENCY_SCOPE),
         digest=digest_json(body.model_dump(mode="json", by_alias=True)),

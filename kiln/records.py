@@ -258,6 +258,7 @@ class TrainDatasetInput(Record):
     output_adapter: str
     training_config: TrainingConfig = Field(default_factory=TrainingConfig)
     auto_load: bool = True
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # as on a live run
 
 
 class PublishTrainingInput(Record):

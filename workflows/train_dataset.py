@@ -65,6 +65,7 @@ class TrainDatasetWorkflow(StatusKeeper):
                 output_adapter=inp.output_adapter,
                 behavior_policy=split.behavior_policy,
                 base_adapter=split.base_adapter,
+                report_to=inp.report_to,
             ),
             summary=f"GRPO+ECHO training of {inp.output_adapter} from a saved dataset",
         )

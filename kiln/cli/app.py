@@ -287,6 +287,10 @@ LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), help="LoRA ra
 LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), help="LoRA alpha.")
 KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), help="k1 KL penalty to the base policy (0 = off).")
 ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), help="ECHO weight on observation cross-entropy (0 = off).")
+REPORT_TO_OPT = typer.Option(
+    default(RunRequest, "report_to"), "--report-to",
+    help="Tracker the gpu worker logs to, offline: none | tensorboard | trackio | wandb.",
+)
 AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", help="Promote the adapter name when allowed.")
 RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
 PREFLIGHT_OPT = typer.Option(
@@ -333,7 +337,7 @@ def train_cmd(
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
-    report_to: str = typer.Option("none", "--report-to", help="Tracker the gpu worker logs to, offline: none | tensorboard | trackio | wandb."),
+    report_to: str = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
     preflight: bool = PREFLIGHT_OPT,
@@ -463,6 +467,7 @@ def train_grpo_cmd(
     echo_lambda: float = ECHO_LAMBDA_OPT,
     behavior_policy: str = typer.Option(default(TrainingConfig, "behavior_policy"), help="no_importance_correction | recorded."),
     auto_load: bool = AUTO_LOAD_OPT,
+    report_to: str = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
 ) -> None:
@@ -485,6 +490,7 @@ def train_grpo_cmd(
                 "dataset": dataset,
                 "output_adapter": output_adapter,
                 "auto_load": auto_load,
+                "report_to": report_to,
                 "training_config": {
                     "learning_rate": learning_rate,
                     "epochs": epochs,
@@ -500,7 +506,7 @@ def train_grpo_cmd(
         _fail(error)
         return
     run_id = status["run_id"]
-    console.print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
+    progress().print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
     if not follow_run:
         return
     final = follow(lambda: api.status(run_id), console)

@@ -42,10 +42,18 @@ async def test_train_grpo_from_saved_rollouts(kiln_settings: Any, counter_env_ur
 
             trained = await asyncio.to_thread(
                 _cli, api_url, "train", "grpo", "--input", str(out), "--output-adapter", "from-file",
-                "--learning-rate", "1e-3", "--epochs", "2", "--lora-rank", "4", "--lora-alpha", "8", "--json",
+                "--learning-rate", "1e-3", "--epochs", "2", "--lora-rank", "4", "--lora-alpha", "8",
+                "--report-to", "tensorboard", "--json",
             )
             assert trained.exit_code == 0, trained.output
             final = json.loads(trained.output[trained.output.index("{"):])
+            # report_to reaches dataset runs too: the tracker holds one loss point per step.
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            accumulator = EventAccumulator(str(settings.home / "trackers" / final["run_id"] / "tensorboard"))
+            accumulator.Reload()
+            losses = [e.value for e in accumulator.Scalars("train/loss")]
+            assert len(losses) == final["training"]["steps"] > 0
             assert final["state"] == "completed" and final["kind"] == "train_dataset"
             names = {a["name"]: a for a in final["artifacts"]}
             assert set(names) == {
