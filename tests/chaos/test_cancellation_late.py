@@ -17,10 +17,9 @@ import pytest
 from tests.chaos.conftest import rollout_request, train_request
 from tests.support.chaos.assertions import manifest_absent, record, verify_published
 from tests.support.chaos.environments import wait_env_idle
-from tests.support.chaos.faults import PUBLISH_HOLD_AFTER, SAMPLE_DELAY
+from tests.support.chaos.faults import PUBLISH_HOLD_AFTER, REVALIDATE_HOLD, SAMPLE_DELAY
 from tests.support.chaos.runs import connect, result_within, start_run, wait_status, wait_until_async
 from tests.support.chaos.stack import ChaosStack
-from tests.support.gated_proxy import GatedProxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
 
@@ -42,22 +41,20 @@ def _assert_cancelled(stack: ChaosStack, run_id: str, state: str, status: dict[s
 
 
 async def test_cancel_during_revalidation(stack: ChaosStack) -> None:
-    proxy = GatedProxy(stack.env_url)
+    hooks = stack.hooks
+    hooks.set(REVALIDATE_HOLD)  # revalidation waits (heartbeating) until the test lets it go
     try:
         client = await connect(stack)
-        handle = await start_run(client, stack, rollout_request(proxy.url))
-        # Collection done: close the gate so revalidation's first request is parked.
-        await wait_status(handle, lambda s: s["progress"]["groups_completed"] == 2, timeout_s=120,
-                          what="collection to finish")
-        proxy.hold()
-        await wait_status(handle, lambda s: s["phase"] == "revalidation", timeout_s=60, what="revalidation")
-        await wait_until_async(lambda: proxy.parked > 0, timeout_s=30, what="revalidation's request")
+        handle = await start_run(client, stack, rollout_request(stack.env_url))
+        await wait_status(handle, lambda s: s["phase"] == "revalidation", timeout_s=120, what="revalidation")
+        await wait_until_async(lambda: bool(hooks.events("revalidate_held", run_id=handle.id)),
+                               timeout_s=30, what="revalidation to be held")
         seconds, state, status = await _cancel(handle)
         _assert_cancelled(stack, handle.id, state, status, "revalidation")
         assert seconds < PROMPT_S, seconds
         record("7g cancel during revalidation", cancel_to_closed_s=seconds)
     finally:
-        proxy.close()
+        hooks.clear(REVALIDATE_HOLD)
 
 
 async def test_cancel_during_post_evaluation(stack: ChaosStack) -> None:

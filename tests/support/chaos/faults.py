@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import asyncio
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,6 +25,7 @@ SAMPLE_DELAY = "sample_delay_s"  # sleep before every policy.sample call (collec
 TRAIN_STEP_DELAY = "train_step_delay_s"  # sleep after every training step's progress heartbeat
 PUBLISH_HOLD = "publish_hold"  # while this file exists, publish_run waits before doing anything
 PUBLISH_HOLD_AFTER = "publish_hold_after"  # ... waits after its commit point (manifest written)
+REVALIDATE_HOLD = "revalidate_hold"  # while this file exists, revalidation waits (heartbeating)
 # One-shot faults (the worker deletes the file when it fires):
 TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
 TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
@@ -51,7 +53,7 @@ class FaultHooks:
             (self.directory / name).unlink()
 
     def clear_all(self) -> None:
-        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
+        for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, REVALIDATE_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
                      TRAIN_SETUP_DELAY):
             self.clear(name)
 
@@ -146,6 +148,7 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
         _hook_training(hooks)
     if role in ("control", "all"):
         _hook_publication(hooks)
+        _hook_revalidation(hooks)
 
 
 def _hook_collection(hooks: FaultHooks) -> None:
@@ -221,6 +224,24 @@ def _hook_training(hooks: FaultHooks) -> None:
         return result
 
     training_mod.train = train
+
+
+def _hook_revalidation(hooks: FaultHooks) -> None:
+    """Hold revalidation while ``revalidate_hold`` exists (the activity heartbeats meanwhile, so a
+    cancel reaches it); log when it starts holding."""
+    import activities.control as control_mod
+
+    original_revalidate = control_mod.revalidate
+
+    async def revalidate(store: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+        if hooks.present(REVALIDATE_HOLD):
+            hooks.log("revalidate_held", run_id=inp.run_id)
+            deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
+            while hooks.present(REVALIDATE_HOLD) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        return await original_revalidate(store, inp, *args, **kwargs)
+
+    control_mod.revalidate = revalidate
 
 
 def _hook_publication(hooks: FaultHooks) -> None:
