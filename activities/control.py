@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 from temporalio import activity
 from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request, request_digest, reset_plan_sha256
@@ -77,7 +79,23 @@ class ControlActivities:
     @activity.defn(name="enqueue_run")
     @kiln_errors
     async def enqueue_run(self, inp: SlotRequest) -> SlotReply:
-        """Join the FIFO run queue (starting the queue workflow if needed): update-with-start."""
+        """Join the FIFO run queue (starting the queue workflow if needed): update-with-start.
+
+        Temporal admits at most 10 in-flight updates per workflow: when many runs are submitted at
+        once the update is refused with RESOURCE_EXHAUSTED, and is simply tried again (jittered
+        backoff, bounded by the activity's own timeout) — a burst of submissions queues them all.
+        """
+        delay = 0.1
+        while True:
+            try:
+                return await self._request_slot(inp)
+            except RPCError as err:
+                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 2.0)
+
+    async def _request_slot(self, inp: SlotRequest) -> SlotReply:
         settings = self.settings
         try:
             return await activity.client().execute_update_with_start_workflow(

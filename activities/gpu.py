@@ -210,7 +210,8 @@ class GpuActivities:
 
         activity.heartbeat(dict(latest))
         runtime = self.policy()
-        with stream, heartbeat_ticker(lambda: dict(latest)), runtime.training_lease() as shared_base:
+        lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
+        with stream, heartbeat_ticker(lambda: dict(latest)), lease as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
                 return train(
                     inp,

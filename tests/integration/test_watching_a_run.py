@@ -128,7 +128,8 @@ async def test_status_metrics_tensorboard_and_prometheus_follow_a_run(
             assert any(name.startswith("temporal_activity_execution") for name, _ in worker_after)
             api_after = parse_scrape((await http.get("/metrics")).text)
             assert value(api_after, "kiln_runs", state="completed") >= value(api_before, "kiln_runs", state="completed") + 1
-            assert value(api_after, "kiln_runs", state="running") == 0
+            # This run no longer counts as running (runs of other tests on the shared server may).
+            assert value(api_after, "kiln_runs", state="running") <= value(api_during, "kiln_runs", state="running") - 1
             assert any(name.startswith("temporal_request") for name, _ in api_after)
             assert all("run_id" not in dict(labels) for _, labels in api_after)
 
