@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from tests.support.kiln_workers import running_workers
 from tests.support.models import shared_family_model
 from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
+from tests.support.connection_counter import ConnectionCounter
 
 pytestmark = pytest.mark.asyncio
 
@@ -130,35 +129,10 @@ async def test_runs_name_their_model_and_thinking_auto_resolves_per_model(
     assert finals["tiny"]["behavior_policy"] != finals["llama"]["behavior_policy"]
 
 
-class _ConnectionCounter:
-    """A loopback TCP listener that only counts connection attempts (an environment never used)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.mark.timeout(120)
 async def test_unknown_model_is_refused_at_admission_without_contact(kiln_settings: Any, models_dir: Path) -> None:
     settings = kiln_settings(models_dir=models_dir)
-    listener = _ConnectionCounter()
+    listener = ConnectionCounter()
     request = {**ROLLOUT, "environment_urls": [f"http://127.0.0.1:{listener.port}"], "model": "qwen3-4b"}
     try:
         async with running_workers(settings, roles=("control",)) as client:

@@ -6,8 +6,6 @@ import asyncio
 import hashlib
 import json
 import random
-import socket
-import threading
 import uuid
 from typing import Any
 
@@ -27,6 +25,7 @@ from tests.support.kiln_workers import running_workers
 from tests.support.servers import example_env_argv, free_port, serve_app_process
 from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
+from tests.support.connection_counter import ConnectionCounter
 
 pytestmark = pytest.mark.asyncio
 
@@ -196,34 +195,9 @@ async def test_unreachable_url_fails_at_discovery_naming_url_and_route(kiln_sett
     assert f"{url}/health" in failure["message"]
 
 
-class _ConnectionCounter:
-    """A loopback TCP listener that only counts connection attempts (an environment never used)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 async def test_invalid_request_rejected_at_admission_without_contact(kiln_settings: Any) -> None:
     settings = kiln_settings()
-    listener = _ConnectionCounter()
+    listener = ConnectionCounter()
     url = f"http://127.0.0.1:{listener.port}"
     bad = {**SMALL_RUN, "group_size": 1, "environment_urls": [url]}
     try:
