@@ -37,7 +37,9 @@ from kiln.openenv.credential_config import check_credential
 from kiln.stages.dataset import split_dataset
 from kiln.stages.evaluation import evaluate, store_side_bundle
 from kiln.stages.publication import publish_training
-from kiln.records import DatasetSplit, PublishTrainingInput, StoredObject
+from kiln.artifacts.group_sets import group_set
+from kiln.records import DatasetSplit, GroupIndexInput, GroupSet, IterationFiles, IterationInput, PublishTrainingInput, StoredObject
+from kiln.stages.iteration import store_iteration
 from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
 from kiln.records import QueueState, SlotReply, SlotRequest
@@ -136,6 +138,18 @@ class ControlActivities:
             publish, self.store, inp, budget_bytes=self.settings.retained_budget_bytes
         )
 
+    @activity.defn(name="index_groups")
+    @kiln_errors
+    async def index_groups(self, inp: GroupIndexInput) -> GroupSet:
+        """Store one collection chunk's group references as a group index (kiln.artifacts.group_sets)."""
+        return await asyncio.to_thread(group_set, self.store, [inp.groups])
+
+    @activity.defn(name="store_iteration")
+    @kiln_errors
+    async def store_iteration(self, inp: IterationInput) -> IterationFiles:
+        """Store one online-RL iteration's bundle and record (kiln.stages.iteration)."""
+        return await asyncio.to_thread(store_iteration, self.store, inp)
+
     @activity.defn(name="store_side_bundle")
     @kiln_errors
     async def store_side_bundle(self, inp: SideBundleInput) -> SideBundle:
@@ -169,6 +183,8 @@ class ControlActivities:
             self.enqueue_run,
             self.discover_environments,
             self.revalidate_environments,
+            self.index_groups,
+            self.store_iteration,
             self.store_side_bundle,
             self.evaluate_run,
             self.publish_run,

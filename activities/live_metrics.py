@@ -47,6 +47,7 @@ class LiveTraining:
             config={"output_adapter": inp.output_adapter, **inp.training_config.model_dump(mode="json", by_alias=True)},
         )
         self.learning_rate = inp.training_config.learning_rate
+        self.iteration = inp.iteration
         sinks = [self.tracker.log] if self.tracker is not None else []
         self.stream = TrainStream(store, inp.run_id, sinks=sinks)
         if self.tracker is not None:  # the reward curve so far: one point per collected group
@@ -56,6 +57,8 @@ class LiveTraining:
 
     def step(self, details: dict[str, Any]) -> None:
         event = step_event(details, learning_rate=self.learning_rate)
+        if self.iteration is not None:
+            event["iteration"] = self.iteration
         self.stream.emit(event)
         prom.TRAIN_STEPS.inc()
         if event.get("tokens_per_s"):

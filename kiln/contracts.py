@@ -23,6 +23,7 @@ from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidRequest
 
 MAX_SEED = 2**63 - 1
+MAX_ITERATIONS = 1000
 MAX_RESET_OPTIONS_BYTES = 16 * 1024 * 1024 - 1024
 _ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -267,6 +268,13 @@ class RunRequest(EpisodeFields):
     on_interrupt: Literal["resume", "fail"] = "resume"
     # Experiment tracker the gpu worker logs training to (as TRL's report_to); offline only.
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
+    # Online RL (train runs): collect→train ``iterations`` times, each iteration sampling fresh
+    # seeds with the previous iteration's adapter (kiln.run_plan.iteration_slots; docs/online-rl.md).
+    iterations: int = Field(default=1, ge=1, le=MAX_ITERATIONS)
+    # Paired held-out evaluation after every ``eval_every``-th iteration (the last one always).
+    eval_every: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
+    # 1: iteration k+1 collects with adapter k−1 while iteration k trains (truncated IS corrects).
+    max_staleness: Literal[0, 1] = 0
 
     @field_validator("idempotency_key")
     @classmethod
@@ -330,8 +338,14 @@ class RunRequest(EpisodeFields):
             )
         if self.groups * self.group_size > 16384:
             raise ValueError("groups × group_size must be <= 16384 rollouts")
-        if self.seed_start + self.groups - 1 > MAX_SEED:
-            raise ValueError("seed_start + groups - 1 must be <= 9223372036854775807")
+        if self.seed_start + self.groups * self.iterations - 1 > MAX_SEED:
+            raise ValueError("seed_start + groups × iterations - 1 must be <= 9223372036854775807")
+        if self.kind != "train" and (self.iterations != 1 or self.eval_every is not None or self.max_staleness):
+            raise ValueError("iterations, eval_every and max_staleness need kind 'train'")
+        if self.eval_every is not None and self.environment_eval is None:
+            raise ValueError("eval_every needs environment_eval (the held-out seeds it evaluates on)")
+        if self.max_staleness and self.iterations < 2:
+            raise ValueError("max_staleness 1 needs iterations >= 2 (it overlaps consecutive iterations)")
         if self.credential_ids and len(self.credential_ids) != urls:
             raise ValueError("credential_ids must be empty or have one entry per environment URL")
         if self.reset_options and self.environment_reset_options:
@@ -381,7 +395,7 @@ class RunRequest(EpisodeFields):
                 )
             if evaluation is not None:
                 eval_start = self.eval_seed_start()
-                train_end = self.seed_start + self.groups
+                train_end = self.seed_start + self.groups * self.iterations
                 if eval_start < train_end and self.seed_start < eval_start + evaluation.groups:
                     raise ValueError(
                         f"environment_eval seeds [{eval_start}, {eval_start + evaluation.groups}) "
@@ -404,11 +418,11 @@ class RunRequest(EpisodeFields):
         return self
 
     def eval_seed_start(self) -> int:
-        """Held-out seeds start right after the training seeds unless given (R8.1)."""
+        """Held-out seeds start right after every iteration's training seeds unless given (R8.1)."""
         evaluation = self.environment_eval
         if evaluation is not None and evaluation.seed_start is not None:
             return evaluation.seed_start
-        return self.seed_start + self.groups
+        return self.seed_start + self.groups * self.iterations
 
     def episode_settings(self, thinking: bool | None = None) -> EpisodeSettings:
         """The collection settings, with ``thinking`` as resolved for the model (``None`` = the
@@ -510,9 +524,11 @@ def parse_run_request(data: Any) -> RunRequest:
 
 
 def request_digest(request: RunRequest) -> str:
-    """Digest of the typed, default-filled request (idempotency comparisons use it). ``model``
-    is left out while unset, so a request for the default model digests as before it existed."""
+    """Digest of the typed, default-filled request (idempotency comparisons use it). Fields added
+    later are left out while they hold their "off" value (``model`` unset, one iteration, no
+    ``eval_every``, staleness 0), so a request that does not use them digests as before."""
     data = request.model_dump(mode="json", by_alias=False)
-    if data.get("model") is None:
-        data.pop("model", None)
+    for name, off in (("model", None), ("iterations", 1), ("eval_every", None), ("max_staleness", 0)):
+        if data.get(name) == off:
+            data.pop(name, None)
     return digest_json(data)

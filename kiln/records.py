@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
-from kiln.run_plan import BundleSpec
+from kiln.run_plan import BundleSpec, GroupSlot
+from kiln.run_status import RunStatus
 
 
 class Record(BaseModel):
@@ -35,6 +36,26 @@ class StoredObject(Record):
         from kiln.artifacts.store import ObjectRef
 
         return ObjectRef(uri=self.uri, sha256=self.sha256, bytes=self.bytes)
+
+
+class GroupSet(Record):
+    """A collection's stored groups, by reference: S3 index objects (``kiln.artifacts.group_sets``),
+    each a JSON list of one chunk's group objects in group order. Crosses Temporal at a constant
+    size whatever the number of groups, so no training or publication input grows with a run."""
+
+    indexes: list[StoredObject]
+    count: int
+
+    @classmethod
+    def join(cls, sets: list["GroupSet"]) -> "GroupSet":
+        """Several sets as one, in order (only the index references are concatenated)."""
+        return cls(indexes=[i for s in sets for i in s.indexes], count=sum(s.count for s in sets))
+
+
+class GroupIndexInput(Record):
+    """One chunk's group references, in group order, to store as a group index."""
+
+    groups: list[StoredObject]
 
 
 class AdmissionInput(Record):
@@ -141,9 +162,55 @@ class CollectGroupResult(Record):
     capacity: dict[str, Any] | None = None
 
 
+class CollectionPlan(Record):
+    """Everything one collection (a run's groups, one iteration's, or one evaluation side's) needs,
+    so a chunk of it can run in its own child workflow (``workflows/chunk.py``)."""
+
+    run_id: str
+    label: str  # "group" or "eval baseline" / "eval candidate" (status, summaries, live metrics)
+    slots: list[GroupSlot]
+    environments: list[EnvironmentRef]
+    reset_templates: list[dict[str, Any]]
+    credential_ids: list[str | None] = Field(default_factory=list)
+    settings: EpisodeSettings
+    behavior_policy: dict[str, Any]
+    adapter_ref: AdapterRef | None = None
+    on_interrupt: Literal["resume", "fail"]
+    capacity_wait_seconds: int
+    control_queue: str
+    gpu_queue: str
+    heartbeat_s: float
+
+    def chunk(self, slots: list[GroupSlot]) -> "CollectionPlan":
+        return self.model_copy(update={"slots": slots})
+
+
+class GroupOutcome(Record):
+    """What the run's status keeps of one collected group (never part of the artifacts)."""
+
+    group_index: int
+    environment_url: str
+    return_sum: float  # Σ of the group's episode returns (the list stays in the artifacts)
+    rollouts: int
+    latency_ms: float
+    tokens: int
+    worker: str | None = None
+    attempt: int = 1
+    interruption_code: str | None = None
+    capacity: dict[str, Any] | None = None
+
+
+class ChunkResult(Record):
+    """A chunk child workflow's result: its groups (one index object) and their outcomes."""
+
+    groups: GroupSet
+    outcomes: list[GroupOutcome]
+
+
 class TrainInput(Record):
     run_id: str
-    groups: list[StoredObject]
+    iteration: int | None = None  # online RL: which iteration trains (live metrics key steps by it)
+    groups: GroupSet
     training_config: TrainingConfig
     output_adapter: str
     behavior_policy: dict[str, Any]
@@ -151,6 +218,13 @@ class TrainInput(Record):
     report_to: str = "none"  # experiment tracker on the gpu worker (kiln.telemetry.trackers)
     # True: a run whose every group is skipped completes without an adapter (else training_failed).
     allow_empty_training: bool = False
+    # Online RL (helper T wires these in the trainer): continue from the previous iteration's
+    # optimizer state; keep this training's final state; the adapter that sampled the data when it
+    # is not ``base_adapter`` (stale batches), and how many updates stale the data is.
+    init_state: StoredObject | None = None
+    keep_state: bool = False
+    behavior_adapter: AdapterRef | None = None
+    staleness: int = 0
 
 
 class TrainResult(Record):
@@ -162,6 +236,32 @@ class TrainResult(Record):
     receipt: StoredObject | None = None
     steps: int = 0
     final_loss: float | None = None
+    final_state: StoredObject | None = None
+    kl: float | None = None
+
+
+class IterationInput(Record):
+    """Store one online-RL iteration (of a run with ``iterations`` > 1): its bundle, training and
+    evaluation, as the record ``runs/<run id>/iterations/<k>.json`` publication lists."""
+
+    run_id: str
+    iteration: int
+    bundle: BundleSpec
+    environments: list[EnvironmentRef]
+    groups: GroupSet
+    behavior_policy: dict[str, Any]
+    reset_plan_sha256: str
+    training: TrainResult | None = None
+    evaluation: "EvaluationResult | None" = None
+    staleness: int = 0
+
+
+class IterationFiles(Record):
+    """What was stored of an iteration: its record's digest and its rollout figures."""
+
+    iteration: int
+    record_sha256: str
+    stats: dict[str, Any]
 
 
 class PublishInput(Record):
@@ -170,13 +270,17 @@ class PublishInput(Record):
     output_adapter: str | None
     bundle: BundleSpec
     environments: list[EnvironmentRef]
-    groups: list[StoredObject]
+    groups: GroupSet
     behavior_policy: dict[str, Any]
     reset_plan_sha256: str
     training: TrainResult | None = None
     evaluation: "EvaluationResult | None" = None
     post_eval: "PostEvalResult | None" = None
     promote: bool = False
+    # Online RL (iterations > 1): how many iteration records publication lists, and the digest
+    # chain over them (kiln.artifacts.iterations) that proves it lists exactly the stored ones.
+    iterations: int = 0
+    iteration_chain: str | None = None
 
 
 class PublishedArtifact(Record):
@@ -200,7 +304,7 @@ class SideBundleInput(Record):
     side: Literal["baseline", "candidate"]
     bundle: BundleSpec
     environments: list[EnvironmentRef]
-    groups: list[StoredObject]
+    groups: GroupSet
     behavior_policy: dict[str, Any]
     reset_plan_sha256: str
 
@@ -212,7 +316,7 @@ class SideBundle(Record):
 
 
 class WorldModelInput(Record):
-    groups: list[StoredObject]
+    groups: GroupSet
     adapter_ref: AdapterRef
 
 
@@ -244,7 +348,7 @@ class EvaluationResult(Record):
 
 
 class DatasetSplit(Record):
-    groups: list[StoredObject]
+    groups: GroupSet
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
     gpu_task_queue: str
@@ -289,6 +393,32 @@ class PostEvalResult(Record):
 
 
 PublishInput.model_rebuild()
+IterationInput.model_rebuild()
+
+
+class TrainedPolicy(Record):
+    """Where an online-RL run stands: the policy that samples next and how training continues."""
+
+    policy: PolicyResult  # its identity (and adapter, None = the run's starting policy)
+    state: StoredObject | None = None  # the optimizer state its training ended with
+
+
+class RunCarry(Record):
+    """What an online-RL run carries across continue-as-new (``workflows/openenv_run.py``)."""
+
+    admission: AdmissionResult
+    discovery: DiscoveryResult
+    status: RunStatus  # the status so far
+    start: PolicyResult
+    current: TrainedPolicy
+    previous: TrainedPolicy | None = None  # with max_staleness 1: the policy one update older
+    next_iteration: int
+    chain: str | None = None
+    last_training: TrainResult | None = None
+    last_groups: GroupSet | None = None
+    last_sampler: PolicyResult | None = None  # the policy that sampled ``last_groups``
+    pending: GroupSet | None = None  # with max_staleness 1: the next iteration's groups, collected
+    baseline: SideBundle | None = None  # the evaluation baseline side, once collected
 
 
 class QueueState(Record):

@@ -7,6 +7,8 @@ them in order; it never re-derives a default or a decision itself.
 
 from __future__ import annotations
 
+import hashlib
+
 from pydantic import BaseModel, ConfigDict
 
 from kiln.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, normalize_adapter
@@ -49,6 +51,53 @@ def group_schedule(seed_start: int, groups: int, environments: int) -> list[Grou
         GroupSlot(group_index=index, environment_index=index % environments, seed=seed_start + index)
         for index in range(groups)
     ]
+
+
+# At most this many groups are collected inside one workflow history: a collection with more is
+# cut into chunks, each its own child workflow (≈7 events per group keeps a chunk near 1,800).
+CHUNK_GROUPS = 256
+# An online-RL run continues as new after the iteration that takes its history past this many
+# events; one iteration adds at most ≈2,000 (a chunk of groups plus its stages), so no history
+# approaches 10,000 events whatever the number of iterations.
+HISTORY_EVENTS_BUDGET = 4000
+
+
+def should_continue_as_new(history_length: int) -> bool:
+    return history_length >= HISTORY_EVENTS_BUDGET
+
+
+def iteration_seed_start(request: RunRequest, iteration: int) -> int:
+    """The seed plan of online RL: iteration ``k`` (1-based) collects ``groups`` fresh seeds
+    ``seed_start + (k−1)·groups …``; iteration 1 is exactly a one-iteration run's seeds, and the
+    held-out seeds start after the last iteration's (``RunRequest.eval_seed_start``)."""
+    return request.seed_start + (iteration - 1) * request.groups
+
+
+def iteration_schedule(request: RunRequest, iteration: int, environments: int) -> list[GroupSlot]:
+    """Iteration ``k``'s slots: group indexes 0…groups−1 (per iteration), its own seeds."""
+    return group_schedule(iteration_seed_start(request, iteration), request.groups, environments)
+
+
+def chunks(slots: list[GroupSlot], size: int = CHUNK_GROUPS) -> list[list[GroupSlot]]:
+    """The slots cut into consecutive chunks of at most ``size`` (one chunk = one history)."""
+    return [slots[start : start + size] for start in range(0, len(slots), size)]
+
+
+def evaluates_after(request: RunRequest, iteration: int) -> bool:
+    """Whether the paired held-out evaluation runs after ``iteration``: the last one always (the
+    gate), and every ``eval_every``-th one when asked (the learning curve)."""
+    if request.environment_eval is None:
+        return False
+    if iteration == request.iterations:
+        return True
+    return request.eval_every is not None and iteration % request.eval_every == 0
+
+
+def behavior_lag(request: RunRequest, iteration: int) -> int:
+    """How many updates older than the adapter training starts from the data of ``iteration`` is:
+    0 strictly on-policy; with ``max_staleness`` 1 every iteration after the first is collected
+    (with the adapter of iteration k−2, the start policy for k = 2) while iteration k−1 trains."""
+    return request.max_staleness if iteration >= 2 else 0
 
 
 class EvaluationPlan(_Plan):
@@ -96,3 +145,13 @@ def promotion_decision(
     if post is not None and post.min_accuracy is not None and post_eval_outcome != "promoted":
         return False
     return True
+
+
+CHAIN_START = "sha256:" + "0" * 64
+
+
+def extend_chain(chain: str | None, record_sha256: str) -> str:
+    """The digest chain over an online-RL run's iteration records after one more record:
+    ``sha256(chain ‖ record digest)`` (kiln.artifacts.iterations re-checks it at publication)."""
+    digest = hashlib.sha256(f"{chain or CHAIN_START}\n{record_sha256}".encode("ascii")).hexdigest()
+    return "sha256:" + digest

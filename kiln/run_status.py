@@ -34,8 +34,18 @@ Stage = Literal[
 ]
 
 
+def invalid_action_rate(stats: dict[str, Any]) -> float | None:
+    """Episodes ended by an invalid model action per rollout, from a bundle's ``stats``."""
+    rollouts = stats.get("rollouts") or 0
+    return stats.get("invalid_model_action_count", 0) / rollouts if rollouts else None
+
+
 class _Status(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+
+
+# ``progress.groups`` keeps the records of the most recent groups only (a run may have 16,384).
+MAX_GROUP_RECORDS = 512
 
 
 class GroupRun(_Status):
@@ -65,7 +75,8 @@ class Progress(_Status):
 
     def add_group(
         self,
-        returns: list[float],
+        return_sum: float,
+        rollouts: int,
         *,
         latency_ms: float,
         tokens: int,
@@ -75,9 +86,10 @@ class Progress(_Status):
     ) -> None:
         if group_index is not None:
             self.groups.append(GroupRun(group_index=group_index, worker=worker, attempt=attempt))
+            del self.groups[:-MAX_GROUP_RECORDS]  # the most recent ones: status stays bounded
         self.groups_completed += 1
-        self.rollouts_completed += len(returns)
-        self.returns_sum += sum(returns)
+        self.rollouts_completed += rollouts
+        self.returns_sum += return_sum
         if self.rollouts_completed:
             self.mean_return = self.returns_sum / self.rollouts_completed
         self.model_latency_ms = round(self.model_latency_ms + latency_ms, 3)
@@ -114,6 +126,31 @@ class TrainingStatus(_Status):
     adapter_sha256: str | None
     selection: dict[str, Any]
     skip_reason: str | None
+
+
+# At most this many warnings are kept (the receipts hold every one).
+MAX_WARNINGS = 200
+# ``iterations`` keeps the most recent records only; the whole curve is the run's metrics.jsonl.
+MAX_ITERATION_RECORDS = 100
+
+
+class IterationStatus(_Status):
+    """One online-RL iteration: what it collected with, its returns, and what training made of it."""
+
+    iteration: int  # 1-based
+    seed_start: int
+    behavior_adapter_sha256: str | None  # the adapter that sampled it (None = the base model)
+    staleness: int = 0  # iterations between the sampling adapter and the one training started from
+    mean_return: float | None = None
+    invalid_action_rate: float | None = None
+    trained: bool = False
+    steps: int = 0
+    loss: float | None = None
+    kl: float | None = None
+    adapter_sha256: str | None = None  # the adapter this iteration produced
+    eval_mean_return: float | None = None  # held-out mean return of that adapter, when evaluated
+    eval_baseline_mean_return: float | None = None
+    wall_ms: int | None = None
 
 
 class EvaluationStatus(_Status):
@@ -188,6 +225,10 @@ class RunStatus(_Status):
     cancelled_stage: str | None = None
     # What each environment granted (sessions, refusals, waves): wall-clock facts, never artifacts.
     environment_capacity: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Online RL: the iteration in progress (1-based) of ``iterations_total``, and the curve so far.
+    iteration: int | None = None
+    iterations_total: int | None = None
+    iterations: list[IterationStatus] = Field(default_factory=list)
 
     # ------------------------------------------------------------------ phase helpers
     def enter(self, stage: str) -> None:
@@ -225,6 +266,12 @@ class RunStatus(_Status):
             skip_reason=training.skip_reason,
         )
         self.warnings.extend(training.selection.get("warnings", []))
+        del self.warnings[MAX_WARNINGS:]  # bounded: an online-RL run trains many times
+
+    def record_iteration(self, record: IterationStatus) -> None:
+        """Append an iteration's record (bounded: the most recent ``MAX_ITERATION_RECORDS``)."""
+        self.iterations = [r for r in self.iterations if r.iteration != record.iteration] + [record]
+        del self.iterations[:-MAX_ITERATION_RECORDS]
 
     def record_publication(self, published: Any, *, promoted: bool) -> None:
         self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)

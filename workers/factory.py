@@ -15,6 +15,7 @@ from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
 from kiln.served_models import model_task_queue, served_models
 from kiln.settings import Settings
+from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow
@@ -42,7 +43,7 @@ def build_workers(
             Worker(
                 client,
                 task_queue=settings.control_task_queue,
-                workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
+                workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
                 activities=control.all(),
                 workflow_failure_exception_types=[pydantic.ValidationError],
                 sticky_queue_schedule_to_start_timeout=sticky_timeout,

@@ -1,34 +1,46 @@
 """Collection inside a run workflow: one ``collect_group`` activity per scheduled seed group.
 
-Used for the run's own groups and for both sides of the paired evaluation. The schedule (which
-seed on which environment) comes from ``kiln.run_plan``; this module only fans the activities out
-(at most ``MAX_PARALLEL_GROUPS`` in flight) and folds their results into the run's status.
+Used for the run's own groups (every iteration's) and for both sides of the paired evaluation.
+The schedule (which seed on which environment) comes from ``kiln.run_plan``; this module fans the
+activities out (at most ``MAX_PARALLEL_GROUPS`` in flight) and folds their outcomes into the run's
+status. A collection of more than ``CHUNK_GROUPS`` groups runs chunk by chunk in child workflows
+(``workflows/chunk.py``), so no history grows with the number of groups; either way the groups
+end up in S3 group indexes and only a ``GroupSet`` reference travels on.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
     from activities.gpu import GpuActivities
     from kiln.contracts import EpisodeSettings, RunRequest, reset_payload
     from kiln.records import (
         AdmissionResult,
+        ChunkResult,
         CollectGroupInput,
         CollectGroupResult,
+        CollectionPlan,
         DiscoveryResult,
+        GroupIndexInput,
+        GroupOutcome,
+        GroupSet,
         PolicyInput,
         PolicyResult,
         StoredObject,
     )
-    from kiln.run_plan import GroupSlot
+    from kiln.run_plan import CHUNK_GROUPS, GroupSlot, chunks
     from kiln.run_status import Interruption, Progress, RunStatus
     from workflows import ui
     from workflows.capacity import capacity_failure, capacity_wait_for
+    from workflows.names import CHUNK_WORKFLOW
     from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
 
 
@@ -42,6 +54,7 @@ class RunContext:
     discovery: DiscoveryResult
     call: ActivityCaller
     status: RunStatus
+    thinking: bool | None = None  # the run's thinking mode, resolved against the model
 
 
 async def resolve_policy(ctx: RunContext, inp: PolicyInput) -> PolicyResult:
@@ -49,8 +62,14 @@ async def resolve_policy(ctx: RunContext, inp: PolicyInput) -> PolicyResult:
     return await ctx.call(GpuActivities.resolve_policy, inp, summary=f"resolve policy identity ({label})")
 
 
+def caller_for(plan: CollectionPlan) -> ActivityCaller:
+    return ActivityCaller(
+        control_queue=plan.control_queue, gpu_queue=plan.gpu_queue, heartbeat=timedelta(seconds=plan.heartbeat_s)
+    )
+
+
 async def _collect_waiting_for_capacity(
-    ctx: RunContext, inp: CollectGroupInput, gate: asyncio.Semaphore, *, summary: str
+    call: ActivityCaller, plan: CollectionPlan, inp: CollectGroupInput, gate: asyncio.Semaphore, *, summary: str
 ) -> CollectGroupResult:
     """One group's ``collect_group`` activity; a refusal for capacity waits in a workflow timer.
 
@@ -63,15 +82,84 @@ async def _collect_waiting_for_capacity(
     while True:
         try:
             async with gate:
-                return await ctx.call(GpuActivities.collect_group, inp, summary=summary)
+                return await call(GpuActivities.collect_group, inp, summary=summary)
         except ActivityError as err:
             waited_from = waited_from or workflow.now()  # the first refusal starts the wait
             waited = (workflow.now() - waited_from).total_seconds()
-            pause = capacity_wait_for(err, waited, ctx.request.capacity_wait_seconds, retries)
+            pause = capacity_wait_for(err, waited, plan.capacity_wait_seconds, retries)
             if pause is None:
                 raise capacity_failure(err, inp.group_index, inp.settings.group_size, waited) or err
             retries += 1
             await workflow.sleep(pause)
+
+
+async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome], None]) -> list[StoredObject]:
+    """Collect every slot of ``plan`` in this workflow; the stored groups in group order."""
+    call = caller_for(plan)
+    gate = asyncio.Semaphore(MAX_PARALLEL_GROUPS)
+    results: list[CollectGroupResult] = []
+
+    async def one(slot: GroupSlot) -> None:
+        env = plan.environments[slot.environment_index]
+        inp = CollectGroupInput(
+            run_id=plan.run_id,
+            group_index=slot.group_index,
+            environment_index=slot.environment_index,
+            seed=slot.seed,
+            reset_payload=reset_payload(plan.reset_templates[slot.environment_index], slot.seed),
+            inspection=env.inspection,
+            settings=plan.settings,
+            behavior_policy=plan.behavior_policy,
+            adapter_ref=plan.adapter_ref,
+            credential_id=plan.credential_ids[slot.environment_index] if plan.credential_ids else None,
+            on_interrupt=plan.on_interrupt,
+            label=plan.label,
+        )
+        result = await _collect_waiting_for_capacity(
+            call, plan, inp, gate, summary=f"{plan.label} {slot.group_index} seed {slot.seed} on {env.base_url}"
+        )
+        results.append(result)
+        on_group(
+            GroupOutcome(
+                group_index=result.group_index,
+                environment_url=env.base_url,
+                return_sum=sum(result.returns),
+                rollouts=len(result.returns),
+                latency_ms=result.model_latency_ms,
+                tokens=result.model_tokens,
+                worker=result.worker,
+                attempt=result.attempt,
+                interruption_code=result.interruption_code,
+                capacity=result.capacity,
+            )
+        )
+
+    await asyncio.gather(*(one(slot) for slot in plan.slots))
+    return [r.group for r in sorted(results, key=lambda r: r.group_index)]
+
+
+def fold_outcome(status: RunStatus, progress: Progress, outcome: GroupOutcome, label: str) -> None:
+    """One collected group into the run's status (progress, capacity, interruptions)."""
+    if outcome.capacity is not None:
+        status.environment_capacity[outcome.environment_url] = outcome.capacity
+    if outcome.attempt > 1:
+        status.interruptions.append(
+            Interruption(
+                stage=label, group_index=outcome.group_index, attempts=outcome.attempt, code=outcome.interruption_code
+            )
+        )
+    progress.add_group(
+        outcome.return_sum,
+        outcome.rollouts,
+        latency_ms=outcome.latency_ms,
+        tokens=outcome.tokens,
+        group_index=outcome.group_index,
+        worker=outcome.worker,
+        attempt=outcome.attempt,
+    )
+    if progress is status.progress:
+        status.mean_return = progress.mean_return
+    ui.show_progress(status)
 
 
 async def collect_groups(
@@ -82,52 +170,50 @@ async def collect_groups(
     settings: EpisodeSettings,
     progress: Progress,
     label: str,
-) -> list[StoredObject]:
-    """Collect every slot with ``policy``; the stored groups in group order."""
-    environments = ctx.discovery.environments
-    credential_ids = ctx.request.credential_ids
-    gate = asyncio.Semaphore(MAX_PARALLEL_GROUPS)
-    results: list[CollectGroupResult] = []
+    scope: str,
+) -> GroupSet:
+    """Collect every slot with ``policy``; the stored groups as a ``GroupSet``.
 
-    async def one(slot: GroupSlot) -> None:
-        env = environments[slot.environment_index]
-        inp = CollectGroupInput(
-            run_id=ctx.run_id,
-            group_index=slot.group_index,
-            environment_index=slot.environment_index,
-            seed=slot.seed,
-            reset_payload=reset_payload(ctx.admission.reset_templates[slot.environment_index], slot.seed),
-            inspection=env.inspection,
-            settings=settings,
-            behavior_policy=policy.behavior_policy,
-            adapter_ref=policy.adapter_ref,
-            credential_id=credential_ids[slot.environment_index] if credential_ids else None,
-            on_interrupt=ctx.request.on_interrupt,
-            label=label,
-        )
-        result = await _collect_waiting_for_capacity(
-            ctx, inp, gate, summary=f"{label} {slot.group_index} seed {slot.seed} on {env.base_url}"
-        )
-        if result.capacity is not None:
-            ctx.status.environment_capacity[env.base_url] = result.capacity
-        results.append(result)
-        if result.attempt > 1:
-            ctx.status.interruptions.append(
-                Interruption(
-                    stage=label, group_index=slot.group_index, attempts=result.attempt, code=result.interruption_code
-                )
-            )
-        progress.add_group(
-            result.returns,
-            latency_ms=result.model_latency_ms,
-            tokens=result.model_tokens,
-            group_index=slot.group_index,
-            worker=result.worker,
-            attempt=result.attempt,
-        )
-        if progress is ctx.status.progress:
-            ctx.status.mean_return = progress.mean_return
-        ui.show_progress(ctx.status)
+    ``scope`` names this collection within the run (``collection``, ``iteration-3``, ``eval-1-
+    baseline`` …): chunk child workflows are ``<run id>.<scope>.chunk-<n>``.
+    """
+    plan = CollectionPlan(
+        run_id=ctx.run_id,
+        label=label,
+        slots=slots,
+        environments=ctx.discovery.environments,
+        reset_templates=ctx.admission.reset_templates,
+        credential_ids=ctx.request.credential_ids,
+        settings=settings,
+        behavior_policy=policy.behavior_policy,
+        adapter_ref=policy.adapter_ref,
+        on_interrupt=ctx.request.on_interrupt,
+        capacity_wait_seconds=ctx.request.capacity_wait_seconds,
+        control_queue=ctx.call.queues["control"],
+        gpu_queue=ctx.call.queues["gpu"],
+        heartbeat_s=ctx.call.heartbeat.total_seconds(),
+    )
 
-    await asyncio.gather(*(one(slot) for slot in slots))
-    return [r.group for r in sorted(results, key=lambda r: r.group_index)]
+    def fold(outcome: GroupOutcome) -> None:
+        fold_outcome(ctx.status, progress, outcome, label)
+
+    parts = chunks(slots, CHUNK_GROUPS)
+    if len(parts) == 1:
+        refs = await collect_slots(plan, fold)
+        return await ctx.call(
+            ControlActivities.index_groups, GroupIndexInput(groups=refs), summary=f"index {len(refs)} {label}s"
+        )
+    sets: list[GroupSet] = []
+    for number, part in enumerate(parts):
+        result: ChunkResult = await workflow.execute_child_workflow(
+            CHUNK_WORKFLOW,
+            plan.chunk(part),
+            id=f"{ctx.run_id}.{scope}.chunk-{number}",
+            task_queue=plan.control_queue,
+            result_type=ChunkResult,
+            static_summary=f"{label}s {part[0].group_index}…{part[-1].group_index}",
+        )
+        for outcome in result.outcomes:
+            fold(outcome)
+        sets.append(result.groups)
+    return GroupSet.join(sets)

@@ -16,13 +16,13 @@ with workflow.unsafe.imports_passed_through():
         AdapterRef,
         EvaluateInput,
         EvaluationResult,
+        GroupSet,
         PolicyInput,
         PolicyResult,
         PostEvalInput,
         PostEvalResult,
         SideBundle,
         SideBundleInput,
-        StoredObject,
         TrainResult,
         WorldModelInput,
         WorldModelResult,
@@ -41,9 +41,19 @@ def candidate_ref(ctx: RunContext, training: TrainResult) -> AdapterRef:
 
 
 async def evaluate_adapter(
-    ctx: RunContext, plan: EvaluationPlan, baseline: PolicyResult, training: TrainResult
+    ctx: RunContext,
+    plan: EvaluationPlan,
+    baseline: PolicyResult,
+    training: TrainResult,
+    *,
+    scope: str = "evaluation",
+    baseline_cache: SideBundle | None = None,
 ) -> EvaluationResult:
-    """Baseline then candidate on identical held-out seeds; pair, gate, write the receipt."""
+    """Baseline then candidate on identical held-out seeds; pair, gate, write the receipt.
+
+    ``baseline_cache``: the baseline side of an earlier evaluation in the same run (same policy,
+    same seeds, so the same bundle): reused instead of collected again.
+    """
     block = EvaluationStatus(
         seed_start=plan.seed_start,
         groups=plan.groups,
@@ -57,11 +67,19 @@ async def evaluate_adapter(
     )
     slots = plan.schedule(len(ctx.discovery.environments))
     sides: dict[str, SideBundle] = {}
-    side_groups: dict[str, list[StoredObject]] = {}
+    side_groups: dict[str, GroupSet] = {}
+    if baseline_cache is not None:
+        sides["baseline"] = baseline_cache
+        block.baseline_stats = baseline_cache.stats
+        block.progress.groups_total = plan.groups
+        block.progress.rollouts_total = plan.groups * plan.settings.group_size
     for side, policy in (("baseline", baseline), ("candidate", candidate_policy)):
+        if side in sides:
+            continue
         block.state = f"collecting_{side}"
         refs = await collect_groups(
-            ctx, policy, slots=slots, settings=plan.settings, progress=block.progress, label=f"eval {side}"
+            ctx, policy, slots=slots, settings=plan.settings, progress=block.progress, label=f"eval {side}",
+            scope=f"{scope}-{side}",
         )
         side_groups[side] = refs
         sides[side] = await ctx.call(

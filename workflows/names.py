@@ -8,6 +8,7 @@ WORKFLOW_NAME = "OpenEnvRunWorkflow"
 TRAIN_DATASET_WORKFLOW = "KilnTrainDatasetWorkflow"
 PREFLIGHT_WORKFLOW = "PreflightWorkflow"
 QUEUE_WORKFLOW = "KilnRunQueue"
+CHUNK_WORKFLOW = "KilnCollectChunkWorkflow"
 
 
 def queue_workflow_id(control_task_queue: str) -> str:

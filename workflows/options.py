@@ -85,6 +85,8 @@ OPTIONS: dict[str, ActivityOptions] = {
     "train_adapter": ActivityOptions("gpu", TRAIN_RETRY, start_to_close=TRAIN_TIMEOUT, heartbeat=True),
     "post_evaluate": _GPU_PASS,
     "world_model_gain": _GPU_PASS,
+    "index_groups": _STORE,
+    "store_iteration": _STORE,
     "store_side_bundle": _STORE,
     "evaluate_run": _STORE,
     "split_dataset": _STORE,

@@ -13,7 +13,13 @@ from typing import Any, Awaitable, Callable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from kiln import search_attributes as names
@@ -30,7 +36,7 @@ KILN_RUN_KIND = SearchAttributeKey.for_keyword(names.RUN_KIND)
 def failure_from(err: BaseException, stage: str) -> Failure:
     """The run's failure record from an activity/application failure raised in ``stage``."""
     cause: BaseException | None = err
-    while isinstance(cause, ActivityError) and cause.cause is not None:
+    while isinstance(cause, (ActivityError, ChildWorkflowError)) and cause.cause is not None:
         cause = cause.cause
     if isinstance(cause, ApplicationError):
         details = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
@@ -80,7 +86,7 @@ class StatusKeeper:
         except asyncio.CancelledError:
             await self._cancelled()
             raise
-        except (ActivityError, ApplicationError) as err:
+        except (ActivityError, ApplicationError, ChildWorkflowError) as err:
             if is_cancelled_exception(err):  # an activity cancelled because the run was
                 await self._cancelled()
                 raise

@@ -47,7 +47,7 @@ class TrainDatasetWorkflow(StatusKeeper):
         split: DatasetSplit = await call(
             ControlActivities.split_dataset, inp.dataset, summary="validate the rollouts and split them into groups"
         )
-        total = len(split.groups)
+        total = split.groups.count
         self._status.progress = Progress(groups_total=total, groups_completed=total)
         self._status.behavior_policy = split.behavior_policy
         self._enter("training")

@@ -13,7 +13,8 @@ from typing import Any
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import InvalidRequest, PolicyIdentityChanged
-from kiln.records import AdapterRef, StoredObject
+from kiln.artifacts.group_sets import group_set
+from kiln.records import AdapterRef, GroupSet, StoredObject
 from kiln.artifacts.adapters import read_pointer
 
 DATASET_GROUP_SCHEMA = "kiln.openenv-dataset-group.v1"
@@ -72,7 +73,7 @@ def corpus_behavior_policy(lines: list[dict[str, Any]]) -> dict[str, Any]:
     return json.loads(policies.pop())
 
 
-def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[list[StoredObject], dict[str, Any], AdapterRef | None]:
+def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[GroupSet, dict[str, Any], AdapterRef | None]:
     data = store.get_bytes(dataset.ref())
     lines = read_training_lines(data)
     policy = corpus_behavior_policy(lines)
@@ -90,4 +91,4 @@ def split_dataset(store: S3Store, dataset: StoredObject) -> tuple[list[StoredObj
     for index, line in enumerate(lines):
         ref = store.put_blob(canonical_json({"schema": DATASET_GROUP_SCHEMA, "group_index": index, "line": line}))
         refs.append(StoredObject.of(ref))
-    return refs, policy, base_adapter
+    return group_set(store, [refs]), policy, base_adapter

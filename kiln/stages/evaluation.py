@@ -12,12 +12,13 @@ from kiln.evaluation.pairing import pair_summaries
 from kiln.evaluation.receipt import build_receipt, policy_identity
 from kiln.rollout.bundle import build_bundle
 from kiln.run_plan import BundleSpec
-from kiln.records import EvaluateInput, EvaluationResult, SideBundle, SideBundleInput, StoredObject
+from kiln.artifacts.group_sets import read_group_set
+from kiln.records import EvaluateInput, EvaluationResult, GroupSet, SideBundle, SideBundleInput, StoredObject
 from kiln.stages.discovery import load_inspection
 
 
-def load_group_documents(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
-    return [json.loads(store.get_bytes(obj.ref())) for obj in groups]
+def load_group_documents(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
+    return [json.loads(store.get_bytes(obj.ref())) for obj in read_group_set(store, groups)]
 
 
 def make_bundle(
@@ -25,7 +26,7 @@ def make_bundle(
     *,
     spec: BundleSpec,
     environments: list[Any],
-    groups: list[StoredObject],
+    groups: GroupSet,
     behavior_policy: dict[str, Any],
     reset_plan_sha256: str,
     training_selection: dict[str, Any] | None = None,

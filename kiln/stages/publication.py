@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from kiln.artifacts.iterations import iteration_prefix, read_records
 from kiln.artifacts.budget import DEFAULT_RETAINED_LIMIT_BYTES, RetainedBudget
 from kiln.artifacts.manifest import build_manifest, manifest_key, verify_manifest_against_store
 from kiln.artifacts.store import S3Store
@@ -28,6 +29,30 @@ MEDIA_TYPES = {
     "train_receipt.json": "application/json",
     "metrics.jsonl": "application/x-ndjson",
 }
+
+
+def iteration_artifacts(records: list[dict[str, Any]]) -> list[tuple[str, StoredObject, str]]:
+    """Every iteration's bundle, adapter, receipts (``iterations/<k>/…``) from its stored record."""
+    out: list[tuple[str, StoredObject, str]] = []
+    for record in records:
+        prefix = iteration_prefix(record["iteration"])
+        for name, obj in sorted(record["files"].items()):
+            out.append((prefix + name, StoredObject.model_validate(obj), MEDIA_TYPES[name]))
+        training = record.get("training") or {}
+        if training.get("trained"):
+            for item in training["adapter_files"]:
+                media = "application/json" if item["name"].endswith(".json") else "application/octet-stream"
+                obj = StoredObject(uri=item["uri"], sha256=item["sha256"], bytes=item["bytes"])
+                out.append((f"{prefix}adapter/{item['name']}", obj, media))
+            if training.get("receipt"):
+                out.append((prefix + "train_receipt.json", StoredObject.model_validate(training["receipt"]), MEDIA_TYPES["train_receipt.json"]))
+        evaluation = record.get("evaluation")
+        if evaluation:
+            for side, files in sorted(evaluation["sides"].items()):
+                for name, obj in sorted(files.items()):
+                    out.append((f"{prefix}environment_eval/{side}/{name}", StoredObject.model_validate(obj), MEDIA_TYPES[name]))
+            out.append((prefix + "environment_eval/receipt.json", StoredObject.model_validate(evaluation["receipt"]), "application/json"))
+    return out
 
 
 def _artifact(name: str, obj: StoredObject, media_type: str) -> dict[str, Any]:
@@ -67,6 +92,7 @@ def publish(
         stored.append(("environment_eval/receipt.json", evaluation.receipt, "application/json"))
     if inp.post_eval is not None:
         stored.append(("post_eval/report.json", inp.post_eval.report, "application/json"))
+    stored.extend(iteration_artifacts(read_records(store, inp.run_id, inp.iterations, inp.iteration_chain)))
 
     # Charge everything the run retains BEFORE writing anything: over budget, nothing is written.
     budget = RetainedBudget(budget_bytes)
@@ -104,6 +130,7 @@ def publish(
                 else None
             ),
             "promoted": bool(inp.promote and training is not None and training.trained),
+            **({"iterations": inp.iterations} if inp.iterations > 1 else {}),
         },
     )
     promoted = None
@@ -143,9 +170,12 @@ def finish_publication(
     return PublishResult(
         manifest_uri=manifest_uri,
         manifest_sha256=sha256_bytes(manifest_bytes),
+        # The run's own artifacts; each iteration's (``iterations/…``) are listed by the manifest
+        # only, so the result stays small whatever the number of iterations.
         artifacts=[
             PublishedArtifact(name=a["name"], uri=a["uri"], sha256=a["sha256"], bytes=a["bytes"])
             for a in artifacts
+            if not a["name"].startswith("iterations/")
         ],
         stats=stats,
     )

@@ -15,14 +15,15 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import model_content_sha256
-from kiln.records import AdapterFile, StoredObject, TrainInput, TrainResult
+from kiln.artifacts.group_sets import read_group_set
+from kiln.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
 from kiln.artifacts.adapters import materialise
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
 
 
-def load_group_lines(store: S3Store, groups: list[StoredObject]) -> list[dict[str, Any]]:
-    documents = [json.loads(store.get_bytes(obj.ref())) for obj in groups]
+def load_group_lines(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
+    documents = [json.loads(store.get_bytes(obj.ref())) for obj in read_group_set(store, groups)]
     documents.sort(key=lambda doc: doc["group_index"])
     return [doc["line"] for doc in documents]
 

@@ -4,7 +4,9 @@ Layout under ``runs/<run_id>/live/`` (mutable keys, one writer each):
 
 - ``progress.json``: the latest training step (the API merges it into the run's status);
 - ``train.jsonl``: every training step so far, one JSON object a line;
-- ``groups/<label>-<group_index>.json``: one group's figures, written when the group is stored.
+- ``groups/<label>-<group_index>.json``: one group's figures, written when the group is stored;
+- ``iterations/<k>.json``: one online-RL iteration's row of the learning curve (kind ``iteration``:
+  mean return, invalid-action rate, loss, KL, held-out return when evaluated).
 
 Writes of the training stream are throttled to one every ``interval_s`` (0.5 s by default) and
 always flushed at the end, so a status read sees a step within about a second of it happening.
@@ -42,6 +44,10 @@ def train_key(run_id: str) -> str:
 def group_key(run_id: str, label: str, group_index: int) -> str:
     slug = "".join(ch if ch.isalnum() else "_" for ch in label)
     return live_prefix(run_id) + f"groups/{slug}-{group_index:06d}.json"
+
+
+def iteration_row_key(run_id: str, iteration: int) -> str:
+    return live_prefix(run_id) + f"iterations/{iteration:06d}.json"
 
 
 def _clean(value: Any) -> Any:
@@ -168,6 +174,14 @@ def put_group(store: Any, run_id: str, event: dict[str, Any]) -> None:
         pass
 
 
+def put_iteration(store: Any, run_id: str, row: dict[str, Any]) -> None:
+    """Store one iteration's curve row (idempotent: a retried store overwrites its own key)."""
+    try:
+        store.put_key(iteration_row_key(run_id, int(row["iteration"])), _line(row), action="put live iteration")
+    except Exception:  # noqa: BLE001 - best effort, like every live figure
+        pass
+
+
 def read_progress(store: Any, run_id: str) -> dict[str, Any] | None:
     """The latest training step of ``run_id``, or None."""
     raw = store.get_key(progress_key(run_id))
@@ -175,7 +189,8 @@ def read_progress(store: Any, run_id: str) -> dict[str, Any] | None:
 
 
 def read_events(store: Any, run_id: str) -> list[dict[str, Any]]:
-    """Every event of the run: groups (by label, index) then training steps (by step)."""
+    """Every event of the run: groups (by label, index), training steps (by iteration, step), then
+    the iterations' curve rows (by iteration)."""
     groups: list[dict[str, Any]] = []
     for key in store.list_keys(live_prefix(run_id) + "groups/"):
         raw = store.get_key(key)
@@ -184,8 +199,11 @@ def read_events(store: Any, run_id: str) -> list[dict[str, Any]]:
     groups.sort(key=lambda e: (e.get("label") != "group", e.get("label", ""), e.get("group_index", 0)))
     raw = store.get_key(train_key(run_id)) or b""
     steps = [json.loads(line) for line in raw.splitlines() if line.strip()]
-    by_step = {int(e["step"]): e for e in steps}  # a resumed attempt re-emits steps: last wins
-    return groups + [by_step[s] for s in sorted(by_step)]
+    # A resumed attempt re-emits steps: the last line of each (iteration, step) wins.
+    by_step = {(int(e.get("iteration") or 1), int(e["step"])): e for e in steps}
+    rows = [json.loads(raw) for key in store.list_keys(live_prefix(run_id) + "iterations/") if (raw := store.get_key(key))]
+    rows.sort(key=lambda e: e["iteration"])
+    return groups + [by_step[s] for s in sorted(by_step)] + rows
 
 
 def metrics_jsonl(store: Any, run_id: str) -> bytes:

@@ -99,8 +99,8 @@ def test_promotion_decision(changes: dict, trained: bool, decision: str | None, 
 def test_run_status_keeps_the_v1_json_keys_and_folds_progress() -> None:
     status = RunStatus(run_id="r1")
     status.progress = Progress.planned(2, 3)
-    status.progress.add_group([1.0, 0.0, 2.0], latency_ms=1.5, tokens=10)
-    status.progress.add_group([0.0, 0.0, 3.0], latency_ms=2.25, tokens=5, group_index=1, worker="w@gpu-2", attempt=2)
+    status.progress.add_group(3.0, 3, latency_ms=1.5, tokens=10)
+    status.progress.add_group(3.0, 3, latency_ms=2.25, tokens=5, group_index=1, worker="w@gpu-2", attempt=2)
     document = json.loads(to_json(status))
     assert document["schema"] == "kiln.run-status.v1"
     assert document["progress"] == {
@@ -128,7 +128,7 @@ def test_typed_records_cross_the_data_converter_unchanged() -> None:
     """What admission returns is what the workflow and the activities receive (aliases included)."""
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from kiln.records import AdmissionResult, TrainInput
+    from kiln.records import AdmissionResult, GroupSet, TrainInput
 
     request = parse_run_request({**TRAIN, "training_config": {"learning_rate": 3e-4, "echo": {"lambda": 0.2}}})
     admitted = AdmissionResult(
@@ -141,7 +141,7 @@ def test_typed_records_cross_the_data_converter_unchanged() -> None:
     assert back == admitted
     assert back.request.effective_training_config().learning_rate == 3e-4
     assert back.request.effective_training_config().echo.lambda_ == 0.2  # type: ignore[union-attr]
-    train = TrainInput(run_id="r", groups=[], training_config=request.effective_training_config(),
+    train = TrainInput(run_id="r", groups=GroupSet(indexes=[], count=0), training_config=request.effective_training_config(),
                        output_adapter="a1", behavior_policy={})
     [payload] = converter.to_payloads([train])
     assert converter.from_payloads([payload], [TrainInput])[0] == train
