@@ -65,7 +65,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,8 @@ def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path)
     env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
                 "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)})
     proc = subprocess.run([str(args.trl_python), str(REPO / "bench" / "trl_side.py"), str(config_path)],
-                          capture_output=True, text=True, env=env, cwd=work, timeout=args.timeout_s)
+                          check=False, capture_output=True, text=True, env=env, cwd=work,
+                          timeout=args.timeout_s)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("TRL_RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -174,13 +175,13 @@ def submit_and_wait(topo: Any, request: dict[str, Any], *, mode: str) -> dict[st
             raise KilnRejected(f"the Kiln API rejected `iterations` ({code}: {json.dumps(body)[:400]}): this "
                                "Kiln predates multi-iteration runs (issue 16); rerun with --kiln-mode chained")
         raise SystemExit(f"the Kiln API refused the run ({code}): {json.dumps(body)[:800]}")
-    status = topo.wait_run(body["run_id"], timeout_s=args_timeout(request))
+    status = topo.wait_run(body["run_id"], timeout_s=run_timeout_s(request))
     if status["state"] != "completed":
         raise SystemExit(f"Kiln run {body['run_id']} ended {status['state']}: {json.dumps(status.get('failure'))}")
     return status
 
 
-def args_timeout(request: dict[str, Any]) -> float:
+def run_timeout_s(request: dict[str, Any]) -> float:
     return 600.0 * request.get("iterations", 1)
 
 
@@ -232,7 +233,7 @@ def run_kiln(args: argparse.Namespace, topo: Any) -> Side:
 def report(args: argparse.Namespace, trl: Side | None, kiln: Side | None) -> None:
     sides = [s for s in (trl, kiln) if s is not None]
     print(f"\n{args.groups} groups x {args.group_size}, {args.iterations} iterations, {args.threads} torch "
-          f"thread(s) per side, {os.cpu_count()} cores, {datetime.now(timezone.utc):%Y-%m-%d}")
+          f"thread(s) per side, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d}")
     for index, s in enumerate(sides):
         print(f"side {index + 1}: {s.label}")
     print("iteration" + "".join(f" | side {i + 1} s/it  return" for i in range(len(sides))))
