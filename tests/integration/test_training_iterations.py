@@ -92,3 +92,47 @@ def test_iterations_hand_over_the_optimizer_state(s3_server: dict[str, str], tmp
     with pytest.raises(TrainingFailed) as err:
         run("wrong", _inputs(store, groups, behavior, base_adapter=_ref(second), init_state=first.final_state))
     assert err.value.code == "resume_invalid"
+
+
+@pytest.mark.timeout(300)
+def test_stale_behaviour_logprobs_reproduce_the_samplers(tiny_model_dir: Path, counter_env_url: str,
+                                                         tmp_path: Path) -> None:
+    """Groups sampled by adapter A (T=0.7, unconstrained) on the counter environment, trained stale
+    from adapter B: the behaviour log-probs the trainer scores with A equal the sampler's recorded
+    ones on every action token."""
+    from kiln.policy.runtime import PolicyRuntime
+    from kiln.train.batches import collate
+    from kiln.train.trainer import prepare_training
+    from tests.support.counter_loop import collect
+    from tests.support.models import make_lora_adapter
+
+    torch.set_num_threads(1)
+    sampler = make_lora_adapter(tiny_model_dir, tmp_path / "A", seed=5, scale=0.1)
+    start = make_lora_adapter(tiny_model_dir, tmp_path / "B", seed=6, scale=0.1)
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    documents = collect(runtime, counter_env_url, [400, 401, 402], group_size=3, temperature=0.7,
+                        adapter_dir=sampler)
+    lines = [d["line"] for d in documents]
+    identity = lines[0]["completions"][0]["openenv"]["behavior_policy"]
+    config = TrainingConfig(epochs=1, echo=None, optimizer="adamw")
+    loop, plan = prepare_training(model_path=tiny_model_dir, groups=lines, config=config, work_dir=tmp_path / "w",
+                                  base_adapter_dir=start, expected_behavior_policy=identity,
+                                  behavior_adapter_dir=sampler, staleness=1)
+    assert plan.settings.temperature == 0.7 and len(plan.kept) >= 2
+    from kiln.train.batches import group_rows
+
+    from kiln.train.step import batch_logprobs
+
+    checked, start_deviation = 0, 0.0
+    for index, (group, rows) in enumerate(zip(plan.kept, loop.rows)):
+        recorded = collate(group_rows(group, group_index=index, warning_filter=True))
+        scored = collate(rows)
+        mask = scored.action_mask
+        assert torch.equal(mask, recorded.action_mask)
+        deviation = ((scored.behavior_logprobs - recorded.behavior_logprobs).abs() * mask).max()
+        assert float(deviation) <= 1e-4, index
+        checked += int(mask.sum())
+        with torch.no_grad():  # the starting adapter B's own log-probs are not the sampler's
+            own = batch_logprobs(loop.model, scored, 0.7)
+        start_deviation = max(start_deviation, float(((own - recorded.behavior_logprobs).abs() * mask).max()))
+    assert checked > 50 and start_deviation > 1e-2
