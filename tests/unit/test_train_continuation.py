@@ -194,7 +194,8 @@ def test_a_state_that_does_not_fit_is_refused(model_path, first_iteration, tmp_p
     first = first_iteration
     other = _train(model_path, tmp_path / "other", _config(lora_rank=4))  # another adapter, rank 4
     other_sha = other.receipt["adapter_sha256"]
-    checkpoint = _train(model_path, tmp_path / "ckpt", _config(checkpoint_interval=1))
+    _train(model_path, tmp_path / "ckpt", _config(checkpoint_interval=1))  # writes a heartbeat checkpoint
+    (tmp_path / "ckpt.tar").write_bytes(pack_folder(tmp_path / "ckpt" / "checkpoints" / "step-000001"))
     garbage = tmp_path / "garbage.tar"
     garbage.write_bytes(b"not a tar archive")
     cases = {
@@ -210,7 +211,6 @@ def test_a_state_that_does_not_fit_is_refused(model_path, first_iteration, tmp_p
             _config(), "not a continuation state"),
         "not an archive": (first.adapter_dir, garbage, _config(), "unreadable training state"),
     }
-    (tmp_path / "ckpt.tar").write_bytes(pack_folder(tmp_path / "ckpt" / "checkpoints" / "step-000001"))
     for name, (adapter, state, config, fragment) in cases.items():
         out = tmp_path / f"refused-{name.replace(' ', '-')}"
         with pytest.raises(TrainingFailed) as err:
