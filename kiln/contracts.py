@@ -101,6 +101,9 @@ class TrainingConfig(StrictModel):
     k3 adds ``kl_coeff·mean(exp(ref−logp) − (ref−logp) − 1)`` to the loss. ``is_level`` token is
     the PPO clip per token, sequence clips one length-normalised ratio per sequence, cispo weights
     ``logp`` by the stop-gradient IS ratio truncated at ``cispo_max_weight``.
+    ``stale_is_max_weight`` (c) caps the behaviour importance weight ``min(π_prox/π_behaviour, c)``
+    of data sampled by an older policy than training starts from (online runs with
+    ``max_staleness``); on-policy training ignores it.
     """
 
     learning_rate: float | None = Field(default=None, gt=0.0)
@@ -113,6 +116,7 @@ class TrainingConfig(StrictModel):
     clip_eps_high: float | None = Field(default=None, ge=0.0)
     is_level: Literal["token", "sequence", "cispo"] = "token"
     cispo_max_weight: float = Field(default=5.0, gt=0.0)
+    stale_is_max_weight: float = Field(default=2.0, gt=0.0)
     kl_coeff: float = Field(default=0.1, ge=0.0)
     kl_estimator: Literal["k1", "k3", "none"] = "k1"
     epochs: int = Field(default=4, ge=1, le=64)

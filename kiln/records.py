@@ -218,13 +218,16 @@ class TrainInput(Record):
     report_to: str = "none"  # experiment tracker on the gpu worker (kiln.telemetry.trackers)
     # True: a run whose every group is skipped completes without an adapter (else training_failed).
     allow_empty_training: bool = False
-    # Online RL (helper T wires these in the trainer): continue from the previous iteration's
-    # optimizer state; keep this training's final state; the adapter that sampled the data when it
-    # is not ``base_adapter`` (stale batches), and how many updates stale the data is.
+    # Online runs (kiln.train.continuation). init_state: the previous iteration's
+    # TrainResult.final_state (the optimizer state at the end of the training that produced
+    # base_adapter); keep_state: store this training's final state in TrainResult.final_state.
     init_state: StoredObject | None = None
     keep_state: bool = False
+    # Stale data (kiln.train.staleness): staleness >= 1 when the groups were sampled by an older
+    # policy than base_adapter; behavior_adapter is that policy (None with staleness >= 1: the
+    # bare base model) and behavior_policy stays the identity recorded in the groups.
     behavior_adapter: AdapterRef | None = None
-    staleness: int = 0
+    staleness: int = Field(default=0, ge=0)
 
 
 class TrainResult(Record):
@@ -236,8 +239,15 @@ class TrainResult(Record):
     receipt: StoredObject | None = None
     steps: int = 0
     final_loss: float | None = None
+    # Online runs: the packed optimizer state after the last step (TrainInput.keep_state only):
+    # the next iteration's TrainInput.init_state.
     final_state: StoredObject | None = None
+    # Curve figures: mean per-step KL to the base model over the last epoch (None when no KL was
+    # computed: kl_coeff 0 or kl_estimator none); every token of the kept completions (context,
+    # action, observation) and their action tokens, counted once (not per epoch).
     kl: float | None = None
+    tokens: int = 0
+    action_tokens: int = 0
 
 
 class IterationInput(Record):

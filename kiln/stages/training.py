@@ -5,9 +5,7 @@ Imports ``kiln.train`` (torch): only the gpu worker imports this module.
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +16,7 @@ from kiln.policy.identity import model_content_sha256
 from kiln.artifacts.group_sets import read_group_set
 from kiln.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
 from kiln.artifacts.adapters import materialise
+from kiln.train.checkpoints import pack_folder, unpack_folder
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
 
@@ -26,26 +25,6 @@ def load_group_lines(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
     documents = [json.loads(store.get_bytes(obj.ref())) for obj in read_group_set(store, groups)]
     documents.sort(key=lambda doc: doc["group_index"])
     return [doc["line"] for doc in documents]
-
-
-def pack_folder(folder: Path) -> bytes:
-    """A deterministic tar of a checkpoint folder (sorted names, zeroed metadata)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            info = tarfile.TarInfo(str(path.relative_to(folder)))
-            data = path.read_bytes()
-            info.size = len(data)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def unpack_folder(data: bytes, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(folder, filter="data")
-    return folder
 
 
 def train(
@@ -89,6 +68,11 @@ def train(
             hint="train on the same KILN_MODEL_PATH the gpu workers collected with",
         )
     base_adapter_dir = materialise(store, inp.base_adapter, cache_dir) if inp.base_adapter else None
+    behavior_dir = materialise(store, inp.behavior_adapter, cache_dir) if inp.behavior_adapter else None
+    init_state = None
+    if inp.init_state is not None:
+        init_state = work_dir / "init_state.tar"
+        init_state.write_bytes(store.get_bytes(inp.init_state.ref()))
     resume_dir = None
     if resume_checkpoint is not None:
         resume_dir = unpack_folder(store.get_bytes(resume_checkpoint.ref()), work_dir / "resume")
@@ -126,6 +110,10 @@ def train(
         dtype=dtype,
         shared_base=shared_base,
         selected=(kept, selection),
+        init_state=init_state,
+        keep_state=inp.keep_state,
+        behavior_adapter_dir=behavior_dir,
+        staleness=inp.staleness,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter
@@ -138,6 +126,10 @@ def train(
         if path.is_file()
     ]
     loss = receipt.get("loss") or {}
+    counts = receipt["token_counts"]
+    final_state = None
+    if result.final_state is not None:
+        final_state = StoredObject.of(store.put_file(result.final_state))
     return TrainResult(
         trained=True,
         selection=selection,
@@ -146,4 +138,8 @@ def train(
         receipt=StoredObject.of(receipt_ref),
         steps=result.steps,
         final_loss=loss.get("final"),
+        final_state=final_state,
+        kl=result.kl,
+        tokens=counts["action_tokens"] + counts["context_tokens"] + counts["env_tokens_before_warning_filter"],
+        action_tokens=counts["action_tokens"],
     )

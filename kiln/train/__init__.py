@@ -12,7 +12,9 @@ stays usable without torch in the control worker):
 - ``optim``       Muon / AdamW and the learning-rate schedule
 - ``plan``        admission (on-policy check, sampling settings), selection, step schedule
 - ``model``       base model + LoRA, adapter save and content digests (torch, peft)
-- ``checkpoints`` exact checkpoints: weights, optimizer, RNG, cached log-probs, data cursor
+- ``checkpoints`` exact checkpoints: weights, optimizer, RNG, cached log-probs, data cursor; tar packing
+- ``continuation`` the optimizer state handed from one online-run iteration's training to the next
+- ``staleness``   stale data: the behaviour policy's log-probs, scored by the behaviour adapter
 - ``receipt``     ``kiln.train-receipt.v1``
 - ``trainer``     ``train_grpo`` and ``TrainResult``
 """

@@ -109,6 +109,7 @@ def policy_loss(
     is_level: str = "token",
     cispo_max_weight: float = 5.0,
     denominator: float | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO surrogate summed over action tokens / ``denominator`` (default: this batch's count).
 
@@ -118,6 +119,9 @@ def policy_loss(
     - ``sequence``: the same with one ratio per sequence, ``exp(mean_t(logp − old))``;
     - ``cispo``: ``−sg(min(r, cispo_max_weight))·A·logp`` (the IS weight is a constant; every
       token keeps a gradient, large ratios are truncated rather than zeroed).
+
+    ``is_weights`` (``(B, T-1)``, no gradient), when given, multiplies each token's term: the
+    truncated behaviour importance weight of a stale batch (:func:`truncated_is_weights`).
 
     Returns the loss and ``{"clipped_tokens", "action_tokens", "max_ratio_deviation"}`` (the largest
     per-token ``|r − 1|``; for ``sequence`` also per token): tokens whose clipped term won
@@ -140,6 +144,8 @@ def policy_loss(
         clipped_mask = (clipped < unclipped).detach()
         if is_level == "sequence":
             clipped_mask = clipped_mask.expand_as(action_mask)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     if denominator is None:
         denominator = action_mask.sum().clamp(min=1.0)
     loss = (per_token * action_mask).sum() / denominator
@@ -148,6 +154,28 @@ def policy_loss(
         deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
     return loss, {"clipped_tokens": clipped_count, "action_tokens": float(action_mask.sum().item()),
                   "max_ratio_deviation": float(deviation.item())}
+
+
+def truncated_is_weights(
+    proximal_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, action_mask: torch.Tensor,
+    max_weight: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights ``min(π_prox / π_behaviour, max_weight)`` per action token (no
+    gradient; 0 off action tokens) and ``{"is_ratio_max", "is_weight_max", "is_truncated_tokens"}``
+    over the action tokens (the largest untruncated ratio, the largest weight, how many tokens
+    were truncated)."""
+    with torch.no_grad():
+        # the log-ratio saturates at 80 so a reported ratio stays finite (e^80 ≫ any max_weight)
+        log_ratio = torch.clamp(proximal_logprobs - behavior_logprobs, max=80.0)
+        ratio = torch.exp(log_ratio) * action_mask
+        weights = torch.clamp(ratio, max=max_weight) * action_mask
+        on = action_mask > 0
+        stats = {
+            "is_ratio_max": float(ratio[on].max().item()) if on.any() else 0.0,
+            "is_weight_max": float(weights[on].max().item()) if on.any() else 0.0,
+            "is_truncated_tokens": float(((ratio > max_weight) & on).sum().item()),
+        }
+    return weights, stats
 
 
 def echo_loss(

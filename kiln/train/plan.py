@@ -15,6 +15,11 @@ from kiln.train.step import StepSettings
 from kiln.train.tokens import count_tokens
 
 
+# Identity keys present only for an online run's training (continuation state, stale data): a
+# checkpoint must agree on them too, present or absent.
+ONLINE_IDENTITY_KEYS = ("init_state_sha256", "staleness", "behavior_adapter_sha256")
+
+
 @dataclass
 class Plan:
     """Everything derived from the inputs before the model is touched."""
@@ -99,11 +104,16 @@ def _echo_block(config: Any, token_counts: dict[str, int]) -> dict[str, Any]:
 
 def plan_training(groups: list[dict], config: Any, expected: dict | None,
                   base_adapter_sha: str | None,
-                  selected: tuple[list[dict], dict[str, Any]] | None = None) -> Plan:
+                  selected: tuple[list[dict], dict[str, Any]] | None = None, *,
+                  staleness: int = 0, extra_identity: dict[str, Any] | None = None) -> Plan:
     """Admission checks, selection, settings and the step schedule (no model needed).
 
     ``selected``: the ``select_groups`` result when the caller already selected (it is not
-    computed twice)."""
+    computed twice). ``staleness`` > 0 turns on the truncated behaviour importance weights;
+    ``extra_identity`` (continuation state, behaviour adapter digests) joins the identity a
+    checkpoint must match to be resumed. A knob that only acts on stale data
+    (``stale_is_max_weight``) is left out of an on-policy training's effective config, so an
+    on-policy receipt reads as before the knob existed."""
     if expected is not None:
         require_groups_on_policy(groups, expected)
     recorded = config.behavior_policy == "recorded"
@@ -122,14 +132,18 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         max_grad_norm=float(config.max_grad_norm), recorded=recorded,
         temperature=float(sampling["temperature"]) if sampling else 1.0,
         max_tokens_per_microbatch=int(config.max_tokens_per_microbatch),
+        stale_is_max_weight=float(config.stale_is_max_weight) if staleness > 0 else None,
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
+    if staleness == 0:
+        effective_config.pop("stale_is_max_weight", None)
     schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step)
     identity = {
         "training_data_sha256": digest_json(groups),
         "config_sha256": digest_json(effective_config),
         "base_adapter_sha256": base_adapter_sha,
         "total_steps": len(schedule),
+        **(extra_identity or {}),
     }
     return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, echo=echo,
                 token_counts=token_counts, effective_config=effective_config, identity=identity,

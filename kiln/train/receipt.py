@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.canonical import pretty_json
+from kiln.train.advantages import ADVANTAGE_EPS
 
 RECEIPT_SCHEMA = "kiln.train-receipt.v1"
 RECEIPT_FILE = "train_receipt.json"
@@ -39,8 +40,12 @@ def build_receipt(
     runtime: dict[str, Any],
     phase_timings: dict[str, float],
     resumed_from_step: int | None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the receipt dict (JSON-able; NaN-free by construction of its inputs)."""
+    """Assemble the receipt dict (JSON-able; NaN-free by construction of its inputs).
+
+    ``extra``: blocks present only when they apply (an online run's ``continued_from``,
+    ``staleness``, ``final_state_sha256``), so a single-pass receipt keeps its earlier keys."""
     return {
         "schema": RECEIPT_SCHEMA,
         "status": "success",
@@ -66,7 +71,69 @@ def build_receipt(
         "runtime": runtime,
         "phase_timings": phase_timings,
         "resumed_from_step": resumed_from_step,
+        **(extra or {}),
     }
+
+
+def last_epoch_mean(history: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of ``key`` over the steps of the last epoch in ``history`` (None when empty)."""
+    if not history:
+        return None
+    last = history[-1]["epoch"]
+    values = [h[key] for h in history if h["epoch"] == last]
+    return math.fsum(values) / len(values)
+
+
+def runtime_block(device: Any, dtype: str) -> dict[str, Any]:
+    """The receipt's ``runtime``: library versions, device, dtype, torch threads."""
+    import peft
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "peft": peft.__version__, "device": str(device), "dtype": dtype,
+            "torch_threads": torch.get_num_threads()}
+
+
+def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:
+    """The receipt's ``grpo`` block: what the objective and the schedule were."""
+    s = plan.settings
+    return {
+        "advantage": "group_normalised_population_std",
+        "advantage_eps": ADVANTAGE_EPS,
+        "loss_aggregation": "token_mean_per_step",
+        "importance": "recorded" if s.recorded else "first_visit_logprobs",
+        "is_level": s.is_level,
+        "clip_epsilon": s.clip_epsilon,
+        "clip_eps_high": s.clip_eps_high,
+        "cispo_max_weight": s.cispo_max_weight,
+        "kl_estimator": s.kl_estimator if s.kl_on else "none",
+        "kl_coeff": s.kl_coeff,
+        "kl_application": {"k1": "advantage_penalty_stop_gradient", "k3": "loss_term"}.get(s.kl_estimator)
+        if s.kl_on else None,
+        "kl_reference_policy": {"kind": "base_per_step"},
+        "scoring_temperature": s.temperature,
+        "sampling": plan.sampling,
+        "optimizer": optimizer_info,
+        "groups": len(plan.kept),
+        "groups_per_step": config.groups_per_step,
+        "max_tokens_per_microbatch": s.max_tokens_per_microbatch,
+        "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "epochs": config.epochs,
+        "total_steps": len(plan.schedule),
+        "group_order": "seeded_permutation_per_epoch",
+    }
+
+
+def online_blocks(*, continued_from: dict[str, Any] | None, staleness: dict[str, Any] | None,
+                  final_state_sha256: str | None) -> dict[str, Any]:
+    """Receipt blocks of an online run's training, each only when it applies (``continued_from``:
+    the continuation state used; ``staleness``: stale data's behaviour policy and IS cap;
+    ``final_state_sha256``: the continuation state written), so a single-pass receipt keeps
+    exactly its earlier keys."""
+    blocks = {"continued_from": continued_from, "staleness": staleness,
+              "final_state_sha256": final_state_sha256}
+    return {key: value for key, value in blocks.items() if value is not None}
 
 
 def write_receipt(output_dir: Path, receipt: dict[str, Any]) -> Path:

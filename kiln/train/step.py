@@ -4,6 +4,11 @@ Old log-probs (the behaviour policy's): with ``recorded`` the sampler's recorded
 ``no_importance_correction`` the trainer's own log-probs of a row at its first visit (the first
 epoch's pass, before any update on that row: the ratio is then exactly 1 and the clip inactive),
 kept in :class:`LogprobCache` and reused, never refreshed, in later epochs — where the clip acts.
+A stale batch (``stale_is_max_weight`` set: the data was sampled by an older policy than the one
+training starts from) keeps those first-visit log-probs as the proximal policy of the PPO ratio and
+multiplies each action token's term by the truncated importance weight
+``min(π_prox / π_behaviour, stale_is_max_weight)`` (no gradient), where ``π_behaviour`` is each
+row's ``behavior`` log-probs: those of the policy that sampled it (:mod:`kiln.train.staleness`).
 Reference log-probs (KL) come from the same model with the adapter disabled, computed once per row
 and cached (the base never changes). Every loss term is divided by totals of the whole step (action
 tokens, sequences with observations), so accumulating micro-batches gives the gradient of the
@@ -20,7 +25,14 @@ import torch
 
 from kiln.errors import TrainingFailed
 from kiln.train.batches import GroupBatch, Row, collate, pack_microbatches
-from kiln.train.losses import echo_loss, kl_k1_penalty, kl_k3, policy_loss, sequence_logprobs
+from kiln.train.losses import (
+    echo_loss,
+    kl_k1_penalty,
+    kl_k3,
+    policy_loss,
+    sequence_logprobs,
+    truncated_is_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,8 @@ class StepSettings:
     kl_estimator: str = "k1"  # k1 | k3 | none
     temperature: float = 1.0
     max_tokens_per_microbatch: int = 16384
+    # Stale data (sampled by an older policy): truncated behaviour IS weight cap; None = on-policy.
+    stale_is_max_weight: float | None = None
 
     @property
     def kl_on(self) -> bool:
@@ -118,11 +132,15 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
             kl = ((logprobs.detach() - ref) * batch.action_mask).sum() / action_total
         else:
             kl = kl_k3(logprobs, ref, batch.action_mask, denominator=action_total)
+    weights, is_stats = None, {}
+    if settings.stale_is_max_weight is not None and not settings.recorded:
+        weights, is_stats = truncated_is_weights(old, batch.behavior_logprobs, batch.action_mask,
+                                                 settings.stale_is_max_weight)
     p_loss, stats = policy_loss(
         logprobs, old, advantages, batch.action_mask,
         clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
         is_level=settings.is_level, cispo_max_weight=settings.cispo_max_weight,
-        denominator=action_total,
+        denominator=action_total, is_weights=weights,
     )
     env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths, denominator=obs_total)
     total = p_loss
@@ -139,7 +157,11 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
         "clipped_tokens": stats["clipped_tokens"],
         "max_ratio_deviation": stats["max_ratio_deviation"],
         "tokens": float(batch.tokens),
+        **is_stats,
     }
+
+
+_PEAKS = ("max_ratio_deviation", "is_ratio_max", "is_weight_max")
 
 
 def train_step(
@@ -158,14 +180,14 @@ def train_step(
         _fill_reference(model, rows, cache, settings, device)
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
-    deviation = 0.0
+    peaks = {"max_ratio_deviation": 0.0}
     micro = pack_microbatches(rows, settings.max_tokens_per_microbatch)
     for part in micro:
         for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total), device).items():
-            if key == "max_ratio_deviation":
-                deviation = max(deviation, value)
+            if key in _PEAKS:
+                peaks[key] = max(peaks.get(key, 0.0), value)
             else:
-                sums[key] += value
+                sums[key] = sums.get(key, 0.0) + value
     grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
     optimizer.step()
     values = {
@@ -175,11 +197,14 @@ def train_step(
         "kl": sums["kl"],
         "grad_norm": float(grad_norm.item()),
         "clip_fraction": sums["clipped_tokens"] / action_total,
-        "max_ratio_deviation": deviation,
+        "max_ratio_deviation": peaks["max_ratio_deviation"],
         "microbatches": len(micro),
     }
     for key, value in values.items():
         if not math.isfinite(value):
             raise TrainingFailed(f"non-finite {key} ({value})", code="non_finite_loss")
+    if "is_weight_max" in peaks:  # a stale batch: its truncated importance weights
+        values.update(is_ratio_max=peaks["is_ratio_max"], is_weight_max=peaks["is_weight_max"],
+                      is_truncated_fraction=sums["is_truncated_tokens"] / action_total)
     values["tokens"] = int(sums["tokens"])
     return values

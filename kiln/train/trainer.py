@@ -17,6 +17,16 @@ Importance ratio: the old log-probs are the behaviour policy's — recorded ones
 visit (before any update on it), cached and never refreshed: the first epoch is exactly on-policy
 (ratio 1, the clip inactive), later epochs are off-policy and the clip acts.
 
+Online runs (many collect→train iterations): a training can hand its optimizer state to the next
+(``keep_state`` → ``final_state.tar``; the next one's ``init_state``), whose LoRA weights come from
+this training's adapter (``base_adapter_dir``). The learning-rate schedule (warm-up, cosine) restarts
+in every training; AdamW's per-parameter step counters continue, so bias correction does not
+restart (:mod:`kiln.train.continuation`). A retried attempt resumes from its own checkpoint, never
+from ``init_state``. Stale data (``staleness`` ≥ 1: sampled by ``behavior_adapter_dir``, an older
+policy than the one training starts from) keeps the first-visit log-probs as the proximal policy
+and weights each action token by ``min(π_prox / π_behaviour, stale_is_max_weight)``, the behaviour
+log-probs scored by the behaviour policy itself (:mod:`kiln.train.staleness`).
+
 Determinism: the LoRA init is seeded with ``config.seed``, there is no dropout, data order is
 seeded, and checkpoints restore weights/optimizer/RNG/cached log-probs exactly, so runs with the
 same inputs and the same torch thread count produce byte-identical adapter files.
@@ -34,9 +44,14 @@ from typing import Any, Callable
 import torch
 
 from kiln.errors import RunCancelled, TrainingFailed
-from kiln.train.advantages import ADVANTAGE_EPS
 from kiln.train.batches import GroupBatch, Row, build_group_batch, group_rows
-from kiln.train.checkpoints import read_checkpoint_state, restore_checkpoint, save_checkpoint
+from kiln.train.checkpoints import (
+    read_checkpoint_state,
+    restore_checkpoint,
+    restore_optimizer_state,
+    save_checkpoint,
+)
+from kiln.train.continuation import read_init_state, write_final_state
 from kiln.train.losses import echo_loss, sequence_logprobs
 from kiln.train.model import (
     adapter_content_sha256,
@@ -48,8 +63,16 @@ from kiln.train.model import (
     trainable_parameters,
 )
 from kiln.train.optim import build_optimizer, learning_rate_at, set_learning_rate
-from kiln.train.plan import Plan, plan_training
-from kiln.train.receipt import build_receipt, write_receipt
+from kiln.train.plan import ONLINE_IDENTITY_KEYS, Plan, plan_training
+from kiln.train.receipt import (
+    build_receipt,
+    grpo_block,
+    last_epoch_mean,
+    online_blocks,
+    runtime_block,
+    write_receipt,
+)
+from kiln.train.staleness import score_behavior, stale_origin
 from kiln.train.step import LogprobCache, train_step
 
 
@@ -61,6 +84,11 @@ class TrainResult:
     # Σ action-token log-prob per completion (kept groups/completions) under the final adapter,
     # from the same code path the trainer uses: lets callers/tests verify a reloaded adapter.
     final_action_logprob_sums: list[list[float]] = field(default_factory=list)
+    # keep_state: the packed continuation state (final_state.tar) and its sha256 digest
+    final_state: Path | None = None
+    final_state_sha256: str | None = None
+    # mean per-step KL to the base model over the last epoch (None: KL not computed)
+    kl: float | None = None
 
 
 @torch.no_grad()
@@ -106,15 +134,6 @@ def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, de
     return model
 
 
-def _runtime(device: torch.device, dtype: str) -> dict[str, Any]:
-    import peft
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "device": str(device), "dtype": dtype,
-            "torch_threads": torch.get_num_threads()}
-
-
 @dataclass
 class Loop:
     """The live training state the step loop advances (and checkpoints)."""
@@ -127,6 +146,12 @@ class Loop:
     history: list[dict[str, Any]]
     initial_eval: dict[str, Any]
     optimizer_info: dict[str, Any]
+    eval_batches: list[GroupBatch] = field(default_factory=list)
+    base_adapter_sha: str | None = None
+    start_step: int = 0
+    resumed_from: int | None = None
+    continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
+    staleness: dict[str, Any] | None = None  # receipt block: stale data's behaviour policy
 
 
 def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
@@ -163,8 +188,9 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
         tokens = values.pop("tokens")
         action_tokens = int(sum(float(r.action.sum()) for r in rows))
         group = group_ids[0] if len(group_ids) == 1 else list(group_ids)
+        stale = {"staleness": loop.staleness["staleness"]} if loop.staleness is not None else {}
         loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
-                             "action_tokens": action_tokens})
+                             "action_tokens": action_tokens, **stale})
         if progress is not None:
             progress({"step": step, "total_steps": total, **values, "learning_rate": float(lr),
                       "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
@@ -172,33 +198,75 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
             _checkpoint(loop, plan, step, output_dir, checkpoint_sink)
 
 
-def _grpo_block(plan: Plan, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:
-    s = plan.settings
-    return {
-        "advantage": "group_normalised_population_std",
-        "advantage_eps": ADVANTAGE_EPS,
-        "loss_aggregation": "token_mean_per_step",
-        "importance": "recorded" if s.recorded else "first_visit_logprobs",
-        "is_level": s.is_level,
-        "clip_epsilon": s.clip_epsilon,
-        "clip_eps_high": s.clip_eps_high,
-        "cispo_max_weight": s.cispo_max_weight,
-        "kl_estimator": s.kl_estimator if s.kl_on else "none",
-        "kl_coeff": s.kl_coeff,
-        "kl_application": {"k1": "advantage_penalty_stop_gradient", "k3": "loss_term"}.get(s.kl_estimator)
-        if s.kl_on else None,
-        "kl_reference_policy": {"kind": "base_per_step"},
-        "scoring_temperature": s.temperature,
-        "sampling": plan.sampling,
-        "optimizer": optimizer_info,
-        "groups": len(plan.kept),
-        "groups_per_step": config.groups_per_step,
-        "max_tokens_per_microbatch": s.max_tokens_per_microbatch,
-        "gradient_checkpointing": bool(config.gradient_checkpointing),
-        "epochs": config.epochs,
-        "total_steps": len(plan.schedule),
-        "group_order": "seeded_permutation_per_epoch",
-    }
+def prepare_training(
+    *,
+    model_path: Path,
+    groups: list[dict],
+    config: Any,
+    work_dir: Path,
+    base_adapter_dir: Path | None = None,
+    expected_behavior_policy: dict | None = None,
+    resume_from: Path | None = None,
+    init_state: Path | None = None,
+    behavior_adapter_dir: Path | None = None,
+    staleness: int = 0,
+    device: str | None = None,
+    dtype: str = "float32",
+    shared_base: Any = None,
+    selected: tuple[list[dict], dict[str, Any]] | None = None,
+) -> tuple[Loop, Plan]:
+    """Admission, model, rows, optimizer and starting state — everything before the first step.
+
+    The optimizer starts fresh, from ``init_state`` (a continuation state, see
+    :mod:`kiln.train.continuation`) or — a retried attempt — from its own checkpoint
+    ``resume_from``, which already holds what ``init_state`` started it with."""
+    base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
+    stale = stale_origin(staleness, behavior_adapter_dir, expected_behavior_policy)
+    init = read_init_state(init_state, Path(work_dir)) if init_state is not None else None
+    extra: dict[str, Any] = {"init_state_sha256": init.sha256} if init is not None else {}
+    if stale is not None:
+        extra.update(staleness=staleness, behavior_adapter_sha256=stale["behavior_adapter_sha256"])
+    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected,
+                         staleness=staleness, extra_identity=extra)
+    dev = torch.device(device or "cpu")
+    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    warning_filter = plan.echo["warning_filter"]
+    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
+            for i, g in enumerate(plan.kept)]
+    if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
+        raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
+                             code="invalid_training_data")
+    if plan.settings.stale_is_max_weight is not None and not plan.settings.recorded:
+        rows = score_behavior(model, rows, behavior_adapter_dir, plan.settings, dev)
+        stale = {**stale, "is_max_weight": plan.settings.stale_is_max_weight}
+    elif stale is not None:  # recorded: the old log-probs are the sampler's own already
+        stale = {**stale, "behavior_logprobs": "recorded", "is_max_weight": None}
+    named = trainable_parameters(model)
+    optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
+    loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
+                history=[], initial_eval={}, optimizer_info=optimizer_info,
+                eval_batches=[build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab)
+                              for g in plan.kept],
+                base_adapter_sha=base_adapter_sha, staleness=stale,
+                continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
+    if resume_from is not None:
+        state = read_checkpoint_state(Path(resume_from))
+        for key in [*plan.identity, *(k for k in ONLINE_IDENTITY_KEYS if k not in plan.identity)]:
+            if state.get(key) != plan.identity.get(key):
+                raise TrainingFailed(f"checkpoint {key} differs from this training job; cannot resume",
+                                     code="resume_mismatch")
+        loop.cache = LogprobCache.from_tensors(
+            restore_checkpoint(Path(resume_from), params=named, optimizer=optimizer))
+        loop.start_step = loop.resumed_from = int(state["step"])
+        loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
+        return loop, plan
+    if init is not None:
+        restore_optimizer_state(init.folder, params=named, optimizer=optimizer,
+                                optimizer_name=config.optimizer, adapter_sha256=base_adapter_sha)
+    loop.initial_eval = evaluate(model, loop.eval_batches, dev, plan.settings.temperature)
+    loop.initial_eval.pop("action_logprob_sums")
+    return loop, plan
 
 
 def train_grpo(
@@ -218,6 +286,10 @@ def train_grpo(
     dtype: str = "float32",
     shared_base: Any = None,
     selected: tuple[list[dict], dict[str, Any]] | None = None,
+    init_state: Path | None = None,
+    keep_state: bool = False,
+    behavior_adapter_dir: Path | None = None,
+    staleness: int = 0,
 ) -> TrainResult:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -226,70 +298,58 @@ def train_grpo(
     ``shared_base`` (a :meth:`kiln.policy.runtime.PolicyRuntime.training_lease`) trains on the
     policy runtime's base model instead of loading a second copy; ``device``/``dtype`` must then
     be the runtime's.
+
+    Online runs: ``init_state`` (a ``final_state.tar`` of the training that produced
+    ``base_adapter_dir``) continues its optimizer state; ``keep_state`` writes this training's
+    own ``output_dir/final_state.tar``. ``staleness`` ≥ 1 marks data sampled by an older policy
+    than ``base_adapter_dir`` — ``behavior_adapter_dir`` (None: the bare base model) — trained
+    with truncated behaviour importance weights. Defaults leave the training exactly as a
+    single-pass run's.
     """
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
-    base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
-    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected)
+    loop, plan = prepare_training(
+        model_path=model_path, groups=groups, config=config, work_dir=output_dir,
+        base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
+        resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
+        staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected)
     dev = torch.device(device or "cpu")
-    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    warning_filter = plan.echo["warning_filter"]
-    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
-            for i, g in enumerate(plan.kept)]
-    if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
-        raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
-                             code="invalid_training_data")
-    named = trainable_parameters(model)
-    optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
-    eval_batches = [build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab) for g in plan.kept]
-    loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
-                history=[], initial_eval={}, optimizer_info=optimizer_info)
-    start_step, resumed_from = 0, None
-    if resume_from is not None:
-        state = read_checkpoint_state(Path(resume_from))
-        for key, value in plan.identity.items():
-            if state.get(key) != value:
-                raise TrainingFailed(f"checkpoint {key} differs from this training job; cannot resume",
-                                     code="resume_mismatch")
-        loop.cache = LogprobCache.from_tensors(
-            restore_checkpoint(Path(resume_from), params=named, optimizer=optimizer))
-        start_step = resumed_from = int(state["step"])
-        loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
-    else:
-        loop.initial_eval = evaluate(model, eval_batches, dev, plan.settings.temperature)
-        loop.initial_eval.pop("action_logprob_sums")
     t_loaded = time.perf_counter()
-    run_steps(loop, plan, config, dev, start_step=start_step, output_dir=output_dir, progress=progress,
+    run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
               checkpoint_sink=checkpoint_sink, should_cancel=should_cancel)
     t_trained = time.perf_counter()
     return _finish(loop, plan, config, model_path=model_path, output_dir=output_dir, dev=dev, dtype=dtype,
-                   eval_batches=eval_batches, adapter_name=adapter_name, base_adapter_sha=base_adapter_sha,
-                   behavior=expected_behavior_policy, resumed_from=resumed_from,
+                   adapter_name=adapter_name, behavior=expected_behavior_policy, keep_state=keep_state,
                    timings=(t_start, t_loaded, t_trained))
 
 
 def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
-            dev: torch.device, dtype: str, eval_batches: list[GroupBatch], adapter_name: str | None,
-            base_adapter_sha: str | None, behavior: dict | None, resumed_from: int | None,
-            timings: tuple[float, float, float]) -> TrainResult:
-    """Final evaluation, adapter, receipt."""
-    final_eval = evaluate(loop.model, eval_batches, dev, plan.settings.temperature)
+            dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
+            keep_state: bool, timings: tuple[float, float, float]) -> TrainResult:
+    """Final evaluation, adapter, continuation state, receipt."""
+    final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
     adapter_sha = save_adapter(loop.model, adapter_dir)
+    final_state, final_state_sha = None, None
+    if keep_state:
+        before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
+        final_state, final_state_sha = write_final_state(
+            output_dir, params=loop.named, optimizer=loop.optimizer, identity=plan.identity,
+            steps=len(plan.schedule), adapter_sha256=adapter_sha, optimizer_name=config.optimizer,
+            steps_before=before)
     delta_total, delta_norms = lora_delta_norms(loop.model)
     t_start, t_loaded, t_trained = timings
     echo = {**plan.echo, "initial_env_ce": loop.initial_eval["env_ce"], "final_env_ce": final_eval["env_ce"]}
     receipt = build_receipt(
         adapter_name=adapter_name,
         base_model_sha256=model_content_sha256(Path(model_path)),
-        base_adapter_sha256=base_adapter_sha,
+        base_adapter_sha256=loop.base_adapter_sha,
         training_data_sha256=plan.identity["training_data_sha256"],
         effective_config=plan.effective_config,
-        grpo=_grpo_block(plan, config, loop.optimizer_info),
+        grpo=grpo_block(plan, config, loop.optimizer_info),
         selection=plan.selection,
         history=loop.history,
         echo=echo,
@@ -299,12 +359,16 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
         behavior_policy=behavior,
-        runtime=_runtime(dev, dtype),
+        runtime=runtime_block(dev, dtype),
         phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
                        "save_s": time.perf_counter() - t_trained},
-        resumed_from_step=resumed_from,
+        resumed_from_step=loop.resumed_from,
+        extra=online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
+                            final_state_sha256=final_state_sha),
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)
     return TrainResult(adapter_dir=adapter_dir, receipt=receipt, steps=len(plan.schedule),
-                       final_action_logprob_sums=sums)
+                       final_action_logprob_sums=sums, final_state=final_state,
+                       final_state_sha256=final_state_sha,
+                       kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on else None)

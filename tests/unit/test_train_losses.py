@@ -16,6 +16,7 @@ from kiln.train.losses import (  # noqa: E402
     policy_loss,
     sequence_logprobs,
     token_logprobs,
+    truncated_is_weights,
 )
 from tests.unit.test_train_support import (  # noqa: E402
     X_TOKEN,
@@ -198,3 +199,27 @@ def test_ratio_one_gives_policy_gradient():
     loss, _ = policy_loss(lp, lp.detach(), torch.tensor([2.0]), torch.ones(1, 2), clip_epsilon=0.2)
     loss.backward()
     assert lp.grad.tolist() == [[-1.0, -1.0]]  # -A / n_tokens per token
+
+
+def test_truncated_is_weights_cap_the_behaviour_ratio():
+    # proximal/behaviour ratios 1, 3, 0.5 and e^100 (saturates at e^80), the last position masked
+    proximal = torch.tensor([[0.0, math.log(3.0), math.log(0.5), 100.0, 5.0]])
+    behavior = torch.zeros_like(proximal)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    weights, stats = truncated_is_weights(proximal, behavior, mask, 2.0)
+    assert weights.tolist() == [[1.0, 2.0, pytest.approx(0.5), 2.0, 0.0]]
+    assert stats["is_weight_max"] == 2.0 and stats["is_truncated_tokens"] == 2.0
+    assert stats["is_ratio_max"] == pytest.approx(math.exp(80.0), rel=1e-5) and math.isfinite(stats["is_ratio_max"])
+
+
+def test_is_weights_scale_each_token_term_without_gradient():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = logprobs.detach().clone()  # ratio 1: the PPO term is −A per token
+    advantages = torch.tensor([1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    weights = torch.tensor([[2.0, 0.25, 7.0]], requires_grad=True)
+    loss, _ = policy_loss(logprobs, old, advantages, mask, clip_epsilon=0.2, is_weights=weights)
+    assert loss.item() == pytest.approx(-(2.0 + 0.25) / 2)
+    loss.backward()
+    assert logprobs.grad.tolist() == [[pytest.approx(-1.0), pytest.approx(-0.125), 0.0]]
+    assert weights.grad is None

@@ -1,0 +1,298 @@
+"""Online-run training on a tiny random Qwen3: the single-pass path unchanged, the optimizer state
+continued across iterations (and refused when it is not the base adapter's), stale data trained
+with truncated behaviour importance weights."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kiln.canonical import digest_json, sha256_bytes  # noqa: E402
+from kiln.contracts import TrainingConfig  # noqa: E402
+from kiln.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
+from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
+from kiln.train.batches import build_group_batch  # noqa: E402
+from kiln.train.checkpoints import pack_folder, unpack_folder  # noqa: E402
+from kiln.train.model import adapter_content_sha256  # noqa: E402
+from kiln.train.trainer import evaluate, prepare_training, train_grpo  # noqa: E402
+from tests.support.models import make_lora_adapter  # noqa: E402
+from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
+
+# Produced by the trainer before continuation/staleness existed (commit 8782f6d, torch 2.13.0+cpu,
+# transformers 5.24.0, peft 0.21.2, one torch thread) on exactly the inputs of
+# test_single_pass_training_is_unchanged: the adapter digest and the digest of the receipt without
+# its wall-clock fields (produced_at, phase_timings).
+SINGLE_PASS = {
+    "adamw": ("sha256:ae71a7a5ea4ed2ee39e7609cc70fcc7ad3e1a76486279bd1a95aa4d32c15a662",
+              "sha256:c441b09a32b278625d1c648070efcd92305f549e2f79d819ac84cfa966d27ab0"),
+    "muon": ("sha256:2bec233bd3b4d2f85acc32010bd0754ed91d23d2a82c0de6d28a97ccda567a4c",
+             "sha256:c57318ea336c31798c4564ec4aeb3463b918d06971f6802df3c7d7ab273518b2"),
+}
+WALL_CLOCK = ("produced_at", "phase_timings")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    return build_tiny_qwen3(tmp_path_factory.mktemp("continuation-model") / "model")
+
+
+def _config(optimizer: str = "adamw", **overrides) -> TrainingConfig:
+    return TrainingConfig(**{"seed": 3, "epochs": 1, "optimizer": optimizer, "learning_rate": 2e-2, **overrides})
+
+
+def _bytes(adapter_dir: Path) -> dict[str, bytes]:
+    return {name: (adapter_dir / name).read_bytes() for name in ADAPTER_FILES}
+
+
+def _train(model_path: Path, out: Path, config: TrainingConfig | None = None, **kwargs):
+    kwargs.setdefault("groups", bandit_groups(3))
+    kwargs.setdefault("expected_behavior_policy", BEHAVIOR)
+    return train_grpo(model_path=model_path, config=config or _config(), output_dir=out, **kwargs)
+
+
+def _stable(receipt: dict) -> str:
+    return digest_json({k: v for k, v in receipt.items() if k not in WALL_CLOCK})
+
+
+@pytest.fixture(scope="module")
+def first_iteration(model_path, tmp_path_factory):
+    """Iteration 1 of an online run (AdamW): a fresh adapter that keeps its final state."""
+    return _train(model_path, tmp_path_factory.mktemp("iteration-1"), keep_state=True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_single_pass_training_is_unchanged(model_path, tmp_path, optimizer):
+    config = TrainingConfig(seed=3, epochs=2, optimizer=optimizer, learning_rate=2e-2)
+    groups = bandit_groups(3, warning=True)
+    plain = _train(model_path, tmp_path / "plain", config, groups=groups)
+    adapter, receipt = SINGLE_PASS[optimizer]
+    assert plain.receipt["adapter_sha256"] == adapter
+    assert _stable(plain.receipt) == receipt
+    assert plain.final_state is None and not (tmp_path / "plain" / "final_state.tar").exists()
+    for key in ("continued_from", "staleness", "final_state_sha256"):
+        assert key not in plain.receipt
+    assert "stale_is_max_weight" not in plain.receipt["config"]
+    # Keeping the state changes nothing else: same adapter, same receipt plus the state's digest.
+    kept = _train(model_path, tmp_path / "kept", config, groups=groups, keep_state=True)
+    assert _bytes(kept.adapter_dir) == _bytes(plain.adapter_dir)
+    state_sha = kept.receipt.pop("final_state_sha256")
+    assert _stable(kept.receipt) == receipt
+    assert state_sha == kept.final_state_sha256 == sha256_bytes(kept.final_state.read_bytes())
+
+
+def _saved_optimizer(archive: Path, folder: Path) -> tuple[dict, dict]:
+    unpack_folder(archive.read_bytes(), folder)
+    saved = torch.load(io.BytesIO((folder / "optimizer.pt").read_bytes()), weights_only=True)
+    return saved, json.loads((folder / "state.json").read_text())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_continuation_restores_the_optimizer_state_bit_exactly(model_path, tmp_path, optimizer):
+    first = _train(model_path, tmp_path / "it1", _config(optimizer), keep_state=True)
+    saved, state = _saved_optimizer(first.final_state, tmp_path / "unpacked")
+    assert state["kind"] == "final_state" and state["optimizer"] == optimizer
+    assert state["adapter_sha256"] == first.receipt["adapter_sha256"]
+    assert state["optimizer_steps_total"] == first.steps == 3
+    loop, _ = prepare_training(
+        model_path=model_path, groups=bandit_groups(3), config=_config(optimizer),
+        work_dir=tmp_path / "it2", base_adapter_dir=first.adapter_dir, init_state=first.final_state,
+        expected_behavior_policy=BEHAVIOR)
+    live = loop.optimizer.state_dict()  # what the new optimizer holds before its first step
+    assert live["state"].keys() == saved["state"].keys() and len(live["state"]) == len(loop.named) == 28
+    keys = {"adamw": {"step", "exp_avg", "exp_avg_sq"}, "muon": {"momentum_buffer"}}[optimizer]
+    for index, values in saved["state"].items():
+        assert set(values) == keys
+        for key, tensor in values.items():
+            restored = live["state"][index][key]
+            assert restored.dtype == tensor.dtype and torch.equal(restored, tensor), (index, key)
+        if optimizer == "adamw":
+            assert float(values["step"]) == 3.0 and values["exp_avg_sq"].abs().sum() > 0
+    assert loop.continued_from == {"adapter_sha256": first.receipt["adapter_sha256"],
+                                   "optimizer_state_sha256": first.final_state_sha256,
+                                   "optimizer_steps_before": 3}
+
+
+@pytest.mark.timeout(180)
+def test_two_iterations_continue_the_optimizer_deterministically(model_path, first_iteration, tmp_path):
+    first = first_iteration
+    again = _train(model_path, tmp_path / "it1-again", keep_state=True)
+    assert _bytes(again.adapter_dir) == _bytes(first.adapter_dir)
+    assert again.final_state.read_bytes() == first.final_state.read_bytes()
+
+    def second(name: str, **kwargs):
+        return _train(model_path, tmp_path / name, base_adapter_dir=first.adapter_dir, **kwargs)
+
+    continued = [second(f"cont-{i}", init_state=first.final_state, keep_state=True) for i in range(2)]
+    fresh = [second(f"fresh-{i}") for i in range(2)]
+    assert _bytes(continued[0].adapter_dir) == _bytes(continued[1].adapter_dir)
+    assert _bytes(fresh[0].adapter_dir) == _bytes(fresh[1].adapter_dir)
+    assert _bytes(continued[0].adapter_dir) != _bytes(fresh[0].adapter_dir)
+    receipt = continued[0].receipt
+    assert receipt["base_adapter_sha256"] == first.receipt["adapter_sha256"]
+    assert receipt["continued_from"] == {"adapter_sha256": first.receipt["adapter_sha256"],
+                                         "optimizer_state_sha256": first.final_state_sha256,
+                                         "optimizer_steps_before": 3}
+    assert "continued_from" not in fresh[0].receipt
+    _, state = _saved_optimizer(continued[0].final_state, tmp_path / "state-2")
+    assert state["optimizer_steps_total"] == 6 and state["adapter_sha256"] == receipt["adapter_sha256"]
+    # The learning-rate schedule restarts per iteration (constant here: every step at the base lr).
+    assert [h["lr"] for h in receipt["steps"]] == [2e-2] * 3
+    # Curve figures: the last epoch's mean KL of the per-step values.
+    assert continued[0].kl == pytest.approx(sum(h["kl"] for h in receipt["steps"]) / 3) and continued[0].kl != 0
+
+
+@pytest.mark.timeout(180)
+def test_resumed_attempt_of_a_continued_training_uses_its_own_checkpoint(model_path, first_iteration, tmp_path):
+    first = first_iteration
+    config = _config(checkpoint_interval=2, epochs=2)  # 6 steps, checkpoints at 2, 4
+    common = dict(base_adapter_dir=first.adapter_dir, init_state=first.final_state, keep_state=True)
+    whole = _train(model_path, tmp_path / "whole", config, **common)
+    calls = {"n": 0}
+
+    def cancel_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    with pytest.raises(RunCancelled):
+        _train(model_path, tmp_path / "killed", config, should_cancel=cancel_after_three, **common)
+    checkpoint = tmp_path / "saved-step-2"
+    shutil.copytree(tmp_path / "killed" / "checkpoints" / "step-000002", checkpoint)
+    resumed = _train(model_path, tmp_path / "resumed", config, resume_from=checkpoint, **common)
+    assert _bytes(resumed.adapter_dir) == _bytes(whole.adapter_dir)
+    assert resumed.final_state.read_bytes() == whole.final_state.read_bytes()
+    assert resumed.receipt["resumed_from_step"] == 2
+    assert resumed.receipt["continued_from"] == whole.receipt["continued_from"]
+    assert resumed.receipt["steps"] == whole.receipt["steps"]
+    # That checkpoint belongs to the continued training: a fresh-optimizer attempt may not use it.
+    with pytest.raises(TrainingFailed) as err:
+        _train(model_path, tmp_path / "other", config, base_adapter_dir=first.adapter_dir,
+               resume_from=checkpoint)
+    assert err.value.code == "resume_mismatch"
+
+
+def _repack(archive: Path, folder: Path, edit) -> Path:
+    unpack_folder(archive.read_bytes(), folder)
+    state = json.loads((folder / "state.json").read_text())
+    edit(state)
+    (folder / "state.json").write_text(json.dumps(state))
+    out = folder.with_suffix(".tar")
+    out.write_bytes(pack_folder(folder))
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_a_state_that_does_not_fit_is_refused(model_path, first_iteration, tmp_path):
+    first = first_iteration
+    other = _train(model_path, tmp_path / "other", _config(lora_rank=4))  # another adapter, rank 4
+    other_sha = other.receipt["adapter_sha256"]
+    _train(model_path, tmp_path / "ckpt", _config(checkpoint_interval=1))  # writes a heartbeat checkpoint
+    (tmp_path / "ckpt.tar").write_bytes(pack_folder(tmp_path / "ckpt" / "checkpoints" / "step-000001"))
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_bytes(b"not a tar archive")
+    cases = {
+        "another adapter": (other.adapter_dir, first.final_state, _config(), "belongs to adapter"),
+        "another optimizer": (first.adapter_dir, first.final_state, _config("muon"), "'adamw' optimizer state"),
+        "other parameter shapes": (
+            other.adapter_dir,
+            _repack(first.final_state, tmp_path / "relabelled", lambda s: s.update(adapter_sha256=other_sha)),
+            _config(), "names/shapes differ"),
+        "a heartbeat checkpoint": (
+            first.adapter_dir,
+            tmp_path / "ckpt.tar",
+            _config(), "not a continuation state"),
+        "not an archive": (first.adapter_dir, garbage, _config(), "unreadable training state"),
+    }
+    for name, (adapter, state, config, fragment) in cases.items():
+        out = tmp_path / f"refused-{name.replace(' ', '-')}"
+        with pytest.raises(TrainingFailed) as err:
+            _train(model_path, out, config, base_adapter_dir=adapter, init_state=state)
+        assert err.value.code == "resume_invalid", name
+        assert fragment in err.value.message, (name, err.value.message)
+        assert not (out / "adapter").exists() and not (out / "train_receipt.json").exists()
+
+
+@pytest.fixture(scope="module")
+def behavior_adapter(model_path, tmp_path_factory) -> Path:
+    """Adapter "k−1" of a stale iteration: a random LoRA (q/v, rank 4) far from the trained one."""
+    return make_lora_adapter(model_path, tmp_path_factory.mktemp("behavior") / "adapter", seed=1, scale=0.5)
+
+
+def _stale_data(adapter: Path) -> tuple[list[dict], dict]:
+    behavior = {**BEHAVIOR, "adapter_sha256": adapter_content_sha256(adapter)}
+    return bandit_groups(3, behavior=behavior), behavior
+
+
+@pytest.mark.timeout(180)
+def test_stale_training_uses_truncated_behaviour_weights(model_path, first_iteration, behavior_adapter, tmp_path):
+    first = first_iteration
+    groups, behavior = _stale_data(behavior_adapter)
+    config = _config(stale_is_max_weight=1.5)
+    result = _train(model_path, tmp_path / "stale", config, groups=groups, expected_behavior_policy=behavior,
+                    base_adapter_dir=first.adapter_dir, init_state=first.final_state,
+                    behavior_adapter_dir=behavior_adapter, staleness=1)
+    receipt = result.receipt
+    assert receipt["staleness"] == {"staleness": 1, "behavior_adapter_sha256": behavior["adapter_sha256"],
+                                    "behavior_logprobs": "scored_with_behavior_policy", "is_max_weight": 1.5}
+    assert receipt["config"]["stale_is_max_weight"] == 1.5 and receipt["behavior_policy"] == behavior
+    steps = receipt["steps"]
+    assert [h["staleness"] for h in steps] == [1, 1, 1]
+    assert all(abs(h["loss"]) < 1e3 for h in steps)  # finite (the trainer refuses non-finite)
+    assert max(h["is_ratio_max"] for h in steps) > 1.5  # the ratio exceeds the cap…
+    assert max(h["is_weight_max"] for h in steps) == 1.5  # …and the weight is truncated at it
+    assert all(0 < h["is_truncated_fraction"] < 1 for h in steps)
+
+
+@pytest.mark.timeout(120)
+def test_behaviour_logprobs_are_the_behaviour_adapters_own(model_path, first_iteration, behavior_adapter, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    groups, behavior = _stale_data(behavior_adapter)
+    plain, _ = prepare_training(model_path=model_path, groups=groups, config=_config(), work_dir=tmp_path / "a",
+                                base_adapter_dir=first_iteration.adapter_dir, expected_behavior_policy=behavior)
+    loop, plan = prepare_training(model_path=model_path, groups=groups, config=_config(), work_dir=tmp_path / "b",
+                                  base_adapter_dir=first_iteration.adapter_dir, expected_behavior_policy=behavior,
+                                  behavior_adapter_dir=behavior_adapter, staleness=1)
+    base = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    reference = PeftModel.from_pretrained(base, str(behavior_adapter)).eval()
+    batches = [build_group_batch(g, warning_filter=True) for g in plan.kept]
+    want = evaluate(reference, batches, torch.device("cpu"))["action_logprob_sums"]
+    for group, sums in zip(loop.rows, want):
+        for row, expected in zip(group, sums):
+            assert float((row.behavior * row.action).sum()) == pytest.approx(expected, abs=1e-5)
+    # Behaviour = the bare base model (iteration 1's data trained stale from adapter 1).
+    from_base, _ = prepare_training(model_path=model_path, groups=bandit_groups(3), config=_config(),
+                                    work_dir=tmp_path / "c", base_adapter_dir=first_iteration.adapter_dir,
+                                    expected_behavior_policy=BEHAVIOR, staleness=1)
+    bare = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    want = evaluate(bare, batches, torch.device("cpu"))["action_logprob_sums"]
+    for group, sums in zip(from_base.rows, want):
+        for row, expected in zip(group, sums):
+            assert float((row.behavior * row.action).sum()) == pytest.approx(expected, abs=1e-5)
+    # The behaviour adapter is gone again: the same trainable parameters, still trainable.
+    assert [n for n, _ in loop.named] == [n for n, _ in plain.named]
+    assert all(p.requires_grad for _, p in loop.named)
+    assert set(loop.model.peft_config) == {"default"}
+
+
+@pytest.mark.timeout(120)
+def test_stale_inputs_are_checked(model_path, first_iteration, behavior_adapter, tmp_path):
+    groups, behavior = _stale_data(behavior_adapter)
+    with pytest.raises(PolicyIdentityChanged):  # the data says another adapter sampled it
+        _train(model_path, tmp_path / "a", groups=groups, expected_behavior_policy=behavior,
+               base_adapter_dir=first_iteration.adapter_dir, behavior_adapter_dir=first_iteration.adapter_dir,
+               staleness=1)
+    with pytest.raises(TrainingFailed) as err:
+        _train(model_path, tmp_path / "b", groups=groups, expected_behavior_policy=behavior,
+               base_adapter_dir=first_iteration.adapter_dir, behavior_adapter_dir=behavior_adapter)
+    assert err.value.code == "staleness_invalid"
+    assert not (tmp_path / "a" / "adapter").exists() and not (tmp_path / "b" / "adapter").exists()
