@@ -36,7 +36,7 @@ ONLINE_RUN = {
     "iterations": 4,
     "eval_every": 1,
     "output_adapter": "counter-online",
-    "training_config": {**DEMO_TRAINING, "echo": None},
+    "training_config": {**DEMO_TRAINING, "echo": None, "learning_rate": 3e-4},
     "environment_eval": {"groups": 20, "group_size": 2},
 }
 
