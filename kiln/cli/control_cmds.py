@@ -195,6 +195,23 @@ def download_run_outputs(
     return [download_entry(api, run_id, entries[name], targets[name], force=force) for name in targets]
 
 
+def download_run(api: ApiClient, run_id: str, folder: Path, *, force: bool = False) -> list[dict[str, Any]]:
+    """``manifest.json`` and every artifact of ``run_id`` into ``folder`` at their manifest names
+    (each verified, atomic). Every target is checked before any byte is fetched."""
+    folder = Path(folder)
+    manifest = current_manifest(api, run_id)
+    targets = [(entry, folder / entry["name"]) for entry in manifest["artifacts"]]
+    for entry, path in targets:
+        if ".." in Path(entry["name"]).parts or Path(entry["name"]).is_absolute():
+            raise ArtifactIntegrityFailed(f"artifact name {entry['name']!r} escapes the run folder")
+        _check_target(path, force)
+    _check_target(folder / "manifest.json", force)
+    receipts = [download_entry(api, run_id, entry, path, force=force) for entry, path in targets]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_bytes(api.manifest_bytes(run_id))
+    return receipts
+
+
 def rollout_output_mapping(
     output: Optional[Path], replay_output: Optional[Path], summary_output: Optional[Path]
 ) -> dict[str, Path]:

@@ -1,6 +1,7 @@
-"""``kiln openenv verify`` (offline, R4.6) and ``kiln openenv replay`` (live, R4.7).
+"""``kiln openenv verify`` (offline, R4.6), ``kiln openenv replay`` (live, R4.7) and
+``kiln openenv download`` (a whole run's artifacts, for ``verify --run``).
 
-:func:`register` adds both commands to the ``openenv`` Typer group. Errors print
+:func:`register` adds the commands to the ``openenv`` Typer group. Errors print
 ``error <code>: <message>`` on stderr and exit with status 2.
 """
 
@@ -32,19 +33,72 @@ def _row(label: str, value: object) -> None:
     console.print(f"{label:<24}{value}", markup=False, highlight=False)
 
 
+def _verify_run(folder: Path, as_json: bool) -> None:
+    from kiln.rollout.verify.run import verify_run
+
+    try:
+        report = verify_run(folder)
+    except KilnError as error:
+        _fail(error)
+        return
+    if as_json:
+        _print_json(report)
+        return
+    console.print("run verified", markup=False, highlight=False)
+    _row("run", report["run_id"])
+    _row("artifacts", report["artifacts"])
+    for prefix, figures in report["bundles"].items():
+        _row(f"bundle {prefix}", f"{figures['groups']} groups, {figures['rollouts']} rollouts")
+    for row in report["iterations"]:
+        _row(f"iteration {row['iteration']}", f"sampled by {row['sampled_by'] or 'base'} → {row['adapter_sha256']}")
+
+
 def register(openenv_app: typer.Typer) -> None:
     """Add ``verify`` and ``replay`` to ``openenv_app``."""
 
+    @openenv_app.command("download")
+    def download_cmd(
+        run_id: str = typer.Argument(..., help="The run whose published artifacts to download."),
+        folder: Path = typer.Argument(..., help="Folder to write manifest.json and every artifact into."),
+        force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+        as_json: bool = typer.Option(False, "--json", help="Print the download receipts as JSON."),
+    ) -> None:
+        """Download a run's manifest and every artifact it lists (each size and SHA-256 rechecked);
+        `kiln openenv verify --run FOLDER` then verifies the whole run offline."""
+        from kiln.cli.app import _api
+        from kiln.cli.control_cmds import download_run
+
+        try:
+            receipts = download_run(_api(), run_id, folder, force=force)
+        except KilnError as error:
+            _fail(error)
+            return
+        if as_json:
+            _print_json({"run_id": run_id, "folder": str(folder), "files": receipts})
+            return
+        console.print(f"downloaded {len(receipts)} artifacts of {run_id} into {folder}", markup=False, highlight=False)
+
     @openenv_app.command("verify")
     def verify_cmd(
-        summary: Path = typer.Option(..., "--summary", help="Rollout summary JSON (summary.json or X.rollout-summary.json)."),
+        summary: Optional[Path] = typer.Option(None, "--summary", help="Rollout summary JSON (summary.json or X.rollout-summary.json)."),
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="Dataset JSONL (default: beside the summary)."),
         replay: Optional[Path] = typer.Option(None, "--replay", help="Replay JSON (default: beside the summary)."),
+        run: Optional[Path] = typer.Option(None, "--run", help="A whole run downloaded with `kiln openenv download` (instead of --summary)."),
         as_json: bool = typer.Option(False, "--json", help="Print the verification report as JSON."),
     ) -> None:
-        """Verify a rollout bundle offline (no network): digests, replay rules, prompts, rewards."""
+        """Verify a rollout bundle offline (no network): digests, replay rules, prompts, rewards.
+        With --run: every artifact against the manifest, every bundle (each iteration's of an
+        online-RL run), and the on-policy chain from iteration to iteration."""
         from kiln.rollout.verify import verify_bundle
 
+        if (summary is None) == (run is None):
+            _fail(KilnError("give exactly one of --summary FILE or --run FOLDER", code="openenv_invalid_request",
+                            hint="--summary verifies one bundle; --run verifies a downloaded run"))
+            return
+        if run is not None:
+            _verify_run(run, as_json)
+            return
+        assert summary is not None
         try:
             report = verify_bundle(summary, dataset_path=dataset, replay_path=replay)
         except KilnError as error:

@@ -10,6 +10,7 @@ carry the curve, and each iteration's bundle verifies offline.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from api.runs import RunService
 from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.contracts import parse_run_request
 from kiln.evaluation.sign_test import exact_sign_test_p_value
-from kiln.rollout.verify import verify_bundle
+from kiln.rollout.verify import VerificationFailed
+from kiln.rollout.verify.run import verify_run
 from tests.support.counter_loop import DEMO_TRAINING
 from tests.support.kiln_workers import running_workers
 from tests.support.waiting import workflow_result
@@ -43,6 +45,28 @@ ONLINE_RUN = {
 
 def _get(store: S3Store, entry: dict[str, Any]) -> bytes:
     return store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"]))
+
+
+def _download(store: S3Store, run_id: str, manifest: dict[str, Any], folder: Path) -> Path:
+    """What ``kiln openenv download`` writes: manifest.json and every artifact at its name."""
+    folder.mkdir()
+    (folder / "manifest.json").write_bytes(store.get_key(f"runs/{run_id}/manifest.json"))
+    for entry in manifest["artifacts"]:
+        path = folder / entry["name"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_get(store, entry))
+    return folder
+
+
+def _rewrite(folder: Path, name: str, change: Any) -> None:
+    """Change one downloaded JSON file and fix its manifest entry's digest and size."""
+    data = (json.dumps(change(json.loads((folder / name).read_bytes())), indent=2, sort_keys=True) + "\n").encode()
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_bytes())
+    for entry in manifest["artifacts"]:
+        if entry["name"] == name:
+            entry.update(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
 
 
 def _per_seed_returns(summary: dict[str, Any]) -> dict[int, float]:
@@ -82,15 +106,18 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
         prefix = f"iterations/{k:06d}/"
         for name in ("rollouts.jsonl", "replay.json", "summary.json", "train_receipt.json", "adapter/adapter_model.safetensors"):
             assert prefix + name in names, prefix + name
-        # Each iteration's bundle verifies offline on its own.
-        folder = tmp_path / f"it{k}"
-        folder.mkdir()
-        for name in ("rollouts.jsonl", "replay.json", "summary.json"):
-            (folder / name).write_bytes(_get(store, names[prefix + name]))
-        report = verify_bundle(folder / "summary.json", dataset_path=folder / "rollouts.jsonl", replay_path=folder / "replay.json")
-        assert report["rollouts"] == 32
-        summary = json.loads((folder / "summary.json").read_bytes())
-        assert summary["behavior_policy"].get("adapter_sha256") == curve[k - 1]["behavior_adapter_sha256"]
+    # The whole run verifies offline: every file, every iteration's bundle, the on-policy chain.
+    folder = _download(store, final["run_id"], manifest, tmp_path / "run")
+    report = verify_run(folder)
+    assert set(report["bundles"]) == {".", *(f"iterations/{k:06d}/" for k in range(1, 5))}
+    assert all(b["rollouts"] == 32 for b in report["bundles"].values())
+    assert [r["sampled_by"] for r in report["iterations"]] == [r["behavior_adapter_sha256"] for r in curve]
+    assert [r["adapter_sha256"] for r in report["iterations"]] == [r["adapter_sha256"] for r in curve]
+    # A receipt that names another adapter breaks the chain at the next iteration (digests fixed up).
+    _rewrite(folder, "iterations/000002/train_receipt.json", lambda r: {**r, "adapter_sha256": "sha256:" + "1" * 64})
+    with pytest.raises(VerificationFailed) as failed:
+        verify_run(folder)
+    assert failed.value.details["file"] == "iterations/000003/summary.json"
     # The top-level adapter is the final one, and it was gated against the starting policy.
     final_receipt = json.loads(_get(store, names["train_receipt.json"]))
     assert final_receipt["adapter_sha256"] == curve[-1]["adapter_sha256"]
@@ -116,3 +143,40 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
     assert [r["mean_return"] for r in rows] == [r["mean_return"] for r in curve]
     steps = [m for m in metrics if m.get("kind") == "train_step"]
     assert {m["iteration"] for m in steps} == {1, 2, 3, 4}
+
+
+STALE_RUN = {
+    **ONLINE_RUN,
+    "groups": 4,
+    "iterations": 3,
+    "max_staleness": 1,
+    "eval_every": None,
+    "environment_eval": None,
+}
+
+
+@pytest.mark.timeout(600)
+async def test_stale_overlap_samples_one_update_behind(kiln_settings: Any, counter_env_url: str, tmp_path: Path) -> None:
+    """max_staleness 1: iteration k+1 is collected (with adapter k−1) while iteration k trains."""
+    settings = kiln_settings()
+    request = parse_run_request({**STALE_RUN, "environment_urls": [counter_env_url]})
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        status, _ = await service.submit(request)
+        final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=540)
+    assert final["state"] == "completed", final.get("failure")
+    curve = final["iterations"]
+    assert [r["staleness"] for r in curve] == [0, 1, 1]
+    assert curve[0]["behavior_adapter_sha256"] is None and curve[1]["behavior_adapter_sha256"] is None
+    assert curve[2]["behavior_adapter_sha256"] == curve[0]["adapter_sha256"]
+    store = S3Store.from_settings(settings)
+    manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
+    names = {a["name"]: a for a in manifest["artifacts"]}
+    for k, behind in ((2, None), (3, curve[0]["adapter_sha256"])):
+        receipt = json.loads(_get(store, names[f"iterations/{k:06d}/train_receipt.json"]))
+        block = receipt["staleness"]
+        assert block["staleness"] == 1 and block["behavior_adapter_sha256"] == behind
+        assert all(step["staleness"] == 1 and step["is_weight_max"] <= block["is_max_weight"] for step in receipt["steps"])
+        assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
+    report = verify_run(_download(store, final["run_id"], manifest, tmp_path / "run"))
+    assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]
