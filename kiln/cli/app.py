@@ -325,6 +325,9 @@ def train_cmd(
     optimizer: str = typer.Option(default(TrainingConfig, "optimizer"), help="muon | adamw."),
     is_level: str = typer.Option(default(TrainingConfig, "is_level"), "--is-level", help="token | sequence | cispo."),
     checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), help="Checkpoint every N optimizer steps."),
+    iterations: int = typer.Option(default(RunRequest, "iterations"), help="Online RL: collect→train iterations, each sampling fresh seeds with the previous adapter (1-1000)."),
+    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), help="Online RL: held-out evaluation after every N-th iteration (needs --eval-groups)."),
+    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), help="Online RL: 1 = collect iteration k+1 while k trains (truncated IS); 0 = strictly on-policy."),
     eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
     eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), help="Episodes per held-out seed group."),
     eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), help="First held-out seed (default: after the training seeds)."),
@@ -362,6 +365,12 @@ def train_cmd(
     if is_level is not None:
         request["training_config"]["is_level"] = is_level
     request["auto_load"] = auto_load
+    if iterations != 1:
+        request["iterations"] = iterations
+    if eval_every is not None:
+        request["eval_every"] = eval_every
+    if max_staleness:
+        request["max_staleness"] = max_staleness
     if report_to != "none":
         request["report_to"] = report_to
     if post_eval_suite is not None:
