@@ -103,7 +103,8 @@ def workload(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from tests.support.counter_loop import DEMO_SETTINGS, DEMO_TRAINING
 
     echo = {"lambda": args.echo_lambda} if args.echo_lambda > 0 else None
-    return dict(DEMO_SETTINGS), TrainingConfig(**DEMO_TRAINING, echo=echo)
+    rate = args.learning_rate if args.learning_rate is not None else DEMO_TRAINING["learning_rate"]
+    return dict(DEMO_SETTINGS), TrainingConfig(**{**DEMO_TRAINING, "learning_rate": rate}, echo=echo)
 
 
 def system_prompt_of(env_url: str) -> str:
@@ -254,6 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed-start", type=int, default=0)
     parser.add_argument("--kiln-mode", choices=("loop", "chained"), default="loop")
     parser.add_argument("--echo-lambda", type=float, default=0.05, help="Kiln's ECHO λ (TRL has no ECHO)")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="both sides' learning rate (default: the demo's 1e-3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training process")
     parser.add_argument("--sides", choices=("both", "kiln", "trl"), default="both")
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON)
