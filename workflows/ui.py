@@ -24,6 +24,8 @@ def show_progress(status: RunStatus) -> None:
     """``current_details``: the live phase and progress (Markdown)."""
     progress = status.progress
     parts = [f"**phase** {status.phase}"]
+    if status.iterations_total and status.iterations_total > 1 and status.iteration:
+        parts.append(f"**iteration** {status.iteration}/{status.iterations_total}")
     if progress.groups_total:
         parts.append(f"**groups** {progress.groups_completed}/{progress.groups_total}")
         parts.append(f"**rollouts** {progress.rollouts_completed}/{progress.rollouts_total}")

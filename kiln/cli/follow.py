@@ -45,8 +45,10 @@ def progress_line(status: dict[str, Any]) -> str:
     """One line: phase, groups, episodes, mean return, training steps."""
     progress = status.get("progress") or {}
     mean = status.get("mean_return")
-    parts = [
-        f"phase={status.get('phase')}",
+    parts = [f"phase={status.get('phase')}"]
+    if (status.get("iterations_total") or 1) > 1:
+        parts.append(f"iteration={status.get('iteration') or 0}/{status['iterations_total']}")
+    parts += [
         f"groups={progress.get('groups_completed', 0)}/{progress.get('groups_total', 0)}",
         f"episodes={progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}",
     ]
@@ -72,6 +74,13 @@ def progress_view(status: dict[str, Any]) -> Group:
     table.add_column()
     table.add_row("run", str(status.get("run_id")))
     table.add_row("phase", str(status.get("phase")))
+    if (status.get("iterations_total") or 1) > 1:
+        curve = status.get("iterations") or []
+        table.add_row(
+            "iteration",
+            f"{status.get('iteration') or 0}/{status['iterations_total']}"
+            + ("  returns " + " → ".join(num(r.get("mean_return")) for r in curve[-6:]) if curve else ""),
+        )
     table.add_row("groups", f"{progress.get('groups_completed', 0)}/{progress.get('groups_total', 0)}")
     table.add_row(
         "episodes", f"{progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}"

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from kiln.cli.control_cmds import runs_header, runs_row
-from kiln.cli.follow import follow, num, print_outcome
+from kiln.cli.follow import follow, num, print_outcome, progress_line, progress_view
 
 DIGEST = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
@@ -70,3 +70,12 @@ def test_runs_table_has_a_header_and_adapter_and_mean_return() -> None:
     running = runs_row({"run_id": "1" * 36, "state": "running", "kind": "rollout", "phase": "collecting"})
     assert running.split()[:4] == ["1" * 36, "running", "rollout", "collecting"]
     assert len(header) == len(row) - len("2026-12-01T00:00:00+00:00") + len("STARTED")
+
+
+def test_online_runs_show_the_iteration_and_the_curve() -> None:
+    status = _status("training", 8, mean_return=3.5, iteration=3, iterations_total=4,
+                     iterations=[{"iteration": 1, "mean_return": 2.4375}, {"iteration": 2, "mean_return": 3.125}])
+    assert progress_line(status).startswith("phase=training  iteration=3/4  groups=8/")
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=200).print(progress_view(status))
+    assert "3/4  returns 2.438 → 3.125" in out.getvalue()
