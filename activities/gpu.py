@@ -211,7 +211,8 @@ class GpuActivities:
                 stream.step(update)
 
         activity.heartbeat(dict(latest))
-        runtime = self.policy()
+        with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
+            runtime = self.policy()
         lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
         with stream, heartbeat_ticker(lambda: dict(latest)), lease as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:

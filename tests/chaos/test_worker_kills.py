@@ -16,6 +16,7 @@ from tests.support.chaos.faults import (
     POLICY_LOAD_DELAY,
     SAMPLE_DELAY,
     TRAIN_FAIL_NOW,
+    TRAIN_LOAD_DELAY,
     TRAIN_FAIL_RESUMED,
     TRAIN_SETUP_DELAY,
     TRAIN_STEP_DELAY,
@@ -219,6 +220,21 @@ async def test_slow_policy_load_is_not_timed_out(stack: ChaosStack) -> None:
            interruptions=len(final["interruptions"]))
     assert attempts == [(0, 1), (1, 1)], attempts
     assert final["interruptions"] == []
+
+
+async def test_slow_model_load_for_training_is_not_timed_out(stack: ChaosStack) -> None:
+    """A training attempt whose model load is slower than the heartbeat timeout (a worker started
+    after a kill) must not cost one of training's three attempts."""
+    hooks = stack.hooks
+    hooks.set(TRAIN_LOAD_DELAY, stack.heartbeat_timeout_s + 1.5)
+    client = await connect(stack)
+    handle = await start_run(client, stack, train_request(stack.env_url))
+    state, final = await result_within(handle, 120)
+    assert state == "completed", final
+    assert not hooks.present(TRAIN_LOAD_DELAY)  # the slow load happened (the one-shot fired)
+    starts = hooks.events("train_start", run_id=handle.id)
+    record("2e model load for training slower than the heartbeat timeout", training_attempts=len(starts))
+    assert [e["attempt"] for e in starts] == [1], starts
 
 
 async def test_on_interrupt_fail_ends_the_run_run_interrupted(stack: ChaosStack) -> None:
