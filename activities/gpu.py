@@ -147,11 +147,8 @@ class GpuActivities:
     @activity.defn(name="collect_group")
     @kiln_errors
     async def collect_group(self, inp: CollectGroupInput) -> CollectGroupResult:
-        policy = await asyncio.to_thread(self.policy)
-        adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
         info = activity.info()
         previous = info.heartbeat_details[-1] if info.heartbeat_details else None
-        started = time.monotonic()
         latest: dict[str, Any] = {"group_index": inp.group_index, "phase": "starting"}
 
         def beat(details: dict[str, Any]) -> None:
@@ -162,8 +159,13 @@ class GpuActivities:
         # Heartbeat from the event loop while an environment request is outstanding, so a silent
         # environment ends with the session's own request timeout (environment_unavailable), not
         # the activity's shorter heartbeat timeout. A stuck event loop still stops heartbeating.
+        # It starts before the model and adapter load: a fresh worker's first attempt (loading for
+        # longer than the heartbeat timeout) must not be timed out and re-collected.
         ticker = asyncio.ensure_future(_beat_while_waiting(latest, info.heartbeat_timeout))
         try:
+            policy = await asyncio.to_thread(self.policy)
+            adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
+            started = time.monotonic()
             result = await collect(
                 inp,
                 store=self.store,
@@ -209,7 +211,8 @@ class GpuActivities:
                 stream.step(update)
 
         activity.heartbeat(dict(latest))
-        runtime = self.policy()
+        with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
+            runtime = self.policy()
         lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
         with stream, heartbeat_ticker(lambda: dict(latest)), lease as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:

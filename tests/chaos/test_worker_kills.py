@@ -13,8 +13,10 @@ import pytest
 from tests.chaos.conftest import fresh_gpu_worker, train_request
 from tests.support.chaos.assertions import expect_fixed, record
 from tests.support.chaos.faults import (
+    POLICY_LOAD_DELAY,
     SAMPLE_DELAY,
     TRAIN_FAIL_NOW,
+    TRAIN_LOAD_DELAY,
     TRAIN_FAIL_RESUMED,
     TRAIN_SETUP_DELAY,
     TRAIN_STEP_DELAY,
@@ -199,6 +201,40 @@ async def test_slow_training_setup_is_not_timed_out(stack: ChaosStack) -> None:
            training_attempts=len(starts))
     assert state == "completed", final
     expect_fixed(len(starts) == 1, f"training needed {len(starts)} attempts (setup was timed out)")
+
+
+async def test_slow_policy_load_is_not_timed_out(stack: ChaosStack) -> None:
+    """A collection attempt whose model load is slower than the heartbeat timeout (a freshly
+    started worker's first group) must not cost an attempt: no group is re-collected."""
+    from tests.chaos.conftest import rollout_request
+
+    hooks = stack.hooks
+    hooks.set(POLICY_LOAD_DELAY, stack.heartbeat_timeout_s + 1.5)
+    client = await connect(stack)
+    handle = await start_run(client, stack, rollout_request(stack.env_url))
+    state, final = await result_within(handle, 120)
+    assert state == "completed", final
+    assert not hooks.present(POLICY_LOAD_DELAY)  # the slow load happened (the one-shot fired)
+    attempts = sorted((e["group_index"], e["attempt"]) for e in hooks.events("collect_start", run_id=handle.id))
+    record("2d policy load slower than the heartbeat timeout", collect_attempts=attempts,
+           interruptions=len(final["interruptions"]))
+    assert attempts == [(0, 1), (1, 1)], attempts
+    assert final["interruptions"] == []
+
+
+async def test_slow_model_load_for_training_is_not_timed_out(stack: ChaosStack) -> None:
+    """A training attempt whose model load is slower than the heartbeat timeout (a worker started
+    after a kill) must not cost one of training's three attempts."""
+    hooks = stack.hooks
+    hooks.set(TRAIN_LOAD_DELAY, stack.heartbeat_timeout_s + 1.5)
+    client = await connect(stack)
+    handle = await start_run(client, stack, train_request(stack.env_url))
+    state, final = await result_within(handle, 120)
+    assert state == "completed", final
+    assert not hooks.present(TRAIN_LOAD_DELAY)  # the slow load happened (the one-shot fired)
+    starts = hooks.events("train_start", run_id=handle.id)
+    record("2e model load for training slower than the heartbeat timeout", training_attempts=len(starts))
+    assert [e["attempt"] for e in starts] == [1], starts
 
 
 async def test_on_interrupt_fail_ends_the_run_run_interrupted(stack: ChaosStack) -> None:

@@ -30,6 +30,8 @@ REVALIDATE_HOLD = "revalidate_hold"  # while this file exists, revalidation wait
 TRAIN_FAIL_NOW = "train_fail_now"  # the next training step's heartbeat raises a transient error
 TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails right after starting
 TRAIN_SETUP_DELAY = "train_setup_delay_s"  # the next training attempt sleeps this long before setup
+POLICY_LOAD_DELAY = "policy_load_delay_s"  # the next collect_group's policy load sleeps this long
+TRAIN_LOAD_DELAY = "train_load_delay_s"  # the next train_adapter's policy (model) load sleeps this long
 EVENTS = "events.jsonl"
 
 PUBLISH_HOLD_MAX_S = 120.0
@@ -54,7 +56,7 @@ class FaultHooks:
 
     def clear_all(self) -> None:
         for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, REVALIDATE_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
-                     TRAIN_SETUP_DELAY):
+                     TRAIN_SETUP_DELAY, POLICY_LOAD_DELAY, TRAIN_LOAD_DELAY):
             self.clear(name)
 
     @contextlib.contextmanager
@@ -122,6 +124,15 @@ def _activity_attempt() -> int | None:
         return None
 
 
+def _activity_type() -> str | None:
+    try:
+        from temporalio import activity
+
+        return activity.info().activity_type
+    except Exception:  # noqa: BLE001 - outside an activity
+        return None
+
+
 class _SlowSampling:
     """Delegates to the worker's policy; sleeps ``sample_delay_s`` before each ``sample``."""
 
@@ -152,7 +163,9 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
 
 
 def _hook_collection(hooks: FaultHooks) -> None:
-    """Log every collection attempt; slow each policy ``sample`` by ``sample_delay_s``."""
+    """Log every collection attempt; slow each policy ``sample`` by ``sample_delay_s``, and the
+    next policy load of a collect_group (``policy_load_delay_s``) or of a train_adapter
+    (``train_load_delay_s``)."""
     import activities.gpu as gpu_mod
 
     original_collect = gpu_mod.collect
@@ -175,6 +188,10 @@ def _hook_collection(hooks: FaultHooks) -> None:
     original_policy = gpu_mod.GpuActivities.policy
 
     def policy(self: Any) -> Any:
+        knob = {"collect_group": POLICY_LOAD_DELAY, "train_adapter": TRAIN_LOAD_DELAY}.get(_activity_type() or "")
+        load_delay = hooks.fire(knob) if knob else None
+        if load_delay:
+            time.sleep(float(load_delay))
         return _SlowSampling(original_policy(self), hooks)
 
     gpu_mod.GpuActivities.policy = policy  # type: ignore[method-assign]
