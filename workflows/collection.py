@@ -143,7 +143,7 @@ def fold_outcome(status: RunStatus, progress: Progress, outcome: GroupOutcome, l
     if outcome.capacity is not None:
         status.environment_capacity[outcome.environment_url] = outcome.capacity
     if outcome.attempt > 1:
-        status.interruptions.append(
+        status.record_interruption(
             Interruption(
                 stage=label, group_index=outcome.group_index, attempts=outcome.attempt, code=outcome.interruption_code
             )
