@@ -189,7 +189,7 @@ class GroupOutcome(Record):
     """What the run's status keeps of one collected group (never part of the artifacts)."""
 
     group_index: int
-    environment_url: str
+    environment_index: int  # into the run's environments (a URL may be long; a chunk has 256 of these)
     return_sum: float  # Σ of the group's episode returns (the list stays in the artifacts)
     rollouts: int
     latency_ms: float
