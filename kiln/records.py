@@ -230,7 +230,8 @@ class TrainInput(Record):
 class TrainResult(Record):
     trained: bool
     skip_reason: str | None = None
-    selection: dict[str, Any]
+    selection: dict[str, Any]  # counts and the first warnings (kiln.artifacts.selections)
+    selection_ref: StoredObject | None = None  # the whole selection: one warning per skipped group
     adapter_files: list[AdapterFile] = Field(default_factory=list)
     adapter_sha256: str | None = None
     receipt: StoredObject | None = None

@@ -1,11 +1,13 @@
 """History bound (issue 16): a run of 2,048 groups × 2 keeps every workflow history small.
 
-The run goes through the real stack (Temporal dev server, SeaweedFS, the counter environment, the
-real control and gpu workers); only the policy is scripted (``FixedActionPolicy``), so the 4,096
-episodes are real sessions on the environment at no model cost. Afterwards every workflow of the
-run (the run, any continue-as-new run of it, its chunk children) is listed and its history read:
-no history may reach 10,000 events and no payload 256 KiB (issue 16's bounds; Temporal's own
-limits are 51,200 events and 2 MB).
+A train run whose every group the trainer skips (the scripted policy's groups carry no reward
+variation; ``allow_empty_training`` lets the run complete): collection, training and publication
+at 2,048 groups, with no model work. It goes through the real stack (Temporal dev server,
+SeaweedFS, the counter environment, the real control and gpu workers); only the policy is
+scripted (``FixedActionPolicy``), so the 4,096 episodes are real sessions on the environment.
+Afterwards every workflow of the run (the run, any continue-as-new run of it, its chunk children)
+is listed and its history read: no history may reach 10,000 events and no payload 256 KiB
+(issue 16's bounds; Temporal's own limits are 51,200 events and 2 MB).
 
 Why 2,048 groups show the bound at 16,384: a chunk's history and its payloads depend only on the
 chunk's 256 groups, never on the run's size, and the run's own history grows by a few events per
@@ -15,6 +17,7 @@ chunk (8 chunks here, 64 at 16,384 groups), which the last assertion keeps in vi
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -25,6 +28,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from api.runs import RunService
+from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.contracts import parse_run_request
 from tests.support.kiln_workers import running_workers
 from tests.support.scripted_gpu import scripted_gpu_factory
@@ -79,7 +83,9 @@ async def test_history_and_payloads_stay_bounded_at_2048_groups(
     settings = kiln_settings()
     request = parse_run_request(
         {
-            "kind": "rollout",
+            "kind": "train",
+            "output_adapter": "bound-agent",
+            "allow_empty_training": True,  # the scripted policy's groups carry no reward variation
             "environment_urls": [counter_env_url],
             "groups": GROUPS,
             "group_size": GROUP_SIZE,
@@ -107,6 +113,17 @@ async def test_history_and_payloads_stay_bounded_at_2048_groups(
     # Every episode took its one step (amount 1 never overshoots a target of 8..12): return 1 each.
     assert final["progress"]["mean_return"] == 1.0
     assert final["rollout_stats"]["rollouts"] == 4096
+    # No group has reward variation, so training skipped every one (no model work); the status
+    # keeps the counts and the first warnings, the published summary every group's warning.
+    assert final["training"]["trained"] is False and final["promoted"] is False
+    assert final["training"]["selection"]["no_reward_gradient_groups_skipped"] == GROUPS
+    assert len(final["training"]["selection"]["warnings"]) == 20
+    entry = next(a for a in final["artifacts"] if a["name"] == "summary.json")
+    ref = ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])
+    summary = json.loads(S3Store.from_settings(settings).get_bytes(ref))
+    warnings = summary["training_selection"]["warnings"]
+    assert len(warnings) == GROUPS
+    assert warnings[-1] == "group 2047 has no reward variation (all rewards 1.0); zero-gradient work skipped"
 
     # The run itself (a rollout run: no continue-as-new) and exactly one child per chunk.
     run_key = (run_id, executions[0][1])

@@ -84,6 +84,8 @@ class FixedActionPolicy(ScriptedPolicy):
     """Every turn of every candidate of every group is ``text``: a policy for any seed, at no
     model cost (the history-bound test runs thousands of real episodes with it)."""
 
+    device, dtype = "cpu", "float32"  # what the gpu worker's trainer reads of its runtime
+
     def __init__(self, text: str) -> None:
         super().__init__({}, [])
         self.text = text
