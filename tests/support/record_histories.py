@@ -19,8 +19,8 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType

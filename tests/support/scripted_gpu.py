@@ -6,8 +6,8 @@ Pass ``gpu_factory=scripted_gpu_factory(policy)`` to ``running_workers`` / ``bui
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from activities.gpu import GpuActivities, LockedPolicy
