@@ -189,7 +189,7 @@ class GroupOutcome(Record):
     """What the run's status keeps of one collected group (never part of the artifacts)."""
 
     group_index: int
-    environment_url: str
+    environment_index: int  # into the run's environments (a URL may be long; a chunk has 256 of these)
     return_sum: float  # Σ of the group's episode returns (the list stays in the artifacts)
     rollouts: int
     latency_ms: float
@@ -233,7 +233,8 @@ class TrainInput(Record):
 class TrainResult(Record):
     trained: bool
     skip_reason: str | None = None
-    selection: dict[str, Any]
+    selection: dict[str, Any]  # counts and the first warnings (kiln.artifacts.selections)
+    selection_ref: StoredObject | None = None  # the whole selection: one warning per skipped group
     adapter_files: list[AdapterFile] = Field(default_factory=list)
     adapter_sha256: str | None = None
     receipt: StoredObject | None = None

@@ -130,6 +130,9 @@ class TrainingStatus(_Status):
 
 # At most this many warnings are kept (the receipts hold every one).
 MAX_WARNINGS = 200
+# ``interruptions`` keeps the most recent records only (a long run may re-collect thousands of
+# groups); ``interruptions_total`` counts them all.
+MAX_INTERRUPTION_RECORDS = 256
 # ``iterations`` keeps the most recent records only; the whole curve is the run's metrics.jsonl.
 MAX_ITERATION_RECORDS = 100
 
@@ -215,6 +218,7 @@ class RunStatus(_Status):
     artifacts: list[ArtifactStatus] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     interruptions: list[Interruption] = Field(default_factory=list)
+    interruptions_total: int = 0
     failure: Failure | None = None
     admission: Admission | None = None
     request_sha256: str | None = None
@@ -267,6 +271,12 @@ class RunStatus(_Status):
         )
         self.warnings.extend(training.selection.get("warnings", []))
         del self.warnings[MAX_WARNINGS:]  # bounded: an online-RL run trains many times
+
+    def record_interruption(self, interruption: Interruption) -> None:
+        """A re-collected group (bounded: the most recent ``MAX_INTERRUPTION_RECORDS``)."""
+        self.interruptions.append(interruption)
+        del self.interruptions[:-MAX_INTERRUPTION_RECORDS]
+        self.interruptions_total += 1
 
     def record_iteration(self, record: IterationStatus) -> None:
         """Append an iteration's record (bounded: the most recent ``MAX_ITERATION_RECORDS``)."""

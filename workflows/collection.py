@@ -122,7 +122,7 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
         on_group(
             GroupOutcome(
                 group_index=result.group_index,
-                environment_url=env.base_url,
+                environment_index=slot.environment_index,
                 return_sum=sum(result.returns),
                 rollouts=len(result.returns),
                 latency_ms=result.model_latency_ms,
@@ -138,12 +138,15 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
     return [r.group for r in sorted(results, key=lambda r: r.group_index)]
 
 
-def fold_outcome(status: RunStatus, progress: Progress, outcome: GroupOutcome, label: str) -> None:
-    """One collected group into the run's status (progress, capacity, interruptions)."""
+def fold_outcome(
+    status: RunStatus, progress: Progress, outcome: GroupOutcome, label: str, environment_url: str
+) -> None:
+    """One collected group (from the environment at ``environment_url``) into the run's status
+    (progress, capacity, interruptions)."""
     if outcome.capacity is not None:
-        status.environment_capacity[outcome.environment_url] = outcome.capacity
+        status.environment_capacity[environment_url] = outcome.capacity
     if outcome.attempt > 1:
-        status.interruptions.append(
+        status.record_interruption(
             Interruption(
                 stage=label, group_index=outcome.group_index, attempts=outcome.attempt, code=outcome.interruption_code
             )
@@ -195,7 +198,8 @@ async def collect_groups(
     )
 
     def fold(outcome: GroupOutcome) -> None:
-        fold_outcome(ctx.status, progress, outcome, label)
+        url = ctx.discovery.environments[outcome.environment_index].base_url
+        fold_outcome(ctx.status, progress, outcome, label, url)
 
     parts = chunks(slots, CHUNK_GROUPS)
     if len(parts) == 1:

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from kiln.artifacts.iterations import iteration_key, record_bytes
+from kiln.artifacts.selections import full_selection
 from kiln.artifacts.store import S3Store
 from kiln.canonical import sha256_bytes
 from kiln.records import IterationFiles, IterationInput, StoredObject
@@ -78,7 +79,7 @@ def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
         groups=inp.groups,
         behavior_policy=inp.behavior_policy,
         reset_plan_sha256=inp.reset_plan_sha256,
-        training_selection=inp.training.selection if inp.training else None,
+        training_selection=full_selection(store, inp.training),
     )
     stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
     stats = json.loads(files["summary.json"])["stats"]

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from kiln.artifacts.iterations import iteration_prefix, read_records
 from kiln.artifacts.budget import DEFAULT_RETAINED_LIMIT_BYTES, RetainedBudget
 from kiln.artifacts.manifest import build_manifest, manifest_key, verify_manifest_against_store
+from kiln.artifacts.selections import full_selection
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json, sha256_bytes
 from kiln.errors import RetainedBudgetExceeded, RunCancelled
@@ -75,7 +76,7 @@ def publish(
         groups=inp.groups,
         behavior_policy=inp.behavior_policy,
         reset_plan_sha256=inp.reset_plan_sha256,
-        training_selection=training.selection if training else None,
+        training_selection=full_selection(store, training),
     )
     bundle = {**bundle, "metrics.jsonl": metrics_jsonl(store, inp.run_id)}  # live figures, wall-clock
     stored: list[tuple[str, StoredObject, str]] = []

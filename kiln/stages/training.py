@@ -16,6 +16,7 @@ from kiln.policy.identity import model_content_sha256
 from kiln.artifacts.group_sets import read_group_set
 from kiln.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
 from kiln.artifacts.adapters import materialise
+from kiln.artifacts.selections import brief_selection, store_selection
 from kiln.train.checkpoints import pack_folder, unpack_folder
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
@@ -55,11 +56,13 @@ def train(
             details={"reason": "zero_groups", "groups_submitted": selection.get("groups_submitted")},
         )
     if not kept:
+        warnings = selection.get("warnings", [])
+        more = f"; and {len(warnings) - 8} more" if len(warnings) > 8 else ""
         return TrainResult(
             trained=False,
-            skip_reason="every seed group was skipped before training: "
-            + "; ".join(selection.get("warnings", [])),
-            selection=selection,
+            skip_reason="every seed group was skipped before training: " + "; ".join(warnings[:8]) + more,
+            selection=brief_selection(selection),
+            selection_ref=store_selection(store, selection),
         )
     live_base = model_content_sha256(model_path)
     if inp.behavior_policy.get("base_model_sha256") != live_base:
@@ -132,7 +135,8 @@ def train(
         final_state = StoredObject.of(store.put_file(result.final_state))
     return TrainResult(
         trained=True,
-        selection=selection,
+        selection=brief_selection(selection),
+        selection_ref=store_selection(store, selection),
         adapter_files=files,
         adapter_sha256=receipt.get("adapter_sha256"),
         receipt=StoredObject.of(receipt_ref),

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from kiln.artifacts.group_sets import group_set
+from kiln.artifacts.selections import full_selection
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
 from kiln.errors import TrainingFailed
@@ -22,10 +24,10 @@ def _group(index: int) -> dict[str, Any]:
     return {"group_index": index, "line": {"messages": [], "completions": [completion, dict(completion)]}}
 
 
-def _input(store: S3Store, allow: bool) -> TrainInput:
-    refs = [StoredObject.of(store.put_blob(canonical_json(_group(i)))) for i in range(2)]
+def _input(store: S3Store, allow: bool, groups: int = 2) -> TrainInput:
+    refs = [StoredObject.of(store.put_blob(canonical_json(_group(i)))) for i in range(groups)]
     return TrainInput(
-        run_id="r", groups=refs, training_config={}, output_adapter="x", behavior_policy={},
+        run_id="r", groups=group_set(store, [refs]), training_config={}, output_adapter="x", behavior_policy={},
         allow_empty_training=allow,
     )
 
@@ -42,3 +44,16 @@ def test_all_groups_skipped(s3_server: dict[str, str], tmp_path: Path) -> None:
     assert "group 0 has no reward variation" in info.value.message  # 0-based, like receipts
     result = train(_input(store, True), **kwargs)
     assert result.trained is False and result.skip_reason.startswith("every seed group was skipped")
+
+    # Many skipped groups: the result (a workflow payload) keeps the counts and the first 20
+    # warnings, the stored selection (read back for the summary) every one.
+    many = train(_input(store, True, groups=50), **kwargs)
+    assert many.selection["no_reward_gradient_groups_skipped"] == 50
+    assert len(many.selection["warnings"]) == 20
+    assert many.skip_reason is not None and many.skip_reason.endswith("; and 42 more")
+    whole = full_selection(store, many)
+    assert whole is not None and len(whole["warnings"]) == 50
+    assert whole["warnings"][49].startswith("group 49 has no reward variation")
+    assert {k: v for k, v in whole.items() if k != "warnings"} == {
+        k: v for k, v in many.selection.items() if k != "warnings"
+    }

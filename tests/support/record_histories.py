@@ -4,23 +4,26 @@
 
 Starts a throw-away Temporal dev server, SeaweedFS and the counter environment, runs a few
 representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a
-training run from the rollout's saved dataset, a rollout naming a served model, and a run whose first group attempt is interrupted
-and retried and which is then cancelled during revalidation) and writes each run's history (and the
-queue's) as JSON. Re-record only when a workflow change is meant to be incompatible with running
-histories.
+training run from the rollout's saved dataset, a rollout naming a served model, a run whose first
+group attempt is interrupted and retried and which is then cancelled during revalidation, and a
+two-iteration online-RL run) and writes each run's history (and the queue's) as JSON. Re-record
+only when a workflow change is meant to be incompatible with running histories.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 
 from activities.control import ControlActivities
 from activities.gpu import GpuActivities
@@ -71,6 +74,18 @@ RUNS = {
     "model_rollout": {
         "kind": "rollout", "model": "tiny", "groups": 1, "group_size": 2, "max_steps": 2, "max_action_tokens": 32,
     },
+}
+# Online RL: two collect→train iterations, the second sampling with (and training from) the first's
+# adapter and optimizer state.
+ONLINE_RL = {
+    "kind": "train",
+    "iterations": 2,
+    "groups": 2,
+    "group_size": 2,
+    "max_steps": 4,
+    "max_action_tokens": 48,
+    "output_adapter": "history-online-agent",
+    "training_config": {"epochs": 1, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 1e-3},
 }
 
 
@@ -145,9 +160,31 @@ async def _record_retry_then_cancel(out: Path, settings: Settings, env_url: str)
         (out / "retry_interrupt_cancel.json").write_text((await handle.fetch_history()).to_json())
 
 
-def main(out_dir: str) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+async def record_online_rl(out: Path, settings: Settings, env_url: str) -> Path:
+    """The two-iteration run's history (``online_rl.json``): both iterations in one history."""
+    async with running_workers(settings) as client:
+        handle = await client.start_workflow(
+            WORKFLOW_NAME,
+            {**ONLINE_RL, "environment_urls": [env_url]},
+            id=f"history-online-rl-{uuid.uuid4()}",
+            task_queue=settings.control_task_queue,
+        )
+        final = await workflow_result(handle)
+        assert final["state"] == "completed", final.get("failure")
+        curve = final["iterations"]
+        assert [i["iteration"] for i in curve] == [1, 2] and all(i["trained"] for i in curve), curve
+        history = await handle.fetch_history()
+        # No continue-as-new at this size: the one history holds the whole run.
+        assert history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+        path = out / "online_rl.json"
+        path.write_text(history.to_json())
+    return path
+
+
+@contextlib.contextmanager
+def recording_stack() -> Iterator[tuple[Settings, str]]:
+    """A throw-away Temporal dev server, SeaweedFS, tiny model (also served as model "tiny") and
+    counter environment: the settings pointing at them and the environment's URL."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         temporal, address = start_test_temporal(root / "t")
@@ -168,12 +205,20 @@ def main(out_dir: str) -> None:
                 gpu_task_queue="kiln-gpu-history",
             )
             with serve_example_env("counter") as env_url:
-                saved = asyncio.run(_record(out, settings, env_url))
-                asyncio.run(_record_dataset_training(out, settings, saved))
-                asyncio.run(_record_retry_then_cancel(out, settings, env_url))
+                yield settings, env_url
         finally:
             seaweed.stop()
             temporal.stop()
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with recording_stack() as (settings, env_url):
+        saved = asyncio.run(_record(out, settings, env_url))
+        asyncio.run(_record_dataset_training(out, settings, saved))
+        asyncio.run(_record_retry_then_cancel(out, settings, env_url))
+        asyncio.run(record_online_rl(out, settings, env_url))
     print(json.dumps(sorted(p.name for p in out.glob("*.json"))))
 
 

@@ -78,3 +78,21 @@ class ScriptedPolicy:
             return self.decode(ids), None
         cut = ids.index(THINK)
         return self.decode(ids[:cut]), self.decode(ids[cut + 1 :]).strip()
+
+
+class FixedActionPolicy(ScriptedPolicy):
+    """Every turn of every candidate of every group is ``text``: a policy for any seed, at no
+    model cost (the history-bound test runs thousands of real episodes with it)."""
+
+    device, dtype = "cpu", "float32"  # what the gpu worker's trainer reads of its runtime
+
+    def __init__(self, text: str) -> None:
+        super().__init__({}, [])
+        self.text = text
+
+    def resolve_thinking(self, mode: object) -> bool:
+        return mode is True or mode == "on"  # "auto": this tokenizer has no thinking template
+
+    def sample(self, prompts, seeds, **_kwargs):
+        ids = self._ids(self.text) + [STOP]
+        return [ScriptedSample(list(ids), [-0.5] * len(ids), True) for _ in seeds]
