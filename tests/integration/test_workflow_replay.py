@@ -14,6 +14,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.preflight import PreflightWorkflow
 from workflows.run_queue import RunQueueWorkflow
@@ -31,6 +32,7 @@ def test_histories_were_recorded() -> None:
         "train_dataset",
         "retry_interrupt_cancel",
         "model_rollout",
+        "online_rl",
     }
 
 
@@ -53,7 +55,7 @@ def test_model_rollout_history_routes_gpu_work_to_the_model_queue() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_deterministically(path: Path) -> None:
     replayer = Replayer(
-        workflows=[OpenEnvRunWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
+        workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
         data_converter=pydantic_data_converter,
     )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
@@ -76,3 +78,20 @@ def test_retry_interrupt_cancel_history_holds_all_three() -> None:
     kinds = {e["eventType"] for e in events}
     assert "EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED" in kinds
     assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED"
+
+
+def test_online_rl_history_trains_twice_each_from_the_last() -> None:
+    """The recorded two-iteration run: two train_adapter activities, the second continuing from the
+    first's adapter and optimizer state; each iteration stored before publication."""
+    import json
+
+    path = next(p for p in HISTORIES if p.stem == "online_rl")
+    events = json.loads(path.read_text())["events"]
+    names = [
+        e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        for e in events
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+    ]
+    assert names.count("train_adapter") == 2 and names.count("store_iteration") == 2
+    assert names.index("store_iteration") < names.index("publish_run")
+    assert names[-1] == "publish_run"
