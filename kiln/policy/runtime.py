@@ -293,7 +293,6 @@ class PolicyRuntime:
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 stop_id=self.stop_id,
-                pad_id=self.pad_id,
                 think_close_id=self.think_close_id,
                 think_budget=stop_after_think_budget if thinking else None,
                 device=self.device,

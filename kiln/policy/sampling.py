@@ -189,16 +189,12 @@ def sample_batch(
     max_new_tokens: int,
     temperature: float,
     stop_id: int,
-    pad_id: int,
     think_close_id: int | None = None,
     think_budget: int | None = None,
     device: str = "cpu",
     constraints: list | None = None,
 ) -> list[Sample]:
-    """Sample every prompt, each row on its own (batch-invariant); see the module docstring.
-
-    ``pad_id`` is accepted for the runtime's call shape; no row is ever padded."""
-    del pad_id
+    """Sample every prompt, each row on its own (batch-invariant); see the module docstring."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
     if max_new_tokens <= 0:
