@@ -1,4 +1,4 @@
-"""PolicyRuntime: prompts and glue, seeded batched sampling, log-probs, budget, adapters, identity."""
+"""PolicyRuntime: prompts and glue, seeded batch-invariant sampling, log-probs, budget, adapters, identity."""
 
 from __future__ import annotations
 
