@@ -55,9 +55,9 @@ class Settings(BaseSettings):
     allow_remote_environments: bool = False
     gpu_max_concurrent_activities: int = 2
     # Train on the policy runtime's own base model (one copy in memory) instead of a second copy.
-    # Off by default: a worker that has trained on its shared base samples with last-bit
-    # differences in the recorded log-probs afterwards, which breaks byte-identical artifacts.
-    share_base_model: bool = False
+    # Sampling afterwards is bit-identical to a fresh worker's (docs/models.md); false loads a
+    # second copy for training (twice the weight memory, sampling not blocked while training).
+    share_base_model: bool = True
     max_active_runs: int = 4
     max_tracked_runs: int = 128
     heartbeat_timeout_s: float = 30.0

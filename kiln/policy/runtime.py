@@ -45,6 +45,10 @@ class PolicyRuntime:
     """Holds one base model + tokenizer and an LRU of adapters; samples and scores token ids."""
 
     def __init__(self, model, tokenizer, *, model_path: Path, device: str, dtype: str, max_adapters: int):
+        # Frozen from the start, as PEFT leaves it after an adapter load or a training lease: the
+        # kernels a forward picks depend on ``requires_grad`` (even under inference mode), so a
+        # worker's numerics must not depend on whether it has served adapters or training yet.
+        model.requires_grad_(False)
         self.model = model
         self.tokenizer = tokenizer
         self.model_path = Path(model_path)
@@ -152,7 +156,7 @@ class PolicyRuntime:
     def _activate(self, adapter_dir: Path | None):
         """A context manager under which ``self.model`` computes with the requested adapter."""
         if adapter_dir is None:
-            return self._peft.disable_adapter() if self._peft is not None else nullcontext()
+            return _frozen(self._peft, self._peft.disable_adapter()) if self._peft is not None else nullcontext()
         adapter_dir = Path(adapter_dir)
         digest = self._adapter_digest(adapter_dir)
         name = self._adapters.get(digest)
@@ -165,7 +169,7 @@ class PolicyRuntime:
         while len(self._adapters) > self.max_adapters:
             _, old = self._adapters.popitem(last=False)
             self._peft.delete_adapter(old)
-        return _as_eval(self._peft)
+        return _frozen(self._peft, nullcontext())
 
     def _load_adapter(self, adapter_dir: Path, name: str) -> None:
         from peft import PeftModel
@@ -260,7 +264,11 @@ class PolicyRuntime:
         thinking: bool = True,
         action_schema: dict | None = None,
     ) -> list[Sample]:
-        """Sample all ``prompts`` in one batch (one forward per token); rows stop at ``<|im_end|>``.
+        """Sample all ``prompts`` in one call; rows stop at ``<|im_end|>``.
+
+        Batch-invariant: each row is decoded on its own (:mod:`kiln.policy.sampling`), so a row's
+        ids and log-probs do not depend on the other rows of the call (a wave of 1 and a group of
+        8 record the same bytes); rows with the same prompt share one prefill.
 
         With thinking on and ``stop_after_think_budget`` set, a row that has not produced
         ``</think>`` within that many tokens is stopped unfinished (never force-closed).
@@ -285,7 +293,6 @@ class PolicyRuntime:
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 stop_id=self.stop_id,
-                pad_id=self.pad_id,
                 think_close_id=self.think_close_id,
                 think_budget=stop_after_think_budget if thinking else None,
                 device=self.device,
@@ -327,7 +334,8 @@ class PolicyRuntime:
         Yields the model to attach the trainable LoRA to: the runtime's PeftModel when adapters
         are loaded (the trainer adds its own ``default`` adapter), else the plain base model. On
         exit every trace of the training adapter is removed and the held adapters stay loaded;
-        sampling waits for the lease (one lock).
+        sampling waits for the lease (one lock). The base model is left exactly as loaded (eval
+        mode, every parameter frozen), so later sampling is bit-identical to a fresh runtime's.
         """
         from kiln.train.model import release_lora
 
@@ -342,6 +350,7 @@ class PolicyRuntime:
                 if held is not None:
                     held.eval()
                 self.model.eval()
+                self.model.requires_grad_(False)
 
 
 class _Lease:
@@ -353,6 +362,17 @@ class _Lease:
 
 
 @contextmanager
-def _as_eval(model):
+def _frozen(model, inner):
+    """``inner`` with ``model`` in eval mode and every parameter frozen, before, during and after.
+
+    PEFT marks the active adapter trainable again in ``set_adapter`` and when ``disable_adapter()``
+    exits; the runtime keeps every weight frozen so its module state (and so the kernels a forward
+    picks) never depends on what it served before."""
     model.eval()
-    yield model
+    model.requires_grad_(False)
+    try:
+        with inner:
+            model.requires_grad_(False)
+            yield model
+    finally:
+        model.requires_grad_(False)

@@ -1,12 +1,16 @@
-"""Batched, seeded KV-cache sampling loop with exact behaviour log-probs (torch).
+"""Seeded, batch-invariant KV-cache sampling with exact behaviour log-probs (torch).
 
-One forward pass per generated token for the whole batch: prompts are left-padded, the attention
-mask grows with the generated tokens and ``position_ids = (mask.cumsum(-1) - 1).clamp(min=0)``
-(the same positions :func:`completion_logprobs` uses, so the recorded log-probs match a single
-unpadded forward). Each row owns a ``torch.Generator`` seeded with its u64 seed; all the uniforms
-a row may need are drawn up front (one call per row, none per token) and a token is picked by
-inverse-CDF sampling, so a row's tokens depend only on its prompt, its seed and the batch
-composition (through padding numerics).
+**Batch-invariant:** every row is computed on its own, as a batch of one with no padding: one
+unpadded prefill forward of its prompt (rows with the same prompt, e.g. a group's candidates on
+their first turn, share one prefill and decode from copies of its KV cache), then one batch-of-1
+forward per generated token with ``position_ids`` continuing the prompt's. The kernels a row runs,
+their shapes and their inputs depend only on that row, so a row's ids *and* log-probs are
+bit-identical whichever rows share the call (a wave of 1 on a 1-session server, a group of 8 in
+one call, any order). Batched matrix kernels are not row-invariant (a 1-row and a 4-row matmul
+round differently), which is why rows are not stacked. Each row owns a ``torch.Generator`` seeded
+with its u64 seed; all the uniforms a row may need are drawn up front (one call per row, none per
+token) and a token is picked by inverse-CDF sampling, so a row's tokens depend only on its prompt,
+its seed, the model/adapter and the placement.
 
 Temperature 0 means greedy; its recorded log-probs are those of the untempered (temperature 1)
 distribution, and :func:`completion_logprobs` follows the same rule.
@@ -21,6 +25,7 @@ applies the same masks teacher-forced. Without constraints nothing changes.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 
@@ -76,52 +81,42 @@ def _check_inputs(prompts, seeds, constraints, temperature) -> bool:
     return True
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int, total: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids ``(batch, width)`` and the attention mask ``(batch, total)``."""
-    batch = len(prompts)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, total), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[i, width - len(prompt) : width] = 1
-    mask[:, width:] = 1
-    return input_ids.to(device), mask.to(device)
+def _row_uniforms(seed: int, steps: int, device) -> torch.Tensor:
+    """All the uniforms one row may need, one seeded generator call (float64, shape ``(1, steps)``)."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(torch_seed(seed))
+    return torch.rand(steps, generator=gen, dtype=torch.float64).unsqueeze(0).to(device)
 
 
-def _row_uniforms(seeds: list[int], steps: int, device) -> torch.Tensor:
-    """All the uniforms each row may need, one seeded generator call per row (float64)."""
-    rows = []
-    for seed in seeds:
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(torch_seed(seed))
-        rows.append(torch.rand(steps, generator=gen, dtype=torch.float64))
-    return torch.stack(rows).to(device)
+def _prefill(model, prompt: list[int], device):
+    """One unpadded forward over ``prompt`` (batch of 1): ``(cache, last_logits)``."""
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    positions = torch.arange(len(prompt), dtype=torch.long, device=device).unsqueeze(0)
+    out = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1)
+    return _out_cache(out), out.logits[:, -1, :]
 
 
-def _prefill(model, prompts, input_ids, mask, positions, device):
-    """Prefill each distinct prompt once (a group's candidates share their first prompt), then
-    expand the KV cache to one row per candidate. Returns ``(cache, last_logits)``."""
-    width = input_ids.shape[1]
-    first_row: dict[tuple[int, ...], int] = {}
-    row_to_unique = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
-    unique_rows = [row_to_unique.index(u) for u in range(len(first_row))]
-    dedup = len(unique_rows) < len(prompts)
-    sel = torch.tensor(unique_rows, dtype=torch.long, device=device)
-    out = model(
-        input_ids=input_ids[sel] if dedup else input_ids,
-        attention_mask=mask[sel, :width] if dedup else mask[:, :width],
-        position_ids=positions[sel] if dedup else positions,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = _out_cache(out)
-    logits = out.logits[:, -1, :]
-    if dedup:
-        expand = torch.tensor(row_to_unique, dtype=torch.long, device=device)
-        cache.reorder_cache(expand)
-        logits = logits[expand]
-    return cache, logits
+class _Prefills:
+    """Each distinct prompt is prefilled once (a group's candidates share their first prompt);
+    a row that is not the prompt's last user decodes from a copy of the cache."""
+
+    def __init__(self, model, prompts: list[list[int]], device) -> None:
+        self.model, self.device = model, device
+        self.left: dict[tuple[int, ...], int] = {}
+        for prompt in prompts:
+            self.left[tuple(prompt)] = self.left.get(tuple(prompt), 0) + 1
+        self.done: dict[tuple[int, ...], tuple] = {}
+
+    def take(self, prompt: list[int]):
+        key = tuple(prompt)
+        if key not in self.done:
+            self.done[key] = _prefill(self.model, prompt, self.device)
+        self.left[key] -= 1
+        cache, logits = self.done[key]
+        if self.left[key] == 0:
+            del self.done[key]
+            return cache, logits
+        return copy.deepcopy(cache), logits
 
 
 def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tensor:
@@ -133,26 +128,56 @@ def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tens
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
-class _Rows:
-    """Per-row decoding state of one batch (tokens, log-probs, lengths, stop/budget flags)."""
+@dataclass
+class _Decode:
+    """What every row of one call decodes with."""
 
-    def __init__(self, batch: int, steps: int, pad_id: int, device) -> None:
-        self.tokens = torch.full((batch, steps), pad_id, dtype=torch.long, device=device)
-        self.lps = torch.zeros((batch, steps), dtype=torch.float32, device=device)
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.closed = torch.zeros(batch, dtype=torch.bool, device=device)
+    model: object
+    max_new_tokens: int
+    temperature: float
+    stop_id: int
+    think_close_id: int | None
+    budget: int | None
+    device: str
+    kw: str
 
-    def samples(self) -> list[Sample]:
-        tokens_l = self.tokens.cpu().tolist()
-        lps_l = self.lps.cpu().tolist()
-        lengths_l = self.lengths.cpu().tolist()
-        finished_l = self.finished.cpu().tolist()
-        return [
-            Sample(ids=tokens_l[i][: lengths_l[i]], logprobs=lps_l[i][: lengths_l[i]], finished=bool(finished_l[i]))
-            for i in range(len(tokens_l))
-        ]
+
+def _sample_row(d: _Decode, cache, logits, n_prompt: int, seed: int, constraint) -> Sample:
+    """Decode one row from its prefilled cache: one batch-of-1 forward per token."""
+    uniforms = _row_uniforms(seed, d.max_new_tokens, d.device) if d.temperature > 0 else None
+    ids: list[int] = []
+    lps: list[torch.Tensor] = []
+    finished = closed = False
+    for t in range(d.max_new_tokens):
+        allowed = None
+        if constraint is not None:
+            allowed = _allowed([constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], d.device)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        lp = _log_probs(logits, d.temperature)
+        tok = _pick(lp, uniforms, t)
+        if allowed is not None:
+            tok = _keep_allowed(tok, allowed)
+        token = int(tok.item())
+        if constraint is not None:
+            _advance([constraint], tok, torch.ones(1, dtype=torch.bool))
+        ids.append(token)
+        lps.append(lp[0, token])
+        finished = token == d.stop_id
+        closed = closed or token == d.think_close_id
+        if finished or t + 1 == d.max_new_tokens:
+            break
+        if d.budget is not None and not closed and len(ids) >= d.budget:
+            break
+        out = d.model(
+            input_ids=tok.view(1, 1),
+            position_ids=torch.tensor([[n_prompt + t]], dtype=torch.long, device=d.device),
+            use_cache=True,
+            **{d.kw: cache},
+        )
+        cache = _out_cache(out)
+        logits = out.logits[:, -1, :]
+    return Sample(ids=ids, logprobs=torch.stack(lps).cpu().tolist() if lps else [], finished=finished)
 
 
 @torch.inference_mode()
@@ -164,63 +189,26 @@ def sample_batch(
     max_new_tokens: int,
     temperature: float,
     stop_id: int,
-    pad_id: int,
     think_close_id: int | None = None,
     think_budget: int | None = None,
     device: str = "cpu",
     constraints: list | None = None,
 ) -> list[Sample]:
-    """Sample every prompt in one batch; see the module docstring for the guarantees."""
+    """Sample every prompt, each row on its own (batch-invariant); see the module docstring."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
-    width = max(len(p) for p in prompts)
-    input_ids, mask = _left_pad(prompts, pad_id, width + max(int(max_new_tokens), 0), device)
     if max_new_tokens <= 0:
         return [Sample(ids=[], logprobs=[], finished=False) for _ in prompts]
-    uniforms = _row_uniforms(seeds, max_new_tokens, device) if temperature > 0 else None
-    kw = cache_kwarg(model)
-    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-    cache, logits = _prefill(model, prompts, input_ids, mask, positions, device)
-    next_pos = positions[:, -1:] + 1
-    rows = _Rows(len(prompts), max_new_tokens, pad_id, device)
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
-
-    for t in range(max_new_tokens):
-        allowed = None
-        if constraints is not None:
-            allowed = _allowed(constraints, rows.done, logits.shape[-1], device)
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        lp = _log_probs(logits, temperature)
-        tok = _pick(lp, uniforms, t)
-        if allowed is not None:
-            tok = _keep_allowed(tok, allowed)
-        live = ~rows.done
-        tok = torch.where(live, tok, torch.full_like(tok, pad_id))
-        if constraints is not None:
-            _advance(constraints, tok, live)
-        rows.tokens[:, t] = tok
-        rows.lps[:, t] = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        rows.lengths += live.long()
-        hit_stop = live & (tok == stop_id)
-        rows.finished |= hit_stop
-        rows.done |= hit_stop
-        if budget is not None:
-            rows.closed |= tok == think_close_id
-            rows.done |= live & ~rows.closed & (rows.lengths >= budget)
-        if t + 1 == max_new_tokens or bool(rows.done.all()):
-            break
-        out = model(
-            input_ids=tok.unsqueeze(-1),
-            attention_mask=mask[:, : width + t + 1],
-            position_ids=next_pos,
-            use_cache=True,
-            **{kw: cache},
-        )
-        cache = _out_cache(out)
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
-    return rows.samples()
+    d = _Decode(model, int(max_new_tokens), temperature, stop_id, think_close_id, budget, device,
+                cache_kwarg(model))
+    prefills = _Prefills(model, prompts, device)
+    samples = []
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        cache, logits = prefills.take(prompt)
+        constraint = constraints[i] if constraints is not None else None
+        samples.append(_sample_row(d, cache, logits, len(prompt), seed, constraint))
+    return samples
 
 
 def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import pytest
 
-from tests.chaos.conftest import fresh_gpu_worker, train_request
+from tests.chaos.conftest import train_request
 from tests.support.chaos.assertions import expect_fixed, record
 from tests.support.chaos.faults import (
     POLICY_LOAD_DELAY,
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.asyncio
 
 
 async def test_gpu_worker_killed_mid_group(stack: ChaosStack, reference_train: RunOutcome) -> None:
-    fresh_gpu_worker(stack)  # compared with a run that also began on a fresh worker
     hooks = stack.hooks
     hooks.set(SAMPLE_DELAY, 0.4)  # a group stays in flight > 1 s, so the kill lands mid-episode
     client = await connect(stack)
@@ -91,7 +90,6 @@ async def test_gpu_worker_killed_mid_group(stack: ChaosStack, reference_train: R
 
 
 async def test_gpu_worker_killed_mid_training(stack: ChaosStack, reference_train: RunOutcome) -> None:
-    fresh_gpu_worker(stack)  # compared with a run that also began on a fresh worker
     hooks = stack.hooks
     hooks.set(TRAIN_STEP_DELAY, 0.7)  # 6 steps of >= 0.7 s: room to observe a checkpoint heartbeat
     client = await connect(stack)
@@ -156,7 +154,6 @@ async def test_training_resumes_after_a_resumed_attempt_fails(
 ) -> None:
     """Attempt 1 fails after heartbeating a checkpoint, attempt 2 (resumed) fails at once:
     attempt 3 must still resume from that checkpoint, not from step 0."""
-    fresh_gpu_worker(stack)  # compared with a run that also began on a fresh worker
     hooks = stack.hooks
     hooks.set(TRAIN_STEP_DELAY, 0.7)
     client = await connect(stack)

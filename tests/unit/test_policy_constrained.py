@@ -191,7 +191,7 @@ def test_unconstrained_row_in_a_constrained_batch_is_untouched(rt) -> None:
 
     prompt = rt.encode_prompt(MESSAGES, thinking=False)
     grammar = rt.action_grammar(RICH_SCHEMA)
-    kw = dict(max_new_tokens=64, temperature=1.0, stop_id=rt.stop_id, pad_id=rt.pad_id)
+    kw = dict(max_new_tokens=64, temperature=1.0, stop_id=rt.stop_id)
     plain = sample_batch(rt.model, [prompt] * 2, [3, 4], **kw)
     rows = [grammar.row(thinking=False), None]
     mixed = sample_batch(rt.model, [prompt] * 2, [3, 4], constraints=rows, **kw)
@@ -208,13 +208,13 @@ def test_absent_schema_is_identical_to_before(rt) -> None:
         kw = dict(max_new_tokens=48, temperature=1.0)
         seeds = list(range(8))
         before = sample_batch(
-            rt.model, [prompt] * 8, seeds, stop_id=rt.stop_id, pad_id=rt.pad_id,
+            rt.model, [prompt] * 8, seeds, stop_id=rt.stop_id,
             think_close_id=rt.think_close_id, think_budget=None, **kw,
         )
         default = rt.sample([prompt] * 8, seeds, thinking=thinking, **kw)
         explicit = rt.sample([prompt] * 8, seeds, thinking=thinking, action_schema=None, **kw)
         all_none = sample_batch(
-            rt.model, [prompt] * 8, seeds, stop_id=rt.stop_id, pad_id=rt.pad_id, constraints=[None] * 8, **kw
+            rt.model, [prompt] * 8, seeds, stop_id=rt.stop_id, constraints=[None] * 8, **kw
         )
         for other in (default, explicit, all_none):
             assert [s.ids for s in other] == [s.ids for s in before]

@@ -1,4 +1,4 @@
-"""PolicyRuntime: prompts and glue, seeded batched sampling, log-probs, budget, adapters, identity."""
+"""PolicyRuntime: prompts and glue, seeded batch-invariant sampling, log-probs, budget, adapters, identity."""
 
 from __future__ import annotations
 
@@ -214,14 +214,28 @@ def test_model_copy_has_same_identity_until_a_byte_changes(tiny_model_dir: Path,
     assert model_content_sha256(copy) != model_content_sha256(tiny_model_dir)
 
 
-def test_group_sampling_equals_one_at_a_time(rt) -> None:
+def _bits(samples) -> list[tuple[list[int], bytes, bool]]:
+    import torch
+
+    return [(s.ids, torch.tensor(s.logprobs, dtype=torch.float32).numpy().tobytes(), s.finished) for s in samples]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_sampling_is_batch_invariant(rt, temperature: float) -> None:
+    """A row's ids and log-probs are bit-identical whichever rows share the call (a wave of 1 on a
+    1-session server, a whole group, other prompts of other lengths, any order)."""
     prompt = rt.encode_prompt(MESSAGES, thinking=True)
-    seeds = [21, 22, 23, 24]
-    group = rt.sample([prompt] * 4, seeds, max_new_tokens=32, temperature=1.0)
-    for seed, g in zip(seeds, group):
-        (single,) = rt.sample([prompt], [seed], max_new_tokens=32, temperature=1.0)
-        assert single.ids == g.ids and single.finished == g.finished
-        assert max(abs(a - b) for a, b in zip(single.logprobs, g.logprobs)) < 1e-5
+    longer = rt.encode_prompt(
+        [{"role": "system", "content": "A much longer system text " * 6}, MESSAGES[1]], thinking=True
+    )
+    prompts, seeds = [prompt, longer, prompt, longer], [21, 22, 23, 24]
+    group = _bits(rt.sample(prompts, seeds, max_new_tokens=32, temperature=temperature))
+    singles = [_bits(rt.sample([p], [s], max_new_tokens=32, temperature=temperature))[0] for p, s in zip(prompts, seeds)]
+    assert group == singles
+    reordered = _bits(rt.sample(prompts[::-1] + [longer], seeds[::-1] + [99], max_new_tokens=32, temperature=temperature))
+    assert reordered[:4] == group[::-1]
+    if temperature > 0:
+        assert group[0][0] != group[2][0]  # same prompt, different seeds: different samples
 
 
 def test_budget_ignored_without_thinking(rt) -> None:
