@@ -132,23 +132,23 @@ def bench_sampling(rt, *, prompt_tokens: int, new_tokens: int, group: int, devic
     }
 
 
-def _synthetic_batch(rows: int, tokens: int, vocab: int, device: str):
-    from kiln.train.batches import GroupBatch
+def _synthetic_rows(rows: int, tokens: int, vocab: int):
+    """``rows`` completions of ``tokens`` tokens with alternating observation/action spans."""
+    from kiln.train.batches import Row
 
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (rows, tokens), generator=gen)
-    action = torch.zeros((rows, tokens - 1))
-    env = torch.zeros((rows, tokens - 1))
-    for start in range(tokens // 8, tokens - 1, tokens // 4):  # alternating observation/action spans
-        env[:, start : start + tokens // 8] = 1.0
-        action[:, start + tokens // 8 : start + tokens // 4] = 1.0
-    rewards = [float(i % 2) for i in range(rows)]
-    adv = torch.tensor([1.0 if r else -1.0 for r in rewards])
-    return GroupBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids[:, 1:].clone(), action_mask=action,
-        env_mask=env, obs_lengths=env.sum(-1), behavior_logprobs=None, advantages=adv, rewards=rewards,
-        tokens=rows * tokens,
-    ).to(torch.device(device))
+    out = []
+    for i in range(rows):
+        ids = torch.randint(0, vocab, (tokens,), generator=gen)
+        action = torch.zeros(tokens - 1)
+        env = torch.zeros(tokens - 1)
+        for start in range(tokens // 8, tokens - 1, tokens // 4):
+            env[start : start + tokens // 8] = 1.0
+            action[start + tokens // 8 : start + tokens // 4] = 1.0
+        reward = float(i % 2)
+        out.append(Row(key=(0, i), ids=ids, action=action, env=env, obs_length=float(env.sum()),
+                       behavior=None, advantage=1.0 if reward else -1.0, reward=reward))
+    return out
 
 
 def _peak(device: str) -> float | None:
@@ -162,22 +162,27 @@ def _reset_peak(device: str) -> None:
 
 
 def bench_training(rt, *, rows: int, tokens: int, repeats: int, device: str) -> dict:
+    from kiln.train.batches import collate
     from kiln.train.losses import token_logprobs
     from kiln.train.model import attach_lora, trainable_parameters
-    from kiln.train.trainer import StepSettings, train_step
+    from kiln.train.step import LogprobCache, StepSettings, train_step
 
     vocab = int(rt.model.get_input_embeddings().weight.shape[0])
-    batch = _synthetic_batch(rows, tokens, vocab, device)
+    step_rows = _synthetic_rows(rows, tokens, vocab)
+    batch = collate(step_rows).to(torch.device(device))
     settings = StepSettings(clip_epsilon=0.2, kl_coeff=0.0, echo_lambda=0.05, max_grad_norm=1.0, recorded=False)
+    cache = LogprobCache()
+    dev = torch.device(device)
     out: dict = {"rows": rows, "tokens_per_row": tokens}
     with rt.training_lease() as lease:
         model = attach_lora(lease.model, rank=16, alpha=32.0, seed=0, base_adapter_dir=None)
         lease.trained = model
         params = [p for _, p in trainable_parameters(model)]
         opt = torch.optim.AdamW(params, lr=1e-5)
-        train_step(model, batch, opt, params, settings)  # warm-up
+        train_step(model, step_rows, opt, params, settings, cache, dev)  # warm-up
         _reset_peak(device)
-        times = [_timed(device, lambda: train_step(model, batch, opt, params, settings))[1] for _ in range(repeats)]
+        times = [_timed(device, lambda: train_step(model, step_rows, opt, params, settings, cache, dev))[1]
+                 for _ in range(repeats)]
         out["kiln"] = {"tokens_per_s": batch.tokens / min(times), "peak_gib": _peak(device)}
 
         def bare() -> None:
