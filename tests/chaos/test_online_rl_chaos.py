@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.chaos.conftest import _heal, fresh_gpu_worker, train_request
+from tests.chaos.conftest import _heal, train_request
 from tests.support.chaos.assertions import manifest_absent, read_uri, record, sha256_of
 from tests.support.chaos.environments import wait_env_idle
 from tests.support.chaos.faults import SAMPLE_DELAY, TRAIN_STEP_DELAY
@@ -102,9 +102,8 @@ class OnlineOutcome:
 
 @pytest.fixture(scope="module")
 def reference_online(chaos_stack: ChaosStack) -> Iterator[OnlineOutcome]:
-    """The undisturbed online run every disturbed one is compared with (begun on a fresh gpu worker)."""
+    """The undisturbed online run every disturbed one is compared with."""
     _heal(chaos_stack)
-    fresh_gpu_worker(chaos_stack)
 
     async def run() -> OnlineOutcome:
         client = await connect(chaos_stack)
@@ -135,7 +134,6 @@ async def _complete(stack: ChaosStack, handle: Any, started: float) -> OnlineOut
 async def test_gpu_worker_killed_mid_collection_of_iteration_2(
     stack: ChaosStack, reference_online: OnlineOutcome
 ) -> None:
-    fresh_gpu_worker(stack)  # compared with a run that also began on a fresh worker
     hooks = stack.hooks
     client = await connect(stack)
     started = time.monotonic()
@@ -189,7 +187,6 @@ async def test_gpu_worker_killed_mid_collection_of_iteration_2(
 async def test_gpu_worker_killed_mid_training_of_iteration_2(
     stack: ChaosStack, reference_online: OnlineOutcome
 ) -> None:
-    fresh_gpu_worker(stack)
     hooks = stack.hooks
     client = await connect(stack)
     started = time.monotonic()
@@ -235,7 +232,6 @@ async def test_gpu_worker_killed_mid_training_of_iteration_2(
 
 
 async def test_temporal_restart_between_iterations(stack: ChaosStack, reference_online: OnlineOutcome) -> None:
-    fresh_gpu_worker(stack)
     client = await connect(stack)
     started = time.monotonic()
     handle = await start_run(client, stack, online_request(stack.env_url))

@@ -10,6 +10,7 @@ carry the curve, and each iteration's bundle verifies offline.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -180,3 +181,41 @@ async def test_stale_overlap_samples_one_update_behind(kiln_settings: Any, count
         assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
     report = verify_run(_download(store, final["run_id"], manifest, tmp_path / "run"))
     assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]
+
+
+@pytest.mark.timeout(600)
+async def test_continue_as_new_between_iterations_keeps_the_run_whole(
+    kiln_settings: Any, counter_env_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a history budget of 1 event the run continues as new after every iteration (carrying
+    status, adapter, optimizer state, chain and, with max_staleness 1, the next iteration's
+    already-collected groups): it ends as one completed run with all three iterations."""
+    import kiln.run_plan
+
+    monkeypatch.setattr(kiln.run_plan, "HISTORY_EVENTS_BUDGET", 1)
+    settings = kiln_settings()
+    request = parse_run_request({**STALE_RUN, "groups": 2, "environment_urls": [counter_env_url]})
+    async with running_workers(settings) as client:
+        service = RunService(client, settings)
+        status, _ = await service.submit(request)
+        run_id = status["run_id"]
+        final = await workflow_result(client.get_workflow_handle(run_id), timeout_s=540)
+        executions: list[Any] = []
+        for _ in range(50):  # visibility catches up within moments
+            executions = [w async for w in client.list_workflows(f'WorkflowId = "{run_id}"')]
+            if sorted(e.status.name for e in executions).count("CONTINUED_AS_NEW") == 2 and len(executions) == 3:
+                break
+            await asyncio.sleep(0.2)
+        described = await service.status(run_id)
+    assert final["state"] == "completed", final.get("failure")
+    assert len(executions) == 3  # iterations 1 and 2 each ended with continue-as-new
+    assert sorted(e.status.name for e in executions) == ["COMPLETED", "CONTINUED_AS_NEW", "CONTINUED_AS_NEW"]
+    curve = final["iterations"]
+    assert [r["iteration"] for r in curve] == [1, 2, 3]
+    assert [r["staleness"] for r in curve] == [0, 1, 1]
+    assert curve[2]["behavior_adapter_sha256"] == curve[0]["adapter_sha256"]
+    assert described["state"] == "completed" and described["iterations"] == curve
+    store = S3Store.from_settings(settings)
+    manifest = json.loads(store.get_key(f"runs/{run_id}/manifest.json"))
+    assert manifest["iterations"] == 3
+    assert {f"iterations/{k:06d}/train_receipt.json" for k in (1, 2, 3)} <= {a["name"] for a in manifest["artifacts"]}
