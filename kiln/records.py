@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
 from kiln.run_plan import BundleSpec, GroupSlot
-from kiln.run_status import RunStatus
+from kiln.run_status import Progress, RunStatus
 
 
 class Record(BaseModel):
@@ -429,6 +429,7 @@ class RunCarry(Record):
     last_groups: GroupSet | None = None
     last_sampler: PolicyResult | None = None  # the policy that sampled ``last_groups``
     pending: GroupSet | None = None  # with max_staleness 1: the next iteration's groups, collected
+    pending_progress: Progress | None = None  # … and their collection's progress
     baseline: SideBundle | None = None  # the evaluation baseline side, once collected
 
 

@@ -105,11 +105,12 @@ class RunStages(StatusKeeper):
                 status.progress = pending_progress or status.progress
                 groups = await pending
             elif carry.pending is not None:
+                status.progress = carry.pending_progress or status.progress
                 groups = carry.pending
             else:
                 status.progress = Progress.planned(request.groups, request.group_size)
                 groups = await self._collect(ctx, sampler.policy, k)
-            pending, carry.pending = None, None
+            pending, carry.pending, carry.pending_progress = None, None, None
             await self._revalidate(ctx)
             if request.max_staleness and k < total:  # iteration k+1 samples while k trains
                 pending_progress = Progress.planned(request.groups, request.group_size)
@@ -135,7 +136,7 @@ class RunStages(StatusKeeper):
             carry.next_iteration = k + 1
             if k < total and should_continue_as_new(workflow.info().get_current_history_length()):
                 if pending is not None:
-                    carry.pending = await pending
+                    carry.pending, carry.pending_progress = await pending, pending_progress
                 carry.status = status
                 workflow.continue_as_new(args=[{}, carry])
         assert carry.last_training and carry.last_groups and carry.last_sampler

@@ -157,38 +157,12 @@ STALE_RUN = {
 
 
 @pytest.mark.timeout(600)
-async def test_stale_overlap_samples_one_update_behind(kiln_settings: Any, counter_env_url: str, tmp_path: Path) -> None:
-    """max_staleness 1: iteration k+1 is collected (with adapter k−1) while iteration k trains."""
-    settings = kiln_settings()
-    request = parse_run_request({**STALE_RUN, "environment_urls": [counter_env_url]})
-    async with running_workers(settings) as client:
-        service = RunService(client, settings)
-        status, _ = await service.submit(request)
-        final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=540)
-    assert final["state"] == "completed", final.get("failure")
-    curve = final["iterations"]
-    assert [r["staleness"] for r in curve] == [0, 1, 1]
-    assert curve[0]["behavior_adapter_sha256"] is None and curve[1]["behavior_adapter_sha256"] is None
-    assert curve[2]["behavior_adapter_sha256"] == curve[0]["adapter_sha256"]
-    store = S3Store.from_settings(settings)
-    manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
-    names = {a["name"]: a for a in manifest["artifacts"]}
-    for k, behind in ((2, None), (3, curve[0]["adapter_sha256"])):
-        receipt = json.loads(_get(store, names[f"iterations/{k:06d}/train_receipt.json"]))
-        block = receipt["staleness"]
-        assert block["staleness"] == 1 and block["behavior_adapter_sha256"] == behind
-        assert all(step["staleness"] == 1 and step["is_weight_max"] <= block["is_max_weight"] for step in receipt["steps"])
-        assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
-    report = verify_run(_download(store, final["run_id"], manifest, tmp_path / "run"))
-    assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]
-
-
-@pytest.mark.timeout(600)
-async def test_continue_as_new_between_iterations_keeps_the_run_whole(
-    kiln_settings: Any, counter_env_url: str, monkeypatch: pytest.MonkeyPatch
+async def test_stale_overlap_across_continue_as_new(
+    kiln_settings: Any, counter_env_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """With a history budget of 1 event the run continues as new after every iteration (carrying
-    status, adapter, optimizer state, chain and, with max_staleness 1, the next iteration's
+    """max_staleness 1: iteration k+1 is collected (with adapter k−1) while iteration k trains, and
+    trains with truncated IS. With a history budget of 1 event the run also continues as new after
+    every iteration (carrying status, adapter, optimizer state, chain and the next iteration's
     already-collected groups): it ends as one completed run with all three iterations."""
     import kiln.run_plan
 
@@ -218,4 +192,20 @@ async def test_continue_as_new_between_iterations_keeps_the_run_whole(
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{run_id}/manifest.json"))
     assert manifest["iterations"] == 3
-    assert {f"iterations/{k:06d}/train_receipt.json" for k in (1, 2, 3)} <= {a["name"] for a in manifest["artifacts"]}
+    names = {a["name"]: a for a in manifest["artifacts"]}
+    assert {f"iterations/{k:06d}/train_receipt.json" for k in (1, 2, 3)} <= set(names)
+    # Each record's mean return is its own iteration's, also for the one collected before a
+    # continue-as-new and finished after it.
+    for k in (1, 2, 3):
+        summary = json.loads(_get(store, names[f"iterations/{k:06d}/summary.json"]))
+        assert curve[k - 1]["mean_return"] == summary["stats"]["mean_episode_return"]
+    # Stale iterations: scored with the adapter that sampled them, weights truncated at the cap.
+    assert curve[0]["behavior_adapter_sha256"] is None and curve[1]["behavior_adapter_sha256"] is None
+    for k, behind in ((2, None), (3, curve[0]["adapter_sha256"])):
+        receipt = json.loads(_get(store, names[f"iterations/{k:06d}/train_receipt.json"]))
+        block = receipt["staleness"]
+        assert block["staleness"] == 1 and block["behavior_adapter_sha256"] == behind
+        assert all(step["staleness"] == 1 and step["is_weight_max"] <= block["is_max_weight"] for step in receipt["steps"])
+        assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
+    report = verify_run(_download(store, run_id, manifest, tmp_path / "run"))
+    assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kiln.artifacts.adapters import adapter_ref_from_files  # noqa: E402
+from kiln.artifacts.group_sets import group_set  # noqa: E402
 from kiln.artifacts.store import S3Store  # noqa: E402
 from kiln.canonical import canonical_json  # noqa: E402
 from kiln.contracts import TrainingConfig  # noqa: E402
@@ -28,7 +29,7 @@ def _inputs(store: S3Store, groups: list[dict], behavior: dict, **fields) -> Tra
     refs = [StoredObject.of(store.put_blob(canonical_json({"group_index": i, "line": g})))
             for i, g in enumerate(groups)]
     config = TrainingConfig(seed=3, epochs=1, optimizer="adamw", learning_rate=2e-2, echo={"lambda": 0.1})
-    return TrainInput(run_id="online", groups=refs, training_config=config, output_adapter="it",
+    return TrainInput(run_id="online", groups=group_set(store, [refs]), training_config=config, output_adapter="it",
                       behavior_policy=behavior, **fields)
 
 

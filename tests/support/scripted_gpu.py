@@ -16,10 +16,11 @@ from kiln.settings import Settings
 
 
 class ScriptedGpuActivities(GpuActivities):
-    """``GpuActivities`` serving ``runtime`` (any ``PolicyPort``) instead of loading a model."""
+    """``GpuActivities`` serving ``runtime`` (any ``PolicyPort``) instead of loading a model; there
+    is no base model to lend the trainer, so it never shares one (``share_base_model`` off)."""
 
     def __init__(self, settings: Settings, store: S3Store, model_path: Path, runtime: Any) -> None:
-        super().__init__(settings, store, model_path)
+        super().__init__(settings.model_copy(update={"share_base_model": False}), store, model_path)
         self.runtime = runtime
 
     def policy(self) -> LockedPolicy:
