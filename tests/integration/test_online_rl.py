@@ -131,8 +131,7 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
     assert set(first) == set(last) and len(first) == 20
     wins = sum(1 for seed in first if last[seed] > first[seed])
     losses = sum(1 for seed in first if last[seed] < first[seed])
-    print("curve", [(r["mean_return"], r["eval_mean_return"], r["loss"]) for r in curve], "wins", wins, "losses", losses)
-    assert wins > losses and exact_sign_test_p_value(wins, losses) < 0.05, (wins, losses)
+    assert wins > losses and exact_sign_test_p_value(wins, losses) < 0.05, (wins, losses, curve)
     assert all(r["eval_mean_return"] is not None for r in curve)
     assert len({r["eval_baseline_mean_return"] for r in curve}) == 1  # one baseline, collected once
 
