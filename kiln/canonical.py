@@ -62,6 +62,15 @@ def sha256_bytes(data: bytes) -> str:
     return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: Any) -> str:
+    """``sha256:<hex>`` of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return DIGEST_PREFIX + h.hexdigest()
+
+
 def digest_json(value: Any) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``value``."""
     return sha256_bytes(canonical_json(value))

@@ -11,11 +11,10 @@ recomputes the chain, so the manifest lists exactly the iterations the run store
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
-from kiln.canonical import pretty_json
+from kiln.canonical import pretty_json, sha256_bytes
 from kiln.errors import ArtifactIntegrityFailed
 from kiln.run_plan import extend_chain
 
@@ -44,7 +43,7 @@ def read_records(store: Any, run_id: str, count: int, chain: str | None) -> list
         data = store.get_key(key)
         if data is None:
             raise ArtifactIntegrityFailed(f"iteration record {key} is missing")
-        running = extend_chain(running, "sha256:" + hashlib.sha256(data).hexdigest())
+        running = extend_chain(running, sha256_bytes(data))
         record = json.loads(data)
         if record.get("schema") != ITERATION_SCHEMA or record.get("iteration") != iteration:
             raise ArtifactIntegrityFailed(f"{key} is not the record of iteration {iteration}")

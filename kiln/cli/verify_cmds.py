@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
@@ -33,22 +33,30 @@ def _row(label: str, value: object) -> None:
     console.print(f"{label:<24}{value}", markup=False, highlight=False)
 
 
+def _report(make: Callable[[], dict], as_json: bool) -> dict | None:
+    """``make()``'s report, or None when it failed (error printed) or was printed as JSON."""
+    try:
+        report = make()
+    except KilnError as error:
+        _fail(error)
+        return None
+    if as_json:
+        _print_json(report)
+        return None
+    return report
+
+
 def _verify_run(folder: Path, as_json: bool) -> None:
     from kiln.rollout.verify.run import verify_run
 
-    try:
-        report = verify_run(folder)
-    except KilnError as error:
-        _fail(error)
-        return
-    if as_json:
-        _print_json(report)
+    report = _report(lambda: verify_run(folder), as_json)
+    if report is None:
         return
     console.print("run verified", markup=False, highlight=False)
     _row("run", report["run_id"])
     _row("artifacts", report["artifacts"])
     for prefix, figures in report["bundles"].items():
-        _row(f"bundle {prefix}", f"{figures['groups']} groups, {figures['rollouts']} rollouts")
+        _row("bundle", f"{prefix}  {figures['groups']} groups, {figures['rollouts']} rollouts")
     for row in report["iterations"]:
         _row(f"iteration {row['iteration']}", f"sampled by {row['sampled_by'] or 'base'} → {row['adapter_sha256']}")
 
@@ -99,13 +107,8 @@ def register(openenv_app: typer.Typer) -> None:
             _verify_run(run, as_json)
             return
         assert summary is not None
-        try:
-            report = verify_bundle(summary, dataset_path=dataset, replay_path=replay)
-        except KilnError as error:
-            _fail(error)
-            return
-        if as_json:
-            _print_json(report)
+        report = _report(lambda: verify_bundle(summary, dataset_path=dataset, replay_path=replay), as_json)
+        if report is None:
             return
         console.print("bundle verified", markup=False, highlight=False)
         _row("summary", report["summary_path"])

@@ -20,21 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from kiln.canonical import DIGEST_PREFIX, digest_json
+from kiln.canonical import digest_json, file_sha256
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-_CHUNK = 1 << 20
-
-
-def file_sha256(path: Path) -> str:
-    """``sha256:<hex>`` of a file's bytes, read in chunks."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return DIGEST_PREFIX + h.hexdigest()
 
 
 def _is_hidden(rel: Path) -> bool:

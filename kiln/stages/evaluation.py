@@ -42,8 +42,16 @@ def make_bundle(
     )
 
 
+def store_bundle(store: S3Store, **bundle: Any) -> tuple[dict[str, StoredObject], dict[str, Any]]:
+    """Build a bundle (``make_bundle``'s arguments) and store its three files; returns the stored
+    objects by file name and the summary's stats."""
+    files = make_bundle(store, **bundle)
+    stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
+    return stored, json.loads(files["summary.json"])["stats"]
+
+
 def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
-    files = make_bundle(
+    stored, stats = store_bundle(
         store,
         spec=inp.bundle,
         environments=inp.environments,
@@ -51,8 +59,7 @@ def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
         behavior_policy=inp.behavior_policy,
         reset_plan_sha256=inp.reset_plan_sha256,
     )
-    stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
-    return SideBundle(side=inp.side, files=stored, stats=json.loads(files["summary.json"])["stats"])
+    return SideBundle(side=inp.side, files=stored, stats=stats)
 
 
 def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:

@@ -8,16 +8,15 @@ it to the adapter and receipt the iteration trained and to the identity that sam
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kiln.artifacts.iterations import iteration_key, record_bytes
 from kiln.artifacts.selections import full_selection
 from kiln.artifacts.store import S3Store
 from kiln.canonical import sha256_bytes
-from kiln.records import IterationFiles, IterationInput, StoredObject
+from kiln.records import IterationFiles, IterationInput
 from kiln.run_status import invalid_action_rate
-from kiln.stages.evaluation import make_bundle
+from kiln.stages.evaluation import store_bundle
 from kiln.telemetry.live import put_iteration
 
 
@@ -72,7 +71,7 @@ def curve_row(inp: IterationInput, stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
-    files = make_bundle(
+    stored, stats = store_bundle(
         store,
         spec=inp.bundle,
         environments=inp.environments,
@@ -81,8 +80,6 @@ def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
         reset_plan_sha256=inp.reset_plan_sha256,
         training_selection=full_selection(store, inp.training),
     )
-    stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
-    stats = json.loads(files["summary.json"])["stats"]
     data = record_bytes(
         {
             "iteration": inp.iteration,

@@ -32,6 +32,10 @@ MEDIA_TYPES = {
 }
 
 
+def adapter_media_type(name: str) -> str:
+    return "application/json" if name.endswith(".json") else "application/octet-stream"
+
+
 def iteration_artifacts(records: list[dict[str, Any]]) -> list[tuple[str, StoredObject, str]]:
     """Every iteration's bundle, adapter, receipts (``iterations/<k>/…``) from its stored record."""
     out: list[tuple[str, StoredObject, str]] = []
@@ -42,9 +46,8 @@ def iteration_artifacts(records: list[dict[str, Any]]) -> list[tuple[str, Stored
         training = record.get("training") or {}
         if training.get("trained"):
             for item in training["adapter_files"]:
-                media = "application/json" if item["name"].endswith(".json") else "application/octet-stream"
                 obj = StoredObject(uri=item["uri"], sha256=item["sha256"], bytes=item["bytes"])
-                out.append((f"{prefix}adapter/{item['name']}", obj, media))
+                out.append((f"{prefix}adapter/{item['name']}", obj, adapter_media_type(item["name"])))
             if training.get("receipt"):
                 out.append((prefix + "train_receipt.json", StoredObject.model_validate(training["receipt"]), MEDIA_TYPES["train_receipt.json"]))
         evaluation = record.get("evaluation")
@@ -82,8 +85,7 @@ def publish(
     stored: list[tuple[str, StoredObject, str]] = []
     if training is not None and training.trained:
         for item in training.adapter_files:
-            media = "application/json" if item.name.endswith(".json") else "application/octet-stream"
-            stored.append((f"adapter/{item.name}", item.object, media))
+            stored.append((f"adapter/{item.name}", item.object, adapter_media_type(item.name)))
         if training.receipt is not None:
             stored.append(("train_receipt.json", training.receipt, "application/json"))
     if evaluation is not None:
@@ -188,8 +190,7 @@ def publish_training(store: S3Store, inp: PublishTrainingInput) -> PublishResult
     entries: list[tuple[str, StoredObject, str]] = [("rollouts.jsonl", inp.dataset, MEDIA_TYPES["rollouts.jsonl"])]
     if training.trained:
         for item in training.adapter_files:
-            media = "application/json" if item.name.endswith(".json") else "application/octet-stream"
-            entries.append((f"adapter/{item.name}", item.object, media))
+            entries.append((f"adapter/{item.name}", item.object, adapter_media_type(item.name)))
         if training.receipt is not None:
             entries.append(("train_receipt.json", training.receipt, "application/json"))
     metrics = StoredObject.of(store.put_blob(metrics_jsonl(store, inp.run_id)))

@@ -14,36 +14,39 @@ artifact at its manifest name. Checked, failing closed on the first violation:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from kiln.rollout.verify.checks import VerificationFailed
+from kiln.artifacts.manifest import validate_manifest
+from kiln.canonical import file_sha256
+from kiln.rollout.verify.checks import Where, fail
+from kiln.rollout.verify.files import parse_json, read_capped
 from kiln.rollout.verify.load import verify_bundle
 
 RUN_VERIFICATION_SCHEMA = "kiln.openenv-run-verification.v1"
 
 
-def _fail(file: str, reason: str) -> VerificationFailed:
-    return VerificationFailed(f"{file}: {reason}", details={"file": file})
-
-
 def _check_files(folder: Path, manifest: dict[str, Any]) -> None:
-    for entry in manifest.get("artifacts", []):
+    for entry in manifest["artifacts"]:
+        where = Where(entry["name"])
         path = folder / entry["name"]
         if not path.is_file():
-            raise _fail(entry["name"], "is missing from the run folder (download the run again)")
-        data = path.read_bytes()
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if len(data) != entry["bytes"] or digest != entry["sha256"]:
-            raise _fail(entry["name"], f"is {len(data)} bytes hashing to {digest}; the manifest declares "
-                        f"{entry['bytes']} bytes and {entry['sha256']}")
+            raise fail(where, "path", "is missing from the run folder (download the run again)")
+        size, digest = path.stat().st_size, file_sha256(path)
+        if size != entry["bytes"] or digest != entry["sha256"]:
+            raise fail(where, "sha256", f"is {size} bytes hashing to {digest}; the manifest declares "
+                       f"{entry['bytes']} bytes and {entry['sha256']}")
 
 
 def _json(folder: Path, name: str) -> dict[str, Any] | None:
+    """A JSON object file of the run folder (size-capped, strict parser), or None when absent."""
     path = folder / name
-    return json.loads(path.read_bytes()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    value = parse_json(read_capped(path, name), Where(name))
+    if not isinstance(value, dict):
+        raise fail(Where(name), "json", "is not a JSON object")
+    return value
 
 
 def _check_chain(folder: Path, iterations: int) -> list[dict[str, Any]]:
@@ -63,8 +66,9 @@ def _check_chain(folder: Path, iterations: int) -> list[dict[str, Any]]:
             after.append(sampled_by)
         elif k - 1 - staleness < 0 or sampled_by != after[k - 1 - staleness]:
             expected = after[max(0, k - 1 - staleness)]
-            raise _fail(prefix + "summary.json", f"was sampled by adapter {sampled_by}, but the on-policy chain "
-                        f"expects {expected} (iteration {k}, staleness {staleness})")
+            raise fail(Where(prefix + "summary.json"), "behavior_policy.adapter_sha256",
+                       f"was sampled by adapter {sampled_by}, but the on-policy chain expects {expected} "
+                       f"(iteration {k}, staleness {staleness})")
         after.append((receipt or {}).get("adapter_sha256") or after[-1])
         rows.append({"iteration": k, "sampled_by": sampled_by, "adapter_sha256": after[-1], "staleness": staleness})
     return rows
@@ -76,7 +80,11 @@ def verify_run(folder: Path) -> dict[str, Any]:
     folder = Path(folder)
     manifest = _json(folder, "manifest.json")
     if manifest is None:
-        raise _fail("manifest.json", f"is missing in {folder} (download the run with kiln openenv download)")
+        raise fail(Where("manifest.json"), "path", f"is missing in {folder} (download the run with kiln openenv download)")
+    try:
+        validate_manifest(manifest)
+    except ValueError as exc:
+        raise fail(Where("manifest.json"), "json", f"is not a valid Kiln manifest: {exc}") from None
     _check_files(folder, manifest)
     names = {entry["name"] for entry in manifest["artifacts"]}
     bundles = sorted(name.removesuffix("summary.json") for name in names
@@ -91,7 +99,7 @@ def verify_run(folder: Path) -> dict[str, Any]:
     if chain:
         final = _json(folder, "train_receipt.json") or {}
         if final.get("adapter_sha256") != chain[-1]["adapter_sha256"]:
-            raise _fail("train_receipt.json", "is not the last trained iteration's receipt")
+            raise fail(Where("train_receipt.json"), "adapter_sha256", "is not the last trained iteration's receipt")
     return {
         "schema": RUN_VERIFICATION_SCHEMA,
         "run_id": manifest.get("run_id"),
