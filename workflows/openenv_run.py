@@ -60,6 +60,7 @@ class OpenEnvRunWorkflow(RunStages):
         self._status = RunStatus()
         self._granted = False
         self._queue_id: str | None = None
+        self._position: int | None = None
 
     @workflow.query(description="The run's status: phase, progress, returns, training, manifest, failure.")
     def status(self) -> RunStatus:
@@ -71,8 +72,11 @@ class OpenEnvRunWorkflow(RunStages):
 
     @workflow.signal(description="The run's 1-based position in the FIFO run queue while it waits.")
     def queue_position(self, position: int) -> None:
+        # A position only ever drops, and the queue's signal may overtake its reply to enqueue_run:
+        # keep the lowest one seen.
+        self._position = position if self._position is None else min(self._position, position)
         if self._status.admission is not None and not self._granted:
-            self._status.admission.queue_position = position
+            self._status.admission.queue_position = self._position
 
     @workflow.run
     async def run(self, submission: dict[str, Any], carry: RunCarry | None = None) -> RunStatus:
@@ -115,8 +119,9 @@ class OpenEnvRunWorkflow(RunStages):
         slot: SlotReply = await call(
             ControlActivities.enqueue_run, SlotRequest(run_id=status.run_id), summary="join the FIFO run queue"
         )
+        position = min(slot.position, self._position or slot.position) if slot.position else None  # 0: active
         status.admission = Admission(
-            sequence=slot.sequence, queue_position=slot.position or None, submitted_at=info.start_time.isoformat()
+            sequence=slot.sequence, queue_position=position, submitted_at=info.start_time.isoformat()
         )
         await workflow.wait_condition(lambda: self._granted)
         admitted = workflow.now()

@@ -31,6 +31,15 @@ GROUP_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=5,
 )
+# Joining the run queue is idempotent (a run already queued gets its place back), so it may be
+# tried for as long as a burst of submissions keeps the queue workflow busy, bounded by ENQUEUE_TIMEOUT.
+ENQUEUE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+    non_retryable_error_types=["openenv_run_capacity_full"],
+)
 # Publication must outlive an S3 restart: unlimited attempts, bounded by PUBLISH_TIMEOUT.
 PUBLISH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -50,6 +59,7 @@ TRAIN_RETRY = RetryPolicy(
 )
 
 ADMISSION_TIMEOUT = timedelta(seconds=30)
+ENQUEUE_TIMEOUT = timedelta(minutes=10)
 DISCOVERY_TIMEOUT = timedelta(minutes=3)
 POLICY_TIMEOUT = timedelta(minutes=5)
 GROUP_TIMEOUT = timedelta(hours=2)
@@ -77,7 +87,9 @@ _GPU_PASS = ActivityOptions("gpu", TRAIN_RETRY, start_to_close=TRAIN_TIMEOUT)
 
 OPTIONS: dict[str, ActivityOptions] = {
     "admit_run": _CONTROL,
-    "enqueue_run": _CONTROL,
+    "enqueue_run": ActivityOptions(
+        "control", ENQUEUE_RETRY, start_to_close=ADMISSION_TIMEOUT, schedule_to_close=ENQUEUE_TIMEOUT
+    ),
     "discover_environments": _INSPECT,
     "revalidate_environments": _INSPECT,
     "resolve_policy": ActivityOptions("gpu", CONTROL_RETRY, start_to_close=POLICY_TIMEOUT),

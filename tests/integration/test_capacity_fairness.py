@@ -34,7 +34,11 @@ async def _run(client: Any, settings: Any, request: dict[str, Any]) -> tuple[flo
     handle = await client.start_workflow(
         WORKFLOW_NAME, request, id=str(uuid.uuid4()), task_queue=settings.control_task_queue
     )
-    final = await workflow_result(handle)
+    try:
+        final = await workflow_result(handle)
+    except WorkflowFailureError:
+        status = await handle.query("status")
+        raise AssertionError(f"run {handle.id} ended {status['state']}: {status['failure']}") from None
     return time.monotonic() - started, final
 
 

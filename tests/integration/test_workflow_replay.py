@@ -29,6 +29,7 @@ def test_histories_were_recorded() -> None:
         "rollout",
         "unreachable",
         "run_queue",
+        "run_queue_one_signal_at_a_time",  # recorded before the queue's signals-at-once patch
         "train_dataset",
         "retry_interrupt_cancel",
         "model_rollout",
