@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.contracts import EpisodeSettings, RunRequest, reset_payload
+    from kiln.contracts import EpisodeFields, EpisodeSettings, RunRequest, reset_payload
     from kiln.records import (
         AdmissionResult,
         ChunkResult,
@@ -55,6 +55,17 @@ class RunContext:
     call: ActivityCaller
     status: RunStatus
     thinking: bool | None = None  # the run's thinking mode, resolved against the model
+
+
+def run_policy_input(request: RunRequest, **policy: object) -> PolicyInput:
+    """What resolves a policy that collects this run's groups (the starting one, and each online-RL
+    iteration's adapter): the run's sampling settings and its thinking mode, which the gpu worker
+    resolves against the model's chat template exactly as for ``collect_group``."""
+    return PolicyInput(
+        inference=request.model_dump(mode="json", include=set(EpisodeFields.model_fields)),
+        thinking=request.thinking,
+        **policy,  # type: ignore[arg-type]
+    )
 
 
 async def resolve_policy(ctx: RunContext, inp: PolicyInput) -> PolicyResult:

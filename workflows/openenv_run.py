@@ -20,13 +20,12 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from kiln.contracts import EpisodeFields, RunRequest
+    from kiln.contracts import RunRequest
     from kiln.records import (
         AdmissionInput,
         AdmissionResult,
         DiscoveryInput,
         DiscoveryResult,
-        PolicyInput,
         RunCarry,
         SlotReply,
         SlotRequest,
@@ -38,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
         Progress,
         RunStatus,
     )
-    from workflows.collection import RunContext, resolve_policy
+    from workflows.collection import RunContext, resolve_policy, run_policy_input
     from workflows.names import WORKFLOW_NAME
     from workflows.options import ActivityCaller
     from workflows.stages import RunStages
@@ -148,11 +147,10 @@ class OpenEnvRunWorkflow(RunStages):
         contract = request.training_contract
         start = await resolve_policy(
             ctx,
-            PolicyInput(
+            run_policy_input(
+                request,
                 adapter=request.behavior_adapter(),
                 expected=contract.behavior_policy if contract else None,
-                inference=request.model_dump(mode="json", include=set(EpisodeFields.model_fields)),
-                thinking=request.thinking,
             ),
         )
         self._status.behavior_policy = start.behavior_policy

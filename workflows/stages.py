@@ -20,13 +20,11 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.contracts import EpisodeFields
     from kiln.records import (
         EvaluationResult,
         GroupSet,
         IterationFiles,
         IterationInput,
-        PolicyInput,
         PolicyResult,
         PostEvalResult,
         PublishInput,
@@ -49,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         should_continue_as_new,
     )
     from kiln.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
-    from workflows.collection import RunContext, collect_groups, resolve_policy
+    from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
     from workflows.status import StatusKeeper
 
@@ -121,11 +119,7 @@ class RunStages(StatusKeeper):
             if training.trained:
                 trained_policy = TrainedPolicy(
                     policy=await resolve_policy(
-                        ctx,
-                        PolicyInput(
-                            adapter_ref=candidate_ref(ctx, training),
-                            inference=request.model_dump(mode="json", include=set(EpisodeFields.model_fields)),
-                        ),
+                        ctx, run_policy_input(request, adapter_ref=candidate_ref(ctx, training))
                     ),
                     state=training.final_state,
                 )

@@ -208,3 +208,30 @@ async def test_stale_overlap_across_continue_as_new(
         assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
     report = verify_run(_download(store, run_id, manifest, tmp_path / "run"))
     assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]
+
+
+@pytest.mark.timeout(300)
+async def test_iterations_on_a_llama3_template_model(
+    kiln_settings: Any, counter_env_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A model whose chat template has no thinking mode (``thinking: auto`` resolves to off): each
+    iteration's adapter is resolved with the run's resolved sampling settings, so iteration 2
+    collects with iteration 1's adapter (it failed ``policy_identity_changed`` when the adapter's
+    identity kept the unresolved thinking mode)."""
+    from tests.support.models import shared_family_model
+
+    settings = kiln_settings(model_path=shared_family_model("llama3", tmp_path_factory))
+    request = parse_run_request({
+        "kind": "train", "groups": 4, "group_size": 4, "max_steps": 3, "max_action_tokens": 24,
+        "constrained_actions": True, "iterations": 2, "output_adapter": "llama3-online",
+        "training_config": {**DEMO_TRAINING, "echo": None}, "environment_urls": [counter_env_url],
+    })
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(request)
+        final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=240)
+    assert final["state"] == "completed", final.get("failure")
+    assert final["behavior_policy"]["inference"]["thinking"] is False
+    first, second = final["iterations"]
+    assert first["trained"] and second["trained"]
+    assert first["behavior_adapter_sha256"] is None
+    assert second["behavior_adapter_sha256"] == first["adapter_sha256"] != second["adapter_sha256"]
