@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.gpu import GpuActivities
     from kiln.contracts import EpisodeFields, EpisodeSettings, RunRequest, reset_payload
     from kiln.records import (
+        AdapterRef,
         AdmissionResult,
         ChunkResult,
         CollectGroupInput,
@@ -57,14 +58,22 @@ class RunContext:
     thinking: bool | None = None  # the run's thinking mode, resolved against the model
 
 
-def run_policy_input(request: RunRequest, **policy: object) -> PolicyInput:
+def run_policy_input(
+    request: RunRequest,
+    *,
+    adapter: str | None = None,
+    adapter_ref: AdapterRef | None = None,
+    expected: dict[str, Any] | None = None,
+) -> PolicyInput:
     """What resolves a policy that collects this run's groups (the starting one, and each online-RL
     iteration's adapter): the run's sampling settings and its thinking mode, which the gpu worker
     resolves against the model's chat template exactly as for ``collect_group``."""
     return PolicyInput(
         inference=request.model_dump(mode="json", include=set(EpisodeFields.model_fields)),
         thinking=request.thinking,
-        **policy,  # type: ignore[arg-type]
+        adapter=adapter,
+        adapter_ref=adapter_ref,
+        expected=expected,
     )
 
 
