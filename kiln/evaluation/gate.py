@@ -167,6 +167,11 @@ def evidence_and_decision(
     }
     if policy_version is not None:
         evidence["policy_version"] = policy_version
+    differences = [
+        {"group_index": g.group_index, "fields": list(g.reset_differences)} for g in paired if g.reset_differences
+    ]
+    if differences:  # only under reset_determinism: warn (kiln.evaluation.pairing)
+        evidence["reset_differences"] = differences
     return evidence
 
 

@@ -7,7 +7,10 @@ naming the group and the field:
 
 - replay ``environments`` equal (canonical JSON);
 - per replay group (in order): ``group_index``, ``environment_index``, ``seed``, ``reset_payload``,
-  ``reset_observation``, candidate count and candidate indices equal;
+  ``reset_observation``, candidate count and candidate indices equal; when both summaries record
+  ``reset_determinism: warn`` (the user declared that the environment ignores the seed for part of
+  its reset) the reset observations may differ: the groups are then paired by seed and reset payload,
+  and each paired group lists the reset fields that differed (``reset_differences``);
 - per summary episode (``rollouts`` records, in order): ``group_index``, ``candidate_index``,
   ``environment_name``, ``environment_url`` and ``seed`` equal;
 - every ``episode_return`` is a finite number.
@@ -28,6 +31,7 @@ from typing import Any
 
 from kiln.canonical import canonical_json
 from kiln.errors import KilnError
+from kiln.jsondiff import differing_paths
 
 _MISSING = object()
 
@@ -45,6 +49,7 @@ SETTING_FIELDS = (
     "protocol_error_reward",
     "max_recoverable_errors",
     "capacity_wait_seconds",
+    "reset_determinism",
     "reset_plan_sha256",
 )
 EPISODE_FIELDS = ("group_index", "candidate_index", "environment_name", "environment_url", "seed")
@@ -74,6 +79,8 @@ class PairedGroup:
     candidate_mean: float
     baseline_returns: tuple[float, ...] = ()
     candidate_returns: tuple[float, ...] = ()
+    # Reset fields the two sides saw differently (only under ``reset_determinism: warn``).
+    reset_differences: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.baseline_returns) != len(self.candidate_returns):
@@ -103,9 +110,15 @@ class PairedGroup:
         return 0
 
 
-def _drift(message: str, **details: Any) -> EnvironmentEvaluationFailed:
+_RESET_HINT = (
+    "the environment's reset is not a function of the seed; set reset_determinism: \"warn\" to pair "
+    "the held-out groups by seed and reset payload anyway (the differing fields are recorded)"
+)
+
+
+def _drift(message: str, hint: str | None = None, **details: Any) -> EnvironmentEvaluationFailed:
     return EnvironmentEvaluationFailed(
-        "paired evaluation drift: " + message, retryable=False, details=details
+        "paired evaluation drift: " + message, retryable=False, hint=hint, details=details
     )
 
 
@@ -162,7 +175,9 @@ def _check_settings(baseline: dict[str, Any], candidate: dict[str, Any]) -> None
             )
 
 
-def _check_groups(base_groups: list[dict], cand_groups: list[dict]) -> None:
+def _check_groups(base_groups: list[dict], cand_groups: list[dict], *, reset_warn: bool) -> dict[Any, tuple[str, ...]]:
+    """Check the groups line up; return the reset fields that differed, per group (warn mode)."""
+    differences: dict[Any, tuple[str, ...]] = {}
     if len(base_groups) != len(cand_groups):
         raise _drift(
             f"replay group count differs (baseline {len(base_groups)}, "
@@ -174,8 +189,12 @@ def _check_groups(base_groups: list[dict], cand_groups: list[dict]) -> None:
         for name in GROUP_FIELDS:
             va, vb = a.get(name, _MISSING), b.get(name, _MISSING)
             if va is _MISSING or not _same(va, vb):
+                if name == "reset_observation" and reset_warn and vb is not _MISSING:
+                    differences[label] = tuple(differing_paths(va, vb, name))
+                    continue
                 raise _drift(
                     f"group {label}: {name} differs (baseline {_show(va)}, candidate {_show(vb)})",
+                    _RESET_HINT if name == "reset_observation" else None,
                     group_index=label,
                     field=name,
                 )
@@ -196,6 +215,7 @@ def _check_groups(base_groups: list[dict], cand_groups: list[dict]) -> None:
                 group_index=label,
                 field="candidate_index",
             )
+    return differences
 
 
 def _index_side(
@@ -262,7 +282,9 @@ def pair_summaries(
     if not _same(baseline_replay.get("environments", _MISSING), candidate_replay.get("environments", _MISSING)):
         raise _drift("replay environments differ between baseline and candidate", field="environments")
     _check_settings(baseline_summary, candidate_summary)
-    _check_groups(base_groups, cand_groups)
+    differences = _check_groups(
+        base_groups, cand_groups, reset_warn=baseline_summary.get("reset_determinism") == "warn"
+    )
 
     if len(base_records) != len(cand_records):
         raise _drift(
@@ -298,6 +320,7 @@ def pair_summaries(
                 candidate_mean=math.fsum(cr) / len(cr),
                 baseline_returns=tuple(br),
                 candidate_returns=tuple(cr),
+                reset_differences=differences.get(index, ()),
             )
         )
     return paired

@@ -222,10 +222,28 @@ def _check_policy(policy: Any, field: str) -> None:
             raise _invalid(f"{field}.{name} must be sha256:<64 hex>", f"{field}.{name}")
 
 
+def _check_reset_differences(value: Any) -> None:
+    """``[{group_index, fields: [dotted path, ...]}, ...]``: the held-out groups whose two sides saw
+    different resets (``reset_determinism: warn``); present only when some did."""
+    where = "evidence.reset_differences"
+    if not isinstance(value, list) or not value:
+        raise _invalid(f"{where} must be a non-empty list when present", where)
+    for item in value:
+        if (
+            not isinstance(item, dict)
+            or set(item) != {"group_index", "fields"}
+            or not _is_int(item["group_index"])
+            or not isinstance(item["fields"], list)
+            or not item["fields"]
+            or not all(isinstance(f, str) and f for f in item["fields"])
+        ):
+            raise _invalid(f"{where} entries must be {{group_index: int, fields: [non-empty strings]}}", where)
+
+
 def _check_evidence(evidence: Any, config: dict[str, Any]) -> None:
     if not isinstance(evidence, dict):
         raise _invalid("evidence must be an object", "evidence")
-    known = set(EVIDENCE_INTS) | set(EVIDENCE_FLOATS) | {"decision", "reason", "policy_version"}
+    known = set(EVIDENCE_INTS) | set(EVIDENCE_FLOATS) | {"decision", "reason", "policy_version", "reset_differences"}
     for name in (*EVIDENCE_INTS, *EVIDENCE_FLOATS, "decision", "reason"):
         if name not in evidence:
             raise _invalid(f"evidence.{name} is missing", f"evidence.{name}")
@@ -234,6 +252,8 @@ def _check_evidence(evidence: Any, config: dict[str, Any]) -> None:
         raise _invalid(f"evidence has unknown fields {unknown}", "evidence")
     if "policy_version" in evidence and evidence["policy_version"] != STATISTIC:
         raise _invalid(f"evidence.policy_version must be {STATISTIC}", "evidence.policy_version")
+    if "reset_differences" in evidence:
+        _check_reset_differences(evidence["reset_differences"])
     for name in EVIDENCE_INTS:
         if not _is_int(evidence[name]) or evidence[name] < 0:
             raise _invalid(f"evidence.{name} must be a non-negative integer", f"evidence.{name}")

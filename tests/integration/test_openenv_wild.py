@@ -1,5 +1,6 @@
 """Properties of public OpenEnv servers (issue 12), each on a server of our own built with the real
-``openenv`` package (``tests.support.wild_servers``): a seed-ignoring reset.
+``openenv`` package (``tests.support.wild_servers``): a seed-ignoring reset, collected, replayed,
+and through a whole train run's paired held-out gate.
 """
 
 from __future__ import annotations
@@ -134,3 +135,39 @@ def test_mcp_tools_reach_the_prompt_and_the_identity(tiny_model_dir: Path, tmp_p
     assert second["identity"]["tools_sha256"] != first["identity"]["tools_sha256"]
     assert second["identity"]["discovery_sha256"] != first["identity"]["discovery_sha256"]
     assert "identity.tools" in identity_differences(first, second)
+
+
+@pytest.mark.asyncio
+async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: Path) -> None:
+    """A train run with reset_determinism: warn on a seed-ignoring server: the held-out groups pair
+    by seed and reset payload (the two sides' resets differ in ``side``), the run completes, and
+    the receipt lists each group's differing reset fields. Without warn the run fails at collection."""
+    from api.runs import RunService
+    from kiln.artifacts.store import ObjectRef, S3Store
+    from kiln.contracts import parse_run_request
+    from kiln.evaluation.receipt import validate_receipt
+    from tests.support.counter_loop import DEMO_TRAINING
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    settings = kiln_settings()
+    with wild("seed_ignoring", free_port(), sessions=4) as url:
+        request = parse_run_request({
+            "kind": "train", "groups": 4, "group_size": 4, "max_steps": 3, "max_action_tokens": 32,
+            "reset_determinism": "warn", "output_adapter": "seedless", "environment_urls": [url],
+            "training_config": {**DEMO_TRAINING, "echo": None},
+            "environment_eval": {"groups": 4, "group_size": 1, "gate": None},
+        })
+        async with running_workers(settings) as client:
+            status, _ = await RunService(client, settings).submit(request)
+            final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=200)
+    assert final["state"] == "completed", final.get("failure")
+    store = S3Store.from_settings(settings)
+    manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
+    entry = next(a for a in manifest["artifacts"] if a["name"] == "environment_eval/receipt.json")
+    receipt = json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
+    validate_receipt(receipt)
+    assert receipt["evidence"]["paired_groups"] == 4
+    differences = receipt["evidence"]["reset_differences"]
+    assert [d["group_index"] for d in differences] == [0, 1, 2, 3]
+    assert all(d["fields"] == ["reset_observation.observation.side"] for d in differences)

@@ -131,3 +131,36 @@ def test_summary_episode_missing_from_its_replay_group() -> None:
 
 def test_empty_bundles_fail() -> None:
     _drift(paired_bundles([], []), "groups")
+
+
+def test_reset_observation_drift_hint_names_reset_determinism() -> None:
+    bs, cs, br, cr = paired_bundles(constant(2, 0.0), constant(2, 1.0))
+    cr["groups"][1]["reset_observation"] = {"observation": {"total": 0, "side": "b"}, "reward": None, "done": False}
+    err = _drift((bs, cs, br, cr), "reset_observation")
+    assert err.details["group_index"] == 1
+    assert 'reset_determinism: "warn"' in err.hint
+
+
+def test_warn_mode_pairs_differing_resets_and_lists_the_fields() -> None:
+    """Both sides collected with reset_determinism: warn (the environment ignores the seed for part
+    of its reset): the groups pair by seed and reset payload; the differing fields are listed."""
+    bs, cs, br, cr = paired_bundles(constant(3, 0.0), constant(3, 1.0))
+    bs["reset_determinism"] = cs["reset_determinism"] = "warn"
+    br["groups"][0]["reset_observation"]["observation"]["side"] = "white-1"
+    cr["groups"][0]["reset_observation"]["observation"]["side"] = "white-2"
+    cr["groups"][2]["reset_observation"]["observation"]["side"] = "black-9"
+    paired = pair_summaries(bs, cs, br, cr)
+    assert [g.reset_differences for g in paired] == [
+        ("reset_observation.observation.side",), (), ("reset_observation.observation.side",)
+    ]
+    assert [(g.baseline_mean, g.candidate_mean) for g in paired] == [(0.0, 1.0)] * 3
+    # Other group fields stay strict in warn mode.
+    cr["groups"][1]["reset_payload"] = {"seed": 1001, "difficulty": "hard"}
+    assert _drift((bs, cs, br, cr), "reset_payload").details["group_index"] == 1
+
+
+def test_warn_on_one_side_only_is_a_settings_drift() -> None:
+    bs, cs, br, cr = paired_bundles(constant(2, 0.0), constant(2, 1.0))
+    cs["reset_determinism"] = "warn"
+    cr["groups"][0]["reset_observation"]["observation"]["side"] = "x"
+    _drift((bs, cs, br, cr), "reset_determinism")

@@ -254,3 +254,22 @@ def test_world_model_block() -> None:
     bad["world_model"]["world_model_gain"] = float("inf")
     with pytest.raises(EvaluationReceiptInvalid):
         validate_receipt(bad)
+
+
+def test_reset_differences_are_evidence_and_validated() -> None:
+    config = EnvironmentEvalConfig(gate=GateConfig(min_mean_return=0.5, min_mean_improvement=0.1))
+    paired = [PairedGroup(i, 1020 + i, 0.1, 0.8, reset_differences=("reset_observation.side",) if i == 3 else ())
+              for i in range(20)]
+    evidence = evidence_and_decision(paired, config.gate)
+    assert evidence["reset_differences"] == [{"group_index": 3, "fields": ["reset_observation.side"]}]
+    assert "reset_differences" not in evidence_and_decision(_paired([(0.1, 0.8)] * 20), config.gate)
+    receipt = build_receipt("run-17", config, 1020, policy_identity(None),
+                            policy_identity("run-17-lora", adapter_content_revision=REVISION),
+                            BASELINE_SUMMARY, CANDIDATE_SUMMARY, evidence, outcome_for(evidence["decision"], auto_load=True))
+    validate_receipt(json.loads(receipt_bytes(receipt)))
+    for bad in ([], [{"group_index": 3}], [{"group_index": "3", "fields": ["a"]}], [{"group_index": 3, "fields": []}]):
+        broken = copy.deepcopy(receipt)
+        broken["evidence"]["reset_differences"] = bad
+        with pytest.raises(EvaluationReceiptInvalid) as info:
+            validate_receipt(broken)
+        assert info.value.details["field"] == "evidence.reset_differences"
