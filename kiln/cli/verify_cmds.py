@@ -57,6 +57,9 @@ def _verify_run(folder: Path, as_json: bool) -> None:
     _row("artifacts", report["artifacts"])
     for prefix, figures in report["bundles"].items():
         _row("bundle", f"{prefix}  {figures['groups']} groups, {figures['rollouts']} rollouts")
+    for prefix, evaluation in report["evaluations"].items():
+        _row("evaluation", f"{prefix}  {evaluation['paired_groups']} paired groups, "
+             f"{evaluation['decision']} ({evaluation['outcome']}), evidence recomputed")
     for row in report["iterations"]:
         _row(f"iteration {row['iteration']}", f"sampled by {row['sampled_by'] or 'base'} → {row['adapter_sha256']}")
 

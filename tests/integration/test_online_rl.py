@@ -114,6 +114,29 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
     assert all(b["rollouts"] == 32 for b in report["bundles"].values())
     assert [r["sampled_by"] for r in report["iterations"]] == [r["behavior_adapter_sha256"] for r in curve]
     assert [r["adapter_sha256"] for r in report["iterations"]] == [r["adapter_sha256"] for r in curve]
+    # Every paired evaluation verifies: both sides, and a receipt whose evidence pairing them gives.
+    assert set(report["evaluations"]) == {"environment_eval/", *(f"iterations/{k:06d}/environment_eval/" for k in (1, 2, 3))}
+    assert all(e["paired_groups"] == 20 for e in report["evaluations"].values())
+    assert report["evaluations"]["environment_eval/"]["decision"] == final["environment_evaluation"]["decision"]
+    # A receipt claiming a better candidate than its two sides show fails (digests fixed up).
+    original = (folder / "environment_eval/receipt.json").read_bytes()
+    _rewrite(folder, "environment_eval/receipt.json", lambda r: {**r, "evidence": {
+        **r["evidence"], "candidate_mean_return": r["evidence"]["candidate_mean_return"] + 1.0,
+        "mean_return_improvement": r["evidence"]["mean_return_improvement"] + 1.0}})
+    with pytest.raises(VerificationFailed) as failed:
+        verify_run(folder)
+    assert failed.value.details["file"] == "environment_eval/receipt.json"
+    assert failed.value.details["field"].startswith("evidence"), failed.value.details
+    _rewrite(folder, "environment_eval/receipt.json", lambda r: json.loads(original))
+    second = json.loads((folder / "iterations/000002/environment_eval/receipt.json").read_bytes())
+    _rewrite(folder, "iterations/000002/environment_eval/receipt.json",
+             lambda r: {**r, "baseline_summary_sha256": "sha256:" + "2" * 64})
+    with pytest.raises(VerificationFailed) as failed:
+        verify_run(folder)
+    assert failed.value.details["file"] == "iterations/000002/environment_eval/receipt.json"
+    assert failed.value.details["field"] == "baseline_summary_sha256"
+    _rewrite(folder, "iterations/000002/environment_eval/receipt.json", lambda r: second)
+    verify_run(folder)
     # A receipt that names another adapter breaks the chain at the next iteration (digests fixed up).
     _rewrite(folder, "iterations/000002/train_receipt.json", lambda r: {**r, "adapter_sha256": "sha256:" + "1" * 64})
     with pytest.raises(VerificationFailed) as failed:

@@ -171,3 +171,19 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     differences = receipt["evidence"]["reset_differences"]
     assert [d["group_index"] for d in differences] == [0, 1, 2, 3]
     assert all(d["fields"] == ["reset_observation.observation.side"] for d in differences)
+    # Offline, the whole run verifies, the receipt's evidence recomputed from its two sides.
+    from kiln.rollout.verify.run import verify_run
+    from tests.integration.test_online_rl import _download
+
+    folder = _download(store, final["run_id"], manifest, tmp_path / "run")
+    report = verify_run(folder)
+    assert report["evaluations"] == {"environment_eval/": {"decision": "diagnostic", "outcome": "diagnostic", "paired_groups": 4}}
+    from typer.testing import CliRunner
+
+    from kiln.cli.app import app as cli_app
+
+    shown = CliRunner().invoke(cli_app, ["openenv", "verify", "--run", str(folder)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "environment_eval/  4 paired groups, diagnostic (diagnostic), evidence recomputed" in shown.output
+    as_json = CliRunner().invoke(cli_app, ["openenv", "verify", "--run", str(folder), "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["evaluations"] == report["evaluations"]

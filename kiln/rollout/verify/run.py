@@ -9,7 +9,10 @@ artifact at its manifest name. Checked, failing closed on the first violation:
 3. the on-policy chain: iteration 1 was sampled by the run's starting policy, iteration k (k > 1)
    by exactly the adapter iteration k−1's receipt names (or, for a stale batch, one iteration
    older, as its receipt's staleness block declares), and the top-level adapter and receipt are
-   the last trained iteration's.
+   the last trained iteration's;
+4. every paired held-out evaluation (``environment_eval/``, top level and per iteration): both
+   side bundles, and a receipt whose evidence is what pairing those sides gives
+   (``kiln.rollout.verify.evaluation``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from kiln.artifacts.manifest import validate_manifest
 from kiln.canonical import file_sha256
 from kiln.rollout.verify.checks import Where, fail
+from kiln.rollout.verify.evaluation import verify_evaluation
 from kiln.rollout.verify.files import parse_json, read_capped
 from kiln.rollout.verify.load import verify_bundle
 
@@ -94,6 +98,10 @@ def verify_run(folder: Path) -> dict[str, Any]:
         report = verify_bundle(folder / f"{prefix}summary.json", dataset_path=folder / f"{prefix}rollouts.jsonl",
                                replay_path=folder / f"{prefix}replay.json")
         reports[prefix or "."] = {"groups": report["groups"], "rollouts": report["rollouts"]}
+    evaluations = {
+        name.removesuffix("receipt.json"): verify_evaluation(folder, name.removesuffix("receipt.json"))
+        for name in sorted(names) if name.endswith("environment_eval/receipt.json")
+    }
     iterations = int(manifest.get("iterations") or 1)
     chain = _check_chain(folder, iterations) if iterations > 1 else []
     if chain:
@@ -105,5 +113,6 @@ def verify_run(folder: Path) -> dict[str, Any]:
         "run_id": manifest.get("run_id"),
         "artifacts": len(names),
         "bundles": reports,
+        "evaluations": evaluations,
         "iterations": chain,
     }

@@ -1,0 +1,73 @@
+"""Verify a run's paired held-out evaluation offline: its two side bundles and its receipt.
+
+An evaluation lives under ``environment_eval/`` (``baseline/`` and ``candidate/``, each a rollout
+bundle, plus ``receipt.json``); an online-RL run has one per evaluated iteration as well. Checked,
+failing closed on the first violation:
+
+1. each side verifies as a bundle (``verify_bundle``);
+2. the receipt has the ``kiln.openenv-environment-evaluation.v1`` shape and consistency rules
+   (``validate_receipt``);
+3. the receipt's ``baseline_summary_sha256`` / ``candidate_summary_sha256`` are those side files;
+4. the receipt's ``evidence`` is exactly what pairing the two sides and applying the receipt's own
+   gate gives (``pair_summaries`` and ``evidence_and_decision``, the code the run used).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kiln.canonical import canonical_json, file_sha256
+from kiln.evaluation.gate import evidence_and_decision
+from kiln.evaluation.pairing import EnvironmentEvaluationFailed, pair_summaries
+from kiln.evaluation.receipt import validate_receipt
+from kiln.rollout.verify.checks import Where, fail
+from kiln.rollout.verify.files import parse_json, read_capped
+from kiln.rollout.verify.load import verify_bundle
+
+SIDES = ("baseline", "candidate")
+
+
+def _document(folder: Path, name: str) -> Any:
+    return parse_json(read_capped(folder / name, name), Where(name))
+
+
+def verify_evaluation(folder: Path, prefix: str) -> dict[str, Any]:
+    """Verify the evaluation under ``folder / prefix`` (``prefix`` ends with ``environment_eval/``);
+    return ``{decision, outcome, paired_groups}``. Raises ``VerificationFailed``."""
+    receipt_name = prefix + "receipt.json"
+    docs: dict[str, dict[str, Any]] = {}
+    for side in SIDES:
+        base = f"{prefix}{side}/"
+        verify_bundle(folder / f"{base}summary.json", dataset_path=folder / f"{base}rollouts.jsonl",
+                      replay_path=folder / f"{base}replay.json")
+        docs[side] = {"summary": _document(folder, base + "summary.json"), "replay": _document(folder, base + "replay.json")}
+    receipt = _document(folder, receipt_name)
+    try:
+        validate_receipt(receipt)
+    except EnvironmentEvaluationFailed as exc:
+        field = (exc.details or {}).get("field") or "receipt"
+        raise fail(Where(receipt_name), str(field), exc.message) from None
+    for side in SIDES:
+        digest = file_sha256(folder / f"{prefix}{side}/summary.json")
+        if receipt[f"{side}_summary_sha256"] != digest:
+            raise fail(Where(receipt_name), f"{side}_summary_sha256",
+                       f"names {receipt[f'{side}_summary_sha256']}, but {prefix}{side}/summary.json hashes to {digest}")
+    try:
+        paired = pair_summaries(docs["baseline"]["summary"], docs["candidate"]["summary"],
+                                docs["baseline"]["replay"], docs["candidate"]["replay"])
+    except EnvironmentEvaluationFailed as exc:
+        raise fail(Where(receipt_name), "evidence", f"its two sides do not pair: {exc.message}") from None
+    evidence = receipt["evidence"]
+    expected = evidence_and_decision(
+        paired, receipt["config"].get("gate"),
+        minimum_paired_groups=evidence["minimum_paired_groups"],
+        alpha=evidence["exact_sign_test_alpha"],
+        policy_version=evidence.get("policy_version"),
+    )
+    if canonical_json(expected) != canonical_json(evidence):
+        changed = sorted(k for k in set(expected) | set(evidence) if json.dumps(expected.get(k)) != json.dumps(evidence.get(k)))
+        raise fail(Where(receipt_name), f"evidence.{changed[0]}",
+                   f"is {evidence.get(changed[0])!r}, but pairing the two sides gives {expected.get(changed[0])!r}")
+    return {"decision": evidence["decision"], "outcome": receipt["outcome"], "paired_groups": evidence["paired_groups"]}
