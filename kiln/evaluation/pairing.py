@@ -189,7 +189,7 @@ def _check_groups(base_groups: list[dict], cand_groups: list[dict], *, reset_war
         for name in GROUP_FIELDS:
             va, vb = a.get(name, _MISSING), b.get(name, _MISSING)
             if va is _MISSING or not _same(va, vb):
-                if name == "reset_observation" and reset_warn and vb is not _MISSING:
+                if name == "reset_observation" and reset_warn and va is not _MISSING and vb is not _MISSING:
                     differences[label] = tuple(differing_paths(va, vb, name))
                     continue
                 raise _drift(

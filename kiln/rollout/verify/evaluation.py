@@ -14,7 +14,6 @@ failing closed on the first violation:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,8 @@ def verify_evaluation(folder: Path, prefix: str) -> dict[str, Any]:
         policy_version=evidence.get("policy_version"),
     )
     if canonical_json(expected) != canonical_json(evidence):
-        changed = sorted(k for k in set(expected) | set(evidence) if json.dumps(expected.get(k)) != json.dumps(evidence.get(k)))
-        raise fail(Where(receipt_name), f"evidence.{changed[0]}",
-                   f"is {evidence.get(changed[0])!r}, but pairing the two sides gives {expected.get(changed[0])!r}")
+        changed = sorted(k for k in set(expected) | set(evidence) if canonical_json(expected.get(k)) != canonical_json(evidence.get(k)))
+        key = changed[0] if changed else "evidence"
+        raise fail(Where(receipt_name), f"evidence.{key}",
+                   f"is {evidence.get(key)!r}, but pairing the two sides gives {expected.get(key)!r}")
     return {"decision": evidence["decision"], "outcome": receipt["outcome"], "paired_groups": evidence["paired_groups"]}
