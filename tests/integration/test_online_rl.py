@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 
 from api.runs import RunService
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from kiln.rollout.verify import VerificationFailed
 from kiln.rollout.verify.run import verify_run
 from tests.support.counter_loop import DEMO_TRAINING
 from tests.support.kiln_workers import running_workers
+from tests.support.run_folders import artifact_bytes, download_run
 from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
@@ -42,21 +43,6 @@ ONLINE_RUN = {
     "training_config": {**DEMO_TRAINING, "echo": None, "learning_rate": 3e-4},
     "environment_eval": {"groups": 20, "group_size": 2},
 }
-
-
-def _get(store: S3Store, entry: dict[str, Any]) -> bytes:
-    return store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"]))
-
-
-def _download(store: S3Store, run_id: str, manifest: dict[str, Any], folder: Path) -> Path:
-    """What ``kiln openenv download`` writes: manifest.json and every artifact at its name."""
-    folder.mkdir()
-    (folder / "manifest.json").write_bytes(store.get_key(f"runs/{run_id}/manifest.json"))
-    for entry in manifest["artifacts"]:
-        path = folder / entry["name"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_get(store, entry))
-    return folder
 
 
 def _rewrite(folder: Path, name: str, change: Any) -> None:
@@ -108,7 +94,7 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
         for name in ("rollouts.jsonl", "replay.json", "summary.json", "train_receipt.json", "adapter/adapter_model.safetensors"):
             assert prefix + name in names, prefix + name
     # The whole run verifies offline: every file, every iteration's bundle, the on-policy chain.
-    folder = _download(store, final["run_id"], manifest, tmp_path / "run")
+    folder = download_run(store, final["run_id"], manifest, tmp_path / "run")
     report = verify_run(folder)
     assert set(report["bundles"]) == {".", *(f"iterations/{k:06d}/" for k in range(1, 5))}
     assert all(b["rollouts"] == 32 for b in report["bundles"].values())
@@ -143,14 +129,14 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
         verify_run(folder)
     assert failed.value.details["file"] == "iterations/000003/summary.json"
     # The top-level adapter is the final one, and it was gated against the starting policy.
-    final_receipt = json.loads(_get(store, names["train_receipt.json"]))
+    final_receipt = json.loads(artifact_bytes(store, names["train_receipt.json"]))
     assert final_receipt["adapter_sha256"] == curve[-1]["adapter_sha256"]
     assert names["adapter/adapter_model.safetensors"]["sha256"] == names["iterations/000004/adapter/adapter_model.safetensors"]["sha256"]
 
     # Learning: the held-out return of iteration 4's adapter beats iteration 1's on the same
     # paired seeds (exact sign test); every iteration was evaluated (eval_every 1).
-    first = _per_seed_returns(json.loads(_get(store, names["iterations/000001/environment_eval/candidate/replay.json"])))
-    last = _per_seed_returns(json.loads(_get(store, names["environment_eval/candidate/replay.json"])))
+    first = _per_seed_returns(json.loads(artifact_bytes(store, names["iterations/000001/environment_eval/candidate/replay.json"])))
+    last = _per_seed_returns(json.loads(artifact_bytes(store, names["environment_eval/candidate/replay.json"])))
     assert set(first) == set(last) and len(first) == 20
     wins = sum(1 for seed in first if last[seed] > first[seed])
     losses = sum(1 for seed in first if last[seed] < first[seed])
@@ -159,7 +145,7 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
     assert len({r["eval_baseline_mean_return"] for r in curve}) == 1  # one baseline, collected once
 
     # The curve is in metrics.jsonl too: one iteration row each, equal to status.
-    metrics = [json.loads(line) for line in _get(store, names["metrics.jsonl"]).splitlines()]
+    metrics = [json.loads(line) for line in artifact_bytes(store, names["metrics.jsonl"]).splitlines()]
     rows = [m for m in metrics if m.get("kind") == "iteration"]
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
     assert [r["adapter_sha256"] for r in rows] == [r["adapter_sha256"] for r in curve]
@@ -219,17 +205,17 @@ async def test_stale_overlap_across_continue_as_new(
     # Each record's mean return is its own iteration's, also for the one collected before a
     # continue-as-new and finished after it.
     for k in (1, 2, 3):
-        summary = json.loads(_get(store, names[f"iterations/{k:06d}/summary.json"]))
+        summary = json.loads(artifact_bytes(store, names[f"iterations/{k:06d}/summary.json"]))
         assert curve[k - 1]["mean_return"] == summary["stats"]["mean_episode_return"]
     # Stale iterations: scored with the adapter that sampled them, weights truncated at the cap.
     assert curve[0]["behavior_adapter_sha256"] is None and curve[1]["behavior_adapter_sha256"] is None
     for k, behind in ((2, None), (3, curve[0]["adapter_sha256"])):
-        receipt = json.loads(_get(store, names[f"iterations/{k:06d}/train_receipt.json"]))
+        receipt = json.loads(artifact_bytes(store, names[f"iterations/{k:06d}/train_receipt.json"]))
         block = receipt["staleness"]
         assert block["staleness"] == 1 and block["behavior_adapter_sha256"] == behind
         assert all(step["staleness"] == 1 and step["is_weight_max"] <= block["is_max_weight"] for step in receipt["steps"])
         assert receipt["continued_from"]["adapter_sha256"] == curve[k - 2]["adapter_sha256"]
-    report = verify_run(_download(store, run_id, manifest, tmp_path / "run"))
+    report = verify_run(download_run(store, run_id, manifest, tmp_path / "run"))
     assert [r["staleness"] for r in report["iterations"]] == [0, 1, 1]
 
 

@@ -141,13 +141,19 @@ def test_mcp_tools_reach_the_prompt_and_the_identity(tiny_model_dir: Path, tmp_p
 async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: Path) -> None:
     """A train run with reset_determinism: warn on a seed-ignoring server: the held-out groups pair
     by seed and reset payload (the two sides' resets differ in ``side``), the run completes, and
-    the receipt lists each group's differing reset fields. Without warn the run fails at collection."""
+    the receipt lists each group's differing reset fields, and ``verify --run`` (function and CLI)
+    recomputes that evidence offline. (Without warn, collection fails: the test above.)"""
+    from typer.testing import CliRunner
+
     from api.runs import RunService
-    from kiln.artifacts.store import ObjectRef, S3Store
+    from kiln.artifacts.store import S3Store
+    from kiln.cli.app import app as cli_app
     from kiln.contracts import parse_run_request
     from kiln.evaluation.receipt import validate_receipt
+    from kiln.rollout.verify.run import verify_run
     from tests.support.counter_loop import DEMO_TRAINING
     from tests.support.kiln_workers import running_workers
+    from tests.support.run_folders import artifact_bytes, download_run
     from tests.support.waiting import workflow_result
 
     settings = kiln_settings()
@@ -165,23 +171,16 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
     entry = next(a for a in manifest["artifacts"] if a["name"] == "environment_eval/receipt.json")
-    receipt = json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
+    receipt = json.loads(artifact_bytes(store, entry))
     validate_receipt(receipt)
     assert receipt["evidence"]["paired_groups"] == 4
     differences = receipt["evidence"]["reset_differences"]
     assert [d["group_index"] for d in differences] == [0, 1, 2, 3]
     assert all(d["fields"] == ["reset_observation.observation.side"] for d in differences)
     # Offline, the whole run verifies, the receipt's evidence recomputed from its two sides.
-    from kiln.rollout.verify.run import verify_run
-    from tests.integration.test_online_rl import _download
-
-    folder = _download(store, final["run_id"], manifest, tmp_path / "run")
+    folder = download_run(store, final["run_id"], manifest, tmp_path / "run")
     report = verify_run(folder)
     assert report["evaluations"] == {"environment_eval/": {"decision": "diagnostic", "outcome": "diagnostic", "paired_groups": 4}}
-    from typer.testing import CliRunner
-
-    from kiln.cli.app import app as cli_app
-
     shown = CliRunner().invoke(cli_app, ["openenv", "verify", "--run", str(folder)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "environment_eval/  4 paired groups, diagnostic (diagnostic), evidence recomputed" in shown.output

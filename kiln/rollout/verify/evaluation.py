@@ -4,7 +4,7 @@ An evaluation lives under ``environment_eval/`` (``baseline/`` and ``candidate/`
 bundle, plus ``receipt.json``); an online-RL run has one per evaluated iteration as well. Checked,
 failing closed on the first violation:
 
-1. each side verifies as a bundle (``verify_bundle``);
+1. each side verifies as a bundle (``load_bundle``, whose parsed files the pairing then uses);
 2. the receipt has the ``kiln.openenv-environment-evaluation.v1`` shape and consistency rules
    (``validate_receipt``);
 3. the receipt's ``baseline_summary_sha256`` / ``candidate_summary_sha256`` are those side files;
@@ -23,39 +23,34 @@ from kiln.evaluation.pairing import EnvironmentEvaluationFailed, pair_summaries
 from kiln.evaluation.receipt import validate_receipt
 from kiln.rollout.verify.checks import Where, fail
 from kiln.rollout.verify.files import parse_json, read_capped
-from kiln.rollout.verify.load import verify_bundle
+from kiln.rollout.verify.load import load_bundle
 
 SIDES = ("baseline", "candidate")
-
-
-def _document(folder: Path, name: str) -> Any:
-    return parse_json(read_capped(folder / name, name), Where(name))
 
 
 def verify_evaluation(folder: Path, prefix: str) -> dict[str, Any]:
     """Verify the evaluation under ``folder / prefix`` (``prefix`` ends with ``environment_eval/``);
     return ``{decision, outcome, paired_groups}``. Raises ``VerificationFailed``."""
     receipt_name = prefix + "receipt.json"
-    docs: dict[str, dict[str, Any]] = {}
-    for side in SIDES:
-        base = f"{prefix}{side}/"
-        verify_bundle(folder / f"{base}summary.json", dataset_path=folder / f"{base}rollouts.jsonl",
-                      replay_path=folder / f"{base}replay.json")
-        docs[side] = {"summary": _document(folder, base + "summary.json"), "replay": _document(folder, base + "replay.json")}
-    receipt = _document(folder, receipt_name)
+    sides = {
+        side: load_bundle(folder / f"{prefix}{side}/summary.json", dataset_path=folder / f"{prefix}{side}/rollouts.jsonl",
+                          replay_path=folder / f"{prefix}{side}/replay.json")
+        for side in SIDES
+    }
+    receipt = parse_json(read_capped(folder / receipt_name, receipt_name), Where(receipt_name))
     try:
         validate_receipt(receipt)
     except EnvironmentEvaluationFailed as exc:
         field = (exc.details or {}).get("field") or "receipt"
         raise fail(Where(receipt_name), str(field), exc.message) from None
     for side in SIDES:
-        digest = file_sha256(folder / f"{prefix}{side}/summary.json")
+        digest = file_sha256(sides[side].summary_path)
         if receipt[f"{side}_summary_sha256"] != digest:
             raise fail(Where(receipt_name), f"{side}_summary_sha256",
                        f"names {receipt[f'{side}_summary_sha256']}, but {prefix}{side}/summary.json hashes to {digest}")
     try:
-        paired = pair_summaries(docs["baseline"]["summary"], docs["candidate"]["summary"],
-                                docs["baseline"]["replay"], docs["candidate"]["replay"])
+        paired = pair_summaries(sides["baseline"].summary, sides["candidate"].summary,
+                                sides["baseline"].replay, sides["candidate"].replay)
     except EnvironmentEvaluationFailed as exc:
         raise fail(Where(receipt_name), "evidence", f"its two sides do not pair: {exc.message}") from None
     evidence = receipt["evidence"]
