@@ -168,6 +168,12 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
             status, _ = await RunService(client, settings).submit(request)
             final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=200)
     assert final["state"] == "completed", final.get("failure")
+    # Every training group's candidates saw different sides: one status warning each, naming the
+    # field (the held-out groups have one candidate each: nothing to differ within them).
+    assert sorted(w for w in final["warnings"] if "candidates saw different resets" in w) == [
+        f"group {g}: candidates saw different resets in reset_observation.observation.side (reset_determinism: warn)"
+        for g in range(4)
+    ]
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
     entry = next(a for a in manifest["artifacts"] if a["name"] == "environment_eval/receipt.json")
