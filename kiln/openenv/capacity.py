@@ -32,6 +32,8 @@ CAPACITY_WAIT_CODE = "environment_at_capacity"
 # A learned limit is a hint: after this long without a refusal the full width is tried again
 # (an environment may be restarted with more sessions).
 LIMIT_MEMORY_S = 120.0
+# Per-run session counts kept by one worker process (the oldest idle ones are forgotten first).
+MAX_HOLDERS = 4096
 
 
 class EnvironmentAtCapacity(KilnError):
@@ -100,6 +102,9 @@ class CapacityBook:
             mine = self._by_holder.setdefault((holder, url), HeldSessions())
             mine.held += 1
             mine.held_max = max(mine.held_max, mine.held)
+            if len(self._by_holder) > MAX_HOLDERS:  # a long-lived worker: forget the oldest idle runs
+                for key in [k for k, v in self._by_holder.items() if v.held == 0][: MAX_HOLDERS // 4]:
+                    del self._by_holder[key]
 
     def released(self, url: str, holder: str = "") -> None:
         with self._lock:
