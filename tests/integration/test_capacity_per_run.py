@@ -89,6 +89,7 @@ def _capacity_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     return [r for r in caplog.records if r.name == "kiln.expected" and "environment_at_capacity" in r.getMessage()]
 
 
+@pytest.mark.slow
 async def test_three_runs_on_a_one_session_server_count_only_their_own(
     kiln_settings: Any, single_session_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

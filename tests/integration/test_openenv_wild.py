@@ -194,6 +194,7 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["evaluations"] == report["evaluations"]
 
 
+@pytest.mark.slow
 def test_replay_ignore_leaves_out_a_wall_clock_step_field(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A step observation with a wall-clock ``metadata.execution_time``: replay drifts on it unless
     the run named it in ``replay_ignore``, which the summary records, so replay (told nothing)

@@ -60,6 +60,7 @@ def test_all_groups_skipped(s3_server: dict[str, str], tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
     kiln_settings, counter_env_url: str, tmp_path: Path
