@@ -5,25 +5,39 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import threading
 from typing import Any, Callable, TypeVar
 
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from kiln.errors import KilnError
 from kiln.telemetry.prometheus import count_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Expected waits (``KilnError.expected``: an environment at capacity) are logged here, one INFO
+# line each; the workers show this logger at INFO (workers/__main__.py).
+EXPECTED_LOG = logging.getLogger("kiln.expected")
+
 
 def to_application_error(error: KilnError) -> ApplicationError:
-    """The Temporal failure for a KilnError: ``type`` is the stable code; details carry the dict."""
+    """The Temporal failure for a KilnError: ``type`` is the stable code; details carry the dict.
+    An expected wait is benign (the SDK then logs it at DEBUG, never as a failure with a traceback)."""
     return ApplicationError(
         error.message,
         error.to_dict(),
         type=error.code,
         non_retryable=not error.retryable,
+        category=ApplicationErrorCategory.BENIGN if error.expected else ApplicationErrorCategory.UNSPECIFIED,
     )
+
+
+def _surface(err: KilnError) -> ApplicationError:
+    if err.expected:
+        EXPECTED_LOG.info("%s: %s", err.code, err.message)
+    count_error(err.code)
+    return to_application_error(err)
 
 
 def kiln_errors(fn: F) -> F:
@@ -35,8 +49,7 @@ def kiln_errors(fn: F) -> F:
             try:
                 return await fn(*args, **kwargs)
             except KilnError as err:
-                count_error(err.code)
-                raise to_application_error(err) from None
+                raise _surface(err) from None
 
         return async_wrapper  # type: ignore[return-value]
 
@@ -45,8 +58,7 @@ def kiln_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except KilnError as err:
-            count_error(err.code)
-            raise to_application_error(err) from None
+            raise _surface(err) from None
 
     return sync_wrapper  # type: ignore[return-value]
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kiln import boundedjson
 from kiln.canonical import compact_json, digest_json
 from kiln.errors import InvalidRequest
+from kiln.rollout import replay_ignore
 
 MAX_SEED = 2**63 - 1
 MAX_ITERATIONS = 1000
@@ -220,6 +221,14 @@ class EpisodeFields(StrictModel):
     capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
     # "warn": a group whose candidates saw different resets is collected anyway (recorded).
     reset_determinism: Literal["strict", "warn"] = "strict"
+    # Step and state fields live replay must not compare (kiln.rollout.replay_ignore: dotted paths
+    # as a replay drift names them); recorded in the rollout summary.
+    replay_ignore: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("replay_ignore")
+    @classmethod
+    def _replay_paths(cls, value: list[str]) -> list[str]:
+        return replay_ignore.check_paths(value)
 
     @field_validator("temperature", "protocol_error_reward")
     @classmethod
@@ -530,9 +539,10 @@ def parse_run_request(data: Any) -> RunRequest:
 def request_digest(request: RunRequest) -> str:
     """Digest of the typed, default-filled request (idempotency comparisons use it). Fields added
     later are left out while they hold their "off" value (``model`` unset, one iteration, no
-    ``eval_every``, staleness 0), so a request that does not use them digests as before."""
+    ``eval_every``, staleness 0, no ``replay_ignore``), so a request that does not use them digests as before."""
     data = request.model_dump(mode="json", by_alias=False)
-    for name, off in (("model", None), ("iterations", 1), ("eval_every", None), ("max_staleness", 0)):
+    for name, off in (("model", None), ("iterations", 1), ("eval_every", None), ("max_staleness", 0),
+                      ("replay_ignore", [])):
         if data.get(name) == off:
             data.pop(name, None)
     return digest_json(data)

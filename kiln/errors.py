@@ -27,6 +27,9 @@ class KilnError(Exception):
     retryable: bool = False
     http_status: int = 500
     stage: str | None = None
+    # An expected wait, not a failure (an environment at capacity): workers log it as one INFO
+    # line without a traceback, and Temporal marks it benign.
+    expected: bool = False
 
     def __init__(
         self,

@@ -157,9 +157,11 @@ class CollectGroupResult(Record):
     attempt: int = 1
     interruption_code: str | None = None
     worker: str | None = None  # identity of the worker process that collected it (wall-clock fact)
-    # What the environment granted this worker (sessions_granted_max, max_sessions_advertised,
-    # refusals, waves): run status only, never the reproducible artifacts.
+    # What the environment granted this run (sessions_granted_max, max_sessions_advertised, this
+    # attempt's refusals and waves): run status only, never the reproducible artifacts.
     capacity: dict[str, Any] | None = None
+    # Under reset_determinism: warn, the reset fields this group's candidates saw differently.
+    reset_differences: list[str] = Field(default_factory=list)
 
 
 class CollectionPlan(Record):
@@ -198,6 +200,7 @@ class GroupOutcome(Record):
     attempt: int = 1
     interruption_code: str | None = None
     capacity: dict[str, Any] | None = None
+    reset_differences: list[str] = Field(default_factory=list)  # reset_determinism: warn
 
 
 class ChunkResult(Record):

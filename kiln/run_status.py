@@ -137,6 +137,17 @@ MAX_INTERRUPTION_RECORDS = 256
 MAX_ITERATION_RECORDS = 100
 
 
+def reset_warning(label: str, group_index: int, fields: list[str]) -> str:
+    """The status warning of a group whose candidates saw different resets (``reset_determinism:
+    warn``); ``label`` is the collection's ("group", "iteration 2 group", "eval baseline" …)."""
+    # "iteration 3 group" → "iteration 3: group" (a next iteration may collect while one trains)
+    where = label.replace(" group", ": group") if label.startswith("iteration ") else (
+        "group" if label == "group" else f"{label} group"
+    )
+    shown = ", ".join(fields[:8]) + (f" and {len(fields) - 8} more" if len(fields) > 8 else "")
+    return f"{where} {group_index}: candidates saw different resets in {shown} (reset_determinism: warn)"
+
+
 class IterationStatus(_Status):
     """One online-RL iteration: what it collected with, its returns, and what training made of it."""
 
@@ -269,8 +280,17 @@ class RunStatus(_Status):
             selection=training.selection,
             skip_reason=training.skip_reason,
         )
-        self.warnings.extend(training.selection.get("warnings", []))
-        del self.warnings[MAX_WARNINGS:]  # bounded: an online-RL run trains many times
+        self.warn(*training.selection.get("warnings", []))
+
+    def warn(self, *messages: str) -> None:
+        """Add warnings (bounded: an online-RL run trains many times); in a run of several
+        iterations each one starts with ``iteration k:``, the iteration it came from (the one in
+        progress, unless the message already names its own)."""
+        multi = (self.iterations_total or 1) > 1 and self.iteration is not None
+        if multi:
+            messages = tuple(m if m.startswith("iteration ") else f"iteration {self.iteration}: {m}" for m in messages)
+        self.warnings.extend(messages)
+        del self.warnings[MAX_WARNINGS:]
 
     def record_interruption(self, interruption: Interruption) -> None:
         """A re-collected group (bounded: the most recent ``MAX_INTERRUPTION_RECORDS``)."""
@@ -282,6 +302,18 @@ class RunStatus(_Status):
         """Append an iteration's record (bounded: the most recent ``MAX_ITERATION_RECORDS``)."""
         self.iterations = [r for r in self.iterations if r.iteration != record.iteration] + [record]
         del self.iterations[:-MAX_ITERATION_RECORDS]
+
+    def record_evidence(self, published: Any, code: str) -> None:
+        """A run failing (``code``) after collection published its collected episodes: the manifest
+        and artifacts are the evidence (``kiln openenv download``/``verify``); nothing is promoted."""
+        self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)
+        self.artifacts = [ArtifactStatus.model_validate(a.model_dump()) for a in published.artifacts]
+        self.rollout_stats = published.stats
+        self.promoted = False
+        self.warn(
+            f"the run failed ({code}) after collection: its collected episodes are published as evidence "
+            "(manifest and bundle; no adapter, nothing promoted)"
+        )
 
     def record_publication(self, published: Any, *, promoted: bool) -> None:
         self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kiln.expected").setLevel(logging.INFO)  # expected waits: one INFO line each
     try:
         if args[0] == ENSURE:
             asyncio.run(_ensure_only())

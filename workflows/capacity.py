@@ -27,6 +27,16 @@ def capacity_wait_for(err: BaseException, waited_s: float, capacity_wait_s: floa
     return capacity_wait_decision(cause.type if cause else None, waited_s, float(capacity_wait_s), retries)
 
 
+def capacity_refusals(err: BaseException) -> int:
+    """Refusals one attempt refused for capacity met (its ``environment_at_capacity`` details)."""
+    cause = _cause(err)
+    if cause is None or cause.type != CAPACITY_WAIT_CODE:
+        return 0
+    payload = cause.details[0] if cause.details and isinstance(cause.details[0], dict) else {}
+    refusals = (payload.get("details") or {}).get("refusals")
+    return refusals if isinstance(refusals, int) and not isinstance(refusals, bool) else 0
+
+
 def capacity_failure(err: BaseException, group_index: int, group_size: int, waited_s: float) -> ApplicationError | None:
     """The final ``environment_capacity_exhausted`` once the wait is over (None: not a capacity failure)."""
     cause = _cause(err)

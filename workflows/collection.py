@@ -38,9 +38,10 @@ with workflow.unsafe.imports_passed_through():
         StoredObject,
     )
     from kiln.run_plan import CHUNK_GROUPS, GroupSlot, chunks
-    from kiln.run_status import Interruption, Progress, RunStatus
+    from kiln.run_status import Interruption, Progress, RunStatus, reset_warning
     from workflows import ui
-    from workflows.capacity import capacity_failure, capacity_wait_for
+    from kiln.openenv.capacity import merge_capacity
+    from workflows.capacity import capacity_failure, capacity_refusals, capacity_wait_for
     from workflows.names import CHUNK_WORKFLOW
     from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
 
@@ -99,11 +100,17 @@ async def _collect_waiting_for_capacity(
     """
     waited_from = None
     retries = 0
+    refused = 0  # refusals met by the attempts that ended for capacity (counted in the result)
     while True:
         try:
             async with gate:
-                return await call(GpuActivities.collect_group, inp, summary=summary)
+                result: CollectGroupResult = await call(GpuActivities.collect_group, inp, summary=summary)
+            if refused and result.capacity is not None:
+                refusals = int(result.capacity.get("refusals") or 0) + refused
+                result = result.model_copy(update={"capacity": {**result.capacity, "refusals": refusals}})
+            return result
         except ActivityError as err:
+            refused += capacity_refusals(err)
             waited_from = waited_from or workflow.now()  # the first refusal starts the wait
             waited = (workflow.now() - waited_from).total_seconds()
             pause = capacity_wait_for(err, waited, plan.capacity_wait_seconds, retries)
@@ -151,6 +158,7 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
                 attempt=result.attempt,
                 interruption_code=result.interruption_code,
                 capacity=result.capacity,
+                reset_differences=result.reset_differences,
             )
         )
 
@@ -163,8 +171,12 @@ def fold_outcome(
 ) -> None:
     """One collected group (from the environment at ``environment_url``) into the run's status
     (progress, capacity, interruptions)."""
-    if outcome.capacity is not None:
-        status.environment_capacity[environment_url] = outcome.capacity
+    if outcome.capacity is not None:  # per run: summed over its groups (kiln.openenv.capacity)
+        status.environment_capacity[environment_url] = merge_capacity(
+            status.environment_capacity.get(environment_url), outcome.capacity
+        )
+    if outcome.reset_differences:
+        status.warn(reset_warning(label, outcome.group_index, outcome.reset_differences))
     if outcome.attempt > 1:
         status.record_interruption(
             Interruption(

@@ -157,6 +157,7 @@ class OpenEnvRunWorkflow(RunStages):
         ctx.thinking = start.thinking
         if request.kind == "rollout":
             groups = await self._collect(ctx, start, 1)
+            self._collected = (ctx, groups, start, 1)
             await self._revalidate(ctx)
             await self._evaluate_and_publish(ctx, start, start, groups, None)
             return

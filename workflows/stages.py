@@ -16,6 +16,7 @@ import asyncio
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
@@ -49,13 +50,46 @@ with workflow.unsafe.imports_passed_through():
     from kiln.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
     from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
-    from workflows.status import StatusKeeper
+    from workflows.status import StatusKeeper, failure_from
+
+
+# Patch id: a run that fails after collecting publishes the collected bundle (not promoted) first.
+KEEP_EVIDENCE_PATCH = "keep-failed-run-evidence"
 
 
 class RunStages(StatusKeeper):
     """Collection → revalidation → training (per iteration) → evaluation → publication."""
 
     _status: RunStatus
+    # The latest collection not yet published: (context, groups, the policy that sampled them,
+    # iteration); a failure after it publishes them as the run's evidence.
+    _collected: tuple[RunContext, GroupSet, PolicyResult, int] | None = None
+
+    async def _keep_evidence(self, failure: Any) -> None:
+        """A run failing after collection (``zero_groups`` in training, a changed identity, a
+        failed evaluation …) publishes the collected bundle first: the manifest, its artifacts and
+        the run status point at it and ``verify`` checks it; no adapter is published or promoted.
+        Publication's own failure is not retried here (the run fails with its first error)."""
+        collected, self._collected = self._collected, None
+        if collected is None or failure.code == "cancelled" or not workflow.patched(KEEP_EVIDENCE_PATCH):
+            return
+        ctx, groups, sampler, k = collected
+        request = ctx.request
+        try:
+            published: PublishResult = await ctx.call(
+                ControlActivities.publish_run,
+                PublishInput(
+                    run_id=ctx.run_id, kind=request.kind, output_adapter=request.output_adapter,
+                    bundle=self._bundle(ctx, sampler, k), environments=ctx.discovery.environments,
+                    groups=groups, behavior_policy=sampler.behavior_policy,
+                    reset_plan_sha256=ctx.admission.reset_plan_sha256, promote=False,
+                ),
+                summary="publish the collected episodes of a failed run (evidence, not promoted)",
+            )
+        except (ActivityError, ApplicationError) as err:
+            self._status.warn(f"the collected episodes could not be published: {failure_from(err, 'publication').message}")
+            return
+        self._status.record_evidence(published, failure.code)
 
     async def _collect(self, ctx: RunContext, policy: PolicyResult, iteration: int,
                        progress: Progress | None = None) -> GroupSet:
@@ -109,6 +143,7 @@ class RunStages(StatusKeeper):
                 status.progress = Progress.planned(request.groups, request.group_size)
                 groups = await self._collect(ctx, sampler.policy, k)
             pending, carry.pending, carry.pending_progress = None, None, None
+            self._collected = (ctx, groups, sampler.policy, k)
             await self._revalidate(ctx)
             if request.max_staleness and k < total:  # iteration k+1 samples while k trains
                 pending_progress = Progress.planned(request.groups, request.group_size)
@@ -274,6 +309,7 @@ class RunStages(StatusKeeper):
             post_eval_outcome=post_eval.gate_outcome if post_eval is not None else None,
         )
         # Publication: manifest written last; the adapter name is promoted only if allowed.
+        self._collected = None  # publication publishes them (its own failure has no evidence step)
         self._enter("publication")
         multi = request.iterations > 1
         published: PublishResult = await ctx.call(

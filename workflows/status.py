@@ -77,6 +77,9 @@ class StatusKeeper:
     async def _release(self) -> None:
         """Give back what the run holds outside itself (a queue slot); never fails the run."""
 
+    async def _keep_evidence(self, failure: Failure) -> None:
+        """Before a run fails: store what it already collected (runs that collect override it)."""
+
     async def _guarded(self, body: Callable[[], Awaitable[None]]) -> RunStatus:
         """Run ``body``; map its ending onto status, search attributes and the workflow result."""
         self._status.run_id = workflow.info().workflow_id
@@ -92,6 +95,7 @@ class StatusKeeper:
                 raise
             await self._release()
             failure = failure_from(err, self._status.stage())
+            await self._keep_evidence(failure)
             self._status.fail(failure)
             self._sync_state()
             details: dict[str, Any] = failure.model_dump()

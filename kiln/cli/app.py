@@ -6,6 +6,7 @@ import asyncio
 import enum
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -197,6 +198,8 @@ def _request_from_flags(
     credential_id: Optional[list[str]] = None,
     constrained_actions: bool = False,
     model: Optional[str] = None,
+    reset_determinism: str = default(RunRequest, "reset_determinism"),
+    replay_ignore: Optional[list[str]] = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "kind": kind,
@@ -217,6 +220,10 @@ def _request_from_flags(
         request["thinking_budget_tokens"] = thinking_budget_tokens
     if constrained_actions:
         request["constrained_actions"] = True
+    if reset_determinism != default(RunRequest, "reset_determinism"):
+        request["reset_determinism"] = str(reset_determinism.value if isinstance(reset_determinism, enum.Enum) else reset_determinism)
+    if replay_ignore:
+        request["replay_ignore"] = list(replay_ignore)
     if output_adapter is not None:
         request["output_adapter"] = output_adapter
     if idempotency_key is not None:
@@ -254,6 +261,20 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
 
 CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
 RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
+# The choices and default come from the model (RunRequest.reset_determinism's Literal).
+ResetDeterminism = enum.Enum(  # type: ignore[misc]
+    "ResetDeterminism", {v: v for v in typing.get_args(RunRequest.model_fields["reset_determinism"].annotation)}, type=str
+)
+RESET_DETERMINISM_OPT = typer.Option(
+    ResetDeterminism(default(RunRequest, "reset_determinism")), "--reset-determinism",
+    help="strict: a group whose candidates saw different resets fails the run; warn: collect it "
+    "anyway (each candidate acts on its own reset, recorded) and add a status warning naming the fields.",
+)
+REPLAY_IGNORE_OPT = typer.Option(
+    default(RunRequest, "replay_ignore"), "--replay-ignore",
+    help="A step or state field replay must not compare, as a replay drift names it "
+    "(result.observation.metadata.execution_time, final_state.X); repeatable; recorded in the summary.",
+)
 CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
 
 # Collection options shared by `train` and `rollout` (one definition, one help text; defaults
@@ -340,6 +361,8 @@ def train_cmd(
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
+    reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
+    replay_ignore: list[str] = REPLAY_IGNORE_OPT,
     report_to: str = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
@@ -350,6 +373,7 @@ def train_cmd(
         "train", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
+        reset_determinism, replay_ignore,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -410,6 +434,8 @@ def rollout_cmd(
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
+    reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
+    replay_ignore: list[str] = REPLAY_IGNORE_OPT,
     output: Optional[Path] = typer.Option(None, "--output", help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
     replay_output: Optional[Path] = typer.Option(None, "--replay-output", help="Write the replay transcript here (X.replay.json)."),
     summary_output: Optional[Path] = typer.Option(None, "--summary-output", help="Write the summary here (X.rollout-summary.json)."),
@@ -428,6 +454,7 @@ def rollout_cmd(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
+        reset_determinism, replay_ignore,
     )
     if output is None and replay_output is None and summary_output is None:
         _submit_and_follow(request, follow_run, as_json, preflight)

@@ -1,7 +1,9 @@
 """What an environment grants: its session capacity, learned per worker process (issue 12/14).
 
 Owns: the process-wide ``CapacityBook`` (per environment URL: the most sessions it ever granted
-us at once, the ``max_sessions`` it advertised in ``CAPACITY_REACHED``, refusals seen), the wave
+us at once, the ``max_sessions`` it advertised in ``CAPACITY_REACHED``, refusals seen; and per run
+and URL the most sessions that run held at once), the per-run figures one group reports
+(``group_capacity``) and their sum over a run (``merge_capacity``), the wave
 size a group may open, the per-environment capacity-wait gate (at most one group per environment
 waits for capacity on one worker; the others end their attempt at once), and the pure rules the
 workflow uses to wait for capacity with no gpu slot held (``capacity_wait_decision``) and to word
@@ -30,6 +32,8 @@ CAPACITY_WAIT_CODE = "environment_at_capacity"
 # A learned limit is a hint: after this long without a refusal the full width is tried again
 # (an environment may be restarted with more sessions).
 LIMIT_MEMORY_S = 120.0
+# Per-run session counts kept by one worker process (the oldest idle ones are forgotten first).
+MAX_HOLDERS = 4096
 
 
 class EnvironmentAtCapacity(KilnError):
@@ -42,6 +46,7 @@ class EnvironmentAtCapacity(KilnError):
     code = CAPACITY_WAIT_CODE
     retryable = False
     http_status = 503
+    expected = True  # one INFO line in the worker's log, no traceback
 
 
 @dataclass
@@ -63,10 +68,24 @@ class EnvironmentCapacity:
 
 
 @dataclass
+class HeldSessions:
+    """Sessions one holder (a run) holds at one environment on this worker, and the most at once."""
+
+    held: int = 0
+    held_max: int = 0
+
+
+@dataclass
 class CapacityBook:
-    """Per-URL capacity knowledge shared by every group of one worker process (thread-safe)."""
+    """Per-URL capacity knowledge shared by every group of one worker process (thread-safe).
+
+    A grant is counted once the server answered the first reset, a release before the socket
+    starts closing: the count never exceeds what the server holds for us, so
+    ``sessions_granted_max`` is never more than the server allows.
+    """
 
     _by_url: dict[str, EnvironmentCapacity] = field(default_factory=dict)
+    _by_holder: dict[tuple[str, str], HeldSessions] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _entry(self, url: str) -> EnvironmentCapacity:
@@ -75,16 +94,36 @@ class CapacityBook:
             entry = self._by_url[url] = EnvironmentCapacity()
         return entry
 
-    def granted(self, url: str) -> None:
+    def granted(self, url: str, holder: str = "") -> None:
         with self._lock:
             entry = self._entry(url)
             entry.held += 1
             entry.granted_max = max(entry.granted_max, entry.held)
+            mine = self._by_holder.setdefault((holder, url), HeldSessions())
+            mine.held += 1
+            mine.held_max = max(mine.held_max, mine.held)
+            if len(self._by_holder) > MAX_HOLDERS:  # a long-lived worker: forget the oldest idle runs
+                for key in [k for k, v in self._by_holder.items() if v.held == 0][: MAX_HOLDERS // 4]:
+                    del self._by_holder[key]
 
-    def released(self, url: str) -> None:
+    def released(self, url: str, holder: str = "") -> None:
         with self._lock:
             entry = self._entry(url)
             entry.held = max(0, entry.held - 1)
+            mine = self._by_holder.get((holder, url))
+            if mine is not None:
+                mine.held = max(0, mine.held - 1)
+
+    def held_max(self, url: str, holder: str = "") -> int:
+        """The most sessions ``holder`` held at once at ``url`` on this worker."""
+        with self._lock:
+            mine = self._by_holder.get((holder, url))
+            return mine.held_max if mine is not None else 0
+
+    def advertised(self, url: str) -> int | None:
+        with self._lock:
+            entry = self._by_url.get(url)
+            return entry.advertised_max if entry is not None else None
 
     def refused(self, url: str, error: dict[str, Any] | None) -> None:
         with self._lock:
@@ -108,6 +147,8 @@ class CapacityBook:
         """Drop what was learned about ``url`` (as if ``LIMIT_MEMORY_S`` had passed)."""
         with self._lock:
             self._by_url.pop(url, None)
+            for key in [key for key in self._by_holder if key[1] == url]:
+                del self._by_holder[key]
 
     def snapshot(self, url: str) -> dict[str, Any]:
         with self._lock:
@@ -115,6 +156,32 @@ class CapacityBook:
 
 
 CAPACITY = CapacityBook()
+
+
+def group_capacity(held_max: int, advertised: int | None, refusals: int, waves: int) -> dict[str, Any]:
+    """What one group attempt reports for its run: the most sessions the run held at once at this
+    environment (on this worker), what the environment advertised, the refusals and waves of this
+    attempt only."""
+    return {
+        "sessions_granted_max": held_max,
+        "max_sessions_advertised": advertised,
+        "refusals": refusals,
+        "waves": waves,
+    }
+
+
+def merge_capacity(total: dict[str, Any] | None, group: dict[str, Any]) -> dict[str, Any]:
+    """A run's figures for one environment after one more group: refusals and waves add up, the
+    most sessions held at once is the largest any group saw, the advertised maximum the latest."""
+    if not total:
+        return dict(group)
+    advertised = group.get("max_sessions_advertised")
+    return {
+        "sessions_granted_max": max(int(total.get("sessions_granted_max") or 0), int(group.get("sessions_granted_max") or 0)),
+        "max_sessions_advertised": advertised if advertised is not None else total.get("max_sessions_advertised"),
+        "refusals": int(total.get("refusals") or 0) + int(group.get("refusals") or 0),
+        "waves": int(total.get("waves") or 0) + int(group.get("waves") or 0),
+    }
 
 
 def wave_size(concurrency: int, group_size: int, limit: int | None) -> int:

@@ -148,6 +148,9 @@ class EnvSession:
         self._close_task: asyncio.Task | None = None
         self._finished = False
         self._answered = False  # an observation or state reply arrived (a real session)
+        # Called once, synchronously, before the socket starts closing (the capacity book's
+        # release: it must never count a session the server may already have freed).
+        self.on_close: Callable[[], None] | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     # ----------------------------------------------------------------- opening
@@ -466,6 +469,9 @@ class EnvSession:
 
     # ------------------------------------------------------------------ closing
     def _start_close(self, *, send_close: bool) -> None:
+        hook, self.on_close = self.on_close, None
+        if hook is not None:
+            hook()
         if self._close_task is None:
             self._close_task = asyncio.get_running_loop().create_task(self._shutdown(send_close))
 

@@ -110,6 +110,7 @@ def summary_document(
             if settings.reset_determinism != "strict"
             else {}
         ),
+        **({"replay_ignore": list(settings.replay_ignore)} if settings.replay_ignore else {}),
         "reset_plan_sha256": reset_plan_sha256,
         "dataset_sha256": sha256_bytes(dataset),
         "dataset_bytes": len(dataset),

@@ -52,6 +52,7 @@ class GroupTask:
     behavior_policy: dict[str, Any]
     adapter_dir: Path | None = None
     bearer_token: str | None = None
+    run_id: str = ""  # whose sessions these are (capacity figures are per run)
 
 
 class GroupCollector:
@@ -94,6 +95,7 @@ class GroupCollector:
             attempt_capacity_wait_s=attempt_capacity_wait_s,
             should_cancel=self.should_cancel,
             heartbeat=self.heartbeat,
+            holder=task.run_id,
         )
         self.nondeterministic_fields: set[str] = set()
         self.own_resets: dict[int, dict[str, Any]] = {}
@@ -115,7 +117,7 @@ class GroupCollector:
             self._check_cancel()
             width = self.planner.wave_size(self.settings.concurrency)
             ran = await self._run_wave(pending[:width])
-            self.waves += 1
+            self.waves += 1 if ran else 0  # a refused wave ran nothing
             pending = [index for index in pending if index not in ran]
         return self._document()
 
@@ -151,7 +153,7 @@ class GroupCollector:
 
     def capacity_observed(self) -> dict[str, Any]:
         """What the environment granted (for run status, never the artifacts)."""
-        return {**self.planner.observed(), "waves": self.waves}
+        return self.planner.observed(self.waves)
 
     def _episode_for(self, index: int, opened: tuple[int, EnvSession, Any, int]) -> CandidateEpisode:
         _, _session, result, retries = opened

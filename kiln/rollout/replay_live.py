@@ -19,7 +19,9 @@ Per-session identifiers (issue 12): many environments put a fresh random ``episo
 similar) into their state on every reset. Before replaying, each environment is reset twice with
 the same payload and its state read: the fields that differ are per-session identifiers, excluded
 from the ``final_state`` comparison and listed in the report (``excluded_fields``), never
-silently. Ordinary capacity refusals are retried quietly and counted (``capacity_retries``).
+silently. Fields the run recorded in its summary's ``replay_ignore`` (a wall-clock figure in a
+step observation, say) are left out too, and listed. Ordinary capacity refusals are retried
+quietly and counted (``capacity_retries``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from kiln.openenv.session import (
     open_session_and_reset,
 )
 from kiln.openenv.urls import normalize_url
+from kiln.rollout.replay_ignore import STATE_PREFIX, STEP_PREFIX, of
 from kiln.rollout.verify import Bundle, load_bundle
 
 REPLAY_RUN_SCHEMA = "kiln.openenv-replay-run.v1"
@@ -78,8 +81,11 @@ def first_difference(recorded: Any, live: Any, prefix: str) -> str:
     return prefix
 
 
-def compare_result(recorded: dict, live: StepResult, group: int, candidate: int, step: int | None) -> None:
-    """Compare one live reply with its recorded ``result`` (or reset observation when step is None)."""
+def compare_result(
+    recorded: dict, live: StepResult, group: int, candidate: int, step: int | None, ignore: list[str] | None = None
+) -> None:
+    """Compare one live reply with its recorded ``result`` (or reset observation when step is None);
+    ``ignore``: ``result.observation.…`` paths left out of a step observation (``replay_ignore``)."""
     if step is None:
         if live.kind != "observation":
             code = (live.error or {}).get("code")
@@ -94,8 +100,10 @@ def compare_result(recorded: dict, live: StepResult, group: int, candidate: int,
             f"recorded {recorded['kind']}, the environment answered {live.kind}",
         )
     if live.kind == "observation":
-        if not _same(recorded["observation"], live.observation):
-            field = first_difference(recorded["observation"], live.observation, "result.observation")
+        mine = without_paths(recorded["observation"], ignore or [], STEP_PREFIX)
+        theirs = without_paths(live.observation, ignore or [], STEP_PREFIX)
+        if not _same(mine, theirs):
+            field = first_difference(mine, theirs, STEP_PREFIX)
             raise drift(group, candidate, step, field, "the step observation differs from the recording")
         return
     error = live.error or {}
@@ -149,10 +157,12 @@ async def replay_candidate(
     capacity_wait_s: float,
     should_cancel: Callable[[], bool] | None,
     excluded: list[str] | None = None,
+    ignore: list[str] | None = None,
 ) -> int:
     """Replay one candidate; return its capacity retries. Raises ``ReplayDrift`` on a mismatch.
 
-    ``excluded``: ``final_state.*`` paths of per-session identifiers, left out of the comparison.
+    ``excluded``: ``final_state.*`` paths of per-session identifiers, left out of the comparison;
+    ``ignore``: the recorded ``replay_ignore`` paths (step observation and final state fields).
     """
     g, c = group["group_index"], candidate["candidate_index"]
     session: EnvSession
@@ -174,13 +184,13 @@ async def replay_candidate(
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
             live = await session.step(exchange["action"])
-            compare_result(exchange["result"], live, g, c, exchange["step_index"])
+            compare_result(exchange["result"], live, g, c, exchange["step_index"], of(ignore or [], STEP_PREFIX))
         last = candidate["exchanges"][-1]["result"] if candidate["exchanges"] else None
         ended_terminal = (
             last is not None and last["kind"] == "protocol_error" and last["error"].get("code") in TERMINAL_CODES
         )
         if not ended_terminal:
-            skip = list(excluded or [])
+            skip = list(excluded or []) + of(ignore or [], STATE_PREFIX)
             state = without_paths(await session.state(), skip, "final_state")
             recorded = without_paths(candidate.get("final_state"), skip, "final_state")
             if not _same(recorded, state):
@@ -217,6 +227,7 @@ async def replay_bundle(
         )
     await reinspect(bundle, tokens)
     capacity_wait_s = float(bundle.summary["capacity_wait_seconds"])
+    ignore = list(bundle.summary.get("replay_ignore") or [])  # recorded by the run (verified)
     retries_total = 0
     excluded: dict[int, list[str]] = {}
     for group in bundle.replay["groups"]:
@@ -253,6 +264,7 @@ async def replay_bundle(
                     capacity_wait_s=capacity_wait_s,
                     should_cancel=should_cancel,
                     excluded=excluded[group["environment_index"]],
+                    ignore=ignore,
                 )
             except ReplayDrift as exc:
                 failures[key] = exc
@@ -284,5 +296,10 @@ async def replay_bundle(
              "reason": "recorded as non-deterministic (reset_determinism: warn)"}
             for group in bundle.replay["groups"]
             for field in group.get("reset_nondeterministic_fields") or []
+        ]
+        + [
+            {"environment_index": index, "field": field, "reason": "recorded in the summary's replay_ignore"}
+            for index in range(len(environments))
+            for field in ignore
         ],
     }

@@ -19,6 +19,7 @@ from kiln.openenv.capacity import (
     CAPACITY,
     EnvironmentAtCapacity,
     capacity_exhausted,
+    group_capacity,
     wave_size,
 )
 from kiln.openenv.session import EnvSession, open_session_and_reset
@@ -42,8 +43,13 @@ class SessionPlanner:
         attempt_capacity_wait_s: float | None,
         should_cancel: Callable[[], bool],
         heartbeat: Callable[[dict[str, Any]], None],
+        holder: str = "",
     ) -> None:
+        """``holder`` names whose sessions these are (the run id): the most sessions held at once
+        is counted per holder, so one run's figures never include another's."""
         self.url = url
+        self.holder = holder
+        self.refusals = 0
         self.reset_payload = reset_payload
         self.bearer_token = bearer_token
         self.group_index = group_index
@@ -59,8 +65,11 @@ class SessionPlanner:
     def wave_size(self, concurrency: int) -> int:
         return wave_size(concurrency, self.group_size, CAPACITY.limit(self.key))
 
-    def observed(self) -> dict[str, Any]:
-        return CAPACITY.snapshot(self.key)
+    def observed(self, waves: int = 0) -> dict[str, Any]:
+        """This group's figures for its run (``kiln.openenv.capacity.group_capacity``)."""
+        return group_capacity(
+            CAPACITY.held_max(self.key, self.holder), CAPACITY.advertised(self.key), self.refusals, waves
+        )
 
     async def open_wave(
         self, candidates: list[int], registry: list[EnvSession], concurrency: int
@@ -117,15 +126,20 @@ class SessionPlanner:
             await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     async def release(self, session: EnvSession) -> None:
+        """Close ``session``; its grant leaves the book before the socket starts closing."""
         await session.close()
-        if getattr(session, "_kiln_granted", False):
-            session._kiln_granted = False  # type: ignore[attr-defined]
-            CAPACITY.released(self.key)
 
     def _granted(self, index: int, session: EnvSession, result: Any, retries: int) -> Opened:
-        session._kiln_granted = True  # type: ignore[attr-defined]
-        CAPACITY.granted(self.key)
+        CAPACITY.granted(self.key, self.holder)
+        # Released synchronously when the socket starts closing (a group closing a finished
+        # episode, a failure, a cancel): the server may free the session at once, and another
+        # group's grant must never be counted while this one still is.
+        session.on_close = lambda: CAPACITY.released(self.key, self.holder)
         return index, session, result, retries
+
+    def _refused(self, error: dict[str, Any] | None) -> None:
+        self.refusals += 1
+        CAPACITY.refused(self.key, error)
 
     async def _open_once(self, index: int, registry: list[EnvSession]) -> Opened:
         session, result, retries = await open_session_and_reset(
@@ -135,7 +149,7 @@ class SessionPlanner:
             bearer_token=self.bearer_token,
             should_cancel=self.should_cancel,
             on_open=registry.append,
-            on_refused=lambda error: CAPACITY.refused(self.key, error),
+            on_refused=self._refused,
         )
         return self._granted(index, session, result, retries)
 
@@ -148,6 +162,6 @@ class SessionPlanner:
                 "group_index": self.group_index,
                 "group_size": self.group_size,
                 "attempt_wait_s": round(waited_s, 3),
-                **CAPACITY.snapshot(self.key),
+                **self.observed(),
             },
         )

@@ -71,6 +71,7 @@ async def collect(
     )
     inspection = json.loads(inspection_raw)
     task = GroupTask(
+        run_id=inp.run_id,
         group_index=inp.group_index,
         environment_index=inp.environment_index,
         seed=inp.seed,
@@ -106,5 +107,6 @@ async def collect(
         model_latency_ms=collector.timings()["model_latency_ms"],
         attempt=attempt,
         capacity=collector.capacity_observed(),
+        reset_differences=sorted(collector.nondeterministic_fields)[:64],
         interruption_code="executor_interrupted" if attempt > 1 else None,
     )

@@ -168,6 +168,12 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
             status, _ = await RunService(client, settings).submit(request)
             final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=200)
     assert final["state"] == "completed", final.get("failure")
+    # Every training group's candidates saw different sides: one status warning each, naming the
+    # field (the held-out groups have one candidate each: nothing to differ within them).
+    assert sorted(w for w in final["warnings"] if "candidates saw different resets" in w) == [
+        f"group {g}: candidates saw different resets in reset_observation.observation.side (reset_determinism: warn)"
+        for g in range(4)
+    ]
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
     entry = next(a for a in manifest["artifacts"] if a["name"] == "environment_eval/receipt.json")
@@ -186,3 +192,29 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     assert "environment_eval/  4 paired groups, diagnostic (diagnostic), evidence recomputed" in shown.output
     as_json = CliRunner().invoke(cli_app, ["openenv", "verify", "--run", str(folder), "--json"])
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["evaluations"] == report["evaluations"]
+
+
+@pytest.mark.slow
+def test_replay_ignore_leaves_out_a_wall_clock_step_field(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A step observation with a wall-clock ``metadata.execution_time``: replay drifts on it unless
+    the run named it in ``replay_ignore``, which the summary records, so replay (told nothing)
+    leaves it out and lists it."""
+    from kiln.policy.runtime import PolicyRuntime
+    from kiln.rollout.replay_live import ReplayDrift
+
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    field = "result.observation.metadata.execution_time"
+    plain = EpisodeSettings(group_size=2, max_steps=3, max_action_tokens=24)
+    ignoring = EpisodeSettings(group_size=2, max_steps=3, max_action_tokens=24, replay_ignore=[field])
+    with wild("clock_metadata", free_port(), sessions=2) as url:
+        without = write_bundle(tmp_path / "plain", asyncio.run(_collect(url, runtime, plain)))
+        with_ignore = write_bundle(tmp_path / "ignoring", asyncio.run(_collect(url, runtime, ignoring)))
+        with pytest.raises(ReplayDrift) as info:
+            asyncio.run(replay_bundle(without, concurrency=2))
+        report = asyncio.run(replay_bundle(with_ignore, concurrency=2))
+    assert info.value.details["field"] == field and info.value.details["step_index"] == 0
+    assert json.loads(with_ignore.read_text())["replay_ignore"] == [field]
+    assert "replay_ignore" not in json.loads(without.read_text())  # absent unless asked
+    assert verify_bundle(with_ignore)["rollouts"] == 2
+    assert report["rollouts"] == 2 and report["environment_exchanges"] >= 2
+    assert {"environment_index": 0, "field": field, "reason": "recorded in the summary's replay_ignore"} in report["excluded_fields"]

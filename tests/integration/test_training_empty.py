@@ -11,7 +11,7 @@ import pytest
 from kiln.artifacts.group_sets import group_set
 from kiln.artifacts.selections import full_selection
 from kiln.artifacts.store import S3Store
-from kiln.canonical import canonical_json
+from kiln.canonical import canonical_json, sha256_bytes
 from kiln.errors import TrainingFailed
 from kiln.records import StoredObject, TrainInput
 from kiln.stages.training import train
@@ -57,3 +57,57 @@ def test_all_groups_skipped(s3_server: dict[str, str], tmp_path: Path) -> None:
     assert {k: v for k, v in whole.items() if k != "warnings"} == {
         k: v for k, v in many.selection.items() if k != "warnings"
     }
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
+    kiln_settings, counter_env_url: str, tmp_path: Path
+) -> None:
+    """Every action cut at one token: no group has reward variation, training fails ``zero_groups``,
+    and the run still publishes the episodes it collected (manifest + bundle, no adapter): the
+    status points at the manifest, the downloaded run verifies, nothing is promoted."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from api.runs import RunService
+    from kiln.artifacts.adapters import pointer_key
+    from kiln.cli.app import app as cli_app
+    from kiln.contracts import parse_run_request
+    from kiln.rollout.verify.run import verify_run
+    from tests.support.counter_loop import DEMO_TRAINING
+    from tests.support.kiln_workers import running_workers
+    from tests.support.run_folders import download_run
+    from tests.support.waiting import workflow_result
+
+    settings = kiln_settings()
+    request = parse_run_request({
+        "kind": "train", "groups": 2, "group_size": 2, "max_steps": 1, "max_action_tokens": 1,
+        "thinking": False, "output_adapter": "kept-evidence", "environment_urls": [counter_env_url],
+        "training_config": {**DEMO_TRAINING, "echo": None},
+    })
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(request)
+        handle = client.get_workflow_handle(status["run_id"])
+        with pytest.raises(Exception):
+            await workflow_result(handle, timeout_s=200)
+        final = await handle.query("status")
+    final = final if isinstance(final, dict) else final.model_dump(mode="json", by_alias=True)
+    assert final["state"] == "failed" and final["failure"]["code"] == "training_failed"
+    assert final["failure"]["details"]["reason"] == "zero_groups"
+    assert final["promoted"] is False and final["manifest"] is not None
+    assert {a["name"] for a in final["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
+    assert any("failed (training_failed) after collection" in w for w in final["warnings"])
+    store = S3Store.from_settings(settings)
+    manifest_bytes = store.get_key(f"runs/{final['run_id']}/manifest.json")
+    assert manifest_bytes is not None and sha256_bytes(manifest_bytes) == final["manifest"]["sha256"]
+    manifest = json.loads(manifest_bytes)
+    assert manifest["promoted"] is False and manifest["adapter_sha256"] is None
+    assert not store.exists(pointer_key("kept-evidence"))  # no adapter name points anywhere
+    folder = download_run(store, final["run_id"], manifest, tmp_path / "run")
+    report = verify_run(folder)
+    assert report["bundles"] == {".": {"groups": 2, "rollouts": 4}}
+    shown = CliRunner().invoke(cli_app, ["openenv", "verify", "--run", str(folder)])
+    assert shown.exit_code == 0, shown.output

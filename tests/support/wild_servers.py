@@ -4,6 +4,7 @@ property, never the server.
 
 * ``uuid_episode``: a fresh random uuid ``episode_id`` in state on every reset (most public envs).
 * ``seed_ignoring``: part of the reset (a ``side``) ignores the seed.
+* ``clock_metadata``: every step observation carries a wall-clock ``metadata.execution_time``.
 * ``mcp_tools``: an MCP-style tool environment (``call_tool`` / ``list_tools`` actions, null
   rewards); ``--tool-variant 2`` changes one tool's input schema.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 import uuid
 from typing import Any
 
@@ -70,6 +72,16 @@ class SeedIgnoringCounter(CounterEnvironment):
         return SideObservation(**base.model_dump(), side=side)
 
 
+class ClockCounter(CounterEnvironment):
+    """The counter, plus the wall-clock seconds each step took in ``metadata.execution_time``."""
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> CounterObservation:
+        started = time.perf_counter()
+        observation = super().step(action, timeout_s=timeout_s, **kwargs)
+        observation.metadata = {**observation.metadata, "execution_time": time.perf_counter() - started}
+        return observation
+
+
 class ToolState(State):
     total: int = 0
 
@@ -123,6 +135,7 @@ def _mcp_env(variant: int) -> type:
 SERVERS: dict[str, tuple[type, type, type]] = {
     "uuid_episode": (UuidEpisodeCounter, CounterObservation, CounterState),
     "seed_ignoring": (SeedIgnoringCounter, SideObservation, SideState),
+    "clock_metadata": (ClockCounter, CounterObservation, CounterState),
 }
 
 

@@ -9,6 +9,7 @@ from kiln.contracts import MAX_SEED
 from kiln.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
 from kiln.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
 from kiln.rollout.prompts import PROMPT_VERSION
+from kiln.rollout.replay_ignore import check_paths
 from kiln.rollout.provenance import rollout_record
 from kiln.rollout.verify.checks import (
     SUMMARY_FILE,
@@ -46,7 +47,7 @@ _SUMMARY_KEYS = frozenset(
         "stats", "rollouts",
     }
 )
-_SUMMARY_OPTIONAL = frozenset({"training_selection", "reset_determinism"})
+_SUMMARY_OPTIONAL = frozenset({"training_selection", "reset_determinism", "replay_ignore"})
 
 
 def check_summary(summary: dict) -> None:
@@ -102,6 +103,13 @@ def check_summary(summary: dict) -> None:
         raise fail(where, "rollouts", "must hold rollout_count records")
     if "training_selection" in summary:
         need_dict(summary["training_selection"], where, "training_selection")
+    if "replay_ignore" in summary:
+        paths = need_list(summary["replay_ignore"], where, "replay_ignore")
+        try:
+            if not paths or check_paths(paths) != paths:
+                raise ValueError("must be a non-empty, sorted list of unique paths")
+        except ValueError as exc:
+            raise fail(where, "replay_ignore", str(exc)) from None
 
 
 def check_behavior_policy(policy: Any, adapter: str | None, where: Where) -> None:

@@ -1,0 +1,53 @@
+"""Run status warnings (issue 25): in a run of several iterations every warning says which
+iteration it came from (``iteration k:``); under ``reset_determinism: warn`` every group whose
+candidates saw different resets adds one warning naming the fields."""
+
+from __future__ import annotations
+
+from kiln.records import TrainResult
+from kiln.run_status import RunStatus
+
+SKIPPED = "group 0 has no reward variation (every candidate returned 1.0); skipped"
+
+
+def _skipped_training() -> TrainResult:
+    return TrainResult(trained=False, selection={"warnings": [SKIPPED]}, skip_reason="every seed group was skipped")
+
+
+def test_training_warnings_of_a_multi_iteration_run_name_their_iteration() -> None:
+    status = RunStatus(iterations_total=3, iteration=2)
+    status.record_training(_skipped_training())
+    assert status.warnings == [f"iteration 2: {SKIPPED}"]
+    status.iteration = 3
+    status.record_training(_skipped_training())
+    assert status.warnings[-1] == f"iteration 3: {SKIPPED}"
+
+
+def test_a_one_iteration_run_keeps_its_warnings_as_they_are() -> None:
+    status = RunStatus(iterations_total=1, iteration=1)
+    status.record_training(_skipped_training())
+    assert status.warnings == [SKIPPED]
+
+
+def test_reset_differences_name_the_group_and_the_fields() -> None:
+    from kiln.run_status import reset_warning
+
+    fields = ["reset_observation.observation.side", "reset_observation.observation.turn"]
+    assert reset_warning("group", 3, fields) == (
+        "group 3: candidates saw different resets in reset_observation.observation.side, "
+        "reset_observation.observation.turn (reset_determinism: warn)"
+    )
+    assert reset_warning("eval baseline", 0, fields[:1]).startswith("eval baseline group 0: candidates saw")
+    many = [f"reset_observation.f{i}" for i in range(10)]
+    assert reset_warning("group", 1, many).endswith("reset_observation.f7 and 2 more (reset_determinism: warn)")
+    # Collected for iteration 4 (perhaps while iteration 3 trains): the message names iteration 4,
+    # and the status keeps that, never the iteration in progress.
+    status = RunStatus(iterations_total=5, iteration=3)
+    status.warn(reset_warning("iteration 4 group", 7, fields[:1]))
+    status.warn(reset_warning("eval candidate", 2, fields[:1]))
+    assert status.warnings == [
+        "iteration 4: group 7: candidates saw different resets in reset_observation.observation.side "
+        "(reset_determinism: warn)",
+        "iteration 3: eval candidate group 2: candidates saw different resets in "
+        "reset_observation.observation.side (reset_determinism: warn)",
+    ]
