@@ -71,8 +71,10 @@ _OBJECT_KEYWORDS = frozenset(
 
 
 def bounded_string_pattern(min_chars: int, max_chars: int) -> str:
-    """Printable, no quote or backslash (so no escapes), ``min_chars``..``max_chars`` characters."""
-    return f"^[^\\u0000-\\u001f\"\\\\]{{{min_chars},{max_chars}}}$"
+    """Printable, no quote or backslash (so no escapes), no UTF-16 surrogate code point (a
+    byte-level vocabulary can spell one in UTF-8, which no decoder accepts as text),
+    ``min_chars``..``max_chars`` characters."""
+    return f"^[^\\u0000-\\u001f\"\\\\\\ud800-\\udfff]{{{min_chars},{max_chars}}}$"
 
 
 def _free_definitions() -> dict[str, Any]:
