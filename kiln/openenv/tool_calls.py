@@ -30,21 +30,16 @@ import copy
 from typing import Any
 
 from kiln.errors import InvalidActionSchema
-from kiln.openenv.schema import ActionValidator, json_pointer, policy_action_schema
+from kiln.openenv.schema import (
+    SCHEMA_DATA_KEYWORDS,
+    ActionValidator,
+    json_pointer,
+    policy_action_schema,
+    resolve_local_ref,
+)
 
 TOOL_CALLS_VERSION = "kiln.openenv-tool-calls.v1"
 _TOOL_DEF = "kiln_tool_{index}"
-
-
-def _resolve(node: Any, root: dict) -> Any:
-    if isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
-        target: Any = root
-        for part in node["$ref"][2:].split("/"):
-            if not isinstance(target, dict) or part not in target:
-                return node
-            target = target[part]
-        return target
-    return node
 
 
 def _is_call_form(node: Any) -> bool:
@@ -66,7 +61,7 @@ def _rewrite_refs(node: Any, prefix: str) -> None:
         for key, value in node.items():
             if key in ("$ref", "$dynamicRef") and isinstance(value, str) and value.startswith("#"):
                 node[key] = prefix + value[1:]
-            elif key not in ("const", "enum", "default", "examples"):
+            elif key not in SCHEMA_DATA_KEYWORDS:
                 _rewrite_refs(value, prefix)
 
 
@@ -75,7 +70,7 @@ def _has_refs(node: Any) -> bool:
         return any(_has_refs(item) for item in node)
     if isinstance(node, dict):
         return any(
-            key in ("$ref", "$dynamicRef") or (key not in ("const", "enum", "default", "examples") and _has_refs(v))
+            key in ("$ref", "$dynamicRef") or (key not in SCHEMA_DATA_KEYWORDS and _has_refs(v))
             for key, v in node.items()
         )
     return False
@@ -103,7 +98,7 @@ def tool_call_schema(action_schema: dict, tools: list[dict[str, Any]]) -> dict |
         variants = shown.get("oneOf") or shown.get("anyOf")
         if not isinstance(variants, list):
             return None
-        resolved = [_resolve(v, shown) for v in variants]
+        resolved = [resolve_local_ref(v, shown) for v in variants]
         forms = [v for v in resolved if _is_call_form(v)]
         if len(forms) != 1:
             return None

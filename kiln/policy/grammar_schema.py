@@ -42,6 +42,7 @@ import math
 from typing import Any
 
 from kiln.boundedjson import MAX_INT_DIGITS
+from kiln.openenv.schema import SCHEMA_DATA_KEYWORDS, resolve_local_ref
 
 GRAMMAR_SCHEMA_VERSION = "kiln.action-grammar.v2"  # v2: bounds for every JSON type
 DEFAULT_MAX_STRING_CHARS = 64
@@ -59,7 +60,6 @@ FREE_VALUE_DEF = "kiln_free_value"
 assert MAX_INTEGER_DIGITS <= MAX_INT_DIGITS  # every grammar integer passes Kiln's parser
 
 _INTEGER_LIMIT = 10**MAX_INTEGER_DIGITS - 1
-_DATA_KEYWORDS = ("const", "enum", "default", "examples")
 _ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 )
@@ -119,15 +119,7 @@ class _Tightener:
 
     # ------------------------------------------------------------ helpers
     def resolve(self, node: Any) -> Any:
-        if isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
-            target: Any = self.root
-            for part in node["$ref"][2:].split("/"):
-                part = part.replace("~1", "/").replace("~0", "~")
-                if not isinstance(target, dict) or part not in target:
-                    return node
-                target = target[part]
-            return target
-        return node
+        return resolve_local_ref(node, self.root)
 
     def fixed(self, node: Any) -> bool:
         node = self.resolve(node)
@@ -188,7 +180,7 @@ class _Tightener:
         elif kind == "object" or (kind is None and _OBJECT_KEYWORDS & node.keys()):
             self.object(node)
         for key, value in list(node.items()):
-            if key in _DATA_KEYWORDS:
+            if key in SCHEMA_DATA_KEYWORDS:
                 continue
             if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
                 if isinstance(value, dict):
@@ -287,7 +279,11 @@ class _Tightener:
         declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
         required = node.get("required") if isinstance(node.get("required"), list) else []
         low = node.get("minProperties") if isinstance(node.get("minProperties"), int) else 0
-        if (declared or "patternProperties" in node) and set(required) <= set(declared) and low <= len(declared):
+        # ``properties: {}`` with no word on extras declares "no properties" (a tool without
+        # arguments); with ``additionalProperties`` true or a schema, the object is free-form.
+        extras_given = node.get("additionalProperties") is True or isinstance(node.get("additionalProperties"), dict)
+        declares = bool(declared) or "patternProperties" in node or ("properties" in node and not extras_given)
+        if declares and set(required) <= set(declared) and low <= len(declared):
             if "patternProperties" in node and "maxProperties" not in node:
                 node["maxProperties"] = len(declared) + FREE_MAX_PROPERTIES
             node["additionalProperties"] = False  # the model writes declared properties only

@@ -132,6 +132,10 @@ def test_free_form_objects_bounded_keys_count_and_depth() -> None:
 def test_declared_objects_get_no_extra_properties() -> None:
     tight = grammar_schema({**_obj(a={"type": "integer"}), "additionalProperties": True})
     assert tight["additionalProperties"] is False
+    no_arguments = _prop({"type": "object", "properties": {}})  # a tool without arguments
+    assert no_arguments["additionalProperties"] is False and "maxProperties" not in no_arguments
+    free = _prop({"type": "object", "properties": {}, "additionalProperties": True})
+    assert free["additionalProperties"] == FREE_REF and free["maxProperties"] == FREE_MAX_PROPERTIES
 
 
 def test_unions_type_lists_refs_and_data_keywords() -> None:
