@@ -36,7 +36,7 @@ def test_tool_calls_constrained_and_unconstrained_through_the_collector(tiny_mod
     runtime = PolicyRuntime.load(tiny_model_dir)
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.tool_servers", "--port", str(port), "--max-concurrent-envs", "4"]
-    with serve_app_process(argv, port=port) as url:
+    with serve_app_process(argv, port=port, startup_timeout_s=120) as url:
         inspection = asyncio.run(inspect_environment(url))
         constrained = EpisodeSettings(
             group_size=4, max_steps=3, max_action_tokens=256, thinking=False, constrained_actions=True
