@@ -39,10 +39,10 @@ def test_tool_calls_constrained_and_unconstrained_through_the_collector(tiny_mod
     with serve_app_process(argv, port=port, startup_timeout_s=120) as url:
         inspection = asyncio.run(inspect_environment(url))
         constrained = EpisodeSettings(
-            group_size=4, max_steps=3, max_action_tokens=256, thinking=False, constrained_actions=True
+            group_size=2, max_steps=3, max_action_tokens=256, thinking=False, constrained_actions=True
         )
         files = asyncio.run(_collect(url, runtime, constrained))
-        free = EpisodeSettings(group_size=4, max_steps=3, max_action_tokens=64, thinking=False)
+        free = EpisodeSettings(group_size=2, max_steps=3, max_action_tokens=64, thinking=False)
         free_files = asyncio.run(_collect(url, runtime, free))
     identity = inspection["identity"]
     assert identity["tool_calls"] == TOOL_CALLS_VERSION
@@ -50,15 +50,15 @@ def test_tool_calls_constrained_and_unconstrained_through_the_collector(tiny_mod
 
     sent = _exchanges(files)
     summary = json.loads(files["summary.json"])
-    assert [r.get("harness_code") for r in summary["rollouts"]] == [None] * 4
-    assert len(sent) == 12  # 4 candidates x 3 calls, every one sent
+    assert [r.get("harness_code") for r in summary["rollouts"]] == [None] * 2
+    assert len(sent) == 6  # 2 candidates x 3 calls, every one sent
     for exchange in sent:
         action = exchange["action"]
         assert call_is_valid(action["tool_name"], action["arguments"])
         assert exchange["result"]["observation"]["observation"]["result"]["valid"] is True
     system = json.loads(files["rollouts.jsonl"].splitlines()[0])["messages"][0]["content"]
     assert '"const":"move"' in system and '"const":"configure"' in system
-    assert verify_bundle(write_bundle(tmp_path / "constrained", files))["rollouts"] == 4
+    assert verify_bundle(write_bundle(tmp_path / "constrained", files))["rollouts"] == 2
 
     # Unconstrained: whatever the model wrote, the server never received an invalid call.
     for exchange in _exchanges(free_files):
@@ -66,4 +66,4 @@ def test_tool_calls_constrained_and_unconstrained_through_the_collector(tiny_mod
     free_summary = json.loads(free_files["summary.json"])
     codes = {r.get("harness_code") for r in free_summary["rollouts"]}
     assert codes <= {None, "INVALID_MODEL_ACTION", "ACTION_SCHEMA_VALIDATION_FAILED", "MODEL_ACTION_TRUNCATED"}
-    assert verify_bundle(write_bundle(tmp_path / "free", free_files))["rollouts"] == 4
+    assert verify_bundle(write_bundle(tmp_path / "free", free_files))["rollouts"] == 2
