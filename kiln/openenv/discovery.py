@@ -17,6 +17,7 @@ from kiln.openenv.credentials import authentication_label, prepare_token
 from kiln.openenv.httpio import check_health, make_client, request_json
 from kiln.openenv.mcp_tools import list_tools
 from kiln.openenv.schema import ActionValidator
+from kiln.openenv.tool_calls import TOOL_CALLS_VERSION, action_contract
 from kiln.openenv.urls import EnvironmentUrl, coerce_url
 
 IDENTITY_SCHEMA = "kiln.openenv-identity.v1"
@@ -107,7 +108,8 @@ def build_identity(
     authentication: str = "none",
     tools: list | None = None,
 ) -> dict:
-    """The ``kiln.openenv-identity.v1`` object (R1.6); ``tools`` only for MCP environments."""
+    """The ``kiln.openenv-identity.v1`` object (R1.6); ``tools`` (and ``tool_calls``, the version of
+    the tool-call form, :mod:`kiln.openenv.tool_calls`) only for MCP environments."""
     identity = {
         "schema": IDENTITY_SCHEMA,
         "client_profile": CLIENT_PROFILE,
@@ -123,6 +125,7 @@ def build_identity(
     if tools:
         identity["tools"] = tools
         identity["tools_sha256"] = digest_json(tools)
+        identity["tool_calls"] = TOOL_CALLS_VERSION  # how calls are shown and checked
     return identity
 
 
@@ -193,7 +196,9 @@ async def inspect_environment(
         authentication=authentication_label(token),
         tools=tools,
     )
-    return {"identity": identity, "schema": schema}
+    inspection = {"identity": identity, "schema": schema}
+    action_contract(inspection)  # every listed tool's input schema compiles (else InvalidActionSchema)
+    return inspection
 
 
 def _offers_mcp(openapi: Any) -> bool:

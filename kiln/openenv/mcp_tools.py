@@ -3,7 +3,8 @@
 Owns: ``tools/list`` over ``POST /mcp`` (JSON-RPC 2.0), the normal form of a tool list
 (``[{"name", "description", "input_schema"}]`` in the server's order), and the answer "this
 environment has no MCP tools" (404/405 on ``/mcp``, or any JSON-RPC error such as -32603
-"Environment does not support MCP"). Tools go into the identity (and its digests) and the prompt.
+"Environment does not support MCP"). Tools go into the identity (and its digests) and the prompt;
+:mod:`kiln.openenv.tool_calls` turns them into the action schema's call variants.
 """
 
 from __future__ import annotations
@@ -60,12 +61,25 @@ async def list_tools(
     return tools or None
 
 
-def tools_prompt_block(tools: list[dict[str, Any]] | None) -> str:
-    """The prompt paragraph listing the tools (empty when there are none)."""
+def tools_prompt_block(tools: list[dict[str, Any]] | None, tool_calls: str | None = None) -> str:
+    """The prompt paragraph listing the tools (empty when there are none).
+
+    With ``tool_calls`` (``kiln.openenv-tool-calls.v1``) the action schema above it already holds
+    one call variant per tool with the tool's input schema, so the paragraph lists names and
+    descriptions only; without it (identities inspected before), the generic call form and each
+    tool's input schema, as before.
+    """
     if not tools:
         return ""
     from kiln.canonical import canonical_json
 
+    if tool_calls:
+        listed = [{"name": tool["name"], "description": tool["description"]} for tool in tools]
+        return (
+            "\n\nTools this environment offers (the action schema has one variant per tool: call one "
+            "per turn, tool_name naming it and arguments matching its input schema):\n"
+            + canonical_json(listed).decode("utf-8")
+        )
     return (
         "\n\nTools this environment offers (call one per turn with "
         '{"type": "call_tool", "tool_name": NAME, "arguments": {...}} matching its input_schema):\n'

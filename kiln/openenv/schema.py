@@ -174,6 +174,24 @@ def describe_issues(issues: list[dict], truncated: bool) -> str:
     return text
 
 
+# Keywords whose values are data (never subschemas): schema rewrites leave them alone.
+SCHEMA_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def resolve_local_ref(node: Any, root: dict) -> Any:
+    """The subschema a local ``{"$ref": "#/..."}`` points at inside ``root`` (``node`` itself when
+    it is no such reference or the target does not exist)."""
+    if isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/"):
+        target: Any = root
+        for part in node["$ref"][2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                return node
+            target = target[part]
+        return target
+    return node
+
+
 def policy_action_schema(action_schema: dict) -> dict:
     """The schema shown to the policy: without the inherited optional top-level ``metadata``."""
     shown = copy.deepcopy(action_schema)

@@ -7,7 +7,12 @@ grammar over the model's vocabulary::
     root ::= [ \\n\\r\\t]{0,8} JSON_OBJECT_OF_THE_SCHEMA
 
 where the schema is first tightened by :func:`kiln.policy.grammar_schema.grammar_schema`
-(fixed values and discriminators required, strings bounded), i.e. up to :data:`MAX_PREFIX_WHITESPACE` whitespace characters may precede the JSON (Kiln's
+(fixed values and discriminators required, every string, number, array and free-form object
+bounded, so an answer the grammar completes always parses and validates locally). The tightened
+schema's compact JSON text (:attr:`ActionGrammar.schema_json`, keys in schema order, with its
+digest :attr:`ActionGrammar.grammar_schema_sha256`) is the one source of the grammar: the
+hf engine compiles it here, another engine hands the very same text to its own structured-output
+backend. I.e. up to :data:`MAX_PREFIX_WHITESPACE` whitespace characters may precede the JSON (Kiln's
 template writes ``</think>\\n\\n{...}``), and inside the JSON at most :data:`MAX_WHITESPACE` whitespace
 characters are allowed between tokens (``any_whitespace`` with a cap, so a model can neither loop on
 blanks nor be forced into one separator style). ``strict_mode`` is on: properties not named by the
@@ -36,15 +41,14 @@ when it is missing.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
-from kiln.canonical import digest_json
-from kiln.policy.grammar_schema import DEFAULT_MAX_STRING_CHARS, grammar_schema
+from kiln.canonical import compact_json, digest_json, sha256_bytes
+from kiln.policy.grammar_schema import grammar_bounds, grammar_schema
 
 MAX_PREFIX_WHITESPACE = 8  # whitespace characters allowed before the JSON object
 MAX_WHITESPACE = 4  # whitespace characters allowed between JSON tokens
@@ -102,9 +106,15 @@ def _bit(bit: int) -> int:
 class ActionGrammar:
     """One compiled action grammar for one tokenizer; hands out per-row constraints."""
 
-    def __init__(self, compiled, *, schema_sha256: str, vocab_size: int, stop_id: int, think_close_id: int):
+    def __init__(
+        self, compiled, *, schema_sha256: str, schema_json: str, vocab_size: int, stop_id: int, think_close_id: int
+    ):
         self.compiled = compiled
-        self.schema_sha256 = schema_sha256
+        self.schema_sha256 = schema_sha256  # the policy-facing (untightened) schema's digest
+        # The tightened schema as compact JSON in schema key order (property order is the order
+        # the grammar writes properties in), and the sha256 of exactly that text.
+        self.schema_json = schema_json
+        self.grammar_schema_sha256 = sha256_bytes(schema_json.encode("utf-8"))
         self.vocab_size = int(vocab_size)
         self.stop_id = int(stop_id)
         self.think_close_id = int(think_close_id)
@@ -120,10 +130,11 @@ class ActionGrammar:
             "library": GRAMMAR_LIBRARY,
             "version": _library_version(),
             "schema_sha256": self.schema_sha256,
+            "grammar_schema_sha256": self.grammar_schema_sha256,
             "max_prefix_whitespace": MAX_PREFIX_WHITESPACE,
             "max_whitespace": MAX_WHITESPACE,
             "fixed_values_required": True,
-            "default_max_string_chars": DEFAULT_MAX_STRING_CHARS,
+            "bounds": grammar_bounds(),
         }
 
 
@@ -240,9 +251,11 @@ class ActionGrammarCache:
         digest = digest_json(action_schema)
         grammar = self._entries.get(digest)
         if grammar is None:
+            schema_json = compact_json(grammar_schema(action_schema)).decode("utf-8")
             grammar = ActionGrammar(
-                self._compile(action_schema),
+                self._compile(schema_json),
                 schema_sha256=digest,
+                schema_json=schema_json,
                 vocab_size=self.vocab_size,
                 stop_id=self.stop_id,
                 think_close_id=self.think_close_id,
@@ -254,11 +267,11 @@ class ActionGrammarCache:
         self._entries.move_to_end(digest)
         return grammar
 
-    def _compile(self, action_schema: dict[str, Any]):
+    def _compile(self, schema_json: str):
         xgr = _xgrammar()
         try:
             body = xgr.Grammar.from_json_schema(
-                json.dumps(grammar_schema(action_schema)),
+                schema_json,
                 any_whitespace=True,
                 max_whitespace_cnt=MAX_WHITESPACE,
                 strict_mode=True,

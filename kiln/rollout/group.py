@@ -20,7 +20,7 @@ from kiln.canonical import canonical_json
 from kiln.contracts import EpisodeSettings  # noqa: F401  (re-exported: collection settings live in contracts)
 from kiln.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
 from kiln.jsondiff import differing_paths
-from kiln.openenv.schema import ActionValidator, policy_action_schema
+from kiln.openenv.tool_calls import action_contract
 from kiln.openenv.session import TERMINAL_CODES, EnvSession
 from kiln.openenv.urls import normalize_url
 from kiln.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
@@ -78,9 +78,8 @@ class GroupCollector:
         identity = task.inspection["identity"]
         self.identity = identity
         self.url = normalize_url(identity["base_url"])
-        action_schema = task.inspection["schema"]["action"]
-        self.validator = ActionValidator.compile(action_schema)
-        self.shown_schema = policy_action_schema(action_schema)
+        # MCP environments: one call variant per listed tool, each call checked against its tool.
+        self.shown_schema, self.validator = action_contract(task.inspection)
         self.episodes: list[CandidateEpisode] = []
         self.final_states: dict[int, dict[str, Any] | None] = {}
         self.messages: list[dict[str, Any]] | None = None
@@ -173,7 +172,8 @@ class GroupCollector:
                 retryable=False,
             )
         messages = initial_messages(
-            self.identity.get("metadata") or {}, self.shown_schema, wire, self.identity.get("tools")
+            self.identity.get("metadata") or {}, self.shown_schema, wire, self.identity.get("tools"),
+            self.identity.get("tool_calls"),
         )
         if self.messages is None:
             self.messages, self.reset_wire = messages, wire

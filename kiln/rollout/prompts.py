@@ -1,6 +1,8 @@
 """The policy's prompt: a versioned, deterministic system prompt and observation content (R3.6–R3.7).
 
 Offline verification recomputes these texts, so any change here must bump ``PROMPT_VERSION``.
+How MCP tool calls are shown is versioned by the identity's ``tool_calls``
+(:mod:`kiln.openenv.tool_calls`): the same prompt version renders both forms.
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ full observation JSON (observation, reward, done, and optional metadata) is show
 
 
 def system_prompt(
-    metadata: dict[str, Any], policy_action_schema: dict[str, Any], tools: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any],
+    policy_action_schema: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
+    tool_calls: str | None = None,
 ) -> str:
     """System text naming the environment and embedding the compact action schema, then the MCP
-    tools (name, description, input schema) when the environment offers any."""
+    tools when the environment offers any (``tool_calls``: the identity's tool-call form version,
+    see :func:`kiln.openenv.mcp_tools.tools_prompt_block`)."""
     return _SYSTEM_TEMPLATE.format(
         name=str(metadata.get("name", "")),
         description=str(metadata.get("description", "")),
         schema=canonical_json(policy_action_schema).decode("utf-8"),
-    ) + tools_prompt_block(tools)
+    ) + tools_prompt_block(tools, tool_calls)
 
 
 def observation_content(
@@ -56,10 +62,11 @@ def initial_messages(
     policy_action_schema: dict[str, Any],
     reset_wire: dict[str, Any],
     tools: list[dict[str, Any]] | None = None,
+    tool_calls: str | None = None,
 ) -> list[dict[str, str]]:
     """``[system, user]`` for a candidate; identical across a group (R3.8)."""
     return [
-        {"role": "system", "content": system_prompt(metadata, policy_action_schema, tools)},
+        {"role": "system", "content": system_prompt(metadata, policy_action_schema, tools, tool_calls)},
         {"role": "user", "content": observation_content(reset_wire, "reset result")},
     ]
 

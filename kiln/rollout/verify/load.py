@@ -7,7 +7,7 @@ from typing import Any
 
 from kiln.canonical import digest_json, sha256_bytes
 from kiln.errors import KilnError
-from kiln.openenv.schema import ActionValidator, policy_action_schema
+from kiln.openenv.tool_calls import ActionContract, action_contract
 from kiln.rollout.bundle import rollout_stats
 from kiln.rollout.exchange import HARNESS_CODES
 from kiln.rollout.prompts import initial_messages
@@ -39,7 +39,7 @@ _COMPLETION_KEYS = frozenset({"text", "reward", "trajectory", "openenv", "harnes
 
 
 def check_group(
-    g: int, group: Any, line: dict, summary: dict, validators: list[ActionValidator], records: list
+    g: int, group: Any, line: dict, summary: dict, contracts: list[ActionContract], records: list
 ) -> int:
     """All checks of one group; returns its number of environment exchanges."""
     rwhere = Where(REPLAY_FILE, group=g)
@@ -47,13 +47,13 @@ def check_group(
     candidates = group["candidates"]
     environments = summary["environments"]
     inspection = environments[group["environment_index"]]
-    validator = validators[group["environment_index"]]
+    shown_schema, validator = contracts[group["environment_index"]]
 
     dwhere = Where(DATASET_FILE, group=g)
     need_keys(line, frozenset({"messages", "completions"}), dwhere, "")
     expected_messages = initial_messages(
-        inspection["identity"]["metadata"], policy_action_schema(inspection["schema"]["action"]), reset,
-        inspection["identity"].get("tools"),
+        inspection["identity"]["metadata"], shown_schema, reset,
+        inspection["identity"].get("tools"), inspection["identity"].get("tool_calls"),
     )
     if not same_json(line["messages"], expected_messages):
         raise fail(dwhere, "messages", "is not the recomputed R3.6 prompt for this group's reset observation")
@@ -145,16 +145,16 @@ def _load_bundle(
     if len(lines) != summary["groups"]:
         raise fail(Where(DATASET_FILE), "lines", f"holds {len(lines)} groups, the summary says {summary['groups']}")
 
-    validators = []
+    contracts = []
     for index, inspection in enumerate(summary["environments"]):
         try:
-            validators.append(ActionValidator.compile(inspection["schema"]["action"]))
+            contracts.append(action_contract(inspection))
         except KilnError as exc:
             raise fail(Where(SUMMARY_FILE), f"environments[{index}].schema.action", exc.message) from None
 
     exchanges = 0
     for g, (group, line) in enumerate(zip(replay["groups"], lines)):
-        exchanges += check_group(g, group, line, summary, validators, summary["rollouts"])
+        exchanges += check_group(g, group, line, summary, contracts, summary["rollouts"])
 
     plan = rebuild_reset_plan(replay["groups"], len(summary["environments"]))
     if digest_json(plan) != summary["reset_plan_sha256"]:
