@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -155,13 +155,22 @@ OPTIONS: dict[str, ActivityOptions] = {
 class ActivityCaller:
     """Calls activities of one run with the table's options on that run's queues."""
 
-    def __init__(self, *, control_queue: str, gpu_queue: str = "", heartbeat: timedelta = GROUP_HEARTBEAT) -> None:
+    def __init__(
+        self,
+        *,
+        control_queue: str,
+        gpu_queue: str = "",
+        heartbeat: timedelta = GROUP_HEARTBEAT,
+        on_retry: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """``on_retry(activity, attempt)`` hears of every result an attempt > 1 produced."""
         self.queues = {"control": control_queue, "gpu": gpu_queue}
         self.heartbeat = heartbeat
+        self.on_retry = on_retry
 
     async def __call__(self, method: Any, arg: Any, *, summary: str, **extra: Any) -> Any:
         opts = OPTIONS[method.__name__]
-        return await workflow.execute_activity_method(
+        result = await workflow.execute_activity_method(
             method,
             arg,
             task_queue=self.queues[opts.queue],
@@ -173,3 +182,7 @@ class ActivityCaller:
             summary=summary,
             **extra,
         )
+        attempt = getattr(result, "attempt", 1)
+        if self.on_retry is not None and attempt > 1:
+            self.on_retry(method.__name__, attempt)
+        return result
