@@ -20,6 +20,7 @@ from kiln.stages.discovery import discover, revalidate
 from kiln.stages.publication import publish
 from kiln.settings import Settings
 from kiln.records import (
+    ActivityResult,
     AdmissionInput,
     AdmissionResult,
     DiscoveryInput,
@@ -128,8 +129,10 @@ class ControlActivities:
 
     @activity.defn(name="revalidate_environments")
     @kiln_errors
-    async def revalidate_environments(self, inp: RevalidationInput) -> None:
+    async def revalidate_environments(self, inp: RevalidationInput) -> ActivityResult | None:
+        """Re-inspect and compare identities; returns only the attempt (histories before it: None)."""
         await heartbeating(revalidate(self.store, inp, credentials=self.settings.credentials))
+        return ActivityResult()
 
     @activity.defn(name="publish_run")
     @kiln_errors

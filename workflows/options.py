@@ -61,8 +61,8 @@ TRAIN_RETRY = RetryPolicy(
 # Start-to-close: how long one attempt may run. Schedule-to-close: how long all attempts together
 # may take; every entry leaves room for at least its retry policy's attempts (see
 # ``retry_budget_ok``), so a dead worker's attempt is always retried, never the last word.
-ADMISSION_TIMEOUT = timedelta(seconds=30)
-ADMISSION_BUDGET = timedelta(minutes=2)
+ADMISSION_TIMEOUT = timedelta(seconds=15)
+ADMISSION_BUDGET = timedelta(minutes=1)
 ENQUEUE_TIMEOUT = timedelta(minutes=10)
 DISCOVERY_TIMEOUT = timedelta(minutes=3)
 DISCOVERY_BUDGET = timedelta(minutes=12)

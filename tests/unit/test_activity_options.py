@@ -39,7 +39,7 @@ def test_a_dead_worker_is_noticed_within_a_minute_at_the_default_heartbeat() -> 
 
 def test_whatever_may_run_over_a_minute_heartbeats() -> None:
     for name, opts in OPTIONS.items():
-        assert opts.heartbeat or opts.start_to_close <= timedelta(seconds=30), name
+        assert opts.heartbeat or opts.start_to_close <= timedelta(seconds=15), name
 
 
 def test_every_schedule_to_close_leaves_retry_budget() -> None:
