@@ -16,13 +16,14 @@ online RL (``store_iteration``) have the same options as the storage steps kille
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import pytest
 
 from tests.chaos.conftest import train_request
-from tests.support.chaos.assertions import record
+from tests.support.chaos.assertions import read_uri, record
 from tests.support.chaos.faults import PARK_ACTIVITY
 from tests.support.chaos.runs import RunOutcome, connect, drive, result_within, start_run, wait_until_async
 from tests.support.chaos.stack import ChaosStack
@@ -46,6 +47,7 @@ MATRIX = (
     "post_evaluate",
     "publish_run",
 )
+EVAL_RECEIPT = "environment_eval/receipt.json"
 # Beyond the bound and the fresh worker's start: a loaded 2-core machine's scheduling.
 SLACK_S = 30.0
 
@@ -101,17 +103,29 @@ async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -
         assert recovery_s <= bound_s + worker_start_s + SLACK_S, rows[-1]
 
     state, final = await result_within(handle, 300)
+    for row in rows:
+        record(f"matrix: worker SIGKILL during {row['activity']}", **row)
     assert state == "completed", final
     outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
+    record("matrix: run with every activity killed once", run_s=outcome.seconds,
+           reference_run_s=reference.seconds, kills=len(MATRIX))
+    # The evaluation receipt names its run: equal to the reference's but for that one field.
+    theirs, ours = (_receipt_without_run_id(stack, o) for o in (reference, outcome))
+    assert theirs == ours
+    for o in (reference, outcome):
+        o.digests.pop(EVAL_RECEIPT)
     reference.assert_same_artifacts(outcome, stack)
     retried_in_status = {item["activity"]: item["attempts"] for item in final["interruptions"]}
     for kind in MATRIX:
         assert retried_in_status.get(kind, 0) >= 2, (kind, final["interruptions"])
     assert final["interruptions_total"] == len(final["interruptions"]) >= len(MATRIX)
-    for row in rows:
-        record(f"matrix: worker SIGKILL during {row['activity']}", **row)
-    record("matrix: run with every activity killed once", run_s=outcome.seconds,
-           reference_run_s=reference.seconds, kills=len(MATRIX), artifacts_identical=True)
+
+
+def _receipt_without_run_id(stack: ChaosStack, outcome: RunOutcome) -> dict[str, Any]:
+    uri = next(a["uri"] for a in outcome.status["artifacts"] if a["name"] == EVAL_RECEIPT)
+    receipt = json.loads(read_uri(stack.store(), uri))
+    assert receipt.pop("run_id") == outcome.run_id
+    return receipt
 
 
 def _seconds(value: float) -> Any:
