@@ -2,10 +2,11 @@
 
 One train run with a paired environment evaluation and a static post-evaluation goes through
 every activity type a run uses. Each type in turn is parked at the start of its first attempt
-(the ``park_activity`` hook, heartbeating); the worker running it (control or gpu) is SIGKILLed
-and a fresh one started. Each time the retry must start within the type's documented recovery
-bound (``workflows/options.py``, docs/durability.md: the heartbeat timeout, 3 s here, or the
-start-to-close of a short activity), plus the fresh worker's start-up, generously. The run must
+(the ``park_activity`` hook, heartbeating); the worker process running it (control or gpu) is
+SIGKILLed while a second, fresh worker of that role polls, and a replacement starts. Each time the
+retry must start within the type's documented recovery bound (``workflows/options.py``,
+docs/durability.md: the heartbeat timeout, 3 s here, or the start-to-close of a short activity)
+plus a generous slack for the loaded machine. The run must
 then complete with every artifact identical to an undisturbed run of the same request, and its
 status must name every retried activity with its attempt.
 
@@ -48,8 +49,8 @@ MATRIX = (
     "publish_run",
 )
 EVAL_RECEIPT = "environment_eval/receipt.json"
-# Beyond the bound and the fresh worker's start: a loaded 2-core machine's scheduling.
-SLACK_S = 30.0
+# Beyond the bound: a loaded 2-core machine's scheduling (the standby worker polls and starts it).
+SLACK_S = 20.0
 
 
 def matrix_request(env_url: str) -> dict[str, Any]:
@@ -70,40 +71,52 @@ async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -
     assert not names
 
     heartbeat = stack.heartbeat_timeout_s
+    # A standby worker per role polls next to the one that will be killed, so the retry waits only
+    # for Temporal to notice the death (what the bound says), not for a process to start; after each
+    # kill a fresh replacement starts while the run goes on.
+    for role in ("control", "gpu"):
+        await asyncio.to_thread(stack.start_worker, role)
     hooks.set(PARK_ACTIVITY, MATRIX[0])
     started = time.monotonic()
     handle = await start_run(client, stack, matrix_request(stack.env_url))
     rows: list[dict[str, Any]] = []
-    for index, kind in enumerate(MATRIX):
-        parked = await wait_until_async(
-            lambda: hooks.events("activity_parked", run_id=handle.id, type=kind), timeout_s=240,
-            what=f"{kind} to start (parked)",
-        )
-        role = OPTIONS[kind].queue
-        pid = parked[0]["pid"]
-        assert stack.workers[role].pid == pid, (kind, role, pid)
-        killed_at = time.time()
-        await asyncio.to_thread(stack.kill_worker, role)
-        if index + 1 < len(MATRIX):  # the next type parks; this one's retry runs straight through
-            hooks.set(PARK_ACTIVITY, MATRIX[index + 1])
-        else:
-            hooks.clear(PARK_ACTIVITY)
-        began = time.monotonic()
-        await asyncio.to_thread(stack.start_worker, role)
-        worker_start_s = time.monotonic() - began
-        bound_s = OPTIONS[kind].recovery_bound(_seconds(heartbeat)).total_seconds()
-        retried = await wait_until_async(
-            lambda: [e for e in hooks.events("activity_start", run_id=handle.id, type=kind)
-                     if e["attempt"] >= 2 and e["pid"] != pid],
-            timeout_s=bound_s + worker_start_s + SLACK_S + 30, what=f"{kind}'s retry",
-        )
-        recovery_s = retried[0]["t"] - killed_at
-        rows.append({"activity": kind, "worker": role, "bound_s": bound_s, "worker_start_s": round(worker_start_s, 1),
-                     "kill_to_retry_s": round(recovery_s, 1)})
-        record(f"matrix: worker SIGKILL during {kind}", **rows[-1])
-        assert recovery_s <= bound_s + worker_start_s + SLACK_S, rows[-1]
+    try:
+        for index, kind in enumerate(MATRIX):
+            parked = await wait_until_async(
+                lambda: hooks.events("activity_parked", run_id=handle.id, type=kind), timeout_s=240,
+                what=f"{kind} to start (parked)",
+            )
+            role = OPTIONS[kind].queue
+            pid = parked[0]["pid"]
+            victim = next(proc for proc in stack.every_process if proc.pid == pid)
+            assert victim.alive() and "worker-" + role in str(victim.log_path), (kind, victim.log_path)
+            killed_at = time.time()
+            victim.kill()
+            if stack.workers.get(role) is victim:
+                stack.workers.pop(role)
+            if index + 1 < len(MATRIX):  # the next type parks; this one's retry runs straight through
+                hooks.set(PARK_ACTIVITY, MATRIX[index + 1])
+            else:
+                hooks.clear(PARK_ACTIVITY)
+            replacement = asyncio.ensure_future(asyncio.to_thread(stack.start_worker, role))
+            bound_s = OPTIONS[kind].recovery_bound(_seconds(heartbeat)).total_seconds()
+            retried = await wait_until_async(
+                lambda: [e for e in hooks.events("activity_start", run_id=handle.id, type=kind)
+                         if e["attempt"] >= 2 and e["pid"] != pid],
+                timeout_s=bound_s + SLACK_S + 60, what=f"{kind}'s retry",
+            )
+            recovery_s = retried[0]["t"] - killed_at
+            rows.append({"activity": kind, "worker": role, "bound_s": bound_s, "kill_to_retry_s": round(recovery_s, 1)})
+            record(f"matrix: worker SIGKILL during {kind}", **rows[-1])
+            assert recovery_s <= bound_s + SLACK_S, rows[-1]
+            await replacement
+        state, final = await result_within(handle, 300)
+    finally:  # the package's other tests expect one worker per role
+        kept = [id(proc) for proc in stack.workers.values()]
+        for proc in stack.every_process:
+            if proc.log_path.name.startswith("worker-") and proc.alive() and id(proc) not in kept:
+                await asyncio.to_thread(proc.stop, timeout_s=15)
 
-    state, final = await result_within(handle, 300)
     assert state == "completed", final
     outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
     record("matrix: run with every activity killed once", run_s=outcome.seconds,
