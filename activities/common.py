@@ -12,6 +12,7 @@ from typing import Any, Callable, TypeVar
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from kiln.errors import KilnError
+from kiln.records import ActivityResult
 from kiln.telemetry.prometheus import count_error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,14 +41,25 @@ def _surface(err: KilnError) -> ApplicationError:
     return to_application_error(err)
 
 
+def with_attempt(result: Any) -> Any:
+    """Stamp an ``ActivityResult`` with the attempt that produced it (the workflow records a
+    retry in the run's status from it)."""
+    from temporalio import activity
+
+    if isinstance(result, ActivityResult):
+        result.attempt = activity.info().attempt
+    return result
+
+
 def kiln_errors(fn: F) -> F:
-    """Decorate an activity so KilnErrors surface with their code; unknown errors stay retryable."""
+    """The wrapper every activity has: KilnErrors surface with their code (unknown errors stay
+    retryable), and the result carries the attempt that produced it."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
-                return await fn(*args, **kwargs)
+                return with_attempt(await fn(*args, **kwargs))
             except KilnError as err:
                 raise _surface(err) from None
 
@@ -56,7 +68,7 @@ def kiln_errors(fn: F) -> F:
     @functools.wraps(fn)
     def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return with_attempt(fn(*args, **kwargs))
         except KilnError as err:
             raise _surface(err) from None
 

@@ -20,6 +20,7 @@ from kiln.stages.discovery import discover, revalidate
 from kiln.stages.publication import publish
 from kiln.settings import Settings
 from kiln.records import (
+    ActivityResult,
     AdmissionInput,
     AdmissionResult,
     DiscoveryInput,
@@ -128,8 +129,10 @@ class ControlActivities:
 
     @activity.defn(name="revalidate_environments")
     @kiln_errors
-    async def revalidate_environments(self, inp: RevalidationInput) -> None:
+    async def revalidate_environments(self, inp: RevalidationInput) -> ActivityResult | None:
+        """Re-inspect and compare identities; returns only the attempt (histories before it: None)."""
         await heartbeating(revalidate(self.store, inp, credentials=self.settings.credentials))
+        return ActivityResult()
 
     @activity.defn(name="publish_run")
     @kiln_errors
@@ -142,28 +145,28 @@ class ControlActivities:
     @kiln_errors
     async def index_groups(self, inp: GroupIndexInput) -> GroupSet:
         """Store one collection chunk's group references as a group index (kiln.artifacts.group_sets)."""
-        return await asyncio.to_thread(group_set, self.store, [inp.groups])
+        return await heartbeating(asyncio.to_thread(group_set, self.store, [inp.groups]))
 
     @activity.defn(name="store_iteration")
     @kiln_errors
     async def store_iteration(self, inp: IterationInput) -> IterationFiles:
         """Store one online-RL iteration's bundle and record (kiln.stages.iteration)."""
-        return await asyncio.to_thread(store_iteration, self.store, inp)
+        return await heartbeating(asyncio.to_thread(store_iteration, self.store, inp))
 
     @activity.defn(name="store_side_bundle")
     @kiln_errors
     async def store_side_bundle(self, inp: SideBundleInput) -> SideBundle:
-        return await asyncio.to_thread(store_side_bundle, self.store, inp)
+        return await heartbeating(asyncio.to_thread(store_side_bundle, self.store, inp))
 
     @activity.defn(name="evaluate_run")
     @kiln_errors
     async def evaluate_run(self, inp: EvaluateInput) -> EvaluationResult:
-        return await asyncio.to_thread(evaluate, self.store, inp)
+        return await heartbeating(asyncio.to_thread(evaluate, self.store, inp))
 
     @activity.defn(name="split_dataset")
     @kiln_errors
     async def split_dataset(self, dataset: StoredObject) -> DatasetSplit:
-        groups, policy, base_adapter = await asyncio.to_thread(split_dataset, self.store, dataset)
+        groups, policy, base_adapter = await heartbeating(asyncio.to_thread(split_dataset, self.store, dataset))
         return DatasetSplit(
             groups=groups,
             behavior_policy=policy,
@@ -175,7 +178,7 @@ class ControlActivities:
     @activity.defn(name="publish_training")
     @kiln_errors
     async def publish_training(self, inp: PublishTrainingInput) -> PublishResult:
-        return await asyncio.to_thread(publish_training, self.store, inp)
+        return await heartbeating(asyncio.to_thread(publish_training, self.store, inp))
 
     def all(self) -> list[Any]:
         return [

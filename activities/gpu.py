@@ -38,7 +38,7 @@ from kiln.records import (
 from kiln.artifacts.adapters import materialise, read_pointer
 from kiln.policy.identity import with_inference
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
-from activities.common import kiln_errors
+from activities.common import heartbeating, kiln_errors
 from activities.live_metrics import open_train_stream, publish_group_figures
 
 
@@ -142,7 +142,7 @@ class GpuActivities:
     @activity.defn(name="resolve_policy")
     @kiln_errors
     async def resolve_policy(self, inp: PolicyInput) -> PolicyResult:
-        return await asyncio.to_thread(self._resolve, inp)
+        return await heartbeating(asyncio.to_thread(self._resolve, inp))  # a fresh worker loads the model
 
     @activity.defn(name="collect_group")
     @kiln_errors
@@ -234,7 +234,12 @@ class GpuActivities:
     @activity.defn(name="post_evaluate")
     @kiln_errors
     def post_evaluate(self, inp: PostEvalInput) -> PostEvalResult:
-        """The installed static suite on the candidate (and the baseline), greedy, exact match."""
+        """The installed static suite on the candidate (and the baseline), greedy, exact match.
+        Heartbeats throughout (model load and every pass), so a killed worker is noticed in seconds."""
+        with heartbeat_ticker(lambda: {"phase": "post_evaluation"}):
+            return self._post_evaluate(inp)
+
+    def _post_evaluate(self, inp: PostEvalInput) -> PostEvalResult:
         from kiln.evaluation.static_suite import evaluate_suite, load_suite, post_eval_outcome
 
         cases = load_suite(inp.suite)
@@ -272,7 +277,12 @@ class GpuActivities:
     @activity.defn(name="world_model_gain")
     @kiln_errors
     def world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
-        """Observation cross-entropy of the base model vs the candidate on evaluation transcripts."""
+        """Observation cross-entropy of the base model vs the candidate on evaluation transcripts.
+        Heartbeats throughout (both forward passes), so a killed worker is noticed in seconds."""
+        with heartbeat_ticker(lambda: {"phase": "world_model_gain"}):
+            return self._world_model_gain(inp)
+
+    def _world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
         from kiln.evaluation.receipt import world_model_block
         from kiln.stages.training import load_group_lines
         from kiln.train.world_model import world_model_comparison

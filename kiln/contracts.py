@@ -126,7 +126,7 @@ class TrainingConfig(StrictModel):
     gradient_checkpointing: bool = False
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     seed: int = Field(default=0, ge=0)
-    checkpoint_interval: int | None = Field(default=None, ge=1)
+    checkpoint_interval: int | None = Field(default=10, ge=1)  # measured: docs/durability.md
     behavior_policy: Literal["no_importance_correction", "recorded"] = "no_importance_correction"
     # Completions with no final action (e.g. reasoning that exhausted its budget): drop them, keep
     # them with reward 0, or keep them with their recorded (penalised) reward.

@@ -19,6 +19,15 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ActivityResult(Record):
+    """What an activity returns. ``attempt`` is the attempt that produced it, set by the wrapper
+    every activity has (``activities.common.kiln_errors``): above 1, earlier attempts were lost
+    (a dead worker, a timeout) or failed, and the workflow records the retry in the run's status.
+    A fact about this execution only: never part of an artifact."""
+
+    attempt: int = 1
+
+
 class StoredObject(Record):
     """A content-addressed S3 object."""
 
@@ -38,7 +47,7 @@ class StoredObject(Record):
         return ObjectRef(uri=self.uri, sha256=self.sha256, bytes=self.bytes)
 
 
-class GroupSet(Record):
+class GroupSet(ActivityResult):
     """A collection's stored groups, by reference: S3 index objects (``kiln.artifacts.group_sets``),
     each a JSON list of one chunk's group objects in group order. Crosses Temporal at a constant
     size whatever the number of groups, so no training or publication input grows with a run."""
@@ -65,7 +74,7 @@ class AdmissionInput(Record):
     submission: dict[str, Any]
 
 
-class AdmissionResult(Record):
+class AdmissionResult(ActivityResult):
     request: RunRequest
     request_sha256: str
     reset_templates: list[dict[str, Any]]
@@ -92,7 +101,7 @@ class EnvironmentRef(Record):
     inspection: StoredObject
 
 
-class DiscoveryResult(Record):
+class DiscoveryResult(ActivityResult):
     environments: list[EnvironmentRef]
 
 
@@ -125,7 +134,7 @@ class PolicyInput(Record):
     thinking: bool | Literal["auto"] | None = None
 
 
-class PolicyResult(Record):
+class PolicyResult(ActivityResult):
     behavior_policy: dict[str, Any]
     adapter_ref: AdapterRef | None = None
     thinking: bool | None = None  # the resolved thinking mode, when the input asked for one
@@ -146,7 +155,7 @@ class CollectGroupInput(Record):
     label: str = "group"  # "group" (collection) or "eval baseline" / "eval candidate" (live metrics)
 
 
-class CollectGroupResult(Record):
+class CollectGroupResult(ActivityResult):
     group_index: int
     group: StoredObject
     returns: list[float]
@@ -154,7 +163,6 @@ class CollectGroupResult(Record):
     terminations: dict[str, int]
     model_tokens: int
     model_latency_ms: float
-    attempt: int = 1
     interruption_code: str | None = None
     worker: str | None = None  # identity of the worker process that collected it (wall-clock fact)
     # What the environment granted this run (sessions_granted_max, max_sessions_advertised, this
@@ -233,7 +241,7 @@ class TrainInput(Record):
     staleness: int = Field(default=0, ge=0)
 
 
-class TrainResult(Record):
+class TrainResult(ActivityResult):
     trained: bool
     skip_reason: str | None = None
     selection: dict[str, Any]  # counts and the first warnings (kiln.artifacts.selections)
@@ -270,7 +278,7 @@ class IterationInput(Record):
     staleness: int = 0
 
 
-class IterationFiles(Record):
+class IterationFiles(ActivityResult):
     """What was stored of an iteration: its record's digest and its rollout figures."""
 
     iteration: int
@@ -304,7 +312,7 @@ class PublishedArtifact(Record):
     bytes: int
 
 
-class PublishResult(Record):
+class PublishResult(ActivityResult):
     manifest_uri: str
     manifest_sha256: str
     artifacts: list[PublishedArtifact]
@@ -323,7 +331,7 @@ class SideBundleInput(Record):
     reset_plan_sha256: str
 
 
-class SideBundle(Record):
+class SideBundle(ActivityResult):
     side: str
     files: dict[str, StoredObject]
     stats: dict[str, Any]
@@ -334,7 +342,7 @@ class WorldModelInput(Record):
     adapter_ref: AdapterRef
 
 
-class WorldModelResult(Record):
+class WorldModelResult(ActivityResult):
     block: dict[str, Any] | None = None
 
 
@@ -351,7 +359,7 @@ class EvaluateInput(Record):
     world_model: dict[str, Any] | None = None
 
 
-class EvaluationResult(Record):
+class EvaluationResult(ActivityResult):
     decision: str
     outcome: str
     verdict: str
@@ -361,7 +369,7 @@ class EvaluationResult(Record):
     candidate: SideBundle
 
 
-class DatasetSplit(Record):
+class DatasetSplit(ActivityResult):
     groups: GroupSet
     behavior_policy: dict[str, Any]
     base_adapter: AdapterRef | None = None
@@ -397,7 +405,7 @@ class PostEvalInput(Record):
     baseline: AdapterRef | None = None
 
 
-class PostEvalResult(Record):
+class PostEvalResult(ActivityResult):
     gate_outcome: str
     reason: str
     candidate_accuracy: float
@@ -451,7 +459,7 @@ class SlotRequest(Record):
     run_id: str
 
 
-class SlotReply(Record):
+class SlotReply(ActivityResult):
     sequence: int
     position: int  # 0 = active (slot granted), n = n-th in line
 

@@ -112,10 +112,14 @@ class EnvironmentStatus(_Status):
 
 
 class Interruption(_Status):
+    """A retried activity: a seed group re-collected (``group_index``), or any other activity whose
+    earlier attempts were lost to a dead worker or failed; ``attempts`` is the one that completed."""
+
     stage: str
-    group_index: int
+    activity: str = "collect_group"
+    group_index: int | None = None
     attempts: int
-    code: str | None
+    code: str | None = None
     recovered: str = "re-collected from reset with the same seed"
 
 
@@ -293,10 +297,20 @@ class RunStatus(_Status):
         del self.warnings[MAX_WARNINGS:]
 
     def record_interruption(self, interruption: Interruption) -> None:
-        """A re-collected group (bounded: the most recent ``MAX_INTERRUPTION_RECORDS``)."""
+        """A retried activity (bounded: the most recent ``MAX_INTERRUPTION_RECORDS``)."""
         self.interruptions.append(interruption)
         del self.interruptions[:-MAX_INTERRUPTION_RECORDS]
         self.interruptions_total += 1
+
+    def record_retry(self, activity: str, attempt: int) -> None:
+        """An activity (other than a group's collection) that completed on attempt ``attempt`` > 1."""
+        self.record_interruption(
+            Interruption(
+                stage=self.stage(), activity=activity, attempts=attempt,
+                recovered=f"retried; attempt {attempt} completed"
+                + (" (resumed from the last checkpoint, if one was written)" if activity == "train_adapter" else ""),
+            )
+        )
 
     def record_iteration(self, record: IterationStatus) -> None:
         """Append an iteration's record (bounded: the most recent ``MAX_ITERATION_RECORDS``)."""

@@ -14,7 +14,7 @@ one validation — so a bad request started with ``temporal workflow start`` sti
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from temporalio import workflow
 
@@ -44,12 +44,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.status import KILN_ENVIRONMENT, KILN_OUTPUT_ADAPTER, KILN_RUN_KIND
 
 
-def _gpu_caller(admission: AdmissionResult) -> ActivityCaller:
+def _gpu_caller(admission: AdmissionResult, on_retry: Callable[[str, int], None]) -> ActivityCaller:
     """The run's activity caller once admitted: its control queue and its model's gpu queue."""
     return ActivityCaller(
         control_queue=workflow.info().task_queue,
         gpu_queue=admission.gpu_task_queue,
         heartbeat=timedelta(seconds=admission.heartbeat_timeout_s),
+        on_retry=on_retry,
     )
 
 
@@ -82,6 +83,10 @@ class OpenEnvRunWorkflow(RunStages):
         """``carry`` is only given by the run itself when it continues as new (online RL)."""
         return await self._guarded(lambda: self._execute(submission, carry))
 
+    def _retried(self, activity: str, attempt: int) -> None:
+        """An activity's result came from attempt ``attempt`` > 1: an interruption in status."""
+        self._status.record_retry(activity, attempt)
+
     async def _release(self) -> None:
         """Give the run's queue slot back (also when it never got one); never fails the run."""
         if self._queue_id is None:
@@ -95,7 +100,7 @@ class OpenEnvRunWorkflow(RunStages):
     async def _admit(self, submission: dict[str, Any]) -> tuple[AdmissionResult, ActivityCaller]:
         """Validate before any environment is contacted; then wait for a FIFO slot."""
         info = workflow.info()
-        call = ActivityCaller(control_queue=info.task_queue)
+        call = ActivityCaller(control_queue=info.task_queue, on_retry=self._retried)
         admission: AdmissionResult = await call(
             ControlActivities.admit_run,
             AdmissionInput(run_id=self._status.run_id, submission=submission),
@@ -127,7 +132,7 @@ class OpenEnvRunWorkflow(RunStages):
         status.admission.queue_position = None
         status.admission.admitted_at = admitted.isoformat()
         status.admission.queue_wait_ms = int((admitted - info.start_time).total_seconds() * 1000)
-        return admission, _gpu_caller(admission)
+        return admission, _gpu_caller(admission, self._retried)
 
     async def _execute(self, submission: dict[str, Any], carry: RunCarry | None) -> None:
         if carry is not None:  # continued as new: admitted, discovered, part-way through
@@ -135,7 +140,7 @@ class OpenEnvRunWorkflow(RunStages):
             self._queue_id = carry.admission.queue_workflow_id
             self._status = carry.status
             ctx = RunContext(self._status.run_id, carry.admission.request, carry.admission, carry.discovery,
-                             _gpu_caller(carry.admission), self._status)
+                             _gpu_caller(carry.admission, self._retried), self._status)
             await self._iterate(ctx, carry)
             return
         admission, call = await self._admit(submission)

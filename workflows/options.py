@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -58,43 +58,79 @@ TRAIN_RETRY = RetryPolicy(
     maximum_attempts=3,
 )
 
-ADMISSION_TIMEOUT = timedelta(seconds=30)
+# Start-to-close: how long one attempt may run. Schedule-to-close: how long all attempts together
+# may take; every entry leaves room for at least its retry policy's attempts (see
+# ``retry_budget_ok``), so a dead worker's attempt is always retried, never the last word.
+ADMISSION_TIMEOUT = timedelta(seconds=15)
+ADMISSION_BUDGET = timedelta(minutes=1)
 ENQUEUE_TIMEOUT = timedelta(minutes=10)
 DISCOVERY_TIMEOUT = timedelta(minutes=3)
+DISCOVERY_BUDGET = timedelta(minutes=12)
 POLICY_TIMEOUT = timedelta(minutes=5)
+POLICY_BUDGET = timedelta(minutes=20)
 GROUP_TIMEOUT = timedelta(hours=2)
+GROUP_BUDGET = timedelta(hours=11)
 GROUP_HEARTBEAT = timedelta(seconds=30)
 TRAIN_TIMEOUT = timedelta(hours=12)
-PUBLISH_TIMEOUT = timedelta(minutes=30)
+TRAIN_BUDGET = timedelta(hours=37)
+EVAL_PASS_TIMEOUT = timedelta(hours=2)
+EVAL_PASS_BUDGET = timedelta(hours=7)
+STORE_TIMEOUT = timedelta(minutes=10)
+PUBLISH_TIMEOUT = timedelta(minutes=45)
 
 
 @dataclass(frozen=True)
 class ActivityOptions:
+    """One activity's options. With ``heartbeat`` the run's heartbeat timeout applies (the
+    ``KILN_HEARTBEAT_TIMEOUT_S`` setting, 30 s by default): a killed worker is noticed after it."""
+
     queue: Literal["control", "gpu"]
     retry: RetryPolicy
-    start_to_close: timedelta | None = None
-    schedule_to_close: timedelta | None = None
+    start_to_close: timedelta
+    schedule_to_close: timedelta
     heartbeat: bool = False
     cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL
 
+    def recovery_bound(self, heartbeat: timedelta = GROUP_HEARTBEAT) -> timedelta:
+        """The longest a killed worker's attempt of this activity stays unnoticed, plus the wait
+        before the next attempt is scheduled: the heartbeat timeout for an activity that
+        heartbeats, else its start-to-close; then the retry policy's first interval."""
+        noticed = heartbeat if self.heartbeat else self.start_to_close
+        return noticed + (self.retry.initial_interval or timedelta(seconds=1))
 
-_CONTROL = ActivityOptions("control", CONTROL_RETRY, start_to_close=ADMISSION_TIMEOUT)
+    def retry_budget_ok(self) -> bool:
+        """Schedule-to-close leaves room for more than one whole attempt, and for every attempt
+        (with its backoff) when the policy bounds them."""
+        attempts = self.retry.maximum_attempts
+        if attempts <= 0:
+            return self.schedule_to_close >= 3 * self.start_to_close
+        backoff = timedelta(0)
+        interval = self.retry.initial_interval or timedelta(seconds=1)
+        cap = self.retry.maximum_interval or 100 * interval
+        for _ in range(attempts - 1):
+            backoff += interval
+            interval = min(cap, interval * self.retry.backoff_coefficient)
+        return self.schedule_to_close > self.start_to_close * attempts + backoff
+
+
+_CONTROL = ActivityOptions("control", CONTROL_RETRY, ADMISSION_TIMEOUT, ADMISSION_BUDGET)
 # Discovery and revalidation heartbeat while their requests run: a killed control worker is
 # noticed after the heartbeat timeout, not DISCOVERY_TIMEOUT.
-_INSPECT = ActivityOptions("control", CONTROL_RETRY, start_to_close=DISCOVERY_TIMEOUT, heartbeat=True)
-_STORE = ActivityOptions("control", PUBLISH_RETRY, schedule_to_close=PUBLISH_TIMEOUT)
-_GPU_PASS = ActivityOptions("gpu", TRAIN_RETRY, start_to_close=TRAIN_TIMEOUT)
+_INSPECT = ActivityOptions("control", CONTROL_RETRY, DISCOVERY_TIMEOUT, DISCOVERY_BUDGET, heartbeat=True)
+# Storage steps are short, but they heartbeat while their S3 writes run, and retry (S3 restarts
+# included) until PUBLISH_TIMEOUT.
+_STORE = ActivityOptions("control", PUBLISH_RETRY, STORE_TIMEOUT, PUBLISH_TIMEOUT, heartbeat=True)
+# Evaluation passes on the gpu worker run the model for a while: they heartbeat.
+_GPU_PASS = ActivityOptions("gpu", TRAIN_RETRY, EVAL_PASS_TIMEOUT, EVAL_PASS_BUDGET, heartbeat=True)
 
 OPTIONS: dict[str, ActivityOptions] = {
     "admit_run": _CONTROL,
-    "enqueue_run": ActivityOptions(
-        "control", ENQUEUE_RETRY, start_to_close=ADMISSION_TIMEOUT, schedule_to_close=ENQUEUE_TIMEOUT
-    ),
+    "enqueue_run": ActivityOptions("control", ENQUEUE_RETRY, ADMISSION_TIMEOUT, ENQUEUE_TIMEOUT),
     "discover_environments": _INSPECT,
     "revalidate_environments": _INSPECT,
-    "resolve_policy": ActivityOptions("gpu", CONTROL_RETRY, start_to_close=POLICY_TIMEOUT),
-    "collect_group": ActivityOptions("gpu", GROUP_RETRY, start_to_close=GROUP_TIMEOUT, heartbeat=True),
-    "train_adapter": ActivityOptions("gpu", TRAIN_RETRY, start_to_close=TRAIN_TIMEOUT, heartbeat=True),
+    "resolve_policy": ActivityOptions("gpu", CONTROL_RETRY, POLICY_TIMEOUT, POLICY_BUDGET, heartbeat=True),
+    "collect_group": ActivityOptions("gpu", GROUP_RETRY, GROUP_TIMEOUT, GROUP_BUDGET, heartbeat=True),
+    "train_adapter": ActivityOptions("gpu", TRAIN_RETRY, TRAIN_TIMEOUT, TRAIN_BUDGET, heartbeat=True),
     "post_evaluate": _GPU_PASS,
     "world_model_gain": _GPU_PASS,
     "index_groups": _STORE,
@@ -108,7 +144,8 @@ OPTIONS: dict[str, ActivityOptions] = {
     "publish_run": ActivityOptions(
         "control",
         PUBLISH_RETRY,
-        schedule_to_close=PUBLISH_TIMEOUT,
+        STORE_TIMEOUT,
+        PUBLISH_TIMEOUT,
         heartbeat=True,
         cancellation=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     ),
@@ -118,13 +155,22 @@ OPTIONS: dict[str, ActivityOptions] = {
 class ActivityCaller:
     """Calls activities of one run with the table's options on that run's queues."""
 
-    def __init__(self, *, control_queue: str, gpu_queue: str = "", heartbeat: timedelta = GROUP_HEARTBEAT) -> None:
+    def __init__(
+        self,
+        *,
+        control_queue: str,
+        gpu_queue: str = "",
+        heartbeat: timedelta = GROUP_HEARTBEAT,
+        on_retry: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """``on_retry(activity, attempt)`` hears of every result an attempt > 1 produced."""
         self.queues = {"control": control_queue, "gpu": gpu_queue}
         self.heartbeat = heartbeat
+        self.on_retry = on_retry
 
     async def __call__(self, method: Any, arg: Any, *, summary: str, **extra: Any) -> Any:
         opts = OPTIONS[method.__name__]
-        return await workflow.execute_activity_method(
+        result = await workflow.execute_activity_method(
             method,
             arg,
             task_queue=self.queues[opts.queue],
@@ -136,3 +182,7 @@ class ActivityCaller:
             summary=summary,
             **extra,
         )
+        attempt = getattr(result, "attempt", 1)
+        if self.on_retry is not None and attempt > 1:
+            self.on_retry(method.__name__, attempt)
+        return result

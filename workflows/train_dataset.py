@@ -43,7 +43,8 @@ class TrainDatasetWorkflow(StatusKeeper):
 
     async def _execute(self, inp: TrainDatasetInput) -> None:
         run_id = self._status.run_id
-        call = ActivityCaller(control_queue=workflow.info().task_queue)
+        retried = self._status.record_retry
+        call = ActivityCaller(control_queue=workflow.info().task_queue, on_retry=retried)
         split: DatasetSplit = await call(
             ControlActivities.split_dataset, inp.dataset, summary="validate the rollouts and split them into groups"
         )
@@ -55,6 +56,7 @@ class TrainDatasetWorkflow(StatusKeeper):
             control_queue=workflow.info().task_queue,
             gpu_queue=split.gpu_task_queue,
             heartbeat=timedelta(seconds=split.heartbeat_timeout_s),
+            on_retry=retried,
         )
         training: TrainResult = await call(
             GpuActivities.train_adapter,

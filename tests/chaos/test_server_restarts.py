@@ -65,7 +65,10 @@ async def test_temporal_restart_mid_run(stack: ChaosStack, reference_train: RunO
     outcome = RunOutcome.of(stack, handle.id, final, done_at - started)
     reference_train.assert_same_artifacts(outcome, stack)
     for item in final["interruptions"]:
-        assert item["code"] == "executor_interrupted" and item["attempts"] >= 2, item
+        if item["activity"] == "collect_group":
+            assert item["code"] == "executor_interrupted" and item["attempts"] >= 2, item
+        else:
+            assert item["attempts"] >= 2, item
     record(
         "3 Temporal dev server SIGTERM + restart (same db) mid-collection",
         sigterm_to_exit_s=stopped_s,

@@ -133,6 +133,11 @@ async def test_gpu_worker_killed_mid_training(stack: ChaosStack, reference_train
         assert by_attempt[final_attempt] == list(range(resumed_from + 1, total_steps + 1))
     else:
         assert by_attempt[final_attempt] == list(range(1, total_steps + 1))
+    # The retry is in status: one interruption of train_adapter, naming the attempt that completed.
+    retried = [i for i in final["interruptions"] if i["activity"] == "train_adapter"]
+    assert len(retried) == 1 and retried[0]["attempts"] == final_attempt >= 2, final["interruptions"]
+    assert retried[0]["stage"] == "training" and retried[0]["group_index"] is None
+    assert final["interruptions_total"] == len(final["interruptions"])
     end = hooks.events("train_end", run_id=handle.id, outcome="ok")[-1]
     executed = len(hooks.events("train_step", run_id=handle.id))
     record(
@@ -179,6 +184,8 @@ async def test_training_resumes_after_a_resumed_attempt_fails(
         steps_executed=len(hooks.events("train_step", run_id=handle.id)),
     )
     assert [e["resumed"] for e in starts][:2] == [False, True], starts
+    training_retries = [i for i in final["interruptions"] if i["activity"] == "train_adapter"]
+    assert [i["attempts"] for i in training_retries] == [len(starts)], final["interruptions"]
     expect_fixed(
         [e["resumed"] for e in starts] == [False, True, True]
         and (outcome.receipt(stack)["resumed_from_step"] or 0) >= seen["checkpoint_step"],

@@ -1,13 +1,16 @@
-"""Record workflow histories for the determinism (replay) test.
+"""Record workflow histories for the determinism (replay) test, into a new release folder.
 
-    python -m tests.support.record_histories tests/histories
+    python -m tests.support.record_histories [RELEASE]
+
+writes ``tests/histories/<RELEASE>/*.json`` (RELEASE defaults to the short hash of HEAD) and
+refuses to touch a folder that exists: histories are kept per release and never re-recorded, so
+the replay test checks every release's runs against the code on HEAD (docs/upgrading.md).
 
 Starts a throw-away Temporal dev server, SeaweedFS and the counter environment, runs a few
 representative runs (training with a gated evaluation, a rollout, a run failing at discovery, a
 training run from the rollout's saved dataset, a rollout naming a served model, a run whose first
 group attempt is interrupted and retried and which is then cancelled during revalidation, and a
-two-iteration online-RL run) and writes each run's history (and the queue's) as JSON. Re-record
-only when a workflow change is meant to be incompatible with running histories.
+two-iteration online-RL run) and writes each run's history (and the queue's) as JSON.
 """
 
 from __future__ import annotations
@@ -211,16 +214,40 @@ def recording_stack() -> Iterator[tuple[Settings, str]]:
             temporal.stop()
 
 
-def main(out_dir: str) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with recording_stack() as (settings, env_url):
-        saved = asyncio.run(_record(out, settings, env_url))
-        asyncio.run(_record_dataset_training(out, settings, saved))
-        asyncio.run(_record_retry_then_cancel(out, settings, env_url))
-        asyncio.run(record_online_rl(out, settings, env_url))
-    print(json.dumps(sorted(p.name for p in out.glob("*.json"))))
+HISTORIES_ROOT = Path(__file__).resolve().parents[1] / "histories"
+
+
+def release_folder(release: str | None = None, root: Path = HISTORIES_ROOT) -> Path:
+    """The new folder a recording goes to: ``root/<release>`` (default: HEAD's short hash).
+
+    Raises ``FileExistsError`` when it exists: a kept history is never overwritten."""
+    if release is None:
+        import subprocess
+
+        release = subprocess.run(
+            ["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True, cwd=root
+        ).stdout.strip()
+    if not release or "/" in release or release.startswith("."):
+        raise ValueError(f"not a release folder name: {release!r}")
+    out = Path(root) / release
+    if out.exists():
+        raise FileExistsError(f"{out} exists: kept histories are never re-recorded; name a new release")
+    return out
+
+
+def main(release: str | None = None) -> None:
+    out = release_folder(release)
+    with tempfile.TemporaryDirectory() as tmp:  # written whole, then moved into place
+        staging = Path(tmp) / "histories"
+        staging.mkdir()
+        with recording_stack() as (settings, env_url):
+            saved = asyncio.run(_record(staging, settings, env_url))
+            asyncio.run(_record_dataset_training(staging, settings, saved))
+            asyncio.run(_record_retry_then_cancel(staging, settings, env_url))
+            asyncio.run(record_online_rl(staging, settings, env_url))
+        shutil.copytree(staging, out)
+    print(json.dumps({"folder": str(out), "histories": sorted(p.name for p in out.glob("*.json"))}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/histories")
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

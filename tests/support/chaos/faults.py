@@ -32,6 +32,9 @@ TRAIN_FAIL_RESUMED = "train_fail_resumed"  # a resumed training attempt fails ri
 TRAIN_SETUP_DELAY = "train_setup_delay_s"  # the next training attempt sleeps this long before setup
 POLICY_LOAD_DELAY = "policy_load_delay_s"  # the next collect_group's policy load sleeps this long
 TRAIN_LOAD_DELAY = "train_load_delay_s"  # the next train_adapter's policy (model) load sleeps this long
+# Holds the first attempt of the activity type the file names, at its start, heartbeating, while
+# the file still names it (the chaos matrix kills the worker there):
+PARK_ACTIVITY = "park_activity"
 EVENTS = "events.jsonl"
 
 PUBLISH_HOLD_MAX_S = 120.0
@@ -56,7 +59,7 @@ class FaultHooks:
 
     def clear_all(self) -> None:
         for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, REVALIDATE_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
-                     TRAIN_SETUP_DELAY, POLICY_LOAD_DELAY, TRAIN_LOAD_DELAY):
+                     TRAIN_SETUP_DELAY, POLICY_LOAD_DELAY, TRAIN_LOAD_DELAY, PARK_ACTIVITY):
             self.clear(name)
 
     @contextlib.contextmanager
@@ -80,6 +83,12 @@ class FaultHooks:
         except FileNotFoundError:
             return None
         return value
+
+    def text(self, name: str) -> str | None:
+        try:
+            return (self.directory / name).read_text().strip()
+        except OSError:
+            return None
 
     def number(self, name: str) -> float:
         try:
@@ -152,6 +161,7 @@ class _SlowSampling:
 
 def install_hooks(role: str, hooks: FaultHooks) -> None:
     """Wrap the worker's activity bodies with the hook points (see the module docstring)."""
+    _hook_activity_starts(hooks)
     if role in ("gpu", "all"):
         import kiln.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
 
@@ -160,6 +170,42 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
     if role in ("control", "all"):
         _hook_publication(hooks)
         _hook_revalidation(hooks)
+
+
+def _hook_activity_starts(hooks: FaultHooks) -> None:
+    """Log every activity attempt's start (``activity_start``: type, attempt, run); hold the first
+    attempt of the type ``park_activity`` names (``activity_parked``) until the file names another
+    type or is gone, heartbeating meanwhile so only a dead worker ends the hold. Installed as a
+    worker interceptor on every worker the process builds."""
+    from temporalio import activity
+    from temporalio.worker import ActivityInboundInterceptor, Interceptor
+
+    import workers.factory as factory
+
+    class Inbound(ActivityInboundInterceptor):
+        async def execute_activity(self, input: Any) -> Any:
+            info = activity.info()
+            kind, run_id = info.activity_type, info.workflow_id
+            hooks.log("activity_start", run_id=run_id, type=kind, attempt=info.attempt)
+            if info.attempt == 1 and hooks.text(PARK_ACTIVITY) == kind:
+                hooks.log("activity_parked", run_id=run_id, type=kind, attempt=info.attempt)
+                deadline = time.monotonic() + PUBLISH_HOLD_MAX_S
+                while hooks.text(PARK_ACTIVITY) == kind and time.monotonic() < deadline:
+                    activity.heartbeat({"parked": kind})
+                    await asyncio.sleep(0.1)
+            return await super().execute_activity(input)
+
+    class Parking(Interceptor):
+        def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+            return Inbound(next)
+
+    original = factory.Worker
+
+    def worker(*args: Any, **kwargs: Any) -> Any:
+        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), Parking()]
+        return original(*args, **kwargs)
+
+    factory.Worker = worker  # type: ignore[misc]
 
 
 def _hook_collection(hooks: FaultHooks) -> None:

@@ -1,0 +1,146 @@
+"""Chaos matrix: for every activity type of a train run, kill -9 the worker that runs it.
+
+One train run with a paired environment evaluation and a static post-evaluation goes through
+every activity type a run uses. Each type in turn is parked at the start of its first attempt
+(the ``park_activity`` hook, heartbeating); the worker process running it (control or gpu) is
+SIGKILLed while a second, fresh worker of that role polls, and a replacement starts. Each time the
+retry must start within the type's documented recovery bound (``workflows/options.py``,
+docs/durability.md: the heartbeat timeout, 3 s here, or the start-to-close of a short activity)
+plus a generous slack for the loaded machine. The run must
+then complete with every artifact identical to an undisturbed run of the same request, and its
+status must name every retried activity with its attempt.
+
+The activities of the dataset-training workflow (``split_dataset``, ``publish_training``) and of
+online RL (``store_iteration``) have the same options as the storage steps killed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.chaos.conftest import train_request
+from tests.support.chaos.assertions import read_uri, record
+from tests.support.chaos.faults import PARK_ACTIVITY
+from tests.support.chaos.runs import RunOutcome, connect, drive, result_within, start_run, wait_until_async
+from tests.support.chaos.stack import ChaosStack
+from workflows.options import OPTIONS
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+# In the order a train run with evaluation and post-evaluation reaches them.
+MATRIX = (
+    "admit_run",
+    "enqueue_run",
+    "discover_environments",
+    "resolve_policy",
+    "collect_group",
+    "index_groups",
+    "revalidate_environments",
+    "train_adapter",
+    "store_side_bundle",
+    "world_model_gain",
+    "evaluate_run",
+    "post_evaluate",
+    "publish_run",
+)
+EVAL_RECEIPT = "environment_eval/receipt.json"
+# Beyond the bound: a loaded 2-core machine's scheduling (the standby worker polls and starts it).
+SLACK_S = 20.0
+
+
+def matrix_request(env_url: str) -> dict[str, Any]:
+    return train_request(
+        env_url,
+        environment_eval={"groups": 2, "group_size": 1},
+        post_eval={"suite": "counter-format", "min_accuracy": 0.0},
+    )
+
+
+@pytest.mark.timeout(1500)
+async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -> None:
+    hooks = stack.hooks
+    client = await connect(stack)
+    reference = await drive(client, stack, matrix_request(stack.env_url), timeout_s=300)
+    names = {item["activity"] for item in reference.status["interruptions"]}
+    assert reference.status["interruptions_total"] == 0, reference.status["interruptions"]
+    assert not names
+
+    heartbeat = stack.heartbeat_timeout_s
+    # A standby worker per role polls next to the one that will be killed, so the retry waits only
+    # for Temporal to notice the death (what the bound says), not for a process to start; after each
+    # kill a fresh replacement starts while the run goes on.
+    for role in ("control", "gpu"):
+        await asyncio.to_thread(stack.start_worker, role)
+    hooks.set(PARK_ACTIVITY, MATRIX[0])
+    started = time.monotonic()
+    handle = await start_run(client, stack, matrix_request(stack.env_url))
+    rows: list[dict[str, Any]] = []
+    try:
+        for index, kind in enumerate(MATRIX):
+            parked = await wait_until_async(
+                lambda: hooks.events("activity_parked", run_id=handle.id, type=kind), timeout_s=240,
+                what=f"{kind} to start (parked)",
+            )
+            role = OPTIONS[kind].queue
+            pid = parked[0]["pid"]
+            victim = next(proc for proc in stack.every_process if proc.pid == pid)
+            assert victim.alive() and "worker-" + role in str(victim.log_path), (kind, victim.log_path)
+            killed_at = time.time()
+            victim.kill()
+            if stack.workers.get(role) is victim:
+                stack.workers.pop(role)
+            if index + 1 < len(MATRIX):  # the next type parks; this one's retry runs straight through
+                hooks.set(PARK_ACTIVITY, MATRIX[index + 1])
+            else:
+                hooks.clear(PARK_ACTIVITY)
+            replacement = asyncio.ensure_future(asyncio.to_thread(stack.start_worker, role))
+            bound_s = OPTIONS[kind].recovery_bound(_seconds(heartbeat)).total_seconds()
+            retried = await wait_until_async(
+                lambda: [e for e in hooks.events("activity_start", run_id=handle.id, type=kind)
+                         if e["attempt"] >= 2 and e["pid"] != pid],
+                timeout_s=bound_s + SLACK_S + 60, what=f"{kind}'s retry",
+            )
+            recovery_s = retried[0]["t"] - killed_at
+            rows.append({"activity": kind, "worker": role, "bound_s": bound_s, "kill_to_retry_s": round(recovery_s, 1)})
+            record(f"matrix: worker SIGKILL during {kind}", **rows[-1])
+            assert recovery_s <= bound_s + SLACK_S, rows[-1]
+            await replacement
+        state, final = await result_within(handle, 300)
+    finally:  # the package's other tests expect one worker per role
+        kept = [id(proc) for proc in stack.workers.values()]
+        for proc in stack.every_process:
+            if proc.log_path.name.startswith("worker-") and proc.alive() and id(proc) not in kept:
+                await asyncio.to_thread(proc.stop, timeout_s=15)
+
+    assert state == "completed", final
+    outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
+    record("matrix: run with every activity killed once", run_s=outcome.seconds,
+           reference_run_s=reference.seconds, kills=len(MATRIX))
+    # The evaluation receipt names its run: equal to the reference's but for that one field.
+    theirs, ours = (_receipt_without_run_id(stack, o) for o in (reference, outcome))
+    assert theirs == ours
+    for o in (reference, outcome):
+        o.digests.pop(EVAL_RECEIPT)
+    reference.assert_same_artifacts(outcome, stack)
+    retried_in_status = {item["activity"]: item["attempts"] for item in final["interruptions"]}
+    for kind in MATRIX:
+        assert retried_in_status.get(kind, 0) >= 2, (kind, final["interruptions"])
+    assert final["interruptions_total"] == len(final["interruptions"]) >= len(MATRIX)
+
+
+def _receipt_without_run_id(stack: ChaosStack, outcome: RunOutcome) -> dict[str, Any]:
+    uri = next(a["uri"] for a in outcome.status["artifacts"] if a["name"] == EVAL_RECEIPT)
+    receipt = json.loads(read_uri(stack.store(), uri))
+    assert receipt.pop("run_id") == outcome.run_id
+    return receipt
+
+
+def _seconds(value: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)
