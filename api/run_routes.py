@@ -13,6 +13,7 @@ from api.services import Services, services
 from kiln.contracts import RunRequest
 from kiln.api_models import RunManifest
 from kiln.run_view import RunList, RunView
+from kiln.served_models import require_served
 from kiln.errors import ArtifactNotFound
 from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.openenv.reachability import require_healthy
@@ -41,8 +42,10 @@ async def create_run(
 ) -> JSONResponse:
     """Start a run: 202 with the new run's status, 200 with the existing run's status when the
     same ``idempotency_key`` is retried with the identical request, 409 when it differs.
-    An environment that does not answer ``/health`` is refused (502 ``environment_unavailable``)
-    before anything is queued."""
+    A ``model`` the workers do not serve is refused (400 ``model_not_served``, naming the served
+    models and the default), and so is an environment that does not answer ``/health`` (502
+    ``environment_unavailable``), before anything is queued."""
+    require_served(request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name)
     urls = [normalize_url(text) for text in request.environment_urls]
     for url in urls:
         require_allowed_host(url, allow_remote=svc.settings.allow_remote_environments)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.artifacts.manifest import MANIFEST_SCHEMA
 from kiln.openenv.tasks import TASK_CATALOG_SCHEMA
+from kiln.run_status import ArtifactStatus
 from kiln.telemetry.live import METRICS_SCHEMA
 
 INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"
@@ -91,11 +92,9 @@ class EpisodePage(_Answer):
     )
 
 
-class ManifestArtifact(_Answer):
-    name: str
-    uri: str
-    sha256: str
-    bytes: int
+class ManifestArtifact(ArtifactStatus):
+    """One published artifact: what run status lists, plus its media type."""
+
     media_type: str
 
 
