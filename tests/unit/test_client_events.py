@@ -64,3 +64,14 @@ def test_outcomes_raise_the_run_failure_code() -> None:
         raise_for_outcome(_view(state="cancelled", phase="cancelled", cancelled_stage="queue"))
     assert cancelled.value.code == "cancelled" and cancelled.value.stage == "queue"
     assert isinstance(RunEnded(view=done, state="completed"), RunEnded)
+
+
+@pytest.mark.timeout(30)
+def test_every_declared_code_comes_back_as_its_own_class() -> None:
+    from kiln.errors import ModelNotServed, TrackerUnavailable, error_from_dict
+
+    served = error_from_dict({"code": "model_not_served", "message": "m", "details": {"served": []}})
+    assert type(served) is ModelNotServed and served.details == {"served": []}
+    assert type(error_from_dict({"code": "tracker_unavailable", "message": "m"})) is TrackerUnavailable
+    unknown = error_from_dict({"code": "from_the_future", "message": "m"})
+    assert type(unknown).__name__ == "KilnError" and unknown.code == "from_the_future"
