@@ -15,6 +15,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -24,7 +25,7 @@ from api.errors import IdempotencyConflict, RunNotCancellable
 from kiln.contracts import RunRequest, request_digest
 from kiln.errors import InvalidRequest, RunNotFound
 from kiln.run_labels import start_details, start_summary
-from kiln.run_status import Failure
+from kiln.run_status import Failure, RunStatus
 from kiln.run_view import (
     InFlightActivity,
     RunList,
@@ -101,6 +102,22 @@ def _failure_record(details: dict[str, Any]) -> Failure:
     known.setdefault("message", "")
     known.setdefault("stage", "orchestration")
     return Failure.model_validate(known)
+
+
+def _view_of(payload: dict[str, Any], source: str) -> RunView:
+    """The run's view from what its workflow answered. A status written by another version of the
+    workflow (a field this API does not know) keeps every field it does know, with a warning,
+    rather than failing the request."""
+    try:
+        return RunView.model_validate({**payload, "status_source": source})
+    except ValidationError:
+        known = {k: v for k, v in payload.items() if k in RunStatus.model_fields or k == "schema"}
+        try:
+            view = RunView.model_validate({**known, "status_source": source})
+        except ValidationError:
+            view = RunView(run_id=str(payload.get("run_id") or ""), phase="unknown", status_source="history")
+        view.warnings.append("this API could not read every field of the run's status (another Kiln version)")
+        return view
 
 
 _PENDING_STATES = {1: "scheduled", 2: "started", 3: "cancel_requested", 4: "paused", 5: "pause_requested"}
@@ -258,13 +275,13 @@ class RunService:
         if state == "completed":
             result = await handle.result()
             if isinstance(result, dict):
-                return RunView.model_validate({**result, "status_source": "result"})
+                return _view_of(result, "result")
         try:
             answered = await handle.query("status", rpc_timeout=QUERY_TIMEOUT)
         except Exception:  # noqa: BLE001 - no worker to answer: fall back to history
             answered = None
         if isinstance(answered, dict):
-            return RunView.model_validate({**answered, "status_source": "query"})
+            return _view_of(answered, "query")
         view = RunView(run_id=run_id, phase="unknown", status_source="history")
         if state == "failed":
             try:

@@ -63,3 +63,15 @@ def test_run_list_round_trips_with_its_schema_name() -> None:
     assert listing.model_dump(mode="json", by_alias=True)["schema"] == "kiln.openenv-run-list.v1"
     with pytest.raises(ValidationError):
         RunList.model_validate({"runs": [{"run_id": "a", "state": "sleeping"}]})
+
+
+@pytest.mark.timeout(30)
+def test_a_status_from_another_version_keeps_what_it_can() -> None:
+    from api.runs import _view_of
+
+    newer = _view_of({"run_id": "r", "phase": "training", "added_later": 1,
+                      "progress": {"groups_completed": 3}}, "query")
+    assert (newer.phase, newer.progress.groups_completed, newer.status_source) == ("training", 3, "query")
+    assert newer.warnings == ["this API could not read every field of the run's status (another Kiln version)"]
+    broken = _view_of({"run_id": "r", "phase": "training", "progress": {"renamed": 1}}, "query")
+    assert broken.timed_out and broken.phase == "unknown"
