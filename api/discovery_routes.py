@@ -45,7 +45,7 @@ class EnvironmentsBody(BaseModel):
 
 
 class TasksBody(EnvironmentsBody):
-    """``POST /v1/openenv/tasks`` body (R2.5)."""
+    """``POST /v1/openenv/tasks`` body."""
 
     environment_name: str | None = Field(default=None, min_length=1, max_length=256)
     split: str | None = Field(default=None, min_length=1, max_length=256)
@@ -89,7 +89,7 @@ async def _inspect_one(url: EnvironmentUrl, token: str | None) -> Any:
 @router.post("/inspect", response_model=Inspections)
 async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> Inspections:
     """Discover each environment (in parallel, at most 20 s in all): identity, digests and action
-    schema (R1.11). Any failure answers 502 ``openenv_inspection_failed`` naming the first URL."""
+    schema. Any failure answers 502 ``openenv_inspection_failed`` naming the first URL."""
     targets = body.targets(svc.settings.allow_remote_environments, svc.settings.credentials)
     tasks = [asyncio.ensure_future(_inspect_one(url, token)) for url, token in targets]
     done, pending = await asyncio.wait(tasks, timeout=INSPECT_TIMEOUT_S)
@@ -107,7 +107,7 @@ async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> 
 
 @router.post("/tasks", response_model=TaskCatalogs)
 async def tasks(body: TasksBody, svc: Services = Depends(services)) -> TaskCatalogs:
-    """One page of each environment's Task API catalog (R2.5); discovery only, never episodes."""
+    """One page of each environment's Task API catalog; discovery only, never episodes."""
     if not 1 <= body.limit <= 200 or body.start < 0:
         raise InvalidRequest(
             "task page needs 1 <= limit <= 200 and start >= 0", code="openenv_invalid_task_page"

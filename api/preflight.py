@@ -1,4 +1,4 @@
-"""Training preflight: seal the training contract a run will execute from (R6.10).
+"""Training preflight: seal the training contract a run will execute from.
 
 The effective configuration is the requested ``TrainingConfig`` with every default filled in; the
 behaviour-policy identity is resolved by a gpu worker (the one holding the model) through the

@@ -98,13 +98,13 @@ class EchoConfig(StrictModel):
     )
 
 
-DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 1e-5}  # R5.2: learning_rate null ⇒ these
+DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 1e-5}  # learning_rate null ⇒ these
 
 
 class TrainingConfig(StrictModel):
     """GRPO + ECHO hyper-parameters. Travels inside the run request (hence in history).
 
-    Defaults follow R5.2 (docs: README "Training"). ``learning_rate`` null means the optimizer's
+    Defaults: README "Training". ``learning_rate`` null means the optimizer's
     default (:data:`DEFAULT_LEARNING_RATES`). ``kl_estimator`` k1 folds ``kl_coeff·(logp_old −
     logp_ref)`` into each action token's advantage (stop-gradient, a per-token reward penalty);
     k3 adds ``kl_coeff·mean(exp(ref−logp) − (ref−logp) − 1)`` to the loss. ``is_level`` token is
@@ -177,7 +177,7 @@ class TrainingConfig(StrictModel):
     )
 
     def resolved_learning_rate(self) -> float:
-        """``learning_rate``, or the optimizer's R5.2 default when it is null."""
+        """``learning_rate``, or the optimizer's default when it is null."""
         if self.learning_rate is not None:
             return float(self.learning_rate)
         return DEFAULT_LEARNING_RATES[self.optimizer]
@@ -187,7 +187,7 @@ TRAINING_CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"
 
 
 class GateConfig(StrictModel):
-    """Promotion gate of the paired held-out evaluation (R8.1)."""
+    """Promotion gate of the paired held-out evaluation."""
 
     min_mean_return: float | None = Field(
         default=None, description="Gate: minimum candidate mean return (none = no floor)."
@@ -226,7 +226,7 @@ class EnvironmentEvalConfig(StrictModel):
 
 
 class PostEvalConfig(StrictModel):
-    """A static evaluation suite run on the trained adapter (prompts with exact answers, R8.9)."""
+    """A static evaluation suite run on the trained adapter (prompts with exact answers)."""
 
     suite: str = Field(
         min_length=1, max_length=128, description="Installed static suite to score the adapter on."
@@ -552,7 +552,7 @@ class RunRequest(EpisodeFields):
         return self
 
     def eval_seed_start(self) -> int:
-        """Held-out seeds start right after every iteration's training seeds unless given (R8.1)."""
+        """Held-out seeds start right after every iteration's training seeds unless given."""
         evaluation = self.environment_eval
         if evaluation is not None and evaluation.seed_start is not None:
             return evaluation.seed_start
@@ -592,7 +592,7 @@ class RunRequest(EpisodeFields):
         ]
 
     def reset_templates(self) -> list[dict[str, Any]]:
-        """One seed-free reset template per environment URL (R3.1)."""
+        """One seed-free reset template per environment URL."""
         urls = len(self.environment_urls)
         if self.environment_reset_options:
             templates = [dict(item) for item in self.environment_reset_options]
@@ -612,7 +612,7 @@ def canonical_differs(first: BaseModel, second: BaseModel) -> bool:
 
 
 def reset_plan_sha256(templates: list[dict[str, Any]]) -> str:
-    """SHA-256 of the canonical JSON array of reset templates, in environment order (R3.1).
+    """SHA-256 of the canonical JSON array of reset templates, in environment order.
 
     Object keys are sorted (Kiln's canonical choice), so the digest is independent of the order
     in which a caller wrote the options."""
@@ -620,7 +620,7 @@ def reset_plan_sha256(templates: list[dict[str, Any]]) -> str:
 
 
 def reset_payload(template: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The effective reset payload: the template with the group seed inserted (R3.2)."""
+    """The effective reset payload: the template with the group seed inserted."""
     payload = dict(template)
     payload["seed"] = seed
     return payload

@@ -12,7 +12,7 @@ changes the digest; modification times and directory order do not.
 (temperature, top-p, thinking, thinking budget, max action tokens, constrained decoding), in a fixed
 key order; ``inference_config_sha256`` is its ``digest_json``. A behaviour-policy identity carries
 both (:func:`with_inference`), so the trainer scores actions under the distribution that sampled them
-and the on-policy proof (R5.5) fails when the sampling settings differ.
+and the on-policy proof fails when the sampling settings differ.
 """
 
 from __future__ import annotations

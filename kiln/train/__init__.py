@@ -3,7 +3,7 @@
 Modules (import them directly; this package imports nothing, so ``kiln.train.selection``
 stays usable without torch in the control worker):
 
-- ``selection``   R5.4 group selection (pure)
+- ``selection``   group selection (pure)
 - ``advantages``  group-normalised advantages (pure)
 - ``tokens``      token pieces → ids and disjoint action / ECHO masks, receipt token counts (pure)
 - ``batches``     seed groups → rows → padded micro-batches by token budget (torch)
