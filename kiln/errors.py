@@ -292,14 +292,30 @@ ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
 )
 
 
+def _subclasses(base: type[KilnError]) -> list[type[KilnError]]:
+    out: list[type[KilnError]] = []
+    for sub in base.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
+
+
+def error_type(code: str) -> type[KilnError]:
+    """The ``KilnError`` class of ``code``: the listed types first, then any loaded subclass that
+    declares that code itself (``ModelNotServed``, ``TrackerUnavailable``, …); else ``KilnError``."""
+    for candidate in ALL_ERROR_TYPES:
+        if candidate.code == code:
+            return candidate
+    for candidate in _subclasses(KilnError):
+        if candidate.__dict__.get("code") == code and candidate.__init__ is KilnError.__init__:
+            return candidate
+    return KilnError
+
+
 def error_from_dict(data: dict[str, Any]) -> KilnError:
     """Rebuild a KilnError from its ``to_dict`` form (used across process boundaries)."""
     code = str(data.get("code") or "internal_error")
-    cls: type[KilnError] = KilnError
-    for candidate in ALL_ERROR_TYPES:
-        if candidate.code == code:
-            cls = candidate
-            break
+    cls = error_type(code)
     return cls(
         str(data.get("message") or code),
         hint=data.get("hint"),

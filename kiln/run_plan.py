@@ -46,7 +46,7 @@ class GroupSlot(_Plan):
 
 
 def group_schedule(seed_start: int, groups: int, environments: int) -> list[GroupSlot]:
-    """Seeds ``seed_start…`` in order; environments round-robin over the groups (R3.3)."""
+    """Seeds ``seed_start…`` in order; environments round-robin over the groups."""
     return [
         GroupSlot(group_index=index, environment_index=index % environments, seed=seed_start + index)
         for index in range(groups)

@@ -1,4 +1,4 @@
-"""``kiln openenv verify`` (offline, R4.6), ``kiln openenv replay`` (live, R4.7) and
+"""``kiln openenv verify`` (offline), ``kiln openenv replay`` (live) and
 ``kiln openenv download`` (a whole run's artifacts, for ``verify --run``).
 
 :func:`register` adds the commands to the ``openenv`` Typer group. Errors print

@@ -3,10 +3,10 @@
 Modules (import them directly; this package imports nothing):
 
 - ``sign_test``  exact two-sided binomial sign test (integer / Fraction arithmetic)
-- ``pairing``    baseline vs candidate bundle pairing checks (R8.3) → ``PairedGroup`` per seed group;
+- ``pairing``    baseline vs candidate bundle pairing checks → ``PairedGroup`` per seed group;
                  ``EnvironmentEvaluationFailed`` (code ``environment_evaluation_failed``)
-- ``gate``       ``paired_return_sign_test_v1`` evidence, first-match decision (R8.5), outcome (R8.6)
-- ``receipt``    ``kiln.openenv-environment-evaluation.v1`` receipt: build, validate, serialise (R8.7)
+- ``gate``       ``paired_return_sign_test_v1`` evidence, first-match decision, outcome
+- ``receipt``    ``kiln.openenv-environment-evaluation.v1`` receipt: build, validate, serialise
 
 The torch side ("world model" observation cross-entropy on the evaluation transcripts) lives in
 ``kiln.train.world_model``.

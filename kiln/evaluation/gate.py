@@ -1,4 +1,4 @@
-"""Evidence, gate decision and outcome of the paired held-out evaluation (R8.4–R8.6).
+"""Evidence, gate decision and outcome of the paired held-out evaluation.
 
 Statistic ``paired_return_sign_test_v1``: each seed group contributes ONE paired observation, the
 sign of ``candidate_mean − baseline_mean`` (group means over its episodes). Improved and regressed
@@ -6,7 +6,7 @@ groups enter the exact two-sided sign test; tied groups (equal means) are exclud
 carry no evidence of direction — but are still counted in ``paired_groups`` (and so towards the
 minimum of 20) and in the overall mean returns.
 
-Decision, first match wins (R8.5):
+Decision, first match wins:
 
 1. no gate → ``diagnostic``
 2. ``paired_groups < minimum_paired_groups`` → ``inconclusive``
@@ -16,7 +16,7 @@ Decision, first match wins (R8.5):
 6. ``improved > regressed`` and ``p < alpha`` → ``passed``
 7. otherwise → ``inconclusive``
 
-Outcome (R8.6): diagnostic→diagnostic, rejected→rejected, inconclusive→inconclusive,
+Outcome: diagnostic→diagnostic, rejected→rejected, inconclusive→inconclusive,
 passed→promoted (auto_load, promotion succeeded) | error (auto_load, promotion failed) | kept
 (no auto_load).
 """
@@ -34,7 +34,7 @@ MINIMUM_PAIRED_GROUPS = 20
 ALPHA = 0.05
 DECISIONS = ("diagnostic", "passed", "rejected", "inconclusive")
 OUTCOMES = ("diagnostic", "promoted", "kept", "rejected", "inconclusive", "error")
-# decision → the outcomes a receipt may pair it with (R8.7 consistency)
+# decision → the outcomes a receipt may pair it with (receipt consistency)
 ALLOWED_OUTCOMES: dict[str, tuple[str, ...]] = {
     "diagnostic": ("diagnostic",),
     "passed": ("promoted", "kept", "error"),
@@ -77,7 +77,7 @@ def decide(
     minimum_paired_groups: int = MINIMUM_PAIRED_GROUPS,
     alpha: float = ALPHA,
 ) -> tuple[str, str]:
-    """``(decision, reason)`` by the R8.5 first-match order."""
+    """``(decision, reason)`` by the first-match order."""
     if gate is None:
         return "diagnostic", "no gate configured: the evaluation is diagnostic only"
     floor, min_improvement = gate_thresholds(gate)
@@ -176,7 +176,7 @@ def evidence_and_decision(
 
 
 def outcome_for(decision: str, *, auto_load: bool, promotion_ok: bool = True) -> str:
-    """The evaluation outcome for a decision (R8.6)."""
+    """The evaluation outcome for a decision."""
     if decision == "diagnostic":
         return "diagnostic"
     if decision == "rejected":

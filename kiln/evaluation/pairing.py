@@ -1,4 +1,4 @@
-"""Pair the baseline and candidate evaluation bundles seed group by seed group (R8.3).
+"""Pair the baseline and candidate evaluation bundles seed group by seed group.
 
 Both sides were collected with the same URLs, reset plan, seeds, group size and candidate indices,
 so their replay transcripts and summaries must line up exactly. Any drift means the comparison is
@@ -35,7 +35,7 @@ from kiln.jsondiff import differing_paths
 
 _MISSING = object()
 
-# Summary fields that describe how episodes were collected; equal on both sides (R8.2).
+# Summary fields that describe how episodes were collected; equal on both sides.
 SETTING_FIELDS = (
     "groups",
     "group_size",
@@ -270,7 +270,7 @@ def pair_summaries(
     baseline_replay: dict[str, Any],
     candidate_replay: dict[str, Any],
 ) -> list[PairedGroup]:
-    """Check the two bundles are paired (R8.3) and return one ``PairedGroup`` per seed group,
+    """Check the two bundles are paired and return one ``PairedGroup`` per seed group,
     ordered as in the replay. Raises ``EnvironmentEvaluationFailed`` on any drift."""
     base_records = _list(baseline_summary, "rollouts", "baseline", "summary")
     cand_records = _list(candidate_summary, "rollouts", "candidate", "summary")

@@ -1,4 +1,4 @@
-"""The ``kiln.openenv-environment-evaluation.v1`` receipt (R8.7).
+"""The ``kiln.openenv-environment-evaluation.v1`` receipt.
 
 Written to ``environment-evaluation/receipt.json`` with ``pretty_json`` (sorted keys, two-space
 indent, trailing newline), so equal inputs give byte-identical files::

@@ -1,4 +1,4 @@
-"""Exact two-sided binomial sign test (``paired_return_sign_test_v1``, R8.4).
+"""Exact two-sided binomial sign test (``paired_return_sign_test_v1``).
 
 ``n = improved + regressed`` (ties are dropped by the caller), ``k = min(improved, regressed)``,
 ``p = min(1, 2 · Σ_{i≤k} C(n, i) / 2ⁿ)``; ``n = 0`` gives ``p = 1`` (nothing to confirm).

@@ -1,4 +1,4 @@
-"""``post_eval``: an installed static evaluation suite with exact expected answers (R8.9).
+"""``post_eval``: an installed static evaluation suite with exact expected answers.
 
 Runtime-agnostic: nothing here imports torch. :func:`evaluate_suite` takes any *policy* object
 with the :class:`kiln.policy.runtime.PolicyRuntime` surface it uses::

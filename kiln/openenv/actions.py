@@ -1,4 +1,4 @@
-"""Turning the policy's final text into one action object (R3.12).
+"""Turning the policy's final text into one action object.
 
 Owns: trimming, the optional code fence (```json ... ```), parsing exactly one JSON object, and
 the two harness failure codes. Error messages are content-free: they never quote the model output.
@@ -63,7 +63,7 @@ def strip_code_fence(text: str) -> str:
 
 
 def parse_action_text(text: str) -> dict:
-    """R3.12: one JSON object from the model's final content, or ``ActionParseError``."""
+    """One JSON object from the model's final content, or ``ActionParseError``."""
     if not isinstance(text, str):
         raise ActionParseError("model output is not text")
     body = strip_code_fence(text)

@@ -1,4 +1,4 @@
-"""Resolve a run's opaque ``credential_ids`` to bearer tokens, just before use (R7.1–R7.2).
+"""Resolve a run's opaque ``credential_ids`` to bearer tokens, just before use.
 
 Operators configure credentials once, for every Kiln process, in ``KILN_CREDENTIALS`` (JSON)::
 

@@ -1,4 +1,4 @@
-"""Bearer credentials for environment servers (R7.3, R7.4, R7.5).
+"""Bearer credentials for environment servers.
 
 Owns: token validation, the ``Authorization`` header, the "bearer over plain http only on
 loopback" rule, credential env-var names, reflection detection and redaction. Token values never
@@ -19,7 +19,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def validate_bearer_token(token: str) -> str:
-    """R7.4: non-empty, no whitespace anywhere, no control characters. Returns the token."""
+    """Non-empty, no whitespace anywhere, no control characters. Returns the token."""
     if not isinstance(token, str) or token == "":
         raise InvalidCredential("bearer token is empty")
     for ch in token:
@@ -36,7 +36,7 @@ def validate_bearer_token(token: str) -> str:
 
 
 def require_token_transport(url: EnvironmentUrl, token: str | None) -> None:
-    """A bearer token over plain ``http`` is refused unless the host is loopback (R7.4)."""
+    """A bearer token over plain ``http`` is refused unless the host is loopback."""
     if token is None:
         return
     if url.scheme != "https" and not is_loopback_host(url.host):
@@ -61,12 +61,12 @@ def bearer_headers(token: str | None) -> dict[str, str]:
 
 
 def authentication_label(token: str | None) -> str:
-    """What the identity records: ``none`` or ``bearer`` (never the value, R7.6)."""
+    """What the identity records: ``none`` or ``bearer`` (never the value)."""
     return "none" if token is None else "bearer"
 
 
 def contains_token(data: str | bytes, token: str | None) -> bool:
-    """True when ``data`` contains the raw token bytes (R7.5 reflection)."""
+    """True when ``data`` contains the raw token bytes (reflection)."""
     if not token:
         return False
     needle = token.encode("utf-8")
@@ -82,7 +82,7 @@ def redact(text: str, token: str | None) -> str:
 
 
 def validate_env_name(name: str) -> str:
-    """R7.3: ``[A-Za-z_][A-Za-z0-9_]*``, at most 128 characters. Never echoed in messages."""
+    """``[A-Za-z_][A-Za-z0-9_]*``, at most 128 characters. Never echoed in messages."""
     if not isinstance(name, str) or not name:
         raise InvalidCredential("credential environment-variable name is empty")
     if len(name) > MAX_ENV_NAME_CHARS or not _ENV_NAME_RE.match(name):
@@ -106,7 +106,7 @@ def read_token_from_env(name: str, environ: dict[str, str] | None = None) -> str
 def parse_credential_env_args(
     names: list[str], url_count: int, *, flag: str = "--credential-env", validate: bool = True
 ) -> list[str | None]:
-    """R7.3 CLI slots: one value per URL (``-`` = public) or none at all."""
+    """CLI slots: one value per URL (``-`` = public) or none at all."""
     if not names:
         return [None] * url_count
     if len(names) != url_count:
@@ -118,5 +118,5 @@ def parse_credential_env_args(
 
 
 def origin_matches(credential_origin: str, url: EnvironmentUrl) -> bool:
-    """R7.2: the credential's canonical origin must equal the URL's origin exactly."""
+    """The credential's canonical origin must equal the URL's origin exactly."""
     return credential_origin == url.origin

@@ -1,4 +1,4 @@
-"""Inspecting an environment server: discovery, identity and revalidation (R1.3–R1.9).
+"""Inspecting an environment server: discovery, identity and revalidation.
 
 Owns: the discovery order (``/health`` first, then ``/metadata``, ``/schema``,
 ``/list_environments``, ``/openapi.json``), payload shape checks, the
@@ -46,7 +46,7 @@ def _protocol(url: str, reason: str) -> EnvironmentProtocolError:
 
 
 def check_metadata(value: Any, url: str) -> dict:
-    """R1.4: an object with string ``name``/``description``; optional nullable strings."""
+    """An object with string ``name``/``description``; optional nullable strings."""
     if not isinstance(value, dict):
         raise _protocol(url, "metadata is not a JSON object")
     for key in ("name", "description"):
@@ -59,7 +59,7 @@ def check_metadata(value: Any, url: str) -> dict:
 
 
 def check_schema_document(value: Any, url: str) -> dict:
-    """R1.4: an object holding ``action``, ``observation`` and ``state``."""
+    """An object holding ``action``, ``observation`` and ``state``."""
     if not isinstance(value, dict):
         raise _protocol(url, "schema document is not a JSON object")
     for key in _SCHEMA_FIELDS:
@@ -69,7 +69,7 @@ def check_schema_document(value: Any, url: str) -> dict:
 
 
 def check_environments(value: Any, url: str) -> list:
-    """R1.4: an array of strings."""
+    """An array of strings."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _protocol(url, "list_environments is not an array of strings")
     return value
@@ -85,7 +85,7 @@ def openapi_version_of(openapi: Any) -> str | None:
 
 
 def discovery_digest(metadata: Any, schema: Any, environments: Any, openapi: Any, tools: Any = None) -> str:
-    """R1.5 ``discovery_sha256`` over the canonical discovery object (MCP tools when offered)."""
+    """``discovery_sha256`` over the canonical discovery object (MCP tools when offered)."""
     document = {
         "schema": DISCOVERY_SCHEMA,
         "metadata": metadata,
@@ -108,7 +108,7 @@ def build_identity(
     authentication: str = "none",
     tools: list | None = None,
 ) -> dict:
-    """The ``kiln.openenv-identity.v1`` object (R1.6); ``tools`` (and ``tool_calls``, the version of
+    """The ``kiln.openenv-identity.v1`` object; ``tools`` (and ``tool_calls``, the version of
     the tool-call form, :mod:`kiln.openenv.tool_calls`) only for MCP environments."""
     identity = {
         "schema": IDENTITY_SCHEMA,
@@ -136,7 +136,7 @@ async def inspect_environment(
     connect_timeout_s: float = 10.0,
     timeout_s: float = 60.0,
 ) -> dict:
-    """Inspect one server: ``{"identity": {...}, "schema": <raw /schema>}`` (R1.3–R1.7).
+    """Inspect one server: ``{"identity": {...}, "schema": <raw /schema>}``.
 
     Raises ``EnvironmentUnavailable`` (unreachable, non-2xx, redirect), ``EnvironmentProtocolError``
     (bad or oversized body, reflected credential) or ``InvalidActionSchema``.
@@ -217,7 +217,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def identity_differences(first: dict, second: dict) -> list[str]:
-    """R1.9: the closed labels of fields that differ between two inspections, in a fixed order."""
+    """The closed labels of fields that differ between two inspections, in a fixed order."""
     a_id, b_id = first.get("identity", {}), second.get("identity", {})
     labels = [f"identity.{f}" for f in _IDENTITY_FIELDS if not _same(a_id.get(f), b_id.get(f))]
     if "discovery_sha256" in a_id and not _same(

@@ -1,4 +1,4 @@
-"""Bounded, redirect-free HTTP for environment servers (R1.3, R1.10, R7.5).
+"""Bounded, redirect-free HTTP for environment servers.
 
 Owns: building the httpx client (no redirects, no proxies from the environment, connect/request
 timeouts), status-only health checks, and capped JSON reads (2 MiB by Content-Length and while
@@ -127,7 +127,7 @@ async def request_json(
 
     Returns ``(status, value)`` for 2xx or for a status listed in ``ok_statuses`` (whose value is
     ``None``); any other status raises ``EnvironmentUnavailable``. Bodies are checked for the raw
-    bearer token before parsing (reflection, R7.5).
+    bearer token before parsing (reflection).
     """
     try:
         async with client.stream(method, url, json=json_body) as response:

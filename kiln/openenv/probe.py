@@ -1,4 +1,4 @@
-"""The status-only ``/health`` probe that precedes every WebSocket upgrade (R1.8).
+"""The status-only ``/health`` probe that precedes every WebSocket upgrade.
 
 Owns: one ``GET {base}/health`` on a raw non-blocking socket (no HTTP client construction, which
 dominated session-open cost), requiring exactly status 200 and ignoring the body. For plain

@@ -1,4 +1,4 @@
-"""Wire reward → training value (R3.16).
+"""Wire reward → training value.
 
 Owns: the one mapping from an OpenEnv reward (null, bool, int or finite float, type preserved in
 artifacts) to the float added to an episode return.

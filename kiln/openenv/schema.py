@@ -1,4 +1,4 @@
-"""Action-schema compilation and validation (R1.7, R3.12, R4.3).
+"""Action-schema compilation and validation.
 
 Owns: compiling the advertised action schema with jsonschema (Draft 2020-12) where only internal
 references (``#...``) are allowed and nothing is ever fetched, validating actions into at most four

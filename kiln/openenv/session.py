@@ -1,4 +1,4 @@
-"""One lock-step OpenEnv WebSocket session (R1.8, R3.4, R3.13–R3.19).
+"""One lock-step OpenEnv WebSocket session.
 
 Owns: the status-only ``/health`` check before every upgrade, the ``/ws`` connection, strict
 lock-step request/reply with a per-request timeout, reply validation, poisoning, keepalive while
@@ -115,7 +115,7 @@ def _closed_reason(exc: BaseException) -> tuple[str, str]:
 
 
 def keepalive_interval(request_timeout_s: float) -> float:
-    """``clamp(request_timeout / 4, 10 ms, 10 s)`` (R3.19)."""
+    """``clamp(request_timeout / 4, 10 ms, 10 s)``."""
     return min(max(request_timeout_s / 4.0, 0.01), 10.0)
 
 
@@ -164,7 +164,7 @@ class EnvSession:
         connect_timeout_s: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> "EnvSession":
-        """Health check (exactly 200, R1.8), then upgrade ``/ws``."""
+        """Health check (exactly 200), then upgrade ``/ws``."""
         env_url = coerce_url(url)
         token = prepare_token(env_url, bearer_token)
         sock = await health_probe(
@@ -428,7 +428,7 @@ class EnvSession:
 
     # ---------------------------------------------------------------- keepalive
     async def run_with_keepalive(self, coro_or_awaitable: Awaitable[Any]) -> Any:
-        """Await the policy while the session stays alive (R3.19).
+        """Await the policy while the session stays alive.
 
         Pings are answered by the WebSocket layer; every ``keepalive_interval`` one read-only
         ``state`` exchange runs (its reply is consumed, not recorded); any unsolicited frame or
@@ -509,7 +509,7 @@ class EnvSession:
 
 
 def capacity_backoff_s(retries: int, remaining_s: float) -> float:
-    """``min(250 ms × retries, 2 s, remaining)`` (R3.4)."""
+    """``min(250 ms × retries, 2 s, remaining)``."""
     return max(0.0, min(0.25 * retries, 2.0, remaining_s))
 
 
@@ -542,7 +542,7 @@ async def open_session_and_reset(
     on_open: Callable[[EnvSession], None] | None = None,
     on_refused: Callable[[dict | None], None] | None = None,
 ) -> tuple[EnvSession, StepResult, int]:
-    """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED`` (R3.4).
+    """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED``.
 
     Returns ``(session, reset_result, capacity_retries)``. Raises
     ``EnvironmentCapacityExhausted`` once ``capacity_wait_s`` has elapsed, ``RunCancelled`` when

@@ -1,9 +1,9 @@
-"""OpenEnv Task API catalogs (R2.1–R2.5): discovery of splits and task rows, never episodes.
+"""OpenEnv Task API catalogs: discovery of splits and task rows, never episodes.
 
 Owns: building Task API URLs (the environment name is ONE percent-encoded path segment), the five
 provider routes, and the catalog algorithm (choose the environment from ``/list_environments``,
 501/404 → ``unsupported``, case-insensitive split match, bounded pages). Task rows are untrusted
-JSON for display only: they never become reset payloads or artifacts (R2.6).
+JSON for display only: they never become reset payloads or artifacts.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ async def task_catalog(
     connect_timeout_s: float = 10.0,
     timeout_s: float = 60.0,
 ) -> dict:
-    """One page of a server's task catalog (R2.3, R2.4).
+    """One page of a server's task catalog.
 
     Returns ``{environment_name, task_api, splits[, selected_split, num_tasks, start, stop], tasks}``.
     Raises ``InvalidRequest`` (``openenv_invalid_task_page`` / ``openenv_invalid_task_selection``)

@@ -1,4 +1,4 @@
-"""Environment URL normalisation (R1.1) and the loopback-only host rule (R1.2).
+"""Environment URL normalisation and the loopback-only host rule.
 
 Owns: turning user text into an ``EnvironmentUrl`` (base URL, WebSocket URL, origin, host) and
 deciding whether a host counts as loopback. Nothing here touches the network.
@@ -48,7 +48,7 @@ def _invalid(text: str, reason: str, fix: str) -> InvalidUrl:
 
 
 def normalize_url(text: str) -> EnvironmentUrl:
-    """Normalise an environment URL per R1.1; raise ``InvalidUrl`` naming the problem and the fix."""
+    """Normalise an environment URL; raise ``InvalidUrl`` naming the problem and the fix."""
     if not isinstance(text, str):
         raise InvalidUrl("environment URL must be a string", hint="pass e.g. http://127.0.0.1:8000")
     raw = text.strip()
@@ -113,7 +113,7 @@ def is_loopback_host(host: str) -> bool:
 
 
 def require_allowed_host(url: EnvironmentUrl, *, allow_remote: bool) -> None:
-    """R1.2: refuse non-loopback hosts unless remote environments are allowed by configuration."""
+    """Refuse non-loopback hosts unless remote environments are allowed by configuration."""
     if allow_remote or is_loopback_host(url.host):
         return
     raise RemoteEnvironmentForbidden(

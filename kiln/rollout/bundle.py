@@ -51,7 +51,7 @@ def rollout_records(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures a user looks at first (R4.5 stats, without wall-clock latency)."""
+    """The figures a user looks at first (stats, without wall-clock latency)."""
     returns = [float(r["episode_return"]) for r in records]
     terminations = [r["termination"] for r in records]
     return {

@@ -1,7 +1,7 @@
 """One candidate's episode state: token pieces, text trajectory, replay exchanges and outcome.
 
 The collector (``kiln.rollout.group``) drives several of these in lock-step; this module owns the
-bookkeeping rules of R3.11–R3.16 and R4.2 so they exist in exactly one place.
+bookkeeping rules of an episode (steps, errors, rewards, segments) so they exist in exactly one place.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class CandidateEpisode:
         return segment["content"]
 
     def record_protocol_error(self, action: dict[str, Any], error: dict[str, Any]) -> str:
-        """R3.13: budgeted same-episode feedback for recoverable codes; any other code ends it."""
+        """Budgeted same-episode feedback for recoverable codes; any other code ends it."""
         code = error.get("code")
         continued = protocol_error_continues(code, self.recoverable_errors, self.max_recoverable_errors)
         if code in RECOVERABLE_CODES:

@@ -62,7 +62,7 @@ def protocol_error_exchange(
 
 
 def protocol_error_continues(code: Any, recoverable_so_far: int, max_recoverable_errors: int) -> bool:
-    """R3.13: an episode continues after a protocol error iff its code is recoverable and fewer
+    """An episode continues after a protocol error iff its code is recoverable and fewer
     than ``max_recoverable_errors`` recoverable errors came before it (any other code ends it)."""
     return code in RECOVERABLE_CODES and recoverable_so_far < max_recoverable_errors
 
@@ -81,7 +81,7 @@ def tool_segment(content: str, *, warning: bool) -> dict[str, Any]:
 
 
 def exchange_segment(exchange: dict[str, Any]) -> dict[str, Any]:
-    """The observation segment the policy saw for a replay record (R3.7 / R4.2)."""
+    """The observation segment the policy saw for a replay record."""
     result = exchange["result"]
     if result["kind"] == "observation":
         return tool_segment(observation_content(result["observation"], "step result"), warning=False)

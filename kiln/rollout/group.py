@@ -318,7 +318,7 @@ class GroupCollector:
         )
 
     async def _finish(self, ep: CandidateEpisode, session: EnvSession) -> None:
-        """R3.15: final ``state`` unless the episode ended on a terminal protocol error."""
+        """Final ``state`` unless the episode ended on a terminal protocol error."""
         if not (ep.termination == "protocol_error" and ep.protocol_error_code in TERMINAL_CODES):
             ep.final_state = await session.state()
         await session.close()

@@ -1,4 +1,4 @@
-"""The policy's prompt: a versioned, deterministic system prompt and observation content (R3.6–R3.7).
+"""The policy's prompt: a versioned, deterministic system prompt and observation content.
 
 Offline verification recomputes these texts, so any change here must bump ``PROMPT_VERSION``.
 How MCP tool calls are shown is versioned by the identity's ``tool_calls``
@@ -64,7 +64,7 @@ def initial_messages(
     tools: list[dict[str, Any]] | None = None,
     tool_calls: str | None = None,
 ) -> list[dict[str, str]]:
-    """``[system, user]`` for a candidate; identical across a group (R3.8)."""
+    """``[system, user]`` for a candidate; identical across a group."""
     return [
         {"role": "system", "content": system_prompt(metadata, policy_action_schema, tools, tool_calls)},
         {"role": "user", "content": observation_content(reset_wire, "reset result")},
@@ -81,7 +81,7 @@ def harness_error_content(code: str, message: str) -> str:
 
 
 def protocol_error_content(error: dict[str, Any], continued: bool) -> str:
-    """Content of a protocol-error observation segment (R4.2)."""
+    """Content of a protocol-error observation segment."""
     return json.dumps(
         {"openenv_error": error, "recoverable": continued, "done": not continued},
         separators=(",", ":"),

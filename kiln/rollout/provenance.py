@@ -33,7 +33,7 @@ def provenance_of(
     protocol_error_code: str | None,
     behavior_policy: dict[str, Any],
 ) -> dict[str, Any]:
-    """R4.3 ``openenv`` provenance of one rollout (``protocol_error_code`` only when it ended so)."""
+    """``openenv`` provenance of one rollout (``protocol_error_code`` only when it ended so)."""
     identity = inspection["identity"]
     out: dict[str, Any] = {
         "schema": ROLLOUT_SCHEMA,

@@ -1,7 +1,7 @@
-"""Live replay of a verified bundle against its environments (R4.7).
+"""Live replay of a verified bundle against its environments.
 
 Steps: verify the bundle offline (:func:`kiln.rollout.verify.load_bundle`); re-inspect every
-environment and require an identical identity (R1.9, else ``EnvironmentIdentityChanged`` naming the
+environment and require an identical identity (else ``EnvironmentIdentityChanged`` naming the
 fields); then, per candidate, open a fresh capacity-aware session with the exact recorded reset
 payload, compare the reset observation, send every recorded action and compare each reply exactly
 (canonical JSON of the wire observation, so the reward TYPE counts: ``1`` ≠ ``1.0``; protocol
@@ -116,7 +116,7 @@ def compare_result(
 
 
 async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
-    """R1.9: every environment's identity must be exactly the recorded one."""
+    """Every environment's identity must be exactly the recorded one."""
     for index, recorded in enumerate(bundle.summary["environments"]):
         base_url = recorded["identity"]["base_url"]
         live = await inspect_environment(base_url, bearer_token=credentials[index])

@@ -1,4 +1,4 @@
-"""Generation seeds per (group seed, candidate index, step) — R3.9."""
+"""Generation seeds per (group seed, candidate index, step)."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ class SessionPlanner:
         self.heartbeat({"group_index": self.group_index, "capacity_waits": self._busy_waits})
         delay = min(0.25 * self._busy_waits, 2.0, self.capacity_wait_s - waited)
         deadline = time.monotonic() + delay
-        while time.monotonic() < deadline:  # cancellation is checked every 100 ms (R3.4)
+        while time.monotonic() < deadline:  # cancellation is checked every 100 ms
             if self.should_cancel():
                 from kiln.errors import RunCancelled
 

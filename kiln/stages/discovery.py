@@ -1,4 +1,4 @@
-"""Discovery and identity revalidation of a run's environments (R1.3–R1.9)."""
+"""Discovery and identity revalidation of a run's environments."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
 
 
 def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
-    """R8.3–R8.7: pair baseline and candidate, apply the gate, bind everything in one receipt."""
+    """Pair baseline and candidate, apply the gate, bind everything in one receipt."""
     blobs = {
         (side.side, name): store.get_bytes(obj.ref())
         for side in (inp.baseline, inp.candidate)

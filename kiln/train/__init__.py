@@ -3,7 +3,7 @@
 Modules (import them directly; this package imports nothing, so ``kiln.train.selection``
 stays usable without torch in the control worker):
 
-- ``selection``   R5.4 group selection (pure)
+- ``selection``   group selection (pure)
 - ``advantages``  group-normalised advantages (pure)
 - ``tokens``      token pieces → ids and disjoint action / ECHO masks, receipt token counts (pure)
 - ``batches``     seed groups → rows → padded micro-batches by token budget (torch)
@@ -16,5 +16,5 @@ stays usable without torch in the control worker):
 - ``continuation`` the optimizer state handed from one online-run iteration's training to the next
 - ``staleness``   stale data: the behaviour policy's log-probs, scored by the behaviour adapter
 - ``receipt``     ``kiln.train-receipt.v1``
-- ``trainer``     ``train_grpo`` and ``TrainResult``
+- ``trainer``     ``train_grpo`` and ``TrainedAdapter`` (its local output)
 """

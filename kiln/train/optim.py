@@ -1,4 +1,4 @@
-"""Optimizers (R5.2: Muon or AdamW) and the learning-rate schedule (warm-up, then constant/cosine).
+"""Optimizers (Muon or AdamW) and the learning-rate schedule (warm-up, then constant/cosine).
 
 Muon is torch's own ``torch.optim.Muon`` (momentum 0.95, Nesterov, 5 Newton–Schulz iterations,
 weight decay 0, torch's default learning-rate adjustment); it orthogonalises the update of each 2-D

@@ -53,7 +53,7 @@ def step_schedule(n_groups: int, seed: int, epochs: int, groups_per_step: int) -
 
 
 def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    """Every completion's ``openenv.behavior_policy`` must equal ``expected`` (R5.5)."""
+    """Every completion's ``openenv.behavior_policy`` must equal ``expected``."""
     for g, group in enumerate(groups, start=1):
         for c, completion in enumerate(group.get("completions") or [], start=1):
             actual = (completion.get("openenv") or {}).get("behavior_policy")

@@ -1,4 +1,4 @@
-"""The train receipt ``kiln.train-receipt.v1`` (Kiln's own, R5.8-inspired) and its file."""
+"""The train receipt ``kiln.train-receipt.v1`` (Kiln's own) and its file."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group selection before training (R5.4). Pure Python: no torch.
+"""Group selection before training. Pure Python: no torch.
 
 Artifacts keep every completion; only the trainer's view is filtered:
 

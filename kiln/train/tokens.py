@@ -10,7 +10,7 @@ A completion's ``tokens.pieces`` concatenate to the exact ids the policy saw and
 ``env_mask_mode`` (``env_only`` | ``full_obs``): the collector already splits template wrapping into
 context pieces, so at token level both modes select the same observation tokens; the mode is
 recorded in the receipt. All observation tokens (warning or not) form the "full observation length"
-that normalises a sequence's ECHO cross-entropy (R5.3).
+that normalises a sequence's ECHO cross-entropy.
 """
 
 from __future__ import annotations

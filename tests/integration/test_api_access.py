@@ -1,5 +1,5 @@
 """API access: a non-loopback bind needs a bearer token (refused without one), /healthz stays open,
-and the Task API catalog route (R2.5) against a real openenv TaskProvider server."""
+and the Task API catalog route against a real openenv TaskProvider server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Live replay (R4.7) of REAL bundles against the counter env: pass, step drift, identity drift.
+"""Live replay of REAL bundles against the counter env: pass, step drift, identity drift.
 
 The bundle's identity includes the environment's base URL, so every server here runs on the SAME
 loopback port: collect, stop, then start the (possibly drifting) server again on that port.

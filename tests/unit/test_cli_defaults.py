@@ -66,7 +66,7 @@ def test_every_cli_default_is_the_model_default(command: Any) -> None:
 def test_known_defaults_reach_the_cli() -> None:
     """The concrete values, so a changed model default is a visible, reviewed change."""
     options = inspect.signature(cli.train_cmd).parameters
-    assert options["learning_rate"].default.default is None  # R5.2: null ⇒ Muon 2e-3, AdamW 1e-5
+    assert options["learning_rate"].default.default is None  # null ⇒ Muon 2e-3, AdamW 1e-5
     assert options["optimizer"].default.default == "muon"
     assert options["group_size"].default.default == 4
     assert options["groups"].default.default == 8

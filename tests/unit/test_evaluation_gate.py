@@ -1,4 +1,4 @@
-"""Evidence, first-match decision and outcome of the paired evaluation (R8.4–R8.6, §11 fixtures)."""
+"""Evidence, first-match decision and outcome of the paired evaluation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pairing checks between the baseline and candidate evaluation bundles (R8.3)."""
+"""Pairing checks between the baseline and candidate evaluation bundles."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``kiln.openenv-environment-evaluation.v1`` receipt: build, byte stability, consistency (R8.7)."""
+"""``kiln.openenv-environment-evaluation.v1`` receipt: build, byte stability, consistency."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact two-sided sign test (R8.4, §11 vectors)."""
+"""Exact two-sided sign test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Action parsing (R3.12), schema compilation/validation (R1.7) and rewards (R3.16)."""
+"""Action parsing, schema compilation/validation and rewards."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Canonical discovery digests (R1.5), identity object (R1.6) and drift labels (R1.9) — §11."""
+"""Canonical discovery digests, identity object and drift labels."""
 
 import copy
 import json

@@ -1,4 +1,4 @@
-"""URL normalisation (R1.1) and the loopback rule (R1.2) — §11 vectors."""
+"""URL normalisation and the loopback rule."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""post_eval static suites (R8.9): loading, digest, scoring, evaluation, outcome table."""
+"""post_eval static suites: loading, digest, scoring, evaluation, outcome table."""
 
 from __future__ import annotations
 

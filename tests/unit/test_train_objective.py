@@ -166,7 +166,7 @@ def test_learning_rate_schedule_values():
 
 
 def test_resolved_learning_rate_per_optimizer():
-    assert TrainingConfig().resolved_learning_rate() == 2e-3  # Muon, R5.2
+    assert TrainingConfig().resolved_learning_rate() == 2e-3  # Muon
     assert TrainingConfig(optimizer="adamw").resolved_learning_rate() == 1e-5
     assert TrainingConfig(optimizer="adamw", learning_rate=3e-4).resolved_learning_rate() == 3e-4
     defaults = TrainingConfig()

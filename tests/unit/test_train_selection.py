@@ -1,4 +1,4 @@
-"""Group selection (R5.4), advantages and token accounting: pure functions, no torch."""
+"""Group selection, advantages and token accounting: pure functions, no torch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Installed static evaluation suites for ``post_eval`` (R8.9), shipped as package data.
+"""Installed static evaluation suites for ``post_eval``, shipped as package data.
 
 Each ``<name>.jsonl`` file here is one suite; ``<name>`` is what a run request names in
 ``post_eval.suite``. One case per line::

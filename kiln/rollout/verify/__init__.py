@@ -1,4 +1,4 @@
-"""Offline verification of a rollout bundle (R4.6): network-free, fail closed.
+"""Offline verification of a rollout bundle: network-free, fail closed.
 
 What is checked, file by file, is specified in ``docs/verify.md``. Modules: ``checks`` (failures
 and value checks), ``files`` (paths, reads, canonical parsing), ``summary``, ``replay``,

@@ -56,7 +56,7 @@ def check_group(
         inspection["identity"].get("tools"), inspection["identity"].get("tool_calls"),
     )
     if not same_json(line["messages"], expected_messages):
-        raise fail(dwhere, "messages", "is not the recomputed R3.6 prompt for this group's reset observation")
+        raise fail(dwhere, "messages", "is not the recomputed prompt for this group's reset observation")
     completions = need_list(line["completions"], dwhere, "completions")
     if len(completions) != len(candidates):
         raise fail(dwhere, "completions", f"holds {len(completions)} completions, expected {len(candidates)}")

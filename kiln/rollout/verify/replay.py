@@ -1,4 +1,4 @@
-"""Replay checks (R4.4): the header, each group's manifest rules per candidate, the reset plan."""
+"""Replay checks: the header, each group's manifest rules per candidate, the reset plan."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def _check_termination(candidate: dict, where: Where, walk: _Walk, exchanges: in
 def check_replay_candidate(
     candidate: Any, index: int, where: Where, *, max_steps: int, penalty: float, max_recoverable: int
 ) -> CandidateFacts:
-    """R4.4 manifest rules for one candidate."""
+    """Manifest rules for one candidate."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
     need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation"}))
@@ -248,7 +248,7 @@ def check_replay_group(g: int, group: Any, summary: dict) -> tuple[dict, dict]:
 
 
 def rebuild_reset_plan(groups: list[dict], environment_count: int) -> list[dict]:
-    """Seed-free templates per environment from the replay's reset payloads (R3.1, R4.6)."""
+    """Seed-free templates per environment from the replay's reset payloads."""
     templates: list[dict | None] = [None] * environment_count
     for group in groups:
         where = Where(REPLAY_FILE, group=group["group_index"])

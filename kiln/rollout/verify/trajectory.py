@@ -1,4 +1,4 @@
-"""Dataset completion checks: trajectory (R4.2), token pieces and ``openenv`` provenance (R4.3).
+"""Dataset completion checks: trajectory, token pieces and ``openenv`` provenance.
 
 Observation, protocol-error and harness segments are rebuilt from the replay with the collector's
 own builders (:mod:`kiln.rollout.exchange`); provenance with :func:`kiln.rollout.provenance.provenance_of`.
@@ -55,7 +55,7 @@ def check_trajectory(
     completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator,
     max_action_tokens: int | None = None,
 ) -> None:
-    """R4.2 structure: actions parse to the exchanged actions, observations are rebuilt."""
+    """Structure: actions parse to the exchanged actions, observations are rebuilt."""
     trajectory = need_list(completion["trajectory"], where, "trajectory")
     invalid = facts.termination == "invalid_model_action"
     expected_len = 2 * (len(facts.exchanges) + int(invalid))
@@ -167,7 +167,7 @@ def check_provenance(
     provenance: Any, where: Where, *, inspection: dict, group: dict, facts: CandidateFacts,
     behavior_policy: dict,
 ) -> None:
-    """R4.3 ``openenv`` provenance, rebuilt by the collector's builder from the inspection, the
+    """``openenv`` provenance, rebuilt by the collector's builder from the inspection, the
     replay and the summary."""
     expected = provenance_of(
         inspection,
