@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from temporalio.service import RPCError, RPCStatusCode
+
 from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
-from kiln.errors import InvalidRequest, KilnError
+from kiln.errors import InvalidRequest, KilnError, TemporalUnavailable
 from kiln.telemetry.prometheus import count_error
 
 __all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
@@ -100,6 +102,21 @@ def error_response(error: KilnError) -> JSONResponse:
     return JSONResponse(status_code=error.http_status, content=error.to_dict(), headers=headers)
 
 
+# What the Temporal SDK answers when its server cannot be reached (stopped, restarting, overloaded).
+_OUTAGE_STATUSES = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+
+
+def temporal_outage(error: BaseException) -> TemporalUnavailable | None:
+    """``temporal_unavailable`` (503, retryable) when ``error`` says Temporal could not be reached."""
+    if isinstance(error, RPCError) and error.status in _OUTAGE_STATUSES:
+        return TemporalUnavailable(
+            "the Temporal server is not reachable right now",
+            hint="retry in a few seconds; `kiln serve` restarts its Temporal by itself, otherwise "
+            "check the server at KILN_TEMPORAL_ADDRESS",
+        )
+    return None
+
+
 def validation_message(errors: list[dict[str, Any]]) -> str:
     """``field.path: reason`` per problem, without echoing submitted values."""
     parts: list[str] = []
@@ -129,8 +146,19 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(MethodNotAllowed("method not allowed on this route"))
         return error_response(_status_error(error.status_code, str(error.detail)))
 
+    @app.exception_handler(RPCError)
+    async def _temporal(_request: Request, error: RPCError) -> JSONResponse:
+        outage = temporal_outage(error)
+        if outage is not None:
+            return error_response(outage)
+        return error_response(KilnError("internal error: the Temporal server refused the call",
+                                        code="internal_error"))
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+        outage = temporal_outage(error)
+        if outage is not None:
+            return error_response(outage)
         return error_response(
             KilnError(f"internal error: {type(error).__name__}", code="internal_error")
         )
