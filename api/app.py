@@ -7,11 +7,14 @@ preflight in ``api.discovery_routes``. Every failure answers the KilnError envel
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import dataset_routes, discovery_routes, metrics_routes, page_routes, run_routes
 from api.access import BearerAccess, BodyLimit, LoopbackOnly, SecretToken, bound_host, required_token
+from api.health import health
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.page_access import TokenCookie
 from api.services import Services
@@ -37,8 +40,9 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     install_error_handlers(app)
 
     @app.get("/healthz", tags=["health"])
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, Any]:
+        """200 while the API answers; ``status`` ok/degraded and each component (``api.health``)."""
+        return await health(app.state.services)
 
     app.include_router(page_routes.data, responses=ERROR_RESPONSES)
     app.include_router(run_routes.router, responses=ERROR_RESPONSES)
