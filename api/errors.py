@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -139,11 +140,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(_invalid(error))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 404:
             return error_response(RouteNotFound("no such route"))
         if error.status_code == 405:
-            return error_response(MethodNotAllowed("method not allowed on this route"))
+            allowed = allowed_methods(request)
+            response = error_response(MethodNotAllowed(
+                "method not allowed on this route", hint=f"use {', '.join(allowed)}" if allowed else None,
+            ))
+            response.headers["Allow"] = ", ".join(allowed)
+            return response
         return error_response(_status_error(error.status_code, str(error.detail)))
 
     @app.exception_handler(RPCError)
@@ -162,6 +168,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             KilnError(f"internal error: {type(error).__name__}", code="internal_error")
         )
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app fully accepts on this request's path (the 405 ``Allow``)."""
+    return [
+        method for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
+    ]
 
 
 def _invalid(error: RequestValidationError) -> KilnError:

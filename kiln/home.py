@@ -28,10 +28,29 @@ PRIVATE_UMASK = 0o077
 S3_CREDENTIALS_FILE = "s3-credentials.json"
 
 
-def make_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) if needed and make it 0700."""
+def create_private_dirs(path: Path) -> Path:
+    """Create ``path`` and its missing parents 0700; folders that exist are left as they are."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    if not path.is_dir():
+        create_private_dirs(path.parent)
+        path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    return path
+
+
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` if needed (missing parents 0700 too) and make it 0700.
+
+    Refuses a shared folder (sticky bit, such as ``/tmp``): Kiln only narrows folders it owns.
+    """
+    path = create_private_dirs(Path(path))
+    if path.stat().st_mode & stat.S_ISVTX:
+        from kiln.errors import KilnError
+
+        raise KilnError(
+            f"{path} is a shared folder (sticky bit); Kiln will not make it private",
+            code="home_not_private",
+            hint="point KILN_HOME at a folder of its own, e.g. ./.kiln",
+        )
     os.chmod(path, PRIVATE_DIR)
     return path
 
@@ -60,6 +79,14 @@ def secure_home(home: Path) -> Path:
                 except FileNotFoundError:
                     continue
     return home
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` readable by this user only (the file may hold secrets)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    os.chmod(path, PRIVATE_FILE)
 
 
 def write_private_json(path: Path, value: Any) -> None:

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8780
     api_url: str | None = None
+    # A request body must arrive within this many seconds (uploads: 10x); 408 and close otherwise.
+    api_body_timeout_s: float = Field(default=30.0, gt=0)
     control_task_queue: str = CONTROL_TASK_QUEUE
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False

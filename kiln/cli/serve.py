@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,7 @@ from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
 from kiln.errors import KilnError
 from kiln.settings import Settings
 SUPERVISE_INTERVAL_S = 0.5
+RESECURE_INTERVAL_S = 60.0
 WORKER_ROLES = ("control", "gpu")  # the roles of ``python -m workers``, one process each
 
 
@@ -197,7 +199,11 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
         console.print("ready — Ctrl-C stops everything this command started")
         if ready_file is not None:
             ready_file.write_text(json.dumps(info))
+        secured_at = time.monotonic()
         while not stop.is_set():
+            if time.monotonic() - secured_at >= RESECURE_INTERVAL_S:
+                secure_home(home)  # some files are chmod-ed 0644 by SeaweedFS itself
+                secured_at = time.monotonic()
             try:
                 supervisor.check()
             except SupervisorGaveUp as exc:

@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
+from kiln.home import create_private_dirs
+
 __all__ = [
     "ManagedProcess",
     "ProcessStartError",
@@ -178,7 +180,7 @@ def start_process(
     file is created 0600.
     """
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    create_private_dirs(log_path.parent)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     log_file = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - owned by the ManagedProcess
     log_file.write(f"\n[kiln] starting {name} at {_now()}: {' '.join(argv)}\n".encode())

@@ -14,6 +14,7 @@ from kiln.devstack.common import GRPC_OFFSET, DevStackError
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, ProcessStartError, port_is_free
 from kiln.devstack.seaweedfs import start_seaweedfs
 from kiln.devstack.temporal import start_temporal
+from kiln.home import make_private_dir, secure_home, write_private
 from kiln.settings import Settings
 
 
@@ -164,6 +165,7 @@ def start_devstack(settings: Settings) -> DevStack:
     start_temporal_here = not settings.temporal_address
     start_s3_here = not settings.s3_endpoint
     check_stack_config(settings)
+    secure_home(home)
     access_key, secret_key = settings.s3_key_pair() if start_s3_here else ("", "")
 
     stack = DevStack(
@@ -214,8 +216,8 @@ def start_devstack(settings: Settings) -> DevStack:
 
 
 def _write_pid(path: Path, proc: ManagedProcess) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{proc.pid} {int(time.time())}\n")
+    make_private_dir(path.parent)
+    write_private(path, f"{proc.pid} {int(time.time())}\n")
     return path
 
 

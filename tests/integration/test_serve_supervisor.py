@@ -159,7 +159,8 @@ class Serve:
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Serve]:
+def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, counter_env_url: str) -> Iterator[Serve]:
+    # (the counter env is requested first: it starts before serve's children load the machine)
     served = Serve(tmp_path_factory.mktemp("serve"), tiny_model_dir)
     try:
         served.wait(lambda: "ready —" in served.output() and len(served.pids()) == 5, 150, "kiln serve ready")
@@ -171,7 +172,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
     serve: Serve, counter_env_url: str
 ) -> None:
@@ -209,7 +210,7 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_serve_restarts_a_killed_gpu_worker_and_leaves_the_others_alone(
     serve: Serve, counter_env_url: str
 ) -> None:
