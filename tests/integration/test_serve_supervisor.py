@@ -24,6 +24,7 @@ from kiln.devstack.common import GRPC_OFFSET
 from kiln.devstack.processes import free_port_block, port_accepts, start_process
 from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
 from tests.integration.test_api_helpers import TINY_ROLLOUT
+from tests.support.servers import example_env_argv, serve_app_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -159,7 +160,14 @@ class Serve:
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, counter_env_url: str) -> Iterator[Serve]:
+def counter_env() -> Iterator[str]:
+    """The counter example env (a generous start bound: it shares the machine with serve's children)."""
+    with serve_app_process(lambda port: example_env_argv("counter", port), startup_timeout_s=180) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, counter_env: str) -> Iterator[Serve]:
     # (the counter env is requested first: it starts before serve's children load the machine)
     served = Serve(tmp_path_factory.mktemp("serve"), tiny_model_dir)
     try:
@@ -174,7 +182,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, counte
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
-    serve: Serve, counter_env_url: str
+    serve: Serve, counter_env: str
 ) -> None:
     before = serve.pids()
     assert set(before) == {"temporal", "seaweedfs", "control-worker", "gpu-worker", "api"}
@@ -203,16 +211,17 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
     assert health["components"]["temporal"] == {
         "state": "running", "pid": after["temporal"], "restarts": 1,
         "last_exit": "exited with signal 9 (SIGKILL)", "connection": "reachable"}
-    final = serve.run_completes(counter_env_url, 120)
+    final = serve.run_completes(counter_env, 120)
     assert final["state"] == "completed", final
     assert final["progress"]["rollouts_completed"] == 2
-    print(f"temporal kill → API 200 again: {back_s:.1f}s")
+    print(f"temporal kill → API 200 again: {back_s:.1f}s; 503s seen: {len(outage)}")
+    print("\n".join(line for line in serve.output().splitlines() if "temporal" in line and "restart" in line))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_serve_restarts_a_killed_gpu_worker_and_leaves_the_others_alone(
-    serve: Serve, counter_env_url: str
+    serve: Serve, counter_env: str
 ) -> None:
     before = serve.pids()
     killed = time.monotonic()
@@ -220,7 +229,7 @@ def test_serve_restarts_a_killed_gpu_worker_and_leaves_the_others_alone(
     serve.wait(lambda: serve.pids().get("gpu-worker") not in (None, before["gpu-worker"]), 60,
                "gpu-worker restarted")
     restart_s = time.monotonic() - killed
-    final = serve.run_completes(counter_env_url, 150)
+    final = serve.run_completes(counter_env, 150)
     assert final["state"] == "completed", final
     assert final["progress"]["rollouts_completed"] == 2
     after = serve.pids()
@@ -230,3 +239,4 @@ def test_serve_restarts_a_killed_gpu_worker_and_leaves_the_others_alone(
     components = httpx.get(f"{serve.url}/healthz", timeout=10).json()["components"]
     assert components["gpu-worker"]["restarts"] == 1 and components["control-worker"]["restarts"] == 0
     print(f"gpu-worker kill → restarted: {restart_s:.1f}s")
+    print("\n".join(line for line in serve.output().splitlines() if "gpu-worker" in line and "restart" in line))
