@@ -1,7 +1,8 @@
 """``GET /healthz``: the API is up (always 200 while it answers), and how each component is.
 
 ``components`` holds, under ``kiln serve``, every supervised child as serve last wrote it to
-``<home>/run/serve.json`` (state, pid, restarts, last exit), and always ``temporal`` as this API
+``<home>/run/serve.json`` (state, restarts, last exit; the PIDs stay in that 0600 file, since
+``/healthz`` answers without a token), and always ``temporal`` as this API
 process sees it right now (``connection``: ``reachable`` / ``unreachable``, checked within 2 s). ``status`` is ``ok``
 when every component is running/reachable, else ``degraded``.
 """
@@ -28,7 +29,12 @@ def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
     except (OSError, ValueError):
         return {}
     components = found.get("components") if isinstance(found, dict) else None
-    return components if isinstance(components, dict) else {}
+    if not isinstance(components, dict):
+        return {}
+    return {
+        str(name): {key: value for key, value in item.items() if key != "pid"}
+        for name, item in components.items() if isinstance(item, dict)
+    }
 
 
 async def _check(svc: Services) -> bool:

@@ -209,7 +209,7 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
     health = httpx.get(f"{serve.url}/healthz", timeout=10).json()
     assert health["status"] == "ok", health
     assert health["components"]["temporal"] == {
-        "state": "running", "pid": after["temporal"], "restarts": 1,
+        "state": "running", "restarts": 1,
         "last_exit": "exited with signal 9 (SIGKILL)", "connection": "reachable"}
     final = serve.run_completes(counter_env, 120)
     assert final["state"] == "completed", final
