@@ -1,8 +1,9 @@
 """The API's error envelope: every failure answers ``{code, message, retryable, hint?, details?}``.
 
 KilnError subclasses carry their own code and HTTP status. FastAPI's own failures (request
-validation, unknown route, wrong method) are mapped onto the same envelope so a client only ever
-parses one error shape.
+validation, unknown route, wrong method — with ``Allow``) are mapped onto the same envelope so a
+client only ever parses one error shape, and so is a Temporal outage (503 ``temporal_unavailable``,
+retryable), whichever route met it.
 """
 
 from __future__ import annotations

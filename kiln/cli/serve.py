@@ -2,10 +2,10 @@
 
 Each part is a supervised child process (:mod:`kiln.devstack.supervisor`): Temporal, SeaweedFS,
 one worker process per role (``control-worker``, ``gpu-worker``) and the API. A child that dies
-is restarted with backoff, the others keep running; ``<home>/run/serve.json`` (and the API's
-``/healthz``) show each child's state, pid and restarts. Everything this command starts is
-stopped by PID on Ctrl-C/SIGTERM; data under ``KILN_HOME`` (default ``.kiln``) survives restarts,
-so runs and artifacts are kept.
+is restarted with backoff, the others keep running; ``<home>/run/serve.json`` shows each
+child's state, pid and restarts (the API's ``/healthz`` the same without PIDs). Everything this
+command starts is stopped by PID on Ctrl-C/SIGTERM; data under ``KILN_HOME`` (default ``.kiln``)
+survives restarts, so runs and artifacts are kept.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
 from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
 from kiln.errors import KilnError
 from kiln.settings import Settings
+
 SUPERVISE_INTERVAL_S = 0.5
 RESECURE_INTERVAL_S = 60.0
 WORKER_ROLES = ("control", "gpu")  # the roles of ``python -m workers``, one process each
