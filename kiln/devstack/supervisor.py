@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.devstack.processes import ManagedProcess, ProcessStartError
+from kiln.devstack.processes import ManagedProcess
 
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
@@ -142,8 +142,9 @@ class Supervisor:
         child.started_at = time.monotonic()
         try:
             process = child.start()
-        except ProcessStartError as exc:
-            self._failed(child, f"did not start ({str(exc).splitlines()[0]})", time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - any failed start (port taken, not ready) is retried
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._failed(child, f"did not start ({reason})", time.monotonic())
             return
         child.process = process
         child.log_path = process.log_path

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +90,35 @@ def test_repeated_fast_failures_give_up_with_one_line_and_backoff_doubles(tmp_pa
 
 
 # --------------------------------------------------------------------------------- kiln serve
+
+
+class PortSquatter:
+    """Holds a loopback port with a listener that closes every connection at once (refused-like)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
+        self.thread = threading.Thread(target=self._drop, daemon=True)
+        self.thread.start()
+
+    def _drop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+            conn.close()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(timeout=5)
 
 
 class Serve:
@@ -186,8 +218,12 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
 ) -> None:
     before = serve.pids()
     assert set(before) == {"temporal", "seaweedfs", "control-worker", "gpu-worker", "api"}
+    temporal_port = int(serve.env["KILN_TEMPORAL_PORT"])
     killed = time.monotonic()
     os.kill(before["temporal"], signal.SIGKILL)
+    # Keep the outage open until a 503 was seen: the port is held by a listener that drops every
+    # connection, so serve's first restarts fail (port taken) and are retried with backoff.
+    squatter = PortSquatter(temporal_port)
     outage: list[httpx.Response] = []
 
     def answered_503() -> bool:
@@ -196,21 +232,27 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
             outage.append(response)
         return bool(outage)
 
-    serve.wait(answered_503, 30, "a 503 during the Temporal outage")
+    try:
+        serve.wait(answered_503, 20, "a 503 during the Temporal outage")  # before serve gives up
+    finally:
+        squatter.close()
     assert outage[0].json()["code"] == "temporal_unavailable" and outage[0].json()["retryable"] is True
-    serve.wait(lambda: serve.pids().get("temporal") not in (None, before["temporal"]), 60, "temporal restarted")
+    assert outage[0].headers["Retry-After"] == "5"
+    serve.wait(lambda: serve.pids().get("temporal") not in (None, before["temporal"]), 90, "temporal restarted")
     serve.wait(lambda: httpx.get(f"{serve.url}/v1/openenv/runs", timeout=15).status_code == 200, 30,
                "the API answering again")
     back_s = time.monotonic() - killed
     after = serve.pids()
     assert {k: v for k, v in after.items() if k != "temporal"} == {
         k: v for k, v in before.items() if k != "temporal"}
-    assert f"temporal restarted: pid {before['temporal']} → {after['temporal']} (restart 1" in serve.output()
+    out = serve.output()
+    assert "temporal exited with signal 9 (SIGKILL); restarting in 1s" in out
+    assert f"temporal restarted: pid {before['temporal']} → {after['temporal']} (restart 1" in out
     health = httpx.get(f"{serve.url}/healthz", timeout=10).json()
     assert health["status"] == "ok", health
-    assert health["components"]["temporal"] == {
-        "state": "running", "restarts": 1,
-        "last_exit": "exited with signal 9 (SIGKILL)", "connection": "reachable"}
+    assert {k: health["components"]["temporal"][k] for k in ("state", "restarts", "connection")} == {
+        "state": "running", "restarts": 1, "connection": "reachable"}
+    assert "pid" not in health["components"]["temporal"]
     final = serve.run_completes(counter_env, 120)
     assert final["state"] == "completed", final
     assert final["progress"]["rollouts_completed"] == 2
