@@ -95,10 +95,19 @@ def test_repeated_fast_failures_give_up_with_one_line_and_backoff_doubles(tmp_pa
 class PortSquatter:
     """Holds a loopback port with a listener that closes every connection at once (refused-like)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, within_s: float = 0.8) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
+        deadline = time.monotonic() + within_s  # a SIGKILLed server frees its port a moment later
+        while True:
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.sock.close()
+                    raise
+                time.sleep(0.01)
         self.sock.listen(64)
         self.thread = threading.Thread(target=self._drop, daemon=True)
         self.thread.start()
