@@ -16,10 +16,10 @@ from kiln.errors import KilnError, TemporalUnavailable
 from kiln.settings import Settings
 from workers.client import connect_client
 
-# An API request waits at most a few seconds for an unreachable Temporal before answering 503
-# ``temporal_unavailable`` (the SDK default retries for ~10 s per call).
-API_RPC_RETRY = RetryConfig(initial_interval_millis=100, max_interval_millis=1000,
-                            max_elapsed_time_millis=3000, max_retries=5)
+# An API request waits about a second for an unreachable Temporal, then answers 503
+# ``temporal_unavailable`` (the SDK default retries for ~10 s per call); clients retry on 503.
+API_RPC_RETRY = RetryConfig(initial_interval_millis=100, max_interval_millis=500,
+                            max_elapsed_time_millis=1000, max_retries=4)
 
 
 class Services:
