@@ -7,15 +7,16 @@ FROM python:3.11.11-slim
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY kiln ./kiln
 COPY workflows ./workflows
 COPY activities ./activities
 COPY workers ./workers
 COPY api ./api
 COPY examples ./examples
+# Every package at the exact version Kiln was tested with (constraints.txt), torch included.
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
- && pip install --no-cache-dir ".[train,envs]" \
+ && pip install --no-cache-dir -c constraints.txt ".[train,envs]" \
  && pip install --no-cache-dir --no-deps "xgrammar==0.2.8" "apache-tvm-ffi==0.1.15.post2" \
  && useradd --create-home --uid 10001 kiln && mkdir -p /data && chown kiln /data
 ENV HF_HUB_OFFLINE=1 KILN_HOME=/data PYTHONUNBUFFERED=1 \

@@ -7,12 +7,17 @@ preflight in ``api.discovery_routes``. Every failure answers the KilnError envel
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from temporalio.client import Client
 
 from api import dataset_routes, discovery_routes, metrics_routes, page_routes, run_routes
 from api.access import BearerAccess, BodyLimit, LoopbackOnly, SecretToken, bound_host, required_token
+from api.body_timeout import BodyTimeout
 from api.errors import ERROR_RESPONSES, install_error_handlers
+from api.health import health
+from api.runs import RUN_STATES
 from api.page_access import TokenCookie
 from api.services import Services
 from api.strict_json import StrictJson
@@ -21,6 +26,11 @@ from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
 
 MAX_BODY_BYTES = 1024 * 1024
+UPLOAD_TIMEOUT_FACTOR = 10  # a dataset upload (up to 256 MiB) gets 10x the body timeout
+# Enumerated query parameters, stated as enums in the OpenAPI document: (path, method, name) → values.
+QUERY_ENUMS: dict[tuple[str, str, str], list[str]] = {
+    ("/v1/openenv/runs", "get", "state"): list(RUN_STATES),
+}
 
 
 def create_app(settings: Settings, *, client: Client | None = None, store: S3Store | None = None) -> FastAPI:
@@ -39,7 +49,8 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
 
     @app.get("/healthz", tags=["health"], response_model=Health)
     async def healthz() -> Health:
-        return Health()
+        """200 while the API answers; ``status`` ok/degraded and each component (``api.health``)."""
+        return Health.model_validate(await health(app.state.services))
 
     app.include_router(page_routes.data, responses=ERROR_RESPONSES)
     app.include_router(run_routes.router, responses=ERROR_RESPONSES)
@@ -53,6 +64,11 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
         BodyLimit,
         limit=MAX_BODY_BYTES,
         path_limits={dataset_routes.UPLOAD_PATH: dataset_routes.MAX_DATASET_BYTES},
+    )
+    app.add_middleware(  # around BodyLimit: the body it reads up front arrives in bounded time
+        BodyTimeout,
+        timeout_s=settings.api_body_timeout_s,
+        path_timeouts={dataset_routes.UPLOAD_PATH: settings.api_body_timeout_s * UPLOAD_TIMEOUT_FACTOR},
     )
     if token is not None:
         app.add_middleware(BearerAccess, token=SecretToken(token))  # outermost: runs before the body is read
@@ -73,12 +89,24 @@ def _document_errors_as_400(app: FastAPI) -> None:
             for path in document.get("paths", {}).values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
+            for (route, method, name), values in QUERY_ENUMS.items():
+                operation = document.get("paths", {}).get(route, {}).get(method, {})
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "query" and parameter.get("name") == name:
+                        _set_enum(parameter.setdefault("schema", {}), values)
             for name in ("HTTPValidationError", "ValidationError"):
                 document.get("components", {}).get("schemas", {}).pop(name, None)
             app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _set_enum(schema: dict, values: list[str]) -> None:
+    """Put ``enum`` on the string branch of a (possibly optional, ``anyOf``) parameter schema."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch["enum"] = values
 
 
 def app_from_env() -> FastAPI:

@@ -1,8 +1,9 @@
 """The API's error envelope: every failure answers ``{code, message, retryable, hint?, details?}``.
 
 KilnError subclasses carry their own code and HTTP status. FastAPI's own failures (request
-validation, unknown route, wrong method) are mapped onto the same envelope so a client only ever
-parses one error shape.
+validation, unknown route, wrong method — with ``Allow``) are mapped onto the same envelope so a
+client only ever parses one error shape, and so is a Temporal outage (503 ``temporal_unavailable``,
+retryable), whichever route met it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
-from kiln.errors import InvalidRequest, KilnError
+from kiln.errors import InvalidRequest, KilnError, TemporalUnavailable
 from kiln.telemetry.prometheus import count_error
 
 __all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
@@ -100,6 +104,21 @@ def error_response(error: KilnError) -> JSONResponse:
     return JSONResponse(status_code=error.http_status, content=error.to_dict(), headers=headers)
 
 
+# What the Temporal SDK answers when its server cannot be reached (stopped, restarting, overloaded).
+_OUTAGE_STATUSES = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+
+
+def temporal_outage(error: BaseException) -> TemporalUnavailable | None:
+    """``temporal_unavailable`` (503, retryable) when ``error`` says Temporal could not be reached."""
+    if isinstance(error, RPCError) and error.status in _OUTAGE_STATUSES:
+        return TemporalUnavailable(
+            "the Temporal server is not reachable right now",
+            hint="retry in a few seconds; `kiln serve` restarts its Temporal by itself, otherwise "
+            "check the server at KILN_TEMPORAL_ADDRESS",
+        )
+    return None
+
+
 def validation_message(errors: list[dict[str, Any]]) -> str:
     """``field.path: reason`` per problem, without echoing submitted values."""
     parts: list[str] = []
@@ -122,18 +141,45 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(_invalid(error))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
         if error.status_code == 404:
             return error_response(RouteNotFound("no such route"))
         if error.status_code == 405:
-            return error_response(MethodNotAllowed("method not allowed on this route"))
+            allowed = allowed_methods(request)
+            response = error_response(MethodNotAllowed(
+                "method not allowed on this route", hint=f"use {', '.join(allowed)}" if allowed else None,
+            ))
+            response.headers["Allow"] = ", ".join(allowed)
+            return response
         return error_response(_status_error(error.status_code, str(error.detail)))
+
+    @app.exception_handler(RPCError)
+    async def _temporal(_request: Request, error: RPCError) -> JSONResponse:
+        outage = temporal_outage(error)
+        if outage is not None:
+            return error_response(outage)
+        return error_response(KilnError("internal error: the Temporal server refused the call",
+                                        code="internal_error"))
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+        outage = temporal_outage(error)
+        if outage is not None:
+            return error_response(outage)
         return error_response(
             KilnError(f"internal error: {type(error).__name__}", code="internal_error")
         )
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app fully accepts on this request's path (the 405 ``Allow``)."""
+    return [
+        method for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
+    ]
 
 
 def _invalid(error: RequestValidationError) -> KilnError:

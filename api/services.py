@@ -7,19 +7,19 @@ from typing import Any
 
 from fastapi import Request
 from temporalio.client import Client
+from temporalio.service import RetryConfig
 
 from api.artifacts import ArtifactService
 from api.runs import RunService
 from kiln.artifacts.store import S3Store
-from kiln.errors import KilnError
+from kiln.errors import KilnError, TemporalUnavailable
 from kiln.settings import Settings
 from workers.client import connect_client
 
-
-class TemporalUnavailable(KilnError):
-    code = "temporal_unavailable"
-    http_status = 503
-    retryable = True
+# An API request waits about a second for an unreachable Temporal, then answers 503
+# ``temporal_unavailable`` (the SDK default retries for ~10 s per call); clients retry on 503.
+API_RPC_RETRY = RetryConfig(initial_interval_millis=100, max_interval_millis=500,
+                            max_elapsed_time_millis=1000, max_retries=4)
 
 
 class Services:
@@ -42,7 +42,9 @@ class Services:
 
                     self.temporal_metrics = TemporalMetrics()
                     try:
-                        self._client = await connect_client(self.settings, runtime=self.temporal_metrics.runtime)
+                        self._client = await connect_client(
+                            self.settings, runtime=self.temporal_metrics.runtime, retry_config=API_RPC_RETRY
+                        )
                     except KilnError:
                         raise
                     except Exception:  # noqa: BLE001 - the SDK raises RuntimeError on refusal

@@ -26,9 +26,16 @@ class _Answer(BaseModel):
 
 
 class Health(_Answer):
-    """``GET /healthz``."""
+    """``GET /healthz``: 200 while the API answers; how each component is."""
 
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = Field(
+        default="ok", description="ok when every component is running and Temporal is reachable, else degraded."
+    )
+    components: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Each child kiln serve supervises (state, restarts, last exit) and temporal's "
+        "connection (reachable / unreachable) as this API sees it now.",
+    )
 
 
 class EnvironmentInspection(_Answer):

@@ -35,8 +35,9 @@ class Settings(BaseSettings):
     # How long a worker keeps retrying its first connection to Temporal (backoff, logged) before exiting.
     temporal_connect_timeout_s: float = 300.0
     s3_endpoint: str | None = None
-    s3_access_key: str = "kiln"
-    s3_secret_key: str = "kiln-secret-key"
+    # Unset: the key pair generated for this home (``<home>/s3-credentials.json``, 0600).
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
     s3_bucket: str = "kiln"
     s3_region: str = "us-east-1"
     s3_port: int = 8333
@@ -50,6 +51,8 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8780
     api_url: str | None = None
+    # A request body must arrive within this many seconds (uploads: 10x); 408 and close otherwise.
+    api_body_timeout_s: float = Field(default=30.0, gt=0)
     control_task_queue: str = CONTROL_TASK_QUEUE
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False
@@ -102,6 +105,16 @@ class Settings(BaseSettings):
     @property
     def effective_temporal_address(self) -> str:
         return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    def s3_key_pair(self) -> tuple[str, str]:
+        """``(access_key, secret_key)``: each explicit setting wins; the rest come from the home's
+        generated pair (:func:`kiln.home.home_s3_key_pair`, created on first use)."""
+        if self.s3_access_key is not None and self.s3_secret_key is not None:
+            return self.s3_access_key, self.s3_secret_key
+        from kiln.home import home_s3_key_pair
+
+        access, secret = home_s3_key_pair(self.home)
+        return self.s3_access_key or access, self.s3_secret_key or secret
 
     @property
     def effective_s3_endpoint(self) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import TLSConfig
+from temporalio.service import RetryConfig, TLSConfig
 from temporalio.runtime import Runtime
 
 from kiln.errors import TemporalConfigInvalid, TemporalUnavailable
@@ -53,10 +53,13 @@ def temporal_tls(settings: Settings) -> TLSConfig | bool:
     return TLSConfig(server_root_ca_cert=ca, client_cert=cert, client_private_key=key)
 
 
-async def connect_client(settings: Settings, *, runtime: Runtime | None = None) -> Client:
+async def connect_client(
+    settings: Settings, *, runtime: Runtime | None = None, retry_config: RetryConfig | None = None
+) -> Client:
     """Connect to the configured Temporal frontend with Kiln's pydantic data converter.
 
-    ``runtime``: a Temporal runtime exporting SDK metrics (see ``kiln.telemetry.prometheus``).
+    ``runtime``: a Temporal runtime exporting SDK metrics (see ``kiln.telemetry.prometheus``);
+    ``retry_config``: how long each call retries an unreachable server (the SDK's default if None).
     """
     api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None
     return await Client.connect(
@@ -66,6 +69,7 @@ async def connect_client(settings: Settings, *, runtime: Runtime | None = None) 
         tls=temporal_tls(settings),
         api_key=api_key,
         runtime=runtime,
+        retry_config=retry_config,
     )
 
 

@@ -134,10 +134,11 @@ class S3Store:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> S3Store:
+        access_key, secret_key = settings.s3_key_pair()
         return cls(
             endpoint=settings.effective_s3_endpoint,
-            access_key=settings.s3_access_key,
-            secret_key=settings.s3_secret_key,
+            access_key=access_key,
+            secret_key=secret_key,
             bucket=settings.s3_bucket,
             region=settings.s3_region,
         )

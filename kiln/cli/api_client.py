@@ -1,13 +1,16 @@
 """A small client of Kiln's REST API for the CLI (``KILN_API_URL``, default the local one).
 
 Sends ``Authorization: Bearer $KILN_API_TOKEN`` when that variable is set; never follows
-redirects; turns error envelopes back into KilnErrors with the same code.
+redirects; turns error envelopes back into KilnErrors with the same code. A request that is safe
+to repeat (a GET, a submission with an idempotency key) is retried with backoff while the API
+answers 503 ``temporal_unavailable`` (Temporal restarting), for up to ``outage_wait_s``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -35,9 +38,21 @@ def artifact_path(run_id: str, name: str) -> str:
     return run_path(run_id, "artifacts", name)
 
 
+OUTAGE_CODE = "temporal_unavailable"
+
+
+def _repeatable(method: str, kwargs: dict[str, Any]) -> bool:
+    """A GET, or a POST whose JSON body names an idempotency key (the server dedupes it)."""
+    body = kwargs.get("json")
+    return method == "GET" or (isinstance(body, dict) and body.get("idempotency_key") is not None)
+
+
 class ApiClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, token: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 30.0, token: str | None = None, outage_wait_s: float = 60.0
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.outage_wait_s = outage_wait_s
         if token is None:
             token = os.environ.get("KILN_API_TOKEN") or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -66,11 +81,28 @@ class ApiClient:
             raise error_from_dict(body)
         raise KilnError(f"{method} {path} answered HTTP {response.status_code}")
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; a repeatable one is retried while the API reports a Temporal outage."""
+        deadline = time.monotonic() + (self.outage_wait_s if _repeatable(method, kwargs) else 0.0)
+        delay = 0.5
+        while True:
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise self._unavailable(exc) from None
+            if response.status_code != 503 or time.monotonic() + delay > deadline:
+                return response
+            try:
+                code = response.json().get("code")
+            except (ValueError, AttributeError):
+                code = None
+            if code != OUTAGE_CODE:
+                return response
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise self._unavailable(exc) from None
+        response = self._request(method, path, **kwargs)
         self._raise_for(response, method, path)
         try:
             return response.status_code, response.json()
@@ -78,10 +110,7 @@ class ApiClient:
             raise KilnError(f"{method} {path} answered a body that is not JSON") from None
 
     def get_bytes(self, path: str) -> bytes:
-        try:
-            response = self._client.get(path, headers={"Accept-Encoding": "identity"})
-        except httpx.HTTPError as exc:
-            raise self._unavailable(exc) from None
+        response = self._request("GET", path, headers={"Accept-Encoding": "identity"})
         self._raise_for(response, "GET", path)
         return response.content
 

@@ -1,7 +1,11 @@
 """``kiln serve``: the embedded stack (Temporal + SeaweedFS unless configured) + workers + API.
 
-Everything this command starts is stopped by PID on Ctrl-C/SIGTERM; data under ``KILN_HOME``
-(default ``.kiln``) survives restarts, so runs and artifacts are kept.
+Each part is a supervised child process (:mod:`kiln.devstack.supervisor`): Temporal, SeaweedFS,
+one worker process per role (``control-worker``, ``gpu-worker``) and the API. A child that dies
+is restarted with backoff, the others keep running; ``<home>/run/serve.json`` shows each
+child's state, pid and restarts (the API's ``/healthz`` the same without PIDs). Everything this
+command starts is stopped by PID on Ctrl-C/SIGTERM; data under ``KILN_HOME`` (default ``.kiln``)
+survives restarts, so runs and artifacts are kept.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,8 +27,14 @@ from kiln.access_rule import required_token
 from kiln.devstack import DevStack, DevStackError, start_devstack
 from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_process, wait_until
 from kiln.devstack.stack import check_stack_config
+from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
+from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
 from kiln.errors import KilnError
 from kiln.settings import Settings
+
+SUPERVISE_INTERVAL_S = 0.5
+RESECURE_INTERVAL_S = 60.0
+WORKER_ROLES = ("control", "gpu")  # the roles of ``python -m workers``, one process each
 
 
 def ensure_model(settings: Settings, console: Console) -> Path:
@@ -48,7 +61,7 @@ def ensure_model(settings: Settings, console: Console) -> Path:
 
 def _api_healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=5.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -77,15 +90,61 @@ def check_serve_config(settings: Settings) -> None:
         raise ServeConfigurationInvalid(str(exc)) from None
 
 
+class ServeGaveUp(KilnError):
+    """A child of ``kiln serve`` kept failing right after each restart; serve stopped everything."""
+
+    code = "serve_gave_up"
+
+
+def _python_child(name: str, args: list[str], *, logs: Path, env: dict[str, str]) -> Callable[[], ManagedProcess]:
+    def start() -> ManagedProcess:
+        return start_process(name, [sys.executable, *args], log_path=logs / f"{name}.log", env=env)
+
+    return start
+
+
+def _api_child(settings: Settings, *, logs: Path, env: dict[str, str]) -> Callable[[], ManagedProcess]:
+    url = f"http://{settings.api_host}:{settings.api_port}"
+    launch = _python_child(
+        "api",
+        ["-m", "uvicorn", "--factory", "api.app:app_from_env", "--host", settings.api_host,
+         "--port", str(settings.api_port), "--log-level", "warning"],
+        logs=logs, env=env,
+    )
+
+    def start() -> ManagedProcess:
+        proc = launch()
+        try:
+            wait_until(lambda: _api_healthy(url), timeout_s=60, what=f"the Kiln API on {url}", process=proc)
+        except BaseException:
+            proc.stop()
+            raise
+        return proc
+
+    return start
+
+
 def serve(settings: Settings, console: Console, *, ready_file: Path | None = None) -> None:
-    """Run the stack until Ctrl-C/SIGTERM. Refuses a bad configuration before starting anything;
-    if a start fails later, stops everything it had started before raising."""
+    """Run and supervise the stack until Ctrl-C/SIGTERM (see :mod:`kiln.devstack.supervisor`).
+
+    Refuses a bad configuration before starting anything; if a first start fails, stops everything
+    it had started before raising. Afterwards a child that dies is restarted with backoff; one
+    that keeps failing right after each restart stops the whole stack with one line."""
     home = Path(settings.home).resolve()
     check_serve_config(settings)
+    os.umask(PRIVATE_UMASK)  # everything serve and its children write is the owner's only
+    secure_home(home)
     model_path = ensure_model(settings, console)
-    processes: list[ManagedProcess] = []
     stack: DevStack | None = None
     stop = threading.Event()
+    status_path = home / "run" / "serve.json"
+    info: dict[str, object] = {}
+
+    def publish() -> None:
+        if info:
+            write_private_json(status_path, {**info, "components": supervisor.snapshot()})
+
+    supervisor = Supervisor(on_event=lambda line: console.print(f"[yellow]{line}[/]"), on_change=publish)
 
     def _stop(*_args: object) -> None:
         stop.set()
@@ -95,6 +154,8 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
     try:
         try:
             stack = start_devstack(settings)
+            for proc in list(stack.processes):
+                supervisor.adopt(proc.name, proc, partial(stack.restart, proc.name))
         except (DevStackError, ProcessStartError) as exc:
             raise ServeStartFailed(str(exc).splitlines()[0]) from None
         env = dict(os.environ)
@@ -110,36 +171,24 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
         if stack.temporal_ui_url:
             env["KILN_TEMPORAL_UI_URL"] = stack.temporal_ui_url
         logs = home / "logs"
-        processes.append(
-            start_process("workers", [sys.executable, "-m", "workers", "all"], log_path=logs / "workers.log", env=env)
-        )
         api_url = f"http://{settings.api_host}:{settings.api_port}"
-        processes.append(
-            start_process(
-                "api",
-                [
-                    sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env",
-                    "--host", settings.api_host, "--port", str(settings.api_port), "--log-level", "warning",
-                ],
-                log_path=logs / "api.log",
-                env=env,
-            )
-        )
         try:
-            wait_until(lambda: _api_healthy(api_url), timeout_s=60, what=f"the Kiln API on {api_url}",
-                       process=processes[-1])
+            # One process per worker role: a gpu worker that dies leaves the control worker polling.
+            for role in WORKER_ROLES:
+                supervisor.launch(f"{role}-worker", _python_child(f"{role}-worker", ["-m", "workers", role],
+                                                                  logs=logs, env=env))
+            supervisor.launch("api", _api_child(settings, logs=logs, env=env))
         except ProcessStartError as exc:
             raise ServeStartFailed(str(exc).splitlines()[0]) from None
-        info = {
+        info.update({
             "pid": os.getpid(),
             "api_url": api_url,
             "temporal_address": stack.temporal_address,
             "temporal_ui": stack.temporal_ui_url or None,
             "s3_endpoint": stack.s3_endpoint,
             "model_path": str(model_path),
-        }
-        (home / "run").mkdir(parents=True, exist_ok=True)
-        (home / "run" / "serve.json").write_text(json.dumps(info, indent=2) + "\n")
+        })
+        publish()
         console.print(f"kiln api      {api_url}")
         console.print(f"temporal      {stack.temporal_address}")
         if stack.temporal_ui_url:
@@ -147,22 +196,26 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
         console.print(f"s3            {stack.s3_endpoint} (bucket {settings.s3_bucket})")
         console.print(f"model         {model_path}")
         console.print(f"logs          {logs}")
+        console.print(f"supervising   {', '.join(child.name for child in supervisor.children)}")
         console.print("ready — Ctrl-C stops everything this command started")
         if ready_file is not None:
             ready_file.write_text(json.dumps(info))
+        secured_at = time.monotonic()
         while not stop.is_set():
-            for proc in processes:
-                if not proc.alive():
-                    console.print(f"[red]{proc.name} exited[/]; see {proc.log_path}")
-                    stop.set()
-            stop.wait(1.0)
+            if time.monotonic() - secured_at >= RESECURE_INTERVAL_S:
+                secure_home(home)  # some files are chmod-ed 0644 by SeaweedFS itself
+                secured_at = time.monotonic()
+            try:
+                supervisor.check()
+            except SupervisorGaveUp as exc:
+                raise ServeGaveUp(str(exc), hint="fix the cause in that log, then start `kiln serve` again") from None
+            stop.wait(SUPERVISE_INTERVAL_S)
     finally:
-        for proc in reversed(processes):
-            proc.stop()
+        supervisor.stop()
         if stack is not None:
             stack.stop()
         try:
-            (home / "run" / "serve.json").unlink()
+            status_path.unlink()
         except FileNotFoundError:
             pass
         console.print("stopped")

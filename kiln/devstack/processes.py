@@ -29,6 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
+from kiln.home import create_private_dirs
+
 __all__ = [
     "ManagedProcess",
     "ProcessStartError",
@@ -169,14 +171,18 @@ def start_process(
     log_path: Path,
     env: dict | None = None,
     cwd: Path | None = None,
+    umask: int = 0o077,
 ) -> ManagedProcess:
     """Start ``argv`` in its own session with output appended to ``log_path``.
 
     ``env`` replaces the environment entirely when given (pass ``{**os.environ, ...}`` to extend).
+    The child writes with ``umask`` (default 077: its files are its owner's only), and the log
+    file is created 0600.
     """
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log_path, "ab", buffering=0)  # noqa: SIM115 - owned by the ManagedProcess
+    create_private_dirs(log_path.parent)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_file = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - owned by the ManagedProcess
     log_file.write(f"\n[kiln] starting {name} at {_now()}: {' '.join(argv)}\n".encode())
     try:
         popen = subprocess.Popen(
@@ -188,6 +194,7 @@ def start_process(
             cwd=None if cwd is None else str(cwd),
             start_new_session=True,
             close_fds=True,
+            umask=umask,
         )
     except OSError as exc:
         log_file.close()

@@ -19,6 +19,7 @@ import ssl
 import urllib.request
 from pathlib import Path
 
+from kiln.home import make_private_dir, write_private
 from kiln.devstack.common import GRPC_OFFSET, DevStackError, find_binary, require_free
 from kiln.devstack.seaweedfs_security import write_security
 from kiln.devstack.processes import (
@@ -94,7 +95,7 @@ def _seaweed_internal_ports(data_dir: Path, s3_port: int) -> dict[str, int]:
         taken = set(block) | {p + GRPC_OFFSET for p in block}
         if s3_port not in taken and s3_port + GRPC_OFFSET not in taken:
             ports = dict(zip(_SEAWEED_COMPONENTS, block, strict=True))
-            state.write_text(json.dumps(ports, indent=2, sort_keys=True) + "\n")
+            write_private(state, json.dumps(ports, indent=2, sort_keys=True) + "\n")
             return ports
     raise DevStackError("could not find free ports for the SeaweedFS components")
 
@@ -124,7 +125,7 @@ def start_seaweedfs(
     """Start ``weed mini`` with its S3 API on ``s3_port``; wait for /healthz and the bucket."""
     data_dir = Path(data_dir).resolve()
     log_dir = Path(log_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     for p, what in ((s3_port, "SeaweedFS S3"), (s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC")):
         require_free(p, what, "stop whatever listens there or pick another S3 port")
     internal = _seaweed_internal_ports(data_dir, s3_port)

@@ -19,23 +19,16 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import os
 import secrets
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.home import make_private_dir, write_private
+
 _GRPC_ROLES = ("master", "volume", "filer", "s3", "client", "admin", "msg_broker")
 _HTTPS_ROLES = ("master", "volume", "filer")
 _JWT_SECTIONS = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
-
-
-def write_private(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` readable by this user only (the file holds secrets)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-    os.chmod(path, 0o600)
 
 
 @dataclass(frozen=True)
@@ -84,8 +77,7 @@ def _certificates(tls_dir: Path) -> tuple[Path, Path, Path]:
             )
         return builder.sign(issuer_key, hashes.SHA256())
 
-    tls_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(tls_dir, 0o700)
+    make_private_dir(tls_dir)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = build("kiln-embedded-seaweedfs-ca", ca_key, None)
     node_key = ec.generate_private_key(ec.SECP256R1())

@@ -6,6 +6,7 @@ PID files under ``<home>/run`` let a second ``kiln serve`` of the same home expl
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kiln.devstack.common import GRPC_OFFSET, DevStackError
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, ProcessStartError, port_is_free
 from kiln.devstack.seaweedfs import start_seaweedfs
 from kiln.devstack.temporal import start_temporal
+from kiln.home import make_private_dir, secure_home, write_private
 from kiln.settings import Settings
 
 
@@ -25,6 +27,15 @@ class DevStack:
     s3_endpoint: str
     processes: list[ManagedProcess] = field(default_factory=list)
     pid_files: list[Path] = field(default_factory=list)
+    #: how to start each embedded server again (same ports, same data), by process name
+    starters: dict[str, Callable[[], ManagedProcess]] = field(default_factory=dict)
+
+    def restart(self, name: str) -> ManagedProcess:
+        """Start the embedded server ``name`` again (after it died) and track the new process."""
+        self.processes = [proc for proc in self.processes if proc.name != name]
+        proc = self.starters[name]()
+        self.processes.append(proc)
+        return proc
 
     def stop(self) -> None:
         """Stop every process this stack started, by PID, in reverse start order. Idempotent."""
@@ -154,36 +165,50 @@ def start_devstack(settings: Settings) -> DevStack:
     start_temporal_here = not settings.temporal_address
     start_s3_here = not settings.s3_endpoint
     check_stack_config(settings)
+    secure_home(home)
+    access_key, secret_key = settings.s3_key_pair() if start_s3_here else ("", "")
 
     stack = DevStack(
         temporal_address=settings.effective_temporal_address,
         temporal_ui_url="",
         s3_endpoint=settings.effective_s3_endpoint,
     )
-    try:
-        if start_temporal_here:
+    if start_temporal_here:
+
+        def temporal() -> ManagedProcess:
             proc = start_temporal(
                 temporal_dir,
                 port=settings.temporal_port,
                 ui_port=settings.temporal_ui_port,
                 log_dir=log_dir,
             )
-            stack.processes.append(proc)
-            stack.pid_files.append(_write_pid(run_dir / "temporal.pid", proc))
-            stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
-            stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
-        if start_s3_here:
+            _write_pid(run_dir / "temporal.pid", proc)
+            return proc
+
+        stack.starters["temporal"] = temporal
+        stack.pid_files.append(run_dir / "temporal.pid")
+        stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
+        stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
+    if start_s3_here:
+
+        def seaweedfs() -> ManagedProcess:
             proc = start_seaweedfs(
                 seaweed_dir,
                 s3_port=settings.s3_port,
-                access_key=settings.s3_access_key,
-                secret_key=settings.s3_secret_key,
+                access_key=access_key,
+                secret_key=secret_key,
                 bucket=settings.s3_bucket,
                 log_dir=log_dir,
             )
-            stack.processes.append(proc)
-            stack.pid_files.append(_write_pid(run_dir / "seaweedfs.pid", proc))
-            stack.s3_endpoint = f"http://{LOOPBACK}:{settings.s3_port}"
+            _write_pid(run_dir / "seaweedfs.pid", proc)
+            return proc
+
+        stack.starters["seaweedfs"] = seaweedfs
+        stack.pid_files.append(run_dir / "seaweedfs.pid")
+        stack.s3_endpoint = f"http://{LOOPBACK}:{settings.s3_port}"
+    try:
+        for start in stack.starters.values():
+            stack.processes.append(start())
     except BaseException:
         stack.stop()
         raise
@@ -191,8 +216,8 @@ def start_devstack(settings: Settings) -> DevStack:
 
 
 def _write_pid(path: Path, proc: ManagedProcess) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{proc.pid} {int(time.time())}\n")
+    make_private_dir(path.parent)
+    write_private(path, f"{proc.pid} {int(time.time())}\n")
     return path
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from kiln.home import make_private_dir
 from kiln.devstack.common import find_binary, require_free
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
 from kiln.search_attributes import SEARCH_ATTRIBUTES
@@ -59,7 +60,7 @@ def start_temporal(
     """
     data_dir = Path(data_dir).resolve()
     log_dir = Path(log_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     require_free(port, "Temporal frontend", "stop whatever listens there or pick another port")
     if not headless:
         require_free(ui_port, "Temporal Web UI", "stop whatever listens there or pick another port")

@@ -199,8 +199,9 @@ def test_devstack_starts_both_and_refuses_a_second_serve_of_the_same_home(tmp_pa
         assert stack.temporal_address == f"127.0.0.1:{settings.temporal_port}"
         assert stack.temporal_ui_url == f"http://127.0.0.1:{settings.temporal_ui_port}"
         assert port_accepts(settings.temporal_ui_port)
-        store = S3Store(endpoint=stack.s3_endpoint, access_key=settings.s3_access_key,
-                        secret_key=settings.s3_secret_key, bucket=settings.s3_bucket)
+        access_key, secret_key = settings.s3_key_pair()  # the home's generated pair
+        store = S3Store(endpoint=stack.s3_endpoint, access_key=access_key,
+                        secret_key=secret_key, bucket=settings.s3_bucket)
         assert store.list_keys("") == []
         home = settings.home.resolve()
         assert (home / "temporal" / "temporal.db").exists()
