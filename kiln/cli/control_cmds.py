@@ -230,7 +230,7 @@ def follow_and_download(
     """
     out = out or console
     final = follow(lambda: api.status(run_id), out, poll_s=poll_s)
-    code = print_outcome(final, out)
+    code = print_outcome(final, out, api.base_url)
     if code != 0 or not mapping:
         return code
     try:
@@ -255,33 +255,72 @@ def task_page_line(catalog: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------- commands
 
 
-RUNS_COLUMNS = "{:<36}  {:<9}  {:<7}  {:<12}  {:<16}  {:>11}  {:<8}  {}"
+# ``runs``: (header, width) per column; the short table fits 80 columns, ``--wide`` shows all.
+RUNS_SHORT = (
+    ("RUN", 8), ("STATE", 15), ("KIND", 7), ("ADAPTER", 12), ("RETURN", -7), ("PROMOTED", 8), ("STARTED", 11),
+)
+RUNS_WIDE = (("RUN", 36), ("STATE", 9), ("KIND", 7), ("PHASE", 15), ("ADAPTER", 24), ("MEAN RETURN", -11),
+             ("PROMOTED", 13), ("FAILURE", 24), ("STARTED", 25))
 
 
-def runs_header() -> str:
-    return RUNS_COLUMNS.format("RUN", "STATE", "KIND", "PHASE", "ADAPTER", "MEAN RETURN", "PROMOTED", "STARTED")
+def _fit(text: str, width: int, cut: bool) -> str:
+    """``text`` in a column of ``width`` (negative: right-aligned); ``cut``: ``…`` when longer."""
+    size = abs(width)
+    if cut and len(text) > size:
+        text = text[: size - 1] + "…"
+    return text.rjust(size) if width < 0 else text.ljust(size)
 
 
-def runs_row(run: dict[str, Any]) -> str:
-    """One ``runs`` line; the phase only while running (a finished run's phase is its state)."""
+def _line(columns: tuple[tuple[str, int], ...], values: list[str]) -> str:
+    cut = columns is RUNS_SHORT  # --wide never cuts
+    return "  ".join(_fit(value, width, cut) for (_, width), value in zip(columns, values)).rstrip()
+
+
+def promotion_label(run: dict[str, Any]) -> str:
+    """yes / no; ``not evaluated`` for a train run published without an evaluation; ``-`` else."""
     promoted = run.get("promoted")
-    return RUNS_COLUMNS.format(
-        run["run_id"],
-        run["state"],
-        str(run.get("kind") or "-"),
-        str(run.get("phase") or "-") if run["state"] == "running" else "",
-        str(run.get("output_adapter") or "-"),
-        num(run.get("mean_return")),
-        "-" if promoted is None else ("yes" if promoted else "no"),
-        run.get("started_at") or "-",
-    )
+    if run.get("evaluated") is False and run.get("kind") == "train" and run.get("state") == "completed":
+        return "not evaluated"
+    return "-" if promoted is None else ("yes" if promoted else "no")
+
+
+def short_time(iso: str | None) -> str:
+    """``MM-DD HH:MM`` (UTC, as the API reports it) of an ISO timestamp."""
+    if not iso:
+        return "-"
+    return f"{iso[5:10]} {iso[11:16]}" if len(iso) >= 16 else iso
+
+
+def runs_header(wide: bool = False) -> str:
+    columns = RUNS_WIDE if wide else RUNS_SHORT
+    return _line(columns, [name for name, _ in columns])
+
+
+def runs_row(run: dict[str, Any], wide: bool = False) -> str:
+    """One ``runs`` line. Short: the phase stands in the state column while the run is running
+    (a finished run's phase is its state); ``--wide``: full id, phase, failure code, ISO time."""
+    state = str(run.get("state"))
+    phase = str(run.get("phase") or "-") if state == "running" else ""
+    adapter = str(run.get("output_adapter") or "-")
+    if wide:
+        return _line(RUNS_WIDE, [
+            str(run["run_id"]), state, str(run.get("kind") or "-"), phase, adapter, num(run.get("mean_return")),
+            promotion_label(run), str(run.get("failure_code") or ""), str(run.get("started_at") or "-"),
+        ])
+    shown_state = phase or state
+    promoted = promotion_label(run)
+    return _line(RUNS_SHORT, [
+        str(run["run_id"])[:8], shown_state, str(run.get("kind") or "-"), adapter, num(run.get("mean_return")),
+        "no eval" if promoted == "not evaluated" else promoted, short_time(run.get("started_at")),
+    ])
 
 
 def runs_cmd(
     state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
+    wide: bool = typer.Option(False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (short ids and times; --wide for full ones)."""
     try:
         runs = api_client().runs(state)
     except KilnError as error:
@@ -293,9 +332,9 @@ def runs_cmd(
     if not runs:
         console.print("no runs")
         return
-    console.print(runs_header(), markup=False)
+    console.print(runs_header(wide), markup=False)
     for run in runs:
-        console.print(runs_row(run), markup=False)
+        console.print(runs_row(run, wide), markup=False)
 
 
 def status_cmd(
@@ -321,7 +360,7 @@ def status_cmd(
         print_json(status)
         code = exit_code(status)
     else:
-        code = print_outcome(status, console)
+        code = print_outcome(status, console, api.base_url)
     if status.get("state") in TERMINAL:
         raise typer.Exit(code)
 

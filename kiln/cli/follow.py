@@ -4,12 +4,18 @@ On a terminal: a live progress panel. Otherwise (CI, ``| tee``): one line per ev
 printed whenever the progress line changes (phase, groups, episodes, training step, …).
 Numbers are shown to 4 significant digits. Exit codes: 0 completed, 1 failed, 3 cancelled (and 1
 for anything unexpected).
+
+When the workflow's status query times out (no worker answered within the API's query timeout,
+e.g. while a worker loads a model) the API answers a stub marked ``query_timed_out``; the follower
+keeps showing the last real status and says so once, on stderr ("status query timed out,
+retrying"), never a ``phase=unknown`` line.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
+from urllib.parse import quote
 
 import typer
 from rich.console import Console, Group
@@ -17,12 +23,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kiln.cli.console import err_console, link
+from kiln.cli.help import OUTPUT
+
 TERMINAL = {"completed", "failed", "cancelled"}
+TIMED_OUT_NOTICE = "status query timed out, retrying"
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3}
 # One --follow/--no-follow, one default, on every command that submits or shows a run.
 FOLLOW_DEFAULT = True
 FOLLOW_HELP = "Follow the run until it ends (one line per event when not a terminal)."
-FOLLOW_OPT = typer.Option(FOLLOW_DEFAULT, "--follow/--no-follow", help=FOLLOW_HELP)
+FOLLOW_OPT = typer.Option(FOLLOW_DEFAULT, "--follow/--no-follow", rich_help_panel=OUTPUT, help=FOLLOW_HELP)
 
 
 def num(value: Any) -> str:
@@ -116,6 +126,39 @@ def progress_view(status: dict[str, Any]) -> Group:
     return Group(table, *warnings)
 
 
+def query_timed_out(status: dict[str, Any]) -> bool:
+    """A running run's stub status: the workflow did not answer the status query in time."""
+    return bool(status.get("query_timed_out")) and status.get("state") not in TERMINAL
+
+
+class SteadyFetch:
+    """``fetch`` that answers the last real status while the status query times out.
+
+    Prints :data:`TIMED_OUT_NOTICE` to ``notices`` once per follow. Before any real status has
+    been seen it waits ``poll_s`` and asks again.
+    """
+
+    def __init__(self, fetch: Callable[[], dict[str, Any]], notices: Console, poll_s: float) -> None:
+        self._fetch = fetch
+        self._notices = notices
+        self._poll_s = poll_s
+        self._last: dict[str, Any] | None = None
+        self.noticed = False
+
+    def __call__(self) -> dict[str, Any]:
+        while True:
+            status = self._fetch()
+            if not query_timed_out(status):
+                self._last = status
+                return status
+            if not self.noticed:
+                self._notices.print(TIMED_OUT_NOTICE, markup=False, highlight=False)
+                self.noticed = True
+            if self._last is not None:
+                return self._last
+            time.sleep(self._poll_s)
+
+
 def follow(
     fetch: Callable[[], dict[str, Any]],
     console: Console,
@@ -123,8 +166,13 @@ def follow(
     poll_s: float = 1.0,
     timeout_s: float | None = None,
     live: bool = True,
+    notices: Console | None = None,
 ) -> dict[str, Any]:
-    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status."""
+    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status.
+
+    ``notices`` (default: stderr) gets the one "status query timed out" line.
+    """
+    fetch = SteadyFetch(fetch, notices or err_console, poll_s)
     started = time.monotonic()
     status = fetch()
     if not live:
@@ -171,12 +219,27 @@ def _follow_lines(
         status = fetch()
 
 
-def print_outcome(status: dict[str, Any], console: Console) -> int:
-    """Print the run's outcome (stats, training, artifacts, failure); returns the exit code."""
+def run_page_url(api_url: str, run_id: str) -> str:
+    """The API's page of one run: ``<api>/runs/<run id>``."""
+    return f"{api_url.rstrip('/')}/runs/{quote(run_id, safe='')}"
+
+
+def print_links(status: dict[str, Any], console: Console, api_url: str | None, pad: int = 9) -> None:
+    """The run's Web UI and run page links, each one whole line (never wrapped)."""
+    if status.get("temporal_ui"):
+        console.print(f"{'web ui':<{pad}}{link(status['temporal_ui'])}")
+    if api_url and status.get("run_id"):
+        console.print(f"{'run page':<{pad}}{link(run_page_url(api_url, str(status['run_id'])))}")
+
+
+def print_outcome(status: dict[str, Any], console: Console, api_url: str | None = None) -> int:
+    """Print the run's outcome (stats, training, artifacts, failure); returns the exit code.
+
+    ``api_url`` adds the run page link (``<api>/runs/<id>``) next to the Web UI link.
+    """
     state = status.get("state")
     console.print(f"run      {status.get('run_id')}")
-    if status.get("temporal_ui"):
-        console.print(f"web ui   {status['temporal_ui']}")
+    print_links(status, console, api_url)
     console.print(f"state    {state}")
     console.print(f"progress {progress_line(status)}")
     stats = status.get("rollout_stats") or {}

@@ -68,3 +68,30 @@ def test_one_follow_flag_and_one_credential_flag(help_pages: dict[str, str]) -> 
     for title in ("openenv train", "openenv rollout", "openenv inspect", "openenv replay"):
         assert "--credential-id" in help_pages[title], title
         assert "--credential-env" not in help_pages[title], title  # the old name: a hidden alias
+
+
+@pytest.mark.timeout(180)
+def test_train_help_is_grouped_into_panels_with_the_model_choices(help_pages: dict[str, str]) -> None:
+    train = help_pages["openenv train"]
+    sections = [line for line in train.splitlines() if line.endswith("options:")]
+    assert sections == ["Collection options:", "Policy options:", "Training options:", "Evaluation options:",
+                        "Online RL options:", "Output options:", "Other options:"]
+
+    def section_of(flag: str) -> str:
+        current = ""
+        for line in train.splitlines():
+            if line.endswith("options:"):
+                current = line
+            elif line.strip().startswith(flag + " ") or line.strip() == flag:
+                return current
+        raise AssertionError(flag)
+
+    assert section_of("--group-size") == "Collection options:"
+    assert section_of("--temperature") == "Policy options:"
+    assert section_of("--kl-coeff") == "Training options:"
+    assert section_of("--eval-groups") == "Evaluation options:"
+    assert section_of("--iterations") == "Online RL options:"
+    assert section_of("--output-adapter") == "Output options:"
+    text = " ".join(train.split())
+    assert "Choices: muon, adamw." in text and "Choices: token, sequence, cispo." in text
+    assert "Choices: auto, on, off." in text
