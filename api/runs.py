@@ -242,8 +242,7 @@ class RunService:
             return dict(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
         except Exception:  # noqa: BLE001 - no worker to answer: fall back to history
             pass
-        # No answer: a stub marked ``query_timed_out`` (followers keep the last real status).
-        status: dict[str, Any] = {"run_id": run_id, "phase": "unknown", "failure": None, "query_timed_out": True}
+        status: dict[str, Any] = {"run_id": run_id, "phase": "unknown", "failure": None}
         if state == "failed":
             try:
                 await handle.result()
@@ -282,8 +281,6 @@ class RunService:
                     "output_adapter": attrs.get(KILN_OUTPUT_ADAPTER),
                     "mean_return": memo.get("mean_return"),  # the outcome memo, set at the end
                     "promoted": memo.get("promoted"),
-                    "evaluated": memo.get("evaluated"),  # None: a run from before this memo field
-                    "failure_code": memo.get("failure_code"),
                     "started_at": _iso(execution.start_time),
                     "closed_at": _iso(execution.close_time),
                 }

@@ -14,8 +14,6 @@ with workflow.unsafe.imports_passed_through():
     from kiln.run_status import RunStatus
 
 OUTCOME_MEMO_PATCH = "kiln-outcome-memo-v1"
-# v2 adds whether the adapter was evaluated and the failure code (the run list shows both).
-OUTCOME_MEMO_V2_PATCH = "kiln-outcome-memo-v2"
 
 
 def _number(value: Any) -> str:
@@ -37,13 +35,9 @@ def show_progress(status: RunStatus) -> None:
 
 
 def record_outcome(status: RunStatus) -> None:
-    """Memo the outcome (state, mean return, promoted, evaluated, failure code) so list views
-    show results."""
+    """Memo the outcome (state, mean return, promoted) so list views show results."""
     show_progress(status)
-    outcome = {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}
-    if workflow.patched(OUTCOME_MEMO_V2_PATCH):
-        evaluated = status.environment_evaluation is not None or status.post_evaluation is not None
-        failure_code = status.failure.code if status.failure is not None else None
-        workflow.upsert_memo({**outcome, "evaluated": evaluated, "failure_code": failure_code})
-    elif workflow.patched(OUTCOME_MEMO_PATCH):
-        workflow.upsert_memo(outcome)
+    if workflow.patched(OUTCOME_MEMO_PATCH):
+        workflow.upsert_memo(
+            {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
