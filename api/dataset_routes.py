@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.run_routes import view_response
 from api.runs import run_id_for_key
 from api.services import Services, services
 from kiln.artifacts.store import BLOB_PREFIX
@@ -21,6 +22,7 @@ from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
 from kiln.errors import InvalidRequest
 from kiln.records import StoredObject, TrainDatasetInput
+from kiln.run_view import RunView
 from workflows.names import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"
@@ -102,7 +104,12 @@ async def upload_dataset(request: Request, svc: Services = Depends(services)) ->
     return {"uri": ref.uri, "sha256": ref.sha256, "bytes": ref.bytes}
 
 
-@router.post("/v1/train/grpo", status_code=202, responses={200: {"description": "idempotent replay"}})
+@router.post(
+    "/v1/train/grpo",
+    status_code=202,
+    response_model=RunView,
+    responses={200: {"description": "idempotent replay", "model": RunView}},
+)
 async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depends(services)) -> JSONResponse:
     """Start a GRPO+ECHO training run from an uploaded dataset (same activity as a live run)."""
     try:
@@ -111,7 +118,7 @@ async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depe
         raise InvalidRequest(str(exc)) from None
     dataset = check_dataset_ref(body.dataset, svc.settings.s3_bucket)
     runs = await svc.runs()
-    status, created = await runs.start_once(
+    view, created = await runs.start_once(
         TRAIN_DATASET_WORKFLOW,
         TrainDatasetInput(
             dataset=dataset,
@@ -125,4 +132,4 @@ async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depe
         idempotency_key=body.idempotency_key,
         summary=f"train {body.output_adapter} from {dataset.sha256}",
     )
-    return JSONResponse(status_code=202 if created else 200, content=status)
+    return view_response(view, created)

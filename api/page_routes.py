@@ -78,13 +78,12 @@ async def run_episodes(
 ) -> dict[str, Any]:
     """Sampled episodes of a completed run, ``limit`` at a time (turn: observation, reasoning,
     action, reward)."""
-    status = await (await svc.runs()).status(_checked(run_id))
-    recorded = (status.get("manifest") or {}).get("sha256")
-    if recorded is None:
-        raise ArtifactNotFound(f"run {run_id} is {status.get('state')} and has published no episodes",
+    view = await (await svc.runs()).status(_checked(run_id))
+    if view.manifest is None:
+        raise ArtifactNotFound(f"run {run_id} is {view.state} and has published no episodes",
                                hint="episodes appear when the run completes")
     artifacts = svc.artifacts()
-    manifest = await artifacts.manifest(run_id, recorded)
+    manifest = await artifacts.manifest(run_id, view.manifest.sha256)
     rollouts = await artifacts.verified(manifest, "rollouts.jsonl")
     replay = await artifacts.verified(manifest, "replay.json")
     rows = episode_rows(b"".join(rollouts.chunks()), b"".join(replay.chunks()))

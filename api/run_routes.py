@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api.artifacts import artifact_headers
 from api.services import Services, services
 from kiln.contracts import RunRequest
+from kiln.run_view import RunList, RunView
 from kiln.errors import ArtifactNotFound
 from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.openenv.reachability import require_healthy
@@ -21,7 +22,12 @@ ERRORS = {400: {"description": "invalid request"}, 404: {"description": "run not
           409: {"description": "conflict"}}
 
 
-@router.post("", status_code=202, responses={200: {"description": "idempotent replay"}, **ERRORS})
+@router.post(
+    "",
+    status_code=202,
+    response_model=RunView,
+    responses={200: {"description": "idempotent replay", "model": RunView}, **ERRORS},
+)
 async def create_run(
     request: RunRequest,
     preflight: bool = Query(
@@ -44,45 +50,50 @@ async def create_run(
             (url, resolve_bearer_token(svc.settings.credentials or {}, credential, url))
             for url, credential in zip(urls, credentials, strict=True)
         ])
-    status, created = await (await svc.runs()).submit(request)
-    if status.get("kind") is None:  # the workflow has not answered its first query yet
-        status["kind"] = request.kind
-    return JSONResponse(status_code=202 if created else 200, content=status)
+    view, created = await (await svc.runs()).submit(request)
+    if view.kind is None:  # the workflow has not answered its first query yet
+        view.kind = request.kind
+    return view_response(view, created)
 
 
-@router.get("")
+@router.get("", response_model=RunList)
 async def list_runs(
     state: str | None = Query(default=None, description="running | completed | failed | cancelled"),
     svc: Services = Depends(services),
-) -> dict[str, Any]:
+) -> RunList:
     """Runs newest first: ``{schema, runs: [{run_id, state, phase, kind, ...}]}``."""
     return await (await svc.runs()).list_runs(state)
 
 
-@router.get("/{run_id}", responses=ERRORS)
-async def get_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.get("/{run_id}", response_model=RunView, responses=ERRORS)
+async def get_run(run_id: str, svc: Services = Depends(services)) -> RunView:
     """The run's status (phase, progress, returns, training, manifest, artifacts, failure)."""
     return await (await svc.runs()).status(run_id)
 
 
-@router.post("/{run_id}/cancel", responses=ERRORS)
-async def cancel_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.post("/{run_id}/cancel", response_model=RunView, responses=ERRORS)
+async def cancel_run(run_id: str, svc: Services = Depends(services)) -> RunView:
     """Request cancellation of a running run (409 ``openenv_run_not_cancellable`` when it ended)."""
     return await (await svc.runs()).cancel(run_id)
 
 
-@router.delete("/{run_id}", responses=ERRORS)
-async def delete_run(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.delete("/{run_id}", response_model=RunView, responses=ERRORS)
+async def delete_run(run_id: str, svc: Services = Depends(services)) -> RunView:
     """Same as ``POST /{run_id}/cancel``."""
     return await (await svc.runs()).cancel(run_id)
 
 
+def view_response(view: RunView, created: bool) -> JSONResponse:
+    """202 with a new run's view, 200 with the existing run's (an idempotent replay)."""
+    return JSONResponse(status_code=202 if created else 200, content=view.model_dump(mode="json", by_alias=True))
+
+
 async def _published_manifest(run_id: str, svc: Services) -> Any:
-    status = await (await svc.runs()).status(run_id)
-    recorded = (status.get("manifest") or {}).get("sha256")
-    if status.get("state") != "completed" and recorded is None:
+    view = await (await svc.runs()).status(run_id)
+    recorded = view.manifest.sha256 if view.manifest is not None else None
+    if view.state != "completed" and recorded is None:
         raise ArtifactNotFound(
-            f"run {run_id} is {status.get('state')} and has published no artifacts",
+            f"run {run_id} is {view.state} and has published no artifacts",
             hint="artifacts appear when the run completes",
         )
     return await svc.artifacts().manifest(run_id, recorded)

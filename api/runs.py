@@ -23,7 +23,18 @@ from temporalio.service import RPCError, RPCStatusCode
 from api.errors import IdempotencyConflict, RunNotCancellable
 from kiln.contracts import RunRequest, request_digest
 from kiln.errors import InvalidRequest, RunNotFound
+from kiln.run_labels import start_details, start_summary
+from kiln.run_status import Failure
+from kiln.run_view import (
+    InFlightActivity,
+    RunList,
+    RunSummary,
+    RunView,
+    TrainingProgress,
+    placeholder_failure,
+)
 from kiln.settings import Settings
+from kiln.telemetry.live import read_progress
 from temporalio.common import SearchAttributeKey
 
 from kiln import search_attributes
@@ -33,15 +44,12 @@ KILN_PHASE = SearchAttributeKey.for_keyword(search_attributes.PHASE)
 KILN_RUN_KIND = SearchAttributeKey.for_keyword(search_attributes.RUN_KIND)
 KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(search_attributes.ENVIRONMENT)
 KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(search_attributes.OUTPUT_ADAPTER)
-from kiln.telemetry.live import read_progress
-from kiln.run_labels import start_details, start_summary
 
 RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
 
 __all__ = ["RunService", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
 
 _KEY_NAMESPACE = uuid.UUID("6f1c1f1e-8d2a-4c55-9a57-4b9a3c1d2e10")
-RUN_LIST_SCHEMA = "kiln.openenv-run-list.v1"
 QUERY_TIMEOUT = timedelta(seconds=5)
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 
@@ -84,6 +92,16 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _failure_record(details: dict[str, Any]) -> Failure:
+    """The run's failure from its workflow failure's details (a ``Failure`` dump, or a bare
+    KilnError envelope without a stage)."""
+    known = {k: v for k, v in details.items() if k in Failure.model_fields}
+    known.setdefault("code", "internal_error")
+    known.setdefault("message", "")
+    known.setdefault("stage", "orchestration")
+    return Failure.model_validate(known)
+
+
 _PENDING_STATES = {1: "scheduled", 2: "started", 3: "cancel_requested", 4: "paused", 5: "pause_requested"}
 
 
@@ -96,7 +114,7 @@ class RunService:
         self.store = store  # S3: the live progress the gpu worker writes (kiln.telemetry.live)
 
     # ------------------------------------------------------------------ submit
-    async def submit(self, request: RunRequest) -> tuple[dict[str, Any], bool]:
+    async def submit(self, request: RunRequest) -> tuple[RunView, bool]:
         """Start the run; returns ``(status, created)``. Same key + same body → existing run."""
         body = request.model_dump(mode="json", exclude_none=False)
         return await self.start_once(
@@ -119,7 +137,7 @@ class RunService:
         idempotency_key: str | None,
         summary: str,
         details: str | None = None,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[RunView, bool]:
         """Start ``workflow`` as run ``run_id`` exactly once per idempotency key.
 
         Returns ``(status, created)``; a retry with the identical request (same ``digest``) gets
@@ -169,29 +187,29 @@ class RunService:
             raise RunNotFound(f"no run with id {run_id}")
         return description
 
-    async def status(self, run_id: str) -> dict[str, Any]:
+    async def status(self, run_id: str) -> RunView:
         """The workflow's ``status`` query, completed with what Temporal knows about the run."""
         description = await self.describe(run_id)
         state = _state(description.status)
-        status = await self._workflow_status(run_id, state)
-        status["state"] = state
+        view = await self._workflow_status(run_id, state)
+        view.state = state  # type: ignore[assignment]
         if state in TERMINAL_STATES:
-            status["phase"] = state
-        status["run_id"] = run_id
-        memo = await description.memo()
-        status["request_sha256"] = status.get("request_sha256") or memo.get("request_sha256")
-        status["started_at"] = _iso(description.start_time)
-        status["closed_at"] = _iso(description.close_time)
-        status["temporal_ui"] = self.settings.run_ui_link(run_id)
+            view.phase = state
+        view.run_id = run_id
+        if view.request_sha256 is None:
+            view.request_sha256 = (await description.memo()).get("request_sha256")
+        view.started_at = _iso(description.start_time)
+        view.closed_at = _iso(description.close_time)
+        view.temporal_ui = self.settings.run_ui_link(run_id)
         if state == "running":
-            status["in_flight"] = await self._in_flight(description)
-            training = next((a for a in status["in_flight"] if a["activity"] == "train_adapter"), None)
-            if training and training.get("details"):
-                status["training_progress"] = training["details"]
-            await self._merge_live(run_id, status)
-        return status
+            view.in_flight = await self._in_flight(description)
+            training = next((a for a in view.in_flight if a.activity == "train_adapter"), None)
+            if training is not None and training.details:
+                view.training_progress = TrainingProgress.model_validate(training.details)
+            await self._merge_live(run_id, view)
+        return view
 
-    async def _merge_live(self, run_id: str, status: dict[str, Any]) -> None:
+    async def _merge_live(self, run_id: str, view: RunView) -> None:
         """The latest training step the gpu worker wrote to S3 (fresher than heartbeats)."""
         if self.store is None:
             return
@@ -201,14 +219,15 @@ class RunService:
             return
         if not live:
             return
-        status["live_training"] = live
-        current = status.get("training_progress") or {}
-        if status.get("phase") == "training" and int(current.get("step") or 0) <= int(live.get("step") or 0):
-            status["training_progress"] = {**current, **{k: v for k, v in live.items() if k != "kind"}}
+        view.live_training = live
+        current = view.training_progress or TrainingProgress()
+        if view.phase == "training" and int(current.step or 0) <= int(live.get("step") or 0):
+            merged = {**current.model_dump(exclude_none=True), **{k: v for k, v in live.items() if k != "kind"}}
+            view.training_progress = TrainingProgress.model_validate(merged)
 
-    async def _in_flight(self, description: Any) -> list[dict[str, Any]]:
+    async def _in_flight(self, description: Any) -> list[InFlightActivity]:
         """Pending activities with their latest heartbeat details (training step, group turn)."""
-        out: list[dict[str, Any]] = []
+        out: list[InFlightActivity] = []
         for pending in description.raw_description.pending_activities:
             details: Any = None
             if pending.heartbeat_details.payloads:
@@ -218,46 +237,49 @@ class RunService:
                 except Exception:  # noqa: BLE001 - progress is best effort, never fatal
                     details = None
             out.append(
-                {
-                    "activity": pending.activity_type.name,
-                    "attempt": pending.attempt,
-                    "state": _PENDING_STATES.get(pending.state, "unknown"),
-                    "details": details if isinstance(details, dict) else None,
-                    "last_failure": pending.last_failure.message or None
+                InFlightActivity(
+                    activity=pending.activity_type.name,
+                    attempt=pending.attempt,
+                    state=_PENDING_STATES.get(pending.state, "unknown"),
+                    details=details if isinstance(details, dict) else None,
+                    last_failure=pending.last_failure.message or None
                     if pending.HasField("last_failure")
                     else None,
-                }
+                )
             )
         return out
 
-    async def _workflow_status(self, run_id: str, state: str) -> dict[str, Any]:
+    async def _workflow_status(self, run_id: str, state: str) -> RunView:
         """Completed runs: the workflow result (no worker needed). Others: the live query, or
-        what the closed history says when no worker answers within ``QUERY_TIMEOUT``."""
+        what the closed history says when no worker answers within ``QUERY_TIMEOUT``
+        (``status_source="history"``: phase ``unknown`` while the run still runs)."""
         handle = self.client.get_workflow_handle(run_id)
         if state == "completed":
             result = await handle.result()
             if isinstance(result, dict):
-                return dict(result)
+                return RunView.model_validate({**result, "status_source": "result"})
         try:
-            return dict(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
+            answered = await handle.query("status", rpc_timeout=QUERY_TIMEOUT)
         except Exception:  # noqa: BLE001 - no worker to answer: fall back to history
-            pass
-        status: dict[str, Any] = {"run_id": run_id, "phase": "unknown", "failure": None}
+            answered = None
+        if isinstance(answered, dict):
+            return RunView.model_validate({**answered, "status_source": "query"})
+        view = RunView(run_id=run_id, phase="unknown", status_source="history")
         if state == "failed":
             try:
                 await handle.result()
             except WorkflowFailureError as err:
                 cause = err.cause
                 if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
-                    status["failure"] = cause.details[0]
+                    view.failure = _failure_record(cause.details[0])
                 else:
-                    status["failure"] = {"code": "internal_error", "message": str(cause or err)}
+                    view.failure = placeholder_failure("internal_error", str(cause or err))
             except Exception:  # noqa: BLE001
                 pass
-        return status
+        return view
 
     # ------------------------------------------------------------------ list
-    async def list_runs(self, state: str | None = None, limit: int = 200) -> dict[str, Any]:
+    async def list_runs(self, state: str | None = None, limit: int = 200) -> RunList:
         """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled)."""
         query = "(" + " OR ".join(f"WorkflowType = '{name}'" for name in RUN_WORKFLOW_TYPES) + ")"
         if state is not None:
@@ -266,30 +288,31 @@ class RunService:
                     f"unknown run state {state!r}: use one of {', '.join(RUN_STATES)}"
                 )
             query += f" AND {RUN_STATES[state]}"
-        runs: list[dict[str, Any]] = []
+        runs: list[RunSummary] = []
         async for execution in self.client.list_workflows(query, limit=limit):
             attrs = execution.typed_search_attributes
             run_state = _state(execution.status)
             memo = await execution.memo()
             runs.append(
-                {
-                    "run_id": execution.id,
-                    "state": run_state,
-                    "phase": run_state if run_state in TERMINAL_STATES else attrs.get(KILN_PHASE),
-                    "kind": attrs.get(KILN_RUN_KIND),
-                    "environment": attrs.get(KILN_ENVIRONMENT),
-                    "output_adapter": attrs.get(KILN_OUTPUT_ADAPTER),
-                    "mean_return": memo.get("mean_return"),  # the outcome memo, set at the end
-                    "promoted": memo.get("promoted"),
-                    "started_at": _iso(execution.start_time),
-                    "closed_at": _iso(execution.close_time),
-                }
+                RunSummary(
+                    run_id=execution.id,
+                    state=run_state,  # type: ignore[arg-type]
+                    phase=run_state if run_state in TERMINAL_STATES else attrs.get(KILN_PHASE),
+                    kind=attrs.get(KILN_RUN_KIND),
+                    environment=attrs.get(KILN_ENVIRONMENT),
+                    output_adapter=attrs.get(KILN_OUTPUT_ADAPTER),
+                    mean_return=memo.get("mean_return"),  # the outcome memo, set at the end
+                    promoted=memo.get("promoted"),
+                    failure_code=memo.get("failure_code"),
+                    started_at=_iso(execution.start_time),
+                    closed_at=_iso(execution.close_time),
+                )
             )
-        runs.sort(key=lambda r: r["started_at"] or "", reverse=True)
-        return {"schema": RUN_LIST_SCHEMA, "runs": runs}
+        runs.sort(key=lambda r: r.started_at or "", reverse=True)
+        return RunList(runs=runs)
 
     # ------------------------------------------------------------------ cancel
-    async def cancel(self, run_id: str) -> dict[str, Any]:
+    async def cancel(self, run_id: str) -> RunView:
         """Request cancellation of a running run; terminal runs → ``openenv_run_not_cancellable``."""
         description = await self.describe(run_id)
         state = _state(description.status)
@@ -305,6 +328,6 @@ class RunService:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
             raise RunNotCancellable(f"run {run_id} ended before it could be cancelled") from None
-        status = await self.status(run_id)
-        status["cancel_requested"] = True
-        return status
+        view = await self.status(run_id)
+        view.cancel_requested = True
+        return view

@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from kiln.run_status import RunStatus
 
 OUTCOME_MEMO_PATCH = "kiln-outcome-memo-v1"
+FAILURE_MEMO_PATCH = "kiln-failure-code-memo-v1"
 
 
 def _number(value: Any) -> str:
@@ -35,9 +36,12 @@ def show_progress(status: RunStatus) -> None:
 
 
 def record_outcome(status: RunStatus) -> None:
-    """Memo the outcome (state, mean return, promoted) so list views show results."""
+    """Memo the outcome (state, mean return, promoted; a failed run's code) so list views show
+    results without a worker."""
     show_progress(status)
     if workflow.patched(OUTCOME_MEMO_PATCH):
         workflow.upsert_memo(
             {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}
         )
+    if status.failure is not None and workflow.patched(FAILURE_MEMO_PATCH):
+        workflow.upsert_memo({"failure_code": status.failure.code})

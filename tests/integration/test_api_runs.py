@@ -72,6 +72,8 @@ async def test_twenty_concurrent_identical_submissions_make_one_run(kiln_setting
             assert failed_list["schema"] == "kiln.openenv-run-list.v1"
             assert expected_id in [r["run_id"] for r in failed_list["runs"]]
             assert all(r["state"] == "failed" for r in failed_list["runs"])
+            row = next(r for r in failed_list["runs"] if r["run_id"] == expected_id)
+            assert row["failure_code"] == "environment_unavailable"  # the outcome memo
             running = (await http.get("/v1/openenv/runs", params={"state": "running"})).json()
             assert expected_id not in [r["run_id"] for r in running["runs"]]
             everything = (await http.get("/v1/openenv/runs")).json()["runs"]

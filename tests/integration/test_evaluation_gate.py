@@ -37,7 +37,7 @@ async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(parse_run_request(request))
-        return await workflow_result(client.get_workflow_handle(status["run_id"]))
+        return await workflow_result(client.get_workflow_handle(status.run_id))
 
 
 def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:

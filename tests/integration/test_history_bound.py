@@ -98,7 +98,7 @@ async def test_history_and_payloads_stay_bounded_at_2048_groups(
     policy = FixedActionPolicy('{"amount": 1}')
     async with running_workers(settings, gpu_factory=scripted_gpu_factory(policy)) as client:
         status, _ = await RunService(client, settings).submit(request)
-        run_id = status["run_id"]
+        run_id = status.run_id
         final = await workflow_result(client.get_workflow_handle(run_id), timeout_s=540)
         wall_s = time.monotonic() - began
         executions = await _run_workflows(client, run_id, 1 + CHUNKS)

@@ -94,7 +94,7 @@ async def test_runs_name_their_model_and_thinking_auto_resolves_per_model(
                 parse_run_request({**ROLLOUT, "environment_urls": [counter_env_url], "model": model})
             )
             assert created
-            finals[model] = await workflow_result(client.get_workflow_handle(status["run_id"]))
+            finals[model] = await workflow_result(client.get_workflow_handle(status.run_id))
         # thinking on, explicitly, for a template without a thinking mode: refused when the
         # gpu worker resolves the policy, naming the field.
         bad = {**ROLLOUT, "environment_urls": [counter_env_url], "model": "llama", "thinking": True}
@@ -165,7 +165,7 @@ async def test_default_model_with_thinking_auto_publishes_the_bytes_of_thinking_
             request = parse_run_request({**ROLLOUT, "environment_urls": [counter_env_url], **extra})
             status, created = await service.submit(request)
             assert created
-            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+            final = await workflow_result(client.get_workflow_handle(status.run_id))
             assert final["state"] == "completed"
             # metrics.jsonl holds wall-clock figures: the reproducible artifacts are the others.
             digests.append({a["name"]: a["sha256"] for a in final["artifacts"] if a["name"] != "metrics.jsonl"})

@@ -72,7 +72,7 @@ async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_u
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(request)
-        final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=840)
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=840)
     assert final["state"] == "completed", final.get("failure")
     assert final["iteration"] == 4 and final["iterations_total"] == 4
     curve = final["iterations"]
@@ -180,7 +180,7 @@ async def test_stale_overlap_across_continue_as_new(
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(request)
-        run_id = status["run_id"]
+        run_id = status.run_id
         final = await workflow_result(client.get_workflow_handle(run_id), timeout_s=540)
         executions: list[Any] = []
         for _ in range(50):  # visibility catches up within moments
@@ -196,7 +196,7 @@ async def test_stale_overlap_across_continue_as_new(
     assert [r["iteration"] for r in curve] == [1, 2, 3]
     assert [r["staleness"] for r in curve] == [0, 1, 1]
     assert curve[2]["behavior_adapter_sha256"] == curve[0]["adapter_sha256"]
-    assert described["state"] == "completed" and described["iterations"] == curve
+    assert described.state == "completed" and described.model_dump(mode="json")["iterations"] == curve
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{run_id}/manifest.json"))
     assert manifest["iterations"] == 3
@@ -237,7 +237,7 @@ async def test_iterations_on_a_llama3_template_model(
     })
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
-        final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=240)
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=240)
     assert final["state"] == "completed", final.get("failure")
     assert final["behavior_policy"]["inference"]["thinking"] is False
     first, second = final["iterations"]

@@ -166,7 +166,7 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
         })
         async with running_workers(settings) as client:
             status, _ = await RunService(client, settings).submit(request)
-            final = await workflow_result(client.get_workflow_handle(status["run_id"]), timeout_s=200)
+            final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=200)
     assert final["state"] == "completed", final.get("failure")
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))

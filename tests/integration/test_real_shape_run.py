@@ -64,7 +64,7 @@ async def test_qwen_shaped_run_collects_trains_verifies_and_replays(
     started = time.perf_counter()
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
-        final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+        final = await workflow_result(client.get_workflow_handle(status.run_id))
     elapsed = time.perf_counter() - started
     print(f"qwen3-0.6b-shaped 2-layer run: {elapsed:.1f} s")
     assert final["state"] == "completed", final.get("failure")

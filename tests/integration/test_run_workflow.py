@@ -74,15 +74,15 @@ async def test_train_run_end_to_end(kiln_settings: Any, counter_env_url: str) ->
         service = RunService(client, settings)
         status, created = await service.submit(request)
         assert created is True
-        run_id = status["run_id"]
+        run_id = status.run_id
         final = await workflow_result(client.get_workflow_handle(run_id))
         described = await service.status(run_id)
 
-    assert final["state"] == "completed" and described["state"] == "completed"
+    assert final["state"] == "completed" and described.state == "completed"
     # Wall-clock latency is reported in status (never in artifacts), with the policy's tokens.
     assert final["progress"]["model_latency_ms"] > 0.0
     assert final["progress"]["model_tokens"] > 0
-    assert described["temporal_ui"].endswith(f"/workflows/{run_id}")
+    assert described.temporal_ui.endswith(f"/workflows/{run_id}")
     artifacts = {a["name"]: a for a in final["artifacts"]}
     assert {"rollouts.jsonl", "replay.json", "summary.json", "train_receipt.json"} <= set(artifacts)
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(artifacts)
@@ -280,7 +280,7 @@ async def test_same_rollout_twice_gives_identical_artifacts(kiln_settings: Any, 
         for _ in range(2):
             status, created = await service.submit(parse_run_request(request))
             assert created
-            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+            final = await workflow_result(client.get_workflow_handle(status.run_id))
             assert final["state"] == "completed"
             # metrics.jsonl carries wall-clock figures (latency): the one non-reproducible file.
             digests.append({a["name"]: a["sha256"] for a in final["artifacts"] if a["name"] != "metrics.jsonl"})
@@ -337,7 +337,7 @@ async def test_constrained_actions_run_never_emits_invalid_actions(kiln_settings
     }
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(parse_run_request(request))
-        final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+        final = await workflow_result(client.get_workflow_handle(status.run_id))
     stats = final["rollout_stats"]
     assert stats["rollouts"] == 8
     assert stats["invalid_model_action_count"] == 0
@@ -366,7 +366,7 @@ async def test_portfolio_round_robin_with_per_environment_reset_options(kiln_set
         }
         async with running_workers(settings) as client:
             status, _ = await RunService(client, settings).submit(parse_run_request(request))
-            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+            final = await workflow_result(client.get_workflow_handle(status.run_id))
     assert final["state"] == "completed"
     assert final["reset_plan_sha256"] == digest_json([{"difficulty": "easy"}, {}])
     replay = json.loads(_object(settings, next(a for a in final["artifacts"] if a["name"] == "replay.json")["uri"]))

@@ -33,7 +33,7 @@ async def test_summary_details_memo_and_descriptions(kiln_settings: Any) -> None
     request = parse_run_request({"kind": "rollout", "environment_urls": [url], "groups": 2, "group_size": 2})
     async with running_workers(settings, roles=("control",)) as client:
         status, _ = await RunService(client, settings).submit(request)
-        handle = client.get_workflow_handle(status["run_id"])
+        handle = client.get_workflow_handle(status.run_id)
         with pytest.raises(Exception):
             await workflow_result(handle)
         description = await handle.describe()
