@@ -159,7 +159,7 @@ def _submit_and_follow(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     out = progress()  # stderr under --json: stdout then holds only the JSON document
     if not follow_run:
         if as_json:
@@ -454,7 +454,7 @@ def rollout_cmd(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     out = progress()
     out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
     exit_code = follow_and_download(
@@ -528,7 +528,7 @@ def train_grpo_cmd(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     progress().print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
     if not follow_run:
         return

@@ -20,6 +20,7 @@ import sys
 from typing import Any, NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
@@ -87,7 +88,12 @@ def progress() -> Console:
 
 
 def print_json(value: Any) -> None:
-    """``value`` as one indented JSON document on stdout (nothing if its reader went away)."""
+    """``value`` (a pydantic model is dumped as the API sends it) as one indented JSON document on
+    stdout (nothing if its reader went away)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json", by_alias=True)
+    elif isinstance(value, list):
+        value = [v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v for v in value]
     try:
         sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
     except BrokenPipeError:

@@ -23,9 +23,13 @@ import typer
 from kiln.artifacts.manifest import verified_manifest
 from kiln.cli.api_client import ApiClient, artifact_path
 from kiln.cli.console import console, err_console, fail, print_json  # noqa: F401
+from kiln.cli.flags import literal_enum
 from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.contracts import RunRequest
 from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
+from kiln.run_view import RunState, RunSummary
+
+RunStateChoice = literal_enum("RunStateChoice", RunState)
 
 DOWNLOAD_RECEIPT_SCHEMA = "kiln.openenv-artifact-download.v1"
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
@@ -55,13 +59,12 @@ def api_client() -> ApiClient:
 def current_manifest(api: ApiClient, run_id: str) -> dict[str, Any]:
     """The run's manifest, checked against the manifest digest the run itself recorded."""
     status = api.status(run_id)
-    recorded = (status.get("manifest") or {}).get("sha256")
-    if not recorded:
+    if status.manifest is None:
         raise ArtifactNotFound(
-            f"run {run_id} is {status.get('state')} and has published no artifacts",
+            f"run {run_id} is {status.state} and has published no artifacts",
             hint="artifacts appear when the run completes",
         )
-    return verified_manifest(api.manifest_bytes(run_id), run_id, recorded)
+    return verified_manifest(api.manifest_bytes(run_id), run_id, status.manifest.sha256)
 
 
 def manifest_entry(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -276,12 +279,11 @@ def _line(columns: tuple[tuple[str, int], ...], values: list[str]) -> str:
     return "  ".join(_fit(value, width, cut) for (_, width), value in zip(columns, values)).rstrip()
 
 
-def promotion_label(run: dict[str, Any]) -> str:
-    """yes / no; ``not evaluated`` for a train run published without an evaluation; ``-`` else."""
-    promoted = run.get("promoted")
-    if run.get("evaluated") is False and run.get("kind") == "train" and run.get("state") == "completed":
+def promotion_label(run: RunSummary) -> str:
+    """yes / no; ``not evaluated`` for a completed run published without an evaluation; ``-`` else."""
+    if run.evaluated is False and run.kind == "train" and run.state == "completed":
         return "not evaluated"
-    return "-" if promoted is None else ("yes" if promoted else "no")
+    return "-" if run.promoted is None else ("yes" if run.promoted else "no")
 
 
 def short_time(iso: str | None) -> str:
@@ -296,33 +298,32 @@ def runs_header(wide: bool = False) -> str:
     return _line(columns, [name for name, _ in columns])
 
 
-def runs_row(run: dict[str, Any], wide: bool = False) -> str:
+def runs_row(run: RunSummary, wide: bool = False) -> str:
     """One ``runs`` line. Short: the phase stands in the state column while the run is running
     (a finished run's phase is its state); ``--wide``: full id, phase, failure code, ISO time."""
-    state = str(run.get("state"))
-    phase = str(run.get("phase") or "-") if state == "running" else ""
-    adapter = str(run.get("output_adapter") or "-")
+    phase = (run.phase or "-") if run.state == "running" else ""
+    adapter = run.output_adapter or "-"
+    kind = run.kind or "-"
     if wide:
         return _line(RUNS_WIDE, [
-            str(run["run_id"]), state, str(run.get("kind") or "-"), phase, adapter, num(run.get("mean_return")),
-            promotion_label(run), str(run.get("failure_code") or ""), str(run.get("started_at") or "-"),
+            run.run_id, run.state, kind, phase, adapter, num(run.mean_return),
+            promotion_label(run), run.failure_code or "", run.started_at or "-",
         ])
-    shown_state = phase or state
     promoted = promotion_label(run)
     return _line(RUNS_SHORT, [
-        str(run["run_id"])[:8], shown_state, str(run.get("kind") or "-"), adapter, num(run.get("mean_return")),
-        "no eval" if promoted == "not evaluated" else promoted, short_time(run.get("started_at")),
+        run.run_id[:8], phase or run.state, kind, adapter, num(run.mean_return),
+        "no eval" if promoted == "not evaluated" else promoted, short_time(run.started_at),
     ])
 
 
 def runs_cmd(
-    state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
+    state: Optional[RunStateChoice] = typer.Option(None, "--state", help="Only runs in this state."),
     wide: bool = typer.Option(False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
     """List runs, newest first (short ids and times; --wide for full ones)."""
     try:
-        runs = api_client().runs(state)
+        runs = api_client().runs(state.value if state is not None else None)
     except KilnError as error:
         fail(error)
         return
@@ -361,7 +362,7 @@ def status_cmd(
         code = exit_code(status)
     else:
         code = print_outcome(status, console, api.base_url)
-    if status.get("state") in TERMINAL:
+    if status.state in TERMINAL:
         raise typer.Exit(code)
 
 

@@ -39,13 +39,17 @@ _PLAIN_FIELDS = ("groups", "iterations")
 _IDENTIFIER = re.compile(r"\b(?:[a-z]+(?:_[a-z0-9]+)+(?:\.[a-z_]+)*|groups|iterations)\b")
 
 
-def literal_choices(name: str, model: type[BaseModel], field: str) -> type[enum.Enum]:
-    """A ``str`` Enum of the values of ``model.field``'s ``Literal`` type (the one home of them)."""
-    annotation = model.model_fields[field].annotation
-    values = [v for v in typing.get_args(annotation) if isinstance(v, str)]
+def literal_enum(name: str, literal: Any) -> type[enum.Enum]:
+    """A ``str`` Enum of the string values of a ``Literal`` type (the one home of them)."""
+    values = [v for v in typing.get_args(literal) if isinstance(v, str)]
     if not values:
-        raise TypeError(f"{model.__name__}.{field} is not a Literal of strings")
+        raise TypeError(f"{literal!r} is not a Literal of strings")
     return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]
+
+
+def literal_choices(name: str, model: type[BaseModel], field: str) -> type[enum.Enum]:
+    """:func:`literal_enum` of ``model.field``'s type."""
+    return literal_enum(name, model.model_fields[field].annotation)
 
 
 def flag_for(path: str) -> str:
