@@ -40,13 +40,27 @@ def _api() -> Any:
     return ApiClient(load_settings().resolved_api_url)
 
 
-@app.command()
-def serve() -> None:
-    """Start the embedded stack (Temporal dev server, SeaweedFS), the workers and the REST API.
+def _serve_help() -> str:
+    """``kiln serve --help``: what it starts, where, and the variables that move it (defaults
+    read from ``Settings``, where they live)."""
+    from kiln.settings import Settings
 
-    Set KILN_TEMPORAL_ADDRESS / KILN_S3_ENDPOINT (+ KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY,
-    KILN_S3_BUCKET) to use existing servers instead. KILN_MODEL_PATH selects the local model.
-    """
+    d = {name: field.default for name, field in Settings.model_fields.items()}
+    return (
+        "Start the embedded stack (Temporal dev server, SeaweedFS), the workers and the REST API.\n\n"
+        f"Data, logs and PID files go under KILN_HOME (default {d['home']}). Ports on 127.0.0.1: "
+        f"KILN_TEMPORAL_PORT (default {d['temporal_port']}), KILN_TEMPORAL_UI_PORT (default "
+        f"{d['temporal_ui_port']}), KILN_S3_PORT (default {d['s3_port']}), KILN_API_PORT "
+        f"(default {d['api_port']}, bound to KILN_API_HOST, default {d['api_host']}).\n\n"
+        "Set KILN_TEMPORAL_ADDRESS / KILN_S3_ENDPOINT (+ KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY, "
+        "KILN_S3_BUCKET) to use existing servers instead. KILN_MODEL_PATH selects the local model. "
+        "Every variable: README.md, Configuration."
+    )
+
+
+@app.command(help=_serve_help())
+def serve() -> None:
+    """Start the embedded stack, the workers and the REST API (help: :func:`_serve_help`)."""
     from kiln.cli.serve import serve as run_serve
 
     try:
