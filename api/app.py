@@ -16,6 +16,7 @@ from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.page_access import TokenCookie
 from api.services import Services
 from api.strict_json import StrictJson
+from kiln.api_models import Health
 from kiln.artifacts.store import S3Store
 from kiln.settings import Settings
 
@@ -36,9 +37,9 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
     app.state.services = Services(settings, client=client, store=store)
     install_error_handlers(app)
 
-    @app.get("/healthz", tags=["health"])
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["health"], response_model=Health)
+    async def healthz() -> Health:
+        return Health()
 
     app.include_router(page_routes.data, responses=ERROR_RESPONSES)
     app.include_router(run_routes.router, responses=ERROR_RESPONSES)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.run_routes import view_response
 from api.runs import run_id_for_key
 from api.services import Services, services
+from kiln.api_models import DatasetUploaded
 from kiln.artifacts.store import BLOB_PREFIX
 from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
@@ -61,12 +62,6 @@ class TrainFromDatasetRequest(BaseModel):
     )
 
 
-class DatasetUploaded(BaseModel):
-    uri: str
-    sha256: str
-    bytes: int
-
-
 def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
     """The ref as a ``StoredObject`` when it names a blob in Kiln's own bucket, else 400."""
     hex_digest = ref.sha256.removeprefix("sha256:")
@@ -94,14 +89,14 @@ def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
         }
     },
 )
-async def upload_dataset(request: Request, svc: Services = Depends(services)) -> dict[str, Any]:
+async def upload_dataset(request: Request, svc: Services = Depends(services)) -> DatasetUploaded:
     """Store a rollouts JSONL (raw body) content-addressed; answers ``{uri, sha256, bytes}``."""
     body = await request.body()
     if not body:
         raise InvalidRequest("the dataset body is empty: send the rollouts JSONL bytes")
     store = svc.artifacts().store
     ref = await asyncio.to_thread(store.put_blob, body)
-    return {"uri": ref.uri, "sha256": ref.sha256, "bytes": ref.bytes}
+    return DatasetUploaded(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
 
 
 @router.post(

@@ -11,14 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import InspectionFailed, TaskCatalogFailed
 from api.preflight import PreflightRequest, preflight
 from api.services import Services, services
+from kiln.api_models import Inspections, PreflightReceipt, TaskCatalogs
 from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable, InvalidRequest, KilnError
 from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.tasks import TASK_CATALOG_SCHEMA, task_catalog
+from kiln.openenv.tasks import task_catalog
 from kiln.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
 from kiln.openenv.credential_config import resolve_bearer_token
 
 router = APIRouter(prefix="/v1/openenv", tags=["environments"])
-INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"
 
 
 class EnvironmentsBody(BaseModel):
@@ -86,8 +86,8 @@ async def _inspect_one(url: EnvironmentUrl, token: str | None) -> Any:
         return _inspection_failed(url)
 
 
-@router.post("/inspect")
-async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.post("/inspect", response_model=Inspections)
+async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> Inspections:
     """Discover each environment (in parallel, at most 20 s in all): identity, digests and action
     schema (R1.11). Any failure answers 502 ``openenv_inspection_failed`` naming the first URL."""
     targets = body.targets(svc.settings.allow_remote_environments, svc.settings.credentials)
@@ -102,11 +102,11 @@ async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> 
         if isinstance(result, KilnError):
             raise result
         inspections.append(result)
-    return {"schema": INSPECTION_SCHEMA, "environments": inspections}
+    return Inspections(environments=inspections)
 
 
-@router.post("/tasks")
-async def tasks(body: TasksBody, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.post("/tasks", response_model=TaskCatalogs)
+async def tasks(body: TasksBody, svc: Services = Depends(services)) -> TaskCatalogs:
     """One page of each environment's Task API catalog (R2.5); discovery only, never episodes."""
     if not 1 <= body.limit <= 200 or body.start < 0:
         raise InvalidRequest(
@@ -126,10 +126,10 @@ async def tasks(body: TasksBody, svc: Services = Depends(services)) -> dict[str,
         except (EnvironmentUnavailable, EnvironmentProtocolError) as error:
             raise _wrap(error, TaskCatalogFailed, url) from None
         catalogs.append({"base_url": url.base_url, "catalog": catalog})
-    return {"schema": TASK_CATALOG_SCHEMA, "catalogs": catalogs}
+    return TaskCatalogs.model_validate({"catalogs": catalogs})
 
 
-@router.post("/training/preflight")
-async def training_preflight(body: PreflightRequest, svc: Services = Depends(services)) -> dict[str, Any]:
+@router.post("/training/preflight", response_model=PreflightReceipt)
+async def training_preflight(body: PreflightRequest, svc: Services = Depends(services)) -> PreflightReceipt:
     """Seal a training contract: defaults filled, behaviour policy resolved by a gpu worker."""
     return await preflight(await svc.client(), svc.settings, body)

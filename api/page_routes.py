@@ -18,7 +18,8 @@ from fastapi.responses import FileResponse, HTMLResponse
 from api.page_data import episode_rows, page
 from api.services import Services, services
 from kiln.errors import ArtifactNotFound, RunNotFound
-from kiln.telemetry.live import METRICS_SCHEMA, read_events
+from kiln.api_models import EpisodePage, RunMetrics
+from kiln.telemetry.live import read_events
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {"kiln-charts.js": "text/javascript", "kiln-run.js": "text/javascript",
@@ -61,15 +62,15 @@ def _checked(run_id: str) -> str:
     return run_id
 
 
-@data.get("/{run_id}/metrics")
-async def run_metrics(run_id: str, svc: Services = Depends(services)) -> dict[str, Any]:
+@data.get("/{run_id}/metrics", response_model=RunMetrics)
+async def run_metrics(run_id: str, svc: Services = Depends(services)) -> RunMetrics:
     """The run's live metric events so far: groups (reward curve) and training steps."""
     await (await svc.runs()).describe(_checked(run_id))
     events = await asyncio.to_thread(read_events, svc.artifacts().store, run_id)
-    return {"schema": METRICS_SCHEMA, "run_id": run_id, "events": events}
+    return RunMetrics(run_id=run_id, events=events)
 
 
-@data.get("/{run_id}/episodes")
+@data.get("/{run_id}/episodes", response_model=EpisodePage)
 async def run_episodes(
     run_id: str,
     offset: int = Query(default=0, ge=0),

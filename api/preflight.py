@@ -17,6 +17,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTimeoutError
 
 from api.errors import PreflightFailed
+from kiln.api_models import PreflightReceipt
 from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, check_model_name, normalize_adapter
 from kiln.errors import error_from_dict
 from kiln.served_models import model_task_queue, require_served
@@ -24,7 +25,6 @@ from kiln.settings import Settings
 from kiln.records import PreflightInput, PreflightResult
 from workflows.names import PREFLIGHT_WORKFLOW
 
-PREFLIGHT_SCHEMA = "kiln.openenv-training-preflight.v1"
 PREFLIGHT_TIMEOUT = timedelta(minutes=6)
 
 
@@ -68,7 +68,7 @@ async def resolve_behavior_policy(
     client: Client, settings: Settings, adapter: str | None, model: str | None = None
 ) -> dict[str, Any]:
     """Run ``PreflightWorkflow`` on ``model``'s gpu queue and return its behaviour-policy identity."""
-    require_served(model, settings.models_dir)
+    require_served(model, settings.models_dir, default=settings.default_model_path.name)
     gpu_task_queue = model_task_queue(settings.gpu_task_queue, model)
     try:
         result: PreflightResult = await client.execute_workflow(
@@ -92,7 +92,7 @@ async def resolve_behavior_policy(
     return result.behavior_policy
 
 
-async def preflight(client: Client, settings: Settings, request: PreflightRequest) -> dict[str, Any]:
+async def preflight(client: Client, settings: Settings, request: PreflightRequest) -> PreflightReceipt:
     """The preflight receipt: ``{schema, contract, effective_config, behavior_policy, ...}``."""
     base_adapter = normalize_adapter(request.adapter)
     behavior_policy = await resolve_behavior_policy(client, settings, base_adapter, request.model)
@@ -103,12 +103,11 @@ async def preflight(client: Client, settings: Settings, request: PreflightReques
         base_adapter=base_adapter,
     )
     sealed = contract.model_dump(mode="json", by_alias=True)
-    return {
-        "schema": PREFLIGHT_SCHEMA,
-        "contract": sealed,
-        "effective_config": sealed["effective_config"],
-        "behavior_policy": behavior_policy,
-        "auto_load": request.auto_load,
-        "checked_unix_ms": int(time.time() * 1000),
-        "capacity_reserved": False,
-    }
+    return PreflightReceipt(
+        contract=sealed,
+        effective_config=sealed["effective_config"],
+        behavior_policy=behavior_policy,
+        auto_load=request.auto_load,
+        checked_unix_ms=int(time.time() * 1000),
+        capacity_reserved=False,
+    )

@@ -8,9 +8,12 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api.artifacts import artifact_headers
+from api.errors import ERROR_RESPONSES
 from api.services import Services, services
 from kiln.contracts import RunRequest
+from kiln.api_models import RunManifest
 from kiln.run_view import RunList, RunView
+from kiln.served_models import require_served
 from kiln.errors import ArtifactNotFound
 from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.openenv.reachability import require_healthy
@@ -18,8 +21,8 @@ from kiln.openenv.urls import normalize_url, require_allowed_host
 
 router = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
 
-ERRORS = {400: {"description": "invalid request"}, 404: {"description": "run not found"},
-          409: {"description": "conflict"}}
+ERRORS = {**ERROR_RESPONSES, 404: {**ERROR_RESPONSES[404], "description": "run not found"}}
+BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
 @router.post(
@@ -39,8 +42,10 @@ async def create_run(
 ) -> JSONResponse:
     """Start a run: 202 with the new run's status, 200 with the existing run's status when the
     same ``idempotency_key`` is retried with the identical request, 409 when it differs.
-    An environment that does not answer ``/health`` is refused (502 ``environment_unavailable``)
-    before anything is queued."""
+    A ``model`` the workers do not serve is refused (400 ``model_not_served``, naming the served
+    models and the default), and so is an environment that does not answer ``/health`` (502
+    ``environment_unavailable``), before anything is queued."""
+    require_served(request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name)
     urls = [normalize_url(text) for text in request.environment_urls]
     for url in urls:
         require_allowed_host(url, allow_remote=svc.settings.allow_remote_environments)
@@ -99,7 +104,7 @@ async def _published_manifest(run_id: str, svc: Services) -> Any:
     return await svc.artifacts().manifest(run_id, recorded)
 
 
-@router.get("/{run_id}/artifacts", responses=ERRORS)
+@router.get("/{run_id}/artifacts", response_model=RunManifest, responses=ERRORS)
 async def get_manifest(run_id: str, svc: Services = Depends(services)) -> Response:
     """The run's manifest, byte for byte as published (ETag = its SHA-256)."""
     manifest = await _published_manifest(run_id, svc)
@@ -111,7 +116,14 @@ async def get_manifest(run_id: str, svc: Services = Depends(services)) -> Respon
     )
 
 
-@router.get("/{run_id}/artifacts/{name:path}", responses=ERRORS)
+@router.get(
+    "/{run_id}/artifacts/{name:path}",
+    response_class=StreamingResponse,
+    responses={200: {"description": "the artifact's bytes (media type from the manifest)",
+                     "content": {"application/octet-stream": BINARY, "application/json": BINARY,
+                                 "application/x-ndjson": BINARY}},
+               **ERRORS},
+)
 async def get_artifact(run_id: str, name: str, svc: Services = Depends(services)) -> StreamingResponse:
     """One manifest-declared artifact, verified (size + SHA-256) before the first byte is sent."""
     manifest = await _published_manifest(run_id, svc)

@@ -35,17 +35,18 @@ from kiln.run_view import (
 )
 from kiln.settings import Settings
 from kiln.telemetry.live import read_progress
-from temporalio.common import SearchAttributeKey
-
-from kiln import search_attributes
-from workflows.names import TRAIN_DATASET_WORKFLOW, WORKFLOW_NAME
-
-KILN_PHASE = SearchAttributeKey.for_keyword(search_attributes.PHASE)
-KILN_RUN_KIND = SearchAttributeKey.for_keyword(search_attributes.RUN_KIND)
-KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(search_attributes.ENVIRONMENT)
-KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(search_attributes.OUTPUT_ADAPTER)
+from workflows.names import (
+    KILN_ENVIRONMENT,
+    KILN_OUTPUT_ADAPTER,
+    KILN_PHASE,
+    KILN_RUN_KIND,
+    TRAIN_DATASET_WORKFLOW,
+    WORKFLOW_NAME,
+)
 
 RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
+# The visibility query of every run (of either kind).
+RUNS_QUERY = "(" + " OR ".join(f"WorkflowType = '{name}'" for name in RUN_WORKFLOW_TYPES) + ")"
 
 __all__ = ["RunService", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
 
@@ -281,7 +282,7 @@ class RunService:
     # ------------------------------------------------------------------ list
     async def list_runs(self, state: str | None = None, limit: int = 200) -> RunList:
         """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled)."""
-        query = "(" + " OR ".join(f"WorkflowType = '{name}'" for name in RUN_WORKFLOW_TYPES) + ")"
+        query = RUNS_QUERY
         if state is not None:
             if state not in RUN_STATES:
                 raise InvalidRequest(

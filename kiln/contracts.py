@@ -84,9 +84,18 @@ def check_free_json(value: Any, field: str) -> Any:
 class EchoConfig(StrictModel):
     """ECHO: λ·(cross-entropy on observation tokens), added to the GRPO loss. λ=0 disables."""
 
-    lambda_: float = Field(default=0.05, alias="lambda", ge=0.0)
-    env_mask_mode: Literal["env_only", "full_obs"] = "env_only"
-    warning_filter: bool = True
+    lambda_: float = Field(
+        default=0.05, alias="lambda", ge=0.0,
+        description="ECHO weight on the observation cross-entropy (0 = off).",
+    )
+    env_mask_mode: Literal["env_only", "full_obs"] = Field(
+        default="env_only",
+        description="Which observation tokens ECHO scores: env_only (what the environment wrote) "
+        "or full_obs (the whole observation turn, template included).",
+    )
+    warning_filter: bool = Field(
+        default=True, description="Leave environment warning text out of the ECHO loss."
+    )
 
 
 DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 1e-5}  # R5.2: learning_rate null ⇒ these
@@ -106,31 +115,66 @@ class TrainingConfig(StrictModel):
     ``max_staleness``); on-policy training ignores it.
     """
 
-    learning_rate: float | None = Field(default=None, gt=0.0)
-    optimizer: Literal["muon", "adamw"] = "muon"
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0)
-    lora_rank: int = Field(default=16, ge=1, le=256)
-    lora_alpha: float = Field(default=32.0, gt=0.0)
-    clip_epsilon: float = Field(default=0.2, ge=0.0, lt=1.0)
-    clip_eps_high: float | None = Field(default=None, ge=0.0)
-    is_level: Literal["token", "sequence", "cispo"] = "token"
-    cispo_max_weight: float = Field(default=5.0, gt=0.0)
-    stale_is_max_weight: float = Field(default=2.0, gt=0.0)
-    kl_coeff: float = Field(default=0.1, ge=0.0)
-    kl_estimator: Literal["k1", "k3", "none"] = "k1"
-    epochs: int = Field(default=4, ge=1, le=64)
-    groups_per_step: int = Field(default=1, ge=1, le=4096)
-    max_tokens_per_microbatch: int = Field(default=16384, ge=1)
-    gradient_checkpointing: bool = False
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    seed: int = Field(default=0, ge=0)
-    checkpoint_interval: int | None = Field(default=None, ge=1)
-    behavior_policy: Literal["no_importance_correction", "recorded"] = "no_importance_correction"
-    # Completions with no final action (e.g. reasoning that exhausted its budget): drop them, keep
-    # them with reward 0, or keep them with their recorded (penalised) reward.
-    on_no_output: Literal["drop", "zero_reward", "penalty"] = "drop"
-    echo: EchoConfig | None = Field(default_factory=EchoConfig)
+    learning_rate: float | None = Field(
+        default=None, gt=0.0, description="Learning rate (default: Muon 2e-3, AdamW 1e-5)."
+    )
+    optimizer: Literal["muon", "adamw"] = Field(
+        default="muon", description="Optimizer of the LoRA weights: muon or adamw."
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant", description="Learning-rate schedule after warm-up: constant or cosine."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up, in optimizer steps.")
+    lora_rank: int = Field(default=16, ge=1, le=256, description="LoRA rank (attention and MLP projections).")
+    lora_alpha: float = Field(default=32.0, gt=0.0, description="LoRA alpha (the update is scaled by alpha/rank).")
+    clip_epsilon: float = Field(
+        default=0.2, ge=0.0, lt=1.0, description="PPO clip range of the importance ratio (1 ± epsilon)."
+    )
+    clip_eps_high: float | None = Field(
+        default=None, ge=0.0, description="Upper clip range when it differs from clip_epsilon (clip-higher)."
+    )
+    is_level: Literal["token", "sequence", "cispo"] = Field(
+        default="token",
+        description="Importance sampling: token (PPO clip per token), sequence (one length-normalised "
+        "ratio per sequence) or cispo (log-probabilities weighted by the truncated ratio).",
+    )
+    cispo_max_weight: float = Field(default=5.0, gt=0.0, description="cispo: where the ratio is truncated.")
+    stale_is_max_weight: float = Field(
+        default=2.0, gt=0.0,
+        description="Cap of the behaviour importance weight of data sampled by an older adapter "
+        "(online runs with max_staleness 1).",
+    )
+    kl_coeff: float = Field(default=0.1, ge=0.0, description="KL penalty to the base policy (0 = off).")
+    kl_estimator: Literal["k1", "k3", "none"] = Field(
+        default="k1",
+        description="k1: a per-token reward penalty; k3: a loss term; none: no KL.",
+    )
+    epochs: int = Field(default=4, ge=1, le=64, description="Passes over the kept groups.")
+    groups_per_step: int = Field(default=1, ge=1, le=4096, description="Seed groups per optimizer step.")
+    max_tokens_per_microbatch: int = Field(
+        default=16384, ge=1, description="Token budget of one forward/backward micro-batch."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass (less memory, slower)."
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
+    seed: int = Field(default=0, ge=0, description="Training seed (LoRA initialisation, shuffling).")
+    checkpoint_interval: int | None = Field(
+        default=None, ge=1, description="Checkpoint every N optimizer steps (a retried step resumes there)."
+    )
+    behavior_policy: Literal["no_importance_correction", "recorded"] = Field(
+        default="no_importance_correction",
+        description="recorded: correct for the sampling policy with the log-probabilities recorded at "
+        "collection; no_importance_correction: treat the data as on-policy.",
+    )
+    on_no_output: Literal["drop", "zero_reward", "penalty"] = Field(
+        default="drop",
+        description="Completions with no final action (e.g. reasoning that used its whole budget): "
+        "drop them, keep them with reward 0, or keep their recorded (penalised) reward.",
+    )
+    echo: EchoConfig | None = Field(
+        default_factory=EchoConfig, description="ECHO world-model loss; null turns it off."
+    )
 
     def resolved_learning_rate(self) -> float:
         """``learning_rate``, or the optimizer's R5.2 default when it is null."""
@@ -145,8 +189,12 @@ TRAINING_CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"
 class GateConfig(StrictModel):
     """Promotion gate of the paired held-out evaluation (R8.1)."""
 
-    min_mean_return: float | None = None
-    min_mean_improvement: float = Field(default=0.0, ge=0.0)
+    min_mean_return: float | None = Field(
+        default=None, description="Gate: minimum candidate mean return (none = no floor)."
+    )
+    min_mean_improvement: float = Field(
+        default=0.0, ge=0.0, description="Gate: minimum candidate - baseline mean return."
+    )
 
     @field_validator("min_mean_return", "min_mean_improvement")
     @classmethod
@@ -159,10 +207,16 @@ class GateConfig(StrictModel):
 class EnvironmentEvalConfig(StrictModel):
     """Paired held-out evaluation after training: baseline vs candidate on identical seeds."""
 
-    groups: int = Field(default=20, ge=1, le=16384)
-    group_size: int = Field(default=1, ge=1, le=256)
-    seed_start: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    gate: GateConfig | None = None
+    groups: int = Field(
+        default=20, ge=1, le=16384, description="Held-out seed groups (at least 20 with a gate)."
+    )
+    group_size: int = Field(default=1, ge=1, le=256, description="Episodes per held-out seed group.")
+    seed_start: int | None = Field(
+        default=None, ge=0, le=MAX_SEED, description="First held-out seed (default: after the training seeds)."
+    )
+    gate: GateConfig | None = Field(
+        default=None, description="Promote only when the paired sign test passes (none = always promote)."
+    )
 
     @model_validator(mode="after")
     def _gate_needs_groups(self) -> "EnvironmentEvalConfig":
@@ -174,10 +228,16 @@ class EnvironmentEvalConfig(StrictModel):
 class PostEvalConfig(StrictModel):
     """A static evaluation suite run on the trained adapter (prompts with exact answers, R8.9)."""
 
-    suite: str = Field(min_length=1, max_length=128)
-    data_scope: Literal["held-out", "train-set-eval"] = "held-out"
-    min_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
-    include_baseline: bool = True
+    suite: str = Field(
+        min_length=1, max_length=128, description="Installed static suite to score the adapter on."
+    )
+    data_scope: Literal["held-out", "train-set-eval"] = Field(
+        default="held-out", description="held-out, or train-set-eval (reported only, never gates)."
+    )
+    min_accuracy: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Promote only at or above this suite accuracy."
+    )
+    include_baseline: bool = Field(default=True, description="Score the base model on the suite too.")
 
     @model_validator(mode="after")
     def _scope(self) -> "PostEvalConfig":
@@ -206,20 +266,42 @@ class TrainingContract(StrictModel):
 class EpisodeFields(StrictModel):
     """The collection bounds every candidate of a run shares (defined once, inherited twice)."""
 
-    group_size: int = Field(default=4, ge=1, le=256)
-    max_steps: int = Field(default=8, ge=1, le=256)
-    concurrency: int = Field(default=4, ge=1, le=256)
+    group_size: int = Field(
+        default=4, ge=1, le=256, description="Candidates per seed group (at least 2 for training)."
+    )
+    max_steps: int = Field(default=8, ge=1, le=256, description="Environment steps per episode.")
+    concurrency: int = Field(default=4, ge=1, le=256, description="Concurrent sessions per group.")
     # Room for a reasoning model's thinking and answer (the tiny demo model stops after ~20).
-    max_action_tokens: int = Field(default=1024, ge=1, le=16384)
-    thinking: bool = True
-    constrained_actions: bool = False
-    thinking_budget_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    protocol_error_reward: float = -1.0
-    max_recoverable_errors: int = Field(default=3, ge=0, le=64)
-    capacity_wait_seconds: int = Field(default=300, ge=1, le=3600)
-    # "warn": a group whose candidates saw different resets is collected anyway (recorded).
-    reset_determinism: Literal["strict", "warn"] = "strict"
+    max_action_tokens: int = Field(
+        default=1024, ge=1, le=16384, description="Token limit of one action, reasoning included."
+    )
+    thinking: bool = Field(default=True, description="Reason in <think> before each action.")
+    constrained_actions: bool = Field(
+        default=False,
+        description="Decode the final answer under a grammar compiled from the action schema "
+        "(reasoning stays free).",
+    )
+    thinking_budget_tokens: int | None = Field(
+        default=None, ge=1, description="Bound on reasoning tokens (below max_action_tokens)."
+    )
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
+    protocol_error_reward: float = Field(
+        default=-1.0, description="Reward of an episode the policy ended with an invalid action."
+    )
+    max_recoverable_errors: int = Field(
+        default=3, ge=0, le=64,
+        description="Invalid actions an episode may recover from (the environment's error is shown "
+        "to the policy) before it ends.",
+    )
+    capacity_wait_seconds: int = Field(
+        default=300, ge=1, le=3600,
+        description="How long a group waits for an environment's session capacity before it fails.",
+    )
+    reset_determinism: Literal["strict", "warn"] = Field(
+        default="strict",
+        description="strict: a group whose candidates saw different resets fails; warn: it is "
+        "collected anyway and the difference recorded.",
+    )
 
     @field_validator("temperature", "protocol_error_reward")
     @classmethod
@@ -247,38 +329,86 @@ class EpisodeSettings(EpisodeFields):
 class RunRequest(EpisodeFields):
     """One OpenEnv run: collection (``rollout``) or collection + training (``train``)."""
 
-    kind: Literal["rollout", "train"] = "rollout"
-    # A model served under KILN_MODELS_DIR (its folder name); None = the workers' default model.
-    model: str | None = None
-    # "auto" = thinking exactly when the model's chat template supports it (resolved by the gpu
-    # worker with the policy; the resolved bool is what collection uses and bundles record).
-    thinking: bool | Literal["auto"] = "auto"
-    idempotency_key: str | None = None
-    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
-    credential_ids: list[str | None] = Field(default_factory=list)
-    adapter: str | None = "base"
-    output_adapter: str | None = None
-    groups: int = Field(default=8, ge=1, le=16384)
-    seed_start: int = Field(default=0, ge=0, le=MAX_SEED)
-    reset_options: dict[str, Any] = Field(default_factory=dict)
-    environment_reset_options: list[dict[str, Any]] = Field(default_factory=list)
-    # A train run whose every group is skipped ends failed (training_failed, zero_groups) unless true.
-    allow_empty_training: bool = False
-    training_config: TrainingConfig | None = None
-    training_contract: TrainingContract | None = None
-    auto_load: bool = True
-    environment_eval: EnvironmentEvalConfig | None = None
-    post_eval: PostEvalConfig | None = None
-    on_interrupt: Literal["resume", "fail"] = "resume"
-    # Experiment tracker the gpu worker logs training to (as TRL's report_to); offline only.
-    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
-    # Online RL (train runs): collect→train ``iterations`` times, each iteration sampling fresh
-    # seeds with the previous iteration's adapter (kiln.run_plan.iteration_slots; docs/online-rl.md).
-    iterations: int = Field(default=1, ge=1, le=MAX_ITERATIONS)
-    # Paired held-out evaluation after every ``eval_every``-th iteration (the last one always).
-    eval_every: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
-    # 1: iteration k+1 collects with adapter k−1 while iteration k trains (truncated IS corrects).
-    max_staleness: Literal[0, 1] = 0
+    kind: Literal["rollout", "train"] = Field(
+        default="rollout", description="rollout: collect episodes; train: collect, then train an adapter."
+    )
+    model: str | None = Field(
+        default=None,
+        description="A model the workers serve (a KILN_MODELS_DIR folder name); default: the "
+        "workers' default model.",
+    )
+    # "auto" is resolved by the gpu worker with the policy; the resolved bool is what collection
+    # uses and bundles record.
+    thinking: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Reason in <think> first: auto (when the model's chat template supports it), "
+        "true or false.",
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        description="Retry-safe submission key: the same key and body answer the existing run (200).",
+    )
+    environment_urls: list[str] = Field(
+        alias="environments", min_length=1, max_length=64,
+        description="Environment base URLs (more than one: a portfolio, groups spread over them).",
+    )
+    credential_ids: list[str | None] = Field(
+        default_factory=list,
+        description="Credential id per environment (null = public); ids are configured on the "
+        "workers in KILN_CREDENTIALS.",
+    )
+    adapter: str | None = Field(default="base", description="Behaviour policy adapter (base = the base model).")
+    output_adapter: str | None = Field(default=None, description="Name of the adapter a train run produces.")
+    groups: int = Field(default=8, ge=1, le=16384, description="Seed groups to collect.")
+    seed_start: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="Seed of the first group; group g uses seed_start+g."
+    )
+    reset_options: dict[str, Any] = Field(
+        default_factory=dict, description="Reset options sent to every environment."
+    )
+    environment_reset_options: list[dict[str, Any]] = Field(
+        default_factory=list, description="Reset options per environment, in the order of environment_urls."
+    )
+    allow_empty_training: bool = Field(
+        default=False,
+        description="A train run whose every group is skipped completes untrained instead of failing "
+        "(training_failed, zero_groups).",
+    )
+    training_config: TrainingConfig | None = Field(
+        default=None, description="GRPO + ECHO hyper-parameters (train runs); defaults are filled in."
+    )
+    training_contract: TrainingContract | None = Field(
+        default=None, description="A sealed contract from POST /v1/openenv/training/preflight."
+    )
+    auto_load: bool = Field(default=True, description="Promote the adapter name when the gates allow it.")
+    environment_eval: EnvironmentEvalConfig | None = Field(
+        default=None, description="Paired held-out evaluation after training, optionally gating promotion."
+    )
+    post_eval: PostEvalConfig | None = Field(
+        default=None, description="A static suite scored on the trained adapter."
+    )
+    on_interrupt: Literal["resume", "fail"] = Field(
+        default="resume",
+        description="A group interrupted by a worker or environment failure: re-collect it from reset "
+        "with the same seed, or fail the run.",
+    )
+    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = Field(
+        default="none", description="Tracker the gpu worker logs training to (offline), as TRL's report_to."
+    )
+    iterations: int = Field(
+        default=1, ge=1, le=MAX_ITERATIONS,
+        description="Online RL: collect→train iterations, each sampling fresh seeds with the previous "
+        "iteration's adapter (docs/online-rl.md).",
+    )
+    eval_every: int | None = Field(
+        default=None, ge=1, le=MAX_ITERATIONS,
+        description="Online RL: held-out evaluation after every N-th iteration (the last one always).",
+    )
+    max_staleness: Literal[0, 1] = Field(
+        default=0,
+        description="Online RL: 1 = collect iteration k+1 with adapter k-1 while k trains (truncated "
+        "importance sampling corrects); 0 = strictly on-policy.",
+    )
 
     @field_validator("idempotency_key")
     @classmethod

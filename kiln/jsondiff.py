@@ -8,7 +8,12 @@ from kiln.canonical import canonical_json
 
 
 def same_json(a: Any, b: Any) -> bool:
-    return canonical_json(a) == canonical_json(b)
+    """Equality of canonical bytes: ``1`` ≠ ``1.0`` ≠ ``true``, key order irrelevant. A value with
+    no canonical form (a non-finite float, a non-JSON type) equals nothing: False, never an error."""
+    try:
+        return canonical_json(a) == canonical_json(b)
+    except (TypeError, ValueError):
+        return False
 
 
 def differing_paths(a: Any, b: Any, prefix: str) -> list[str]:

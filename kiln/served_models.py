@@ -37,19 +37,27 @@ def model_task_queue(gpu_task_queue: str, model: str | None) -> str:
     return gpu_task_queue if model is None else f"{gpu_task_queue}.{model}"
 
 
-def require_served(model: str | None, models_dir: Path | None) -> None:
-    """``ModelNotServed`` (field ``model``, listing the served names) unless ``model`` is served."""
+def require_served(model: str | None, models_dir: Path | None, *, default: str | None = None) -> None:
+    """``ModelNotServed`` (field ``model``, listing the served names) unless ``model`` is served.
+
+    ``default`` names the workers' default model (what a request without ``model`` gets); when
+    given, the message and ``details["default"]`` name it too."""
     if model is None:
         return
     served = list(served_models(models_dir))
     if model in served:
         return
     listed = ", ".join(served) if served else "none besides the default"
+    details: dict[str, object] = {"field": "model", "model": model, "served": served}
+    message = f"invalid run request: model: {model!r} is not served by these workers; served models: {listed}"
+    if default is not None:
+        details["default"] = default
+        message += f"; default model: {default} (used when model is omitted)"
     raise ModelNotServed(
-        f"invalid run request: model: {model!r} is not served by these workers; served models: {listed}",
+        message,
         hint="name one of the served models, or omit model for the workers' default model "
         "(models are the sub-folders of KILN_MODELS_DIR)",
-        details={"field": "model", "model": model, "served": served},
+        details=details,
     )
 
 

@@ -12,7 +12,6 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -22,15 +21,15 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from kiln import search_attributes as names
     from kiln.run_status import TERMINAL_STATES, Failure, RunStatus
     from workflows import ui
-
-KILN_PHASE = SearchAttributeKey.for_keyword(names.PHASE)
-KILN_STATUS = SearchAttributeKey.for_keyword(names.STATUS)
-KILN_ENVIRONMENT = SearchAttributeKey.for_keyword(names.ENVIRONMENT)
-KILN_OUTPUT_ADAPTER = SearchAttributeKey.for_keyword(names.OUTPUT_ADAPTER)
-KILN_RUN_KIND = SearchAttributeKey.for_keyword(names.RUN_KIND)
+    from workflows.names import (  # noqa: F401 - re-exported: the run workflows set these
+        KILN_ENVIRONMENT,
+        KILN_OUTPUT_ADAPTER,
+        KILN_PHASE,
+        KILN_RUN_KIND,
+        KILN_STATUS,
+    )
 
 
 def failure_from(err: BaseException, stage: str) -> Failure:

@@ -20,9 +20,7 @@ from kiln.errors import KilnError
 from kiln.settings import load_settings
 
 
-def default(model: Any, field: str) -> Any:
-    """A CLI option's default is the model field's default (each default lives once, in the model)."""
-    return model.model_fields[field].get_default(call_default_factory=True)
+from kiln.cli.model_options import default, describe  # noqa: E402,F401 - options read the models
 
 app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)

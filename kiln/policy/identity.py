@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kiln.canonical import digest_json, file_sha256
+from kiln.errors import AdapterNotFound, ModelNotFound
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -30,10 +31,11 @@ def _is_hidden(rel: Path) -> bool:
 
 
 def model_content_sha256(model_dir: Path) -> str:
-    """Digest over the sorted relative paths and byte digests of all non-hidden files."""
+    """Digest over the sorted relative paths and byte digests of all non-hidden files
+    (``model_not_found`` when ``model_dir`` is not a folder)."""
     root = Path(model_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"model directory not found: {root}")
+        raise ModelNotFound(f"model directory not found: {root}")
     entries = []
     for path in root.rglob("*"):
         rel = path.relative_to(root)
@@ -45,13 +47,14 @@ def model_content_sha256(model_dir: Path) -> str:
 
 
 def adapter_content_sha256(adapter_dir: Path) -> str:
-    """Digest over ``adapter_config.json`` and ``adapter_model.safetensors`` of ``adapter_dir``."""
+    """Digest over ``adapter_config.json`` and ``adapter_model.safetensors`` of ``adapter_dir``
+    (``adapter_not_found`` when either is missing)."""
     root = Path(adapter_dir)
     entries = []
     for name in ADAPTER_FILES:
         path = root / name
         if not path.is_file():
-            raise FileNotFoundError(f"adapter file missing: {path}")
+            raise AdapterNotFound(f"adapter file missing: {path}")
         entries.append([name, file_sha256(path)])
     return digest_json({"files": entries})
 

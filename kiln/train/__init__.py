@@ -16,5 +16,5 @@ stays usable without torch in the control worker):
 - ``continuation`` the optimizer state handed from one online-run iteration's training to the next
 - ``staleness``   stale data: the behaviour policy's log-probs, scored by the behaviour adapter
 - ``receipt``     ``kiln.train-receipt.v1``
-- ``trainer``     ``train_grpo`` and ``TrainResult``
+- ``trainer``     ``train_grpo`` and ``TrainedAdapter`` (its local output)
 """

@@ -11,7 +11,7 @@ import torch
 
 from kiln.canonical import pretty_json
 from kiln.errors import TrainingFailed
-from kiln.policy import identity as _identity
+from kiln.policy.identity import adapter_content_sha256, model_content_sha256  # noqa: F401 - one home
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -113,22 +113,6 @@ def save_adapter(model: Any, adapter_dir: Path) -> str:
     if readme.exists():
         readme.unlink()
     return adapter_content_sha256(adapter_dir)
-
-
-def adapter_content_sha256(adapter_dir: Path) -> str:
-    """The adapter content digest shared with the policy runtime (kiln.policy.identity)."""
-    try:
-        return _identity.adapter_content_sha256(Path(adapter_dir))
-    except FileNotFoundError as exc:
-        raise TrainingFailed(str(exc), code="adapter_not_found") from exc
-
-
-def model_content_sha256(model_path: Path) -> str:
-    """The base-model content digest shared with the policy runtime (kiln.policy.identity)."""
-    try:
-        return _identity.model_content_sha256(Path(model_path))
-    except FileNotFoundError as exc:
-        raise TrainingFailed(str(exc), code="model_not_found") from exc
 
 
 def lora_delta_norms(model: Any) -> tuple[float, dict[str, float]]:

@@ -77,7 +77,10 @@ from kiln.train.step import LogprobCache, train_step
 
 
 @dataclass
-class TrainResult:
+class TrainedAdapter:
+    """What ``train_grpo`` leaves on local disk (the activity's stored result is
+    ``kiln.records.TrainResult``)."""
+
     adapter_dir: Path
     receipt: dict
     steps: int
@@ -291,7 +294,7 @@ def train_grpo(
     keep_state: bool = False,
     behavior_adapter_dir: Path | None = None,
     staleness: int = 0,
-) -> TrainResult:
+) -> TrainedAdapter:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
     Writes ``output_dir/adapter/`` (standard PEFT adapter), ``output_dir/train_receipt.json`` and,
@@ -326,7 +329,7 @@ def train_grpo(
 
 def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
             dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
-            keep_state: bool, timings: tuple[float, float, float]) -> TrainResult:
+            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
     """Final evaluation, adapter, continuation state, receipt."""
     final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
@@ -369,7 +372,7 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)
-    return TrainResult(adapter_dir=adapter_dir, receipt=receipt, steps=len(plan.schedule),
+    return TrainedAdapter(adapter_dir=adapter_dir, receipt=receipt, steps=len(plan.schedule),
                        final_action_logprob_sums=sums, final_state=final_state,
                        final_state_sha256=final_state_sha,
                        kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on else None)

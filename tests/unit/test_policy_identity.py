@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kiln.canonical import is_digest
+from kiln.errors import KilnError
 from kiln.policy.identity import adapter_content_sha256, model_content_sha256
 
 
@@ -46,8 +47,9 @@ def test_model_digest_sees_paths_ignores_hidden(tmp_path: Path) -> None:
 
 
 def test_model_digest_missing_dir(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(KilnError) as missing:
         model_content_sha256(tmp_path / "nope")
+    assert missing.value.code == "model_not_found"
 
 
 def test_adapter_digest(tmp_path: Path) -> None:
@@ -62,8 +64,9 @@ def test_adapter_digest(tmp_path: Path) -> None:
     (d / "adapter_model.safetensors").write_bytes(b"weightz")
     assert adapter_content_sha256(d) != first
     (d / "adapter_config.json").unlink()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(KilnError) as missing:
         adapter_content_sha256(d)
+    assert missing.value.code == "adapter_not_found"
 
 
 def test_identity_module_does_not_import_torch() -> None:

@@ -11,7 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.canonical import canonical_json, is_digest
+from kiln.canonical import is_digest
+from kiln.jsondiff import same_json  # noqa: F401 - the verifier modules import it from here
 from kiln.errors import KilnError
 
 SUMMARY_FILE, DATASET_FILE, REPLAY_FILE = "summary", "dataset", "replay"
@@ -70,14 +71,6 @@ def same_float(a: Any, b: Any) -> bool:
     return (
         isinstance(a, float) and isinstance(b, float) and _bits(a) == _bits(b)
     )
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """Equality of canonical bytes: ``1`` ≠ ``1.0`` ≠ ``true``, key order irrelevant."""
-    try:
-        return canonical_json(a) == canonical_json(b)
-    except (TypeError, ValueError):
-        return False
 
 
 def _is_int(value: Any) -> bool:
