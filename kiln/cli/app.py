@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, RunRequest, TrainingConfig
 from kiln.cli.console import JsonAwareGroup, console, fail as _fail, print_json, progress
 from kiln.cli.flags import check_request, literal_choices
 from kiln.cli.follow import FOLLOW_OPT
@@ -20,7 +20,7 @@ from kiln.errors import KilnError
 from kiln.settings import load_settings
 
 
-from kiln.cli.model_options import default, describe  # noqa: E402,F401 - options read the models
+from kiln.cli.model_options import default, describe  # noqa: E402 - options read the models
 
 app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
@@ -272,20 +272,20 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     return value
 
 
-CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", rich_help_panel=POLICY, help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
+CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", rich_help_panel=POLICY, help=describe(RunRequest, "constrained_actions"))
 RESET_OPTS = typer.Option(None, "--environment-reset-options", rich_help_panel=COLLECTION, help="Reset options file per --environment, in order ('-' = none).")
 CREDENTIAL_OPTS = typer.Option(None, "--credential-id", rich_help_panel=COLLECTION, help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
 
 # Collection options shared by `train` and `rollout` (one definition, one help text; defaults
 # from the model — tests/unit/test_cli_defaults.py proves every one equals the model's).
-GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help="Candidates per seed group (1-256; >= 2 for training).")
+GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help=describe(RunRequest, "group_size"))
 ENV_OPT = typer.Option(..., "--environment", rich_help_panel=COLLECTION, help="Environment base URL (repeat for a portfolio).")
-GROUPS_OPT = typer.Option(default(RunRequest, "groups"), rich_help_panel=COLLECTION, help="Seed groups to collect (1-16384).")
-SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), rich_help_panel=COLLECTION, help="Seed of the first group; group g uses seed_start+g.")
-MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help="Environment steps per episode (1-256).")
-CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help="Concurrent sessions per group (1-256).")
-MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help="Token limit of one action (1-16384).")
-TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), rich_help_panel=POLICY, help="Sampling temperature (>= 0).")
+GROUPS_OPT = typer.Option(default(RunRequest, "groups"), rich_help_panel=COLLECTION, help=describe(RunRequest, "groups"))
+SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), rich_help_panel=COLLECTION, help=describe(RunRequest, "seed_start", with_bounds=False))
+MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help=describe(RunRequest, "max_steps"))
+CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help=describe(RunRequest, "concurrency"))
+MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "max_action_tokens"))
+TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), rich_help_panel=POLICY, help=describe(RunRequest, "temperature"))
 class Thinking(str, enum.Enum):
     """``--thinking``: auto = reason in <think> first when the model's chat template supports it."""
 
@@ -296,17 +296,17 @@ class Thinking(str, enum.Enum):
 
 THINKING_VALUES: dict[str, Any] = {"auto": "auto", "on": True, "off": False}  # → RunRequest.thinking
 THINKING_OPT = typer.Option(Thinking(default(RunRequest, "thinking")), "--thinking", rich_help_panel=POLICY, help="Reason in <think> first (auto: when the model's chat template supports it).")
-MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help="A model the workers serve (a KILN_MODELS_DIR folder name); default: the workers' default model.")
-THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), rich_help_panel=POLICY, help="Bound on reasoning tokens (< max-action-tokens).")
-ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), rich_help_panel=POLICY, help="Behavior policy adapter (base = the base model).")
-IDEMPOTENCY_OPT = typer.Option(None, rich_help_panel=OUTPUT, help="Retry-safe submission key.")
+MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help=describe(RunRequest, "model"))
+THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "thinking_budget_tokens"))
+ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), rich_help_panel=POLICY, help=describe(RunRequest, "adapter"))
+IDEMPOTENCY_OPT = typer.Option(None, rich_help_panel=OUTPUT, help=describe(RunRequest, "idempotency_key"))
 # GRPO/ECHO options shared by `openenv train` and `train grpo`.
-LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help="Learning rate (default: Muon 2e-3, AdamW 1e-5).")
-EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help="Passes over the groups (one optimizer step per group).")
-LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help="LoRA rank (attention and MLP projections).")
-LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help="LoRA alpha.")
-KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help="k1 KL penalty to the base policy (0 = off).")
-ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help="ECHO weight on observation cross-entropy (0 = off).")
+LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "learning_rate"))
+EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "epochs"))
+LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_rank"))
+LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_alpha"))
+KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "kl_coeff"))
+ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help=describe(EchoConfig, "lambda_"))
 # Choice flags: the values come from the request models' Literal types (validated locally).
 Optimizer = literal_choices("Optimizer", TrainingConfig, "optimizer")
 IsLevel = literal_choices("IsLevel", TrainingConfig, "is_level")
@@ -314,9 +314,9 @@ BehaviorPolicy = literal_choices("BehaviorPolicy", TrainingConfig, "behavior_pol
 ReportTo = literal_choices("ReportTo", RunRequest, "report_to")
 REPORT_TO_OPT = typer.Option(
     ReportTo(default(RunRequest, "report_to")), "--report-to",
-    rich_help_panel=TRAINING, help="Tracker the gpu worker logs to, offline.",
+    rich_help_panel=TRAINING, help=describe(RunRequest, "report_to"),
 )
-AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", rich_help_panel=OUTPUT, help="Promote the adapter name when allowed.")
+AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", rich_help_panel=OUTPUT, help=describe(RunRequest, "auto_load"))
 RESET_OPTIONS_OPT = typer.Option(None, rich_help_panel=COLLECTION, help="JSON file of reset options for every environment.")
 PREFLIGHT_OPT = typer.Option(
     True, "--preflight/--no-preflight",
@@ -348,21 +348,21 @@ def train_cmd(
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    optimizer: Optimizer = typer.Option(Optimizer(default(TrainingConfig, "optimizer")), rich_help_panel=TRAINING, help="Optimizer of the LoRA weights."),
-    is_level: IsLevel = typer.Option(IsLevel(default(TrainingConfig, "is_level")), "--is-level", rich_help_panel=TRAINING, help="Importance-sampling level."),
-    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), rich_help_panel=TRAINING, help="Checkpoint every N optimizer steps."),
-    iterations: int = typer.Option(default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help="Online RL: collect→train iterations, each sampling fresh seeds with the previous adapter (1-1000)."),
-    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), rich_help_panel=ONLINE_RL, help="Online RL: held-out evaluation after every N-th iteration (needs --eval-groups)."),
-    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help="Online RL: 1 = collect iteration k+1 while k trains (truncated IS); 0 = strictly on-policy."),
+    optimizer: Optimizer = typer.Option(Optimizer(default(TrainingConfig, "optimizer")), rich_help_panel=TRAINING, help=describe(TrainingConfig, "optimizer")),
+    is_level: IsLevel = typer.Option(IsLevel(default(TrainingConfig, "is_level")), "--is-level", rich_help_panel=TRAINING, help=describe(TrainingConfig, "is_level")),
+    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "checkpoint_interval")),
+    iterations: int = typer.Option(default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "iterations")),
+    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "eval_every") + " Needs --eval-groups."),
+    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "max_staleness")),
     eval_groups: int = typer.Option(0, rich_help_panel=EVALUATION, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
-    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), rich_help_panel=EVALUATION, help="Episodes per held-out seed group."),
-    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), rich_help_panel=EVALUATION, help="First held-out seed (default: after the training seeds)."),
+    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "group_size")),
+    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "seed_start", with_bounds=False)),
     gate: bool = typer.Option(False, "--gate/--no-gate", rich_help_panel=EVALUATION, help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
-    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), rich_help_panel=EVALUATION, help="Gate: minimum candidate - baseline mean return."),
-    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help="Gate: minimum candidate mean return."),
+    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_improvement")),
+    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_return")),
     auto_load: bool = AUTO_LOAD_OPT,
     post_eval_suite: Optional[str] = typer.Option(None, rich_help_panel=EVALUATION, help="Installed static suite to score the adapter on (e.g. counter-format)."),
-    post_eval_min_accuracy: Optional[float] = typer.Option(None, rich_help_panel=EVALUATION, help="Promote only at or above this suite accuracy (0-1)."),
+    post_eval_min_accuracy: Optional[float] = typer.Option(None, rich_help_panel=EVALUATION, help=describe(PostEvalConfig, "min_accuracy")),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
@@ -500,7 +500,7 @@ def train_grpo_cmd(
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    behavior_policy: BehaviorPolicy = typer.Option(BehaviorPolicy(default(TrainingConfig, "behavior_policy")), help="How the rollouts' behaviour policy is corrected for."),
+    behavior_policy: BehaviorPolicy = typer.Option(BehaviorPolicy(default(TrainingConfig, "behavior_policy")), help=describe(TrainingConfig, "behavior_policy")),
     auto_load: bool = AUTO_LOAD_OPT,
     report_to: ReportTo = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from kiln.cli.model_options import choices
 from kiln.errors import InvalidRequest
 
 # Request paths whose flag is not simply ``--`` + the last name with dashes.
@@ -48,8 +49,11 @@ def literal_enum(name: str, literal: Any) -> type[enum.Enum]:
 
 
 def literal_choices(name: str, model: type[BaseModel], field: str) -> type[enum.Enum]:
-    """:func:`literal_enum` of ``model.field``'s type."""
-    return literal_enum(name, model.model_fields[field].annotation)
+    """A ``str`` Enum of ``model.field``'s choices (``kiln.cli.model_options.choices``)."""
+    values = [v for v in choices(model, field) if isinstance(v, str)]
+    if not values:
+        raise TypeError(f"{model.__name__}.{field} is not a Literal of strings")
+    return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]
 
 
 def flag_for(path: str) -> str:

@@ -11,6 +11,7 @@ last, under "Options") — Typer itself draws panels only in rich markup mode.
 
 from __future__ import annotations
 
+import re
 import types
 from typing import Any
 
@@ -80,7 +81,8 @@ def _strip(command: Any) -> None:
             if hasattr(param, "display_type_rich"):  # Typer's options print their type here
                 param.display_type_rich = _no_type  # type: ignore[method-assign]
             choices = _choices(param)
-            if choices and param.help and "Choices:" not in param.help:
+            words = set(re.findall(r"[\w-]+", param.help or ""))
+            if choices and param.help and not set(choices) <= words:  # not already named
                 param.help = f"{param.help} Choices: {', '.join(choices)}."
     if getattr(command, "help", None) and not getattr(command, "short_help", None):
         # The first paragraph, whole (click would cut it with "..." to fit the command list).
