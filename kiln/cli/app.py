@@ -459,6 +459,7 @@ def rollout_cmd(
         _submit_and_follow(request, follow_run, as_json, preflight)
         return
     from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
+    from kiln.cli.follow import print_links
 
     api = _api()
     try:
@@ -469,6 +470,7 @@ def rollout_cmd(
     run_id = status.run_id
     out = progress()
     out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    print_links(status, out, api.base_url)
     exit_code = follow_and_download(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
@@ -511,7 +513,7 @@ def train_grpo_cmd(
     The rollouts' behaviour policy must match the workers' base model (and the published adapter
     it names, if any): the on-policy proof fails closed otherwise.
     """
-    from kiln.cli.follow import exit_code, follow, print_outcome
+    from kiln.cli.follow import exit_code, follow, print_links, print_outcome
 
     if not input_path.is_file():
         _fail(KilnError(f"--input {input_path} is not a file", code="openenv_invalid_request"))
@@ -542,6 +544,7 @@ def train_grpo_cmd(
         return
     run_id = status.run_id
     progress().print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
+    print_links(status, progress(), api.base_url)
     if not follow_run:
         return
     final = follow(lambda: api.status(run_id), console)

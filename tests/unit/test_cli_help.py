@@ -10,12 +10,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = [
-    [], ["openenv"], ["openenv", "train"], ["openenv", "rollout"], ["openenv", "start"],
-    ["openenv", "status"], ["openenv", "runs"], ["openenv", "inspect"], ["openenv", "replay"],
-    ["openenv", "verify"], ["openenv", "artifact"], ["openenv", "tasks"], ["openenv", "preflight"],
-    ["train", "grpo"], ["model", "tiny"], ["serve"], ["example-env"],
-]
+
+
+def _every_command() -> list[list[str]]:
+    """Every command and group of the CLI, as argv (new commands are covered without a list)."""
+    import typer
+
+    from kiln.cli.app import app
+
+    found: list[list[str]] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        found.append(path)
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+COMMANDS = _every_command()
 SCRIPT = """
 import sys
 from kiln.cli.app import main
@@ -43,7 +57,7 @@ def help_pages() -> dict[str, str]:
 
 @pytest.mark.timeout(180)
 def test_help_fits_80_columns_without_cuts_or_type_labels(help_pages: dict[str, str]) -> None:
-    assert len(help_pages) == len(COMMANDS)
+    assert len(help_pages) == len(COMMANDS) >= 22
     for title, body in help_pages.items():
         assert body.startswith("Usage: kiln"), (title, body[:200])
         for line in body.splitlines():
