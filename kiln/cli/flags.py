@@ -35,8 +35,7 @@ _FLAG_OF_PATH = {
     "post_eval.suite": "--post-eval-suite",
     "post_eval.min_accuracy": "--post-eval-min-accuracy",
 }
-# Words of model-level messages that name a field without an underscore.
-_PLAIN_FIELDS = ("groups", "iterations")
+# Field names in model-level messages: snake_case paths, and the two plain-word fields.
 _IDENTIFIER = re.compile(r"\b(?:[a-z]+(?:_[a-z0-9]+)+(?:\.[a-z_]+)*|groups|iterations)\b")
 
 
@@ -66,7 +65,7 @@ def flag_for(path: str) -> str:
 
 def _in_flags(message: str) -> str:
     """Field names in a model-level message replaced by their flags."""
-    return _IDENTIFIER.sub(lambda m: flag_for(m.group(0)) if m.group(0) not in ("kind",) else m.group(0), message)
+    return _IDENTIFIER.sub(lambda m: flag_for(m.group(0)), message)
 
 
 def flag_message(error: ValidationError) -> str:
