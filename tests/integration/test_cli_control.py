@@ -123,15 +123,17 @@ async def test_follow_cancelled_run_exits_3(kiln_settings: Any) -> None:
         async with running_workers(settings, roles=("control",)):
             with serve_api(settings) as url:
                 run_id = await submit(url, {**TINY_ROLLOUT, "environment_urls": [hole.url]})
-                follower = asyncio.create_task(cli(url, "status", run_id, "--follow", "--poll-seconds", "0.3"))
+                # The follower is its own process: two CliRunners at once would share sys.stdout.
+                follower = _kiln(url, ["openenv", "status", run_id, "--follow", "--poll-seconds", "0.3"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 async with httpx.AsyncClient(base_url=url, timeout=60) as http:
                     await wait_for(http, run_id, lambda s: s["phase"] == "discovery")
                 cancelled = await cli(url, "cancel", run_id)
                 assert cancelled.exit_code == 0, cancelled.output
                 assert f"cancellation requested for {run_id}" in cancelled.output
-                followed = await asyncio.wait_for(follower, timeout=60)
-                assert "cancelled" in followed.output
-                assert followed.exit_code == 3, followed.output
+                out, err = await asyncio.to_thread(follower.communicate, timeout=60)
+                assert "cancelled" in out
+                assert follower.returncode == 3, (out, err)
     finally:
         hole.close()
 
