@@ -281,7 +281,7 @@ def _line(columns: tuple[tuple[str, int], ...], values: list[str]) -> str:
 
 def promotion_label(run: RunSummary) -> str:
     """yes / no; ``not evaluated`` for a completed run published without an evaluation; ``-`` else."""
-    if run.evaluated is False and run.kind == "train" and run.state == "completed":
+    if run.evaluated is False and run.state == "completed":
         return "not evaluated"
     return "-" if run.promoted is None else ("yes" if run.promoted else "no")
 

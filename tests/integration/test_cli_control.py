@@ -82,7 +82,9 @@ async def test_follow_completed_run_exits_0(kiln_settings: Any, counter_env_url:
             assert run_id in [r["run_id"] for r in runs]
             assert {r["state"] for r in runs} == {"completed"}
             plain = await cli(url, "runs")
-            assert plain.exit_code == 0 and run_id in plain.output
+            assert plain.exit_code == 0 and run_id[:8] in plain.output  # short ids (--wide: whole)
+            wide = await cli(url, "runs", "--wide")
+            assert wide.exit_code == 0 and run_id in wide.output
 
             again = await cli(url, "cancel", run_id)
             assert again.exit_code == 2 and "openenv_run_not_cancellable" in again.output
