@@ -28,7 +28,9 @@ def split_reasoning(text: str) -> tuple[str, str]:
 
 
 def episode_rows(rollouts: bytes, replay: bytes) -> list[dict[str, Any]]:
-    """One row per episode: group, candidate, seed, return, termination, turns."""
+    """One row per episode: group, candidate, seed, the reset observation, return, termination,
+    and its turns in the order they happened (reasoning, action, then the observation and reward
+    the action got)."""
     lines = [json.loads(line) for line in rollouts.splitlines() if line.strip()]
     groups = json.loads(replay)["groups"]
     rows: list[dict[str, Any]] = []
@@ -49,11 +51,14 @@ def episode_rows(rollouts: bytes, replay: bytes) -> list[dict[str, Any]]:
                         "reward": wire.get("reward") if result["kind"] == "observation" else None,
                     }
                 )
+            # A candidate's own reset (warn-mode reset determinism) wins over the group's.
+            reset = candidate.get("reset_observation") or group.get("reset_observation") or {}
             rows.append(
                 {
                     "group_index": group["group_index"],
                     "candidate_index": candidate["candidate_index"],
                     "seed": group["seed"],
+                    "reset_observation": _cell(reset.get("observation", reset)),
                     "episode_return": candidate["episode_return"],
                     "termination": candidate["termination"],
                     "turns": turns,

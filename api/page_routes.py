@@ -77,8 +77,8 @@ async def run_episodes(
     limit: int = Query(default=10, ge=1, le=100),
     svc: Services = Depends(services),
 ) -> dict[str, Any]:
-    """Sampled episodes of a completed run, ``limit`` at a time (turn: observation, reasoning,
-    action, reward)."""
+    """Sampled episodes of a completed run, ``limit`` at a time (the reset observation, then per
+    turn: reasoning, action, observation, reward)."""
     view = await (await svc.runs()).status(_checked(run_id))
     if view.manifest is None:
         raise ArtifactNotFound(f"run {run_id} is {view.state} and has published no episodes",

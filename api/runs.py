@@ -321,6 +321,7 @@ class RunService:
                     output_adapter=attrs.get(KILN_OUTPUT_ADAPTER),
                     mean_return=memo.get("mean_return"),  # the outcome memo, set at the end
                     promoted=memo.get("promoted"),
+                    evaluated=memo.get("evaluated"),
                     failure_code=memo.get("failure_code"),
                     started_at=_iso(execution.start_time),
                     closed_at=_iso(execution.close_time),

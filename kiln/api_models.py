@@ -95,7 +95,8 @@ class EpisodePage(_Answer):
     offset: int
     limit: int
     episodes: list[dict[str, Any]] = Field(
-        description="One object per episode: group, candidate, seed, return, termination, turns."
+        description="One object per episode: group, candidate, seed, reset observation, return, "
+        "termination, turns (reasoning, action, observation, reward)."
     )
 
 

@@ -112,6 +112,11 @@ class RunSummary(BaseModel):
     output_adapter: str | None = None
     mean_return: float | None = Field(default=None, description="From the outcome memo, set at the end.")
     promoted: bool | None = Field(default=None, description="From the outcome memo, set at the end.")
+    evaluated: bool | None = Field(
+        default=None,
+        description="Whether a completed run's adapter was evaluated (from the outcome memo; "
+        "null for runs from before this field).",
+    )
     failure_code: str | None = Field(
         default=None, description="The Kiln error code of a failed run (from the outcome memo)."
     )

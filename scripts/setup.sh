@@ -3,15 +3,19 @@
 # at the exact versions of constraints.txt. torch is pinned by version only: on a standard Linux
 # x86_64 box the index gives the CUDA build, on machines that prefer a local CPU wheel the CPU build;
 # both are accepted (scripts/check_torch.py asserts the version, never the build).
+# Prints only its own lines; KILN_VERBOSE=1 also shows pip's output. KILN_PYTHON picks the
+# interpreter of the new .venv (default python3.11, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/quiet.sh
 PYTHON="${KILN_PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+  echo "setup: creating .venv with $PYTHON"
+  quiet "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-quiet() { "$@" 2>&1 | grep -v "^WARNING" || true; }
+echo "setup: installing Kiln and its pinned dependencies into .venv (KILN_VERBOSE=1 shows pip)"
 quiet python -m pip install -q --upgrade pip
 quiet python -m pip install -q -c constraints.txt "torch==2.13.0"
 quiet python -m pip install -q -c constraints.txt -e ".[train,envs,trackers,test]"

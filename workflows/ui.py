@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
 
 OUTCOME_MEMO_PATCH = "kiln-outcome-memo-v1"
 FAILURE_MEMO_PATCH = "kiln-failure-code-memo-v1"
+EVALUATED_MEMO_PATCH = "kiln-evaluated-memo-v1"
 
 
 def _number(value: Any) -> str:
@@ -36,8 +37,8 @@ def show_progress(status: RunStatus) -> None:
 
 
 def record_outcome(status: RunStatus) -> None:
-    """Memo the outcome (state, mean return, promoted; a failed run's code) so list views show
-    results without a worker."""
+    """Memo the outcome (state, mean return, promoted; a failed run's code; whether a completed
+    run was evaluated) so list views show results without a worker."""
     show_progress(status)
     if workflow.patched(OUTCOME_MEMO_PATCH):
         workflow.upsert_memo(
@@ -45,3 +46,7 @@ def record_outcome(status: RunStatus) -> None:
         )
     if status.failure is not None and workflow.patched(FAILURE_MEMO_PATCH):
         workflow.upsert_memo({"failure_code": status.failure.code})
+    if status.state == "completed" and workflow.patched(EVALUATED_MEMO_PATCH):
+        # Whether a promotion decision rested on an evaluation (the run list says "not evaluated").
+        evaluated = status.environment_evaluation is not None or status.post_evaluation is not None
+        workflow.upsert_memo({"evaluated": evaluated})

@@ -63,11 +63,14 @@
     var parts = [status.kind || "run", "phase " + status.phase];
     if (status.mean_return !== null && status.mean_return !== undefined) parts.push("mean return " + fmt(status.mean_return));
     if (status.training && status.training.final_loss !== undefined) parts.push("final loss " + fmt(status.training.final_loss));
-    if (status.promoted !== undefined) parts.push(status.promoted ? "promoted" : "not promoted");
+    if (status.state === "completed") {
+      var evaluated = status.environment_evaluation || status.post_evaluation;
+      parts.push(!evaluated ? "not evaluated" : status.promoted ? "promoted" : "not promoted");
+    }
     text("summary", parts.join(" · "));
     var link = document.getElementById("temporal-link");
     if (status.temporal_ui) link.href = status.temporal_ui; else link.remove();
-    if (status.failure) text("failure", status.failure.code + ": " + status.failure.message);
+    if (status.failure) text("failure", status.failure.code + " at " + status.failure.stage + ": " + status.failure.message);
     else if (status.state === "cancelled") text("failure", (status.warnings || []).join("; "));
     timeline(status);
     var ul = document.getElementById("artifacts");
@@ -93,15 +96,19 @@
     }
     KilnCharts.lineChart(reward, "mean return", [gseries("mean return", "mean_return", "#0b63ce")], "group").id = "chart-reward";
     KilnCharts.lineChart(reward, "invalid-action rate", [gseries("invalid-action rate", "invalid_action_rate", "#c0392b")], "group");
-    KilnCharts.lineChart(reward, "episode latency (ms)", [gseries("episode latency", "episode_latency_ms", "#7d5ba6")], "group");
+    KilnCharts.lineChart(reward, "episode latency (ms)", [gseries("episode latency", "episode_latency_ms", "#7d5ba6")], "group").id = "chart-latency";
     var train = document.getElementById("train-charts");
     train.textContent = "";
     function sseries(name, field, color) {
       return { name: name, color: color, points: steps.map(function (e) { return [e.step, e[field]]; }) };
     }
     KilnCharts.lineChart(train, "loss", [sseries("loss", "loss", "#0b63ce"), sseries("policy loss", "policy_loss", "#e67e22")], "step").id = "chart-loss";
-    KilnCharts.lineChart(train, "KL", [sseries("KL", "kl", "#16a085")], "step").id = "chart-kl";
-    KilnCharts.lineChart(train, "env-CE (ECHO)", [sseries("env-CE", "env_ce", "#8e44ad")], "step").id = "chart-env-ce";
+    // A feature that is off reports null on every step: say so instead of drawing zeros.
+    function off(field, message) {
+      return steps.length && steps.every(function (e) { return e[field] === null || e[field] === undefined; }) ? message : null;
+    }
+    KilnCharts.lineChart(train, "KL", [sseries("KL", "kl", "#16a085")], "step", { off: off("kl", "KL off") }).id = "chart-kl";
+    KilnCharts.lineChart(train, "env-CE (ECHO)", [sseries("env-CE", "env_ce", "#8e44ad")], "step", { off: off("env_ce", "ECHO off") }).id = "chart-env-ce";
     KilnCharts.lineChart(train, "grad norm", [sseries("grad norm", "grad_norm", "#34495e")], "step");
     text("train-note", steps.length ? steps.length + " step(s)" : (status.kind === "train" ? "no training step yet" : "a rollout run does not train"));
   }
@@ -137,13 +144,20 @@
     }
     get(api + "/episodes?offset=" + offset + "&limit=" + PAGE).then(function (page) {
       tbody.textContent = "";
+      // Per episode: the reset observation, then per turn reasoning → action → observation → reward.
       page.episodes.forEach(function (ep) {
-        ep.turns.forEach(function (turn, i) {
+        var reset = document.createElement("tr");
+        reset.dataset.episode = ep.group_index + ":" + ep.candidate_index;
+        reset.className = "reset";
+        td(reset, String(ep.group_index)); td(reset, String(ep.candidate_index)); td(reset, "reset");
+        td(reset, ""); td(reset, ""); td(reset, ep.reset_observation, "", true); td(reset, "", "num");
+        tbody.appendChild(reset);
+        ep.turns.forEach(function (turn) {
           var tr = document.createElement("tr");
           tr.dataset.episode = ep.group_index + ":" + ep.candidate_index;
-          td(tr, i === 0 ? String(ep.group_index) : ""); td(tr, i === 0 ? String(ep.candidate_index) : "");
-          td(tr, String(turn.turn)); td(tr, turn.observation, "", true); td(tr, turn.reasoning, "", true);
-          td(tr, turn.action, "", true); td(tr, fmt(turn.reward), "num");
+          td(tr, ""); td(tr, ""); td(tr, String(turn.turn));
+          td(tr, turn.reasoning, "", true); td(tr, turn.action, "", true); td(tr, turn.observation, "", true);
+          td(tr, fmt(turn.reward), "num");
           tbody.appendChild(tr);
         });
       });

@@ -26,7 +26,10 @@
       cell(tr, run.kind || "-");
       cell(tr, run.output_adapter || "-");
       cell(tr, KilnCharts.fmt(run.mean_return), "num");
-      cell(tr, run.promoted === true ? "yes" : run.promoted === false ? "no" : "-");
+      // A completed run published without an evaluation was not judged: say so, not "yes".
+      cell(tr, run.state === "completed" && run.evaluated === false ? "not evaluated"
+        : run.promoted === true ? "yes" : run.promoted === false ? "no" : "-", "promoted");
+      cell(tr, run.failure_code || "", "failure-code");
       cell(tr, run.started_at || "-");
       tbody.appendChild(tr);
     });

@@ -1,8 +1,9 @@
 """A small client of Kiln's REST API for the CLI (``KILN_API_URL``, default the local one).
 
 Sends ``Authorization: Bearer $KILN_API_TOKEN`` when that variable is set; never follows
-redirects; turns error envelopes back into KilnErrors with the same code. A request that is safe
-to repeat (a GET, a submission with an idempotency key) is retried with backoff while the API
+redirects; turns error envelopes back into KilnErrors with the same code; run payloads are
+parsed into ``kiln.run_view`` models (``RunView``, ``RunSummary``). A request that is safe to
+repeat (a GET, a submission with an idempotency key) is retried with backoff while the API
 answers 503 ``temporal_unavailable`` (Temporal restarting), for up to ``outage_wait_s``.
 """
 
@@ -18,6 +19,7 @@ from urllib.parse import quote
 import httpx
 
 from kiln.errors import KilnError, error_from_dict
+from kiln.run_view import RunList, RunSummary, RunView
 
 
 class ApiUnavailable(KilnError):
@@ -127,20 +129,21 @@ class ApiClient:
             raise self._unavailable(exc) from None
 
     # ------------------------------------------------------------------ runs
-    def submit(self, request: dict[str, Any], *, preflight: bool = True) -> tuple[int, dict[str, Any]]:
+    def submit(self, request: dict[str, Any], *, preflight: bool = True) -> tuple[int, RunView]:
         """Submit a run; ``preflight=False`` skips the server's submit-time ``/health`` check."""
         params = None if preflight else {"preflight": "false"}
-        return self._call("POST", "/v1/openenv/runs", json=request, params=params)
+        code, body = self._call("POST", "/v1/openenv/runs", json=request, params=params)
+        return code, RunView.model_validate(body)
 
-    def status(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", run_path(run_id))[1]
+    def status(self, run_id: str) -> RunView:
+        return RunView.model_validate(self._call("GET", run_path(run_id))[1])
 
-    def runs(self, state: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, state: str | None = None) -> list[RunSummary]:
         params = {"state": state} if state else None
-        return self._call("GET", "/v1/openenv/runs", params=params)[1]["runs"]
+        return RunList.model_validate(self._call("GET", "/v1/openenv/runs", params=params)[1]).runs
 
-    def cancel(self, run_id: str) -> dict[str, Any]:
-        return self._call("POST", run_path(run_id, "cancel"))[1]
+    def cancel(self, run_id: str) -> RunView:
+        return RunView.model_validate(self._call("POST", run_path(run_id, "cancel"))[1])
 
     def manifest_bytes(self, run_id: str) -> bytes:
         return self.get_bytes(run_path(run_id, "artifacts"))
@@ -155,8 +158,8 @@ class ApiClient:
             "PUT", "/v1/datasets", content=data, headers={"Content-Type": "application/x-ndjson"}, timeout=300.0
         )[1]
 
-    def train_dataset(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/train/grpo", json=body)[1]
+    def train_dataset(self, body: dict[str, Any]) -> RunView:
+        return RunView.model_validate(self._call("POST", "/v1/train/grpo", json=body)[1])
 
     def preflight(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/openenv/training/preflight", json=body, timeout=400.0)[1]

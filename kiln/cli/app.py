@@ -5,21 +5,22 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import sys
-import typing
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
-from kiln.cli.console import JsonAwareGroup, console, fail as _fail, progress
+from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, RunRequest, TrainingConfig
+from kiln.cli.console import JsonAwareGroup, console, fail as _fail, print_json, progress
+from kiln.cli.flags import check_request, literal_choices
 from kiln.cli.follow import FOLLOW_OPT
+# Help panels of `openenv train`/`rollout` (kiln.cli.help draws them; unpanelled options come last).
+from kiln.cli.help import COLLECTION, EVALUATION, ONLINE_RL, OUTPUT, POLICY, TRAINING
 from kiln.errors import KilnError
 from kiln.settings import load_settings
 
 
-from kiln.cli.model_options import default, describe  # noqa: E402,F401 - options read the models
+from kiln.cli.model_options import default, describe  # noqa: E402 - options read the models
 
 app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
@@ -37,13 +38,27 @@ def _api() -> Any:
     return ApiClient(load_settings().resolved_api_url)
 
 
-@app.command()
-def serve() -> None:
-    """Start the embedded stack (Temporal dev server, SeaweedFS), the workers and the REST API.
+def _serve_help() -> str:
+    """``kiln serve --help``: what it starts, where, and the variables that move it (defaults
+    read from ``Settings``, where they live)."""
+    from kiln.settings import Settings
 
-    Set KILN_TEMPORAL_ADDRESS / KILN_S3_ENDPOINT (+ KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY,
-    KILN_S3_BUCKET) to use existing servers instead. KILN_MODEL_PATH selects the local model.
-    """
+    d = {name: field.default for name, field in Settings.model_fields.items()}
+    return (
+        "Start the embedded stack (Temporal dev server, SeaweedFS), the workers and the REST API.\n\n"
+        f"Data, logs and PID files go under KILN_HOME (default {d['home']}). Ports on 127.0.0.1: "
+        f"KILN_TEMPORAL_PORT (default {d['temporal_port']}), KILN_TEMPORAL_UI_PORT (default "
+        f"{d['temporal_ui_port']}), KILN_S3_PORT (default {d['s3_port']}), KILN_API_PORT "
+        f"(default {d['api_port']}, bound to KILN_API_HOST, default {d['api_host']}).\n\n"
+        "Set KILN_TEMPORAL_ADDRESS / KILN_S3_ENDPOINT (+ KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY, "
+        "KILN_S3_BUCKET) to use existing servers instead. KILN_MODEL_PATH selects the local model. "
+        "Every variable: README.md, Configuration."
+    )
+
+
+@app.command(help=_serve_help())
+def serve() -> None:
+    """Start the embedded stack, the workers and the REST API (help: :func:`_serve_help`)."""
     from kiln.cli.serve import serve as run_serve
 
     try:
@@ -126,7 +141,7 @@ def inspect_cmd(
         _fail(error)
         return
     if as_json:
-        sys.stdout.write(json.dumps(inspection, indent=2, sort_keys=True) + "\n")
+        print_json(inspection)
         return
     identity = inspection["identity"]
     metadata = identity.get("metadata") or {}
@@ -148,7 +163,7 @@ def inspect_cmd(
 def _submit_and_follow(
     request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True
 ) -> None:
-    from kiln.cli.follow import follow, print_outcome
+    from kiln.cli.follow import exit_code, follow, print_links, print_outcome
 
     api = _api()
     try:
@@ -156,24 +171,22 @@ def _submit_and_follow(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     out = progress()  # stderr under --json: stdout then holds only the JSON document
     if not follow_run:
         if as_json:
-            sys.stdout.write(json.dumps(status, indent=2, sort_keys=True) + "\n")
+            print_json(status)
         else:
             out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
-            if status.get("temporal_ui"):
-                out.print(f"web ui {status['temporal_ui']}")
+            print_links(status, out, api.base_url)
         return
     out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
-    if status.get("temporal_ui"):
-        out.print(f"web ui {status['temporal_ui']}")
+    print_links(status, out, api.base_url)
     final = follow(lambda: api.status(run_id), out)
     if as_json:
-        sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
-        raise typer.Exit(0 if final.get("state") == "completed" else 1)
-    raise typer.Exit(print_outcome(final, out))
+        print_json(final)
+        raise typer.Exit(exit_code(final))
+    raise typer.Exit(print_outcome(final, out, api.base_url))
 
 
 def _request_from_flags(
@@ -247,6 +260,14 @@ def _request_from_flags(
     return request
 
 
+def _check_flags(request: dict[str, Any]) -> None:
+    """The request the flags built, validated here: errors name the flags, nothing is submitted."""
+    try:
+        check_request(RunRequest, request)
+    except KilnError as error:
+        _fail(error)
+
+
 def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
@@ -257,34 +278,29 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     return value
 
 
-CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", help="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).")
-RESET_OPTS = typer.Option(None, "--environment-reset-options", help="Reset options file per --environment, in order ('-' = none).")
-# The choices and default come from the model (RunRequest.reset_determinism's Literal).
-ResetDeterminism = enum.Enum(  # type: ignore[misc]
-    "ResetDeterminism", {v: v for v in typing.get_args(RunRequest.model_fields["reset_determinism"].annotation)}, type=str
-)
+CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", rich_help_panel=POLICY, help=describe(RunRequest, "constrained_actions"))
+RESET_OPTS = typer.Option(None, "--environment-reset-options", rich_help_panel=COLLECTION, help="Reset options file per --environment, in order ('-' = none).")
+CREDENTIAL_OPTS = typer.Option(None, "--credential-id", rich_help_panel=COLLECTION, help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
+ResetDeterminism = literal_choices("ResetDeterminism", RunRequest, "reset_determinism")
 RESET_DETERMINISM_OPT = typer.Option(
     ResetDeterminism(default(RunRequest, "reset_determinism")), "--reset-determinism",
-    help="strict: a group whose candidates saw different resets fails the run; warn: collect it "
-    "anyway (each candidate acts on its own reset, recorded) and add a status warning naming the fields.",
+    rich_help_panel=COLLECTION, help=describe(RunRequest, "reset_determinism"),
 )
 REPLAY_IGNORE_OPT = typer.Option(
-    default(RunRequest, "replay_ignore"), "--replay-ignore",
-    help="A step or state field replay must not compare, as a replay drift names it "
-    "(result.observation.metadata.execution_time, final_state.X); repeatable; recorded in the summary.",
+    default(RunRequest, "replay_ignore"), "--replay-ignore", rich_help_panel=COLLECTION,
+    help=describe(RunRequest, "replay_ignore") + " Repeatable.",
 )
-CREDENTIAL_OPTS = typer.Option(None, "--credential-id", help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
 
 # Collection options shared by `train` and `rollout` (one definition, one help text; defaults
 # from the model — tests/unit/test_cli_defaults.py proves every one equals the model's).
-GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), help="Candidates per seed group (1-256; >= 2 for training).")
-ENV_OPT = typer.Option(..., "--environment", help="Environment base URL (repeat for a portfolio).")
-GROUPS_OPT = typer.Option(default(RunRequest, "groups"), help="Seed groups to collect (1-16384).")
-SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), help="Seed of the first group; group g uses seed_start+g.")
-MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), help="Environment steps per episode (1-256).")
-CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), help="Concurrent sessions per group (1-256).")
-MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), help="Token limit of one action (1-16384).")
-TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), help="Sampling temperature (>= 0).")
+GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help=describe(RunRequest, "group_size"))
+ENV_OPT = typer.Option(..., "--environment", rich_help_panel=COLLECTION, help="Environment base URL (repeat for a portfolio).")
+GROUPS_OPT = typer.Option(default(RunRequest, "groups"), rich_help_panel=COLLECTION, help=describe(RunRequest, "groups"))
+SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), rich_help_panel=COLLECTION, help=describe(RunRequest, "seed_start", with_bounds=False))
+MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help=describe(RunRequest, "max_steps"))
+CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help=describe(RunRequest, "concurrency"))
+MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "max_action_tokens"))
+TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), rich_help_panel=POLICY, help=describe(RunRequest, "temperature"))
 class Thinking(str, enum.Enum):
     """``--thinking``: auto = reason in <think> first when the model's chat template supports it."""
 
@@ -294,26 +310,32 @@ class Thinking(str, enum.Enum):
 
 
 THINKING_VALUES: dict[str, Any] = {"auto": "auto", "on": True, "off": False}  # → RunRequest.thinking
-THINKING_OPT = typer.Option(Thinking(default(RunRequest, "thinking")), "--thinking", help="Reason in <think> first: auto (when the model's chat template supports it), on or off.")
-MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", help="A model the workers serve (a KILN_MODELS_DIR folder name); default: the workers' default model.")
-THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), help="Bound on reasoning tokens (< max-action-tokens).")
-ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), help="Behavior policy adapter (base = the base model).")
-IDEMPOTENCY_OPT = typer.Option(None, help="Retry-safe submission key.")
+THINKING_OPT = typer.Option(Thinking(default(RunRequest, "thinking")), "--thinking", rich_help_panel=POLICY, help="Reason in <think> first (auto: when the model's chat template supports it).")
+MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help=describe(RunRequest, "model"))
+THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "thinking_budget_tokens"))
+ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), rich_help_panel=POLICY, help=describe(RunRequest, "adapter"))
+IDEMPOTENCY_OPT = typer.Option(None, rich_help_panel=OUTPUT, help=describe(RunRequest, "idempotency_key"))
 # GRPO/ECHO options shared by `openenv train` and `train grpo`.
-LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), help="Learning rate (default: Muon 2e-3, AdamW 1e-5).")
-EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), help="Passes over the groups (one optimizer step per group).")
-LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), help="LoRA rank (attention and MLP projections).")
-LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), help="LoRA alpha.")
-KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), help="k1 KL penalty to the base policy (0 = off).")
-ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), help="ECHO weight on observation cross-entropy (0 = off).")
+LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "learning_rate"))
+EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "epochs"))
+LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_rank"))
+LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_alpha"))
+KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "kl_coeff"))
+ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help=describe(EchoConfig, "lambda_"))
+# Choice flags: the values come from the request models' Literal types (validated locally).
+Optimizer = literal_choices("Optimizer", TrainingConfig, "optimizer")
+IsLevel = literal_choices("IsLevel", TrainingConfig, "is_level")
+BehaviorPolicy = literal_choices("BehaviorPolicy", TrainingConfig, "behavior_policy")
+ReportTo = literal_choices("ReportTo", RunRequest, "report_to")
 REPORT_TO_OPT = typer.Option(
-    default(RunRequest, "report_to"), "--report-to",
-    help="Tracker the gpu worker logs to, offline: none | tensorboard | trackio | wandb.",
+    ReportTo(default(RunRequest, "report_to")), "--report-to",
+    rich_help_panel=TRAINING, help=describe(RunRequest, "report_to"),
 )
-AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", help="Promote the adapter name when allowed.")
-RESET_OPTIONS_OPT = typer.Option(None, help="JSON file of reset options for every environment.")
+AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", rich_help_panel=OUTPUT, help=describe(RunRequest, "auto_load"))
+RESET_OPTIONS_OPT = typer.Option(None, rich_help_panel=COLLECTION, help="JSON file of reset options for every environment.")
 PREFLIGHT_OPT = typer.Option(
     True, "--preflight/--no-preflight",
+    rich_help_panel=COLLECTION,
     help="Refuse the run unless every environment answers GET /health now (3 s, in parallel).",
 )
 
@@ -323,7 +345,7 @@ def train_cmd(
     environment: list[str] = ENV_OPT,
     groups: int = GROUPS_OPT,
     group_size: int = GROUP_SIZE_OPT,
-    output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
+    output_adapter: str = typer.Option(..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."),
     seed_start: int = SEED_START_OPT,
     max_steps: int = MAX_STEPS_OPT,
     concurrency: int = CONCURRENCY_OPT,
@@ -341,29 +363,29 @@ def train_cmd(
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    optimizer: str = typer.Option(default(TrainingConfig, "optimizer"), help="muon | adamw."),
-    is_level: str = typer.Option(default(TrainingConfig, "is_level"), "--is-level", help="token | sequence | cispo."),
-    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), help="Checkpoint every N optimizer steps."),
-    iterations: int = typer.Option(default(RunRequest, "iterations"), help="Online RL: collect→train iterations, each sampling fresh seeds with the previous adapter (1-1000)."),
-    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), help="Online RL: held-out evaluation after every N-th iteration (needs --eval-groups)."),
-    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), help="Online RL: 1 = collect iteration k+1 while k trains (truncated IS); 0 = strictly on-policy."),
-    eval_groups: int = typer.Option(0, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
-    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), help="Episodes per held-out seed group."),
-    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), help="First held-out seed (default: after the training seeds)."),
-    gate: bool = typer.Option(False, "--gate/--no-gate", help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
-    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), help="Gate: minimum candidate - baseline mean return."),
-    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), help="Gate: minimum candidate mean return."),
+    optimizer: Optimizer = typer.Option(Optimizer(default(TrainingConfig, "optimizer")), rich_help_panel=TRAINING, help=describe(TrainingConfig, "optimizer")),
+    is_level: IsLevel = typer.Option(IsLevel(default(TrainingConfig, "is_level")), "--is-level", rich_help_panel=TRAINING, help=describe(TrainingConfig, "is_level")),
+    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "checkpoint_interval")),
+    iterations: int = typer.Option(default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "iterations")),
+    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "eval_every") + " Needs --eval-groups."),
+    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "max_staleness")),
+    eval_groups: int = typer.Option(0, rich_help_panel=EVALUATION, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
+    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "group_size")),
+    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "seed_start", with_bounds=False)),
+    gate: bool = typer.Option(False, "--gate/--no-gate", rich_help_panel=EVALUATION, help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
+    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_improvement")),
+    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_return")),
     auto_load: bool = AUTO_LOAD_OPT,
-    post_eval_suite: Optional[str] = typer.Option(None, help="Installed static suite to score the adapter on (e.g. counter-format)."),
-    post_eval_min_accuracy: Optional[float] = typer.Option(None, help="Promote only at or above this suite accuracy (0-1)."),
+    post_eval_suite: Optional[str] = typer.Option(None, rich_help_panel=EVALUATION, help="Installed static suite to score the adapter on (e.g. counter-format)."),
+    post_eval_min_accuracy: Optional[float] = typer.Option(None, rich_help_panel=EVALUATION, help=describe(PostEvalConfig, "min_accuracy")),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
     reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
     replay_ignore: list[str] = REPLAY_IGNORE_OPT,
-    report_to: str = REPORT_TO_OPT,
+    report_to: ReportTo = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON."),
     preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
@@ -382,10 +404,8 @@ def train_cmd(
         "checkpoint_interval": checkpoint_interval,
         "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
     }
-    if optimizer is not None:
-        request["training_config"]["optimizer"] = optimizer
-    if is_level is not None:
-        request["training_config"]["is_level"] = is_level
+    request["training_config"]["optimizer"] = optimizer.value
+    request["training_config"]["is_level"] = is_level.value
     request["auto_load"] = auto_load
     if iterations != 1:
         request["iterations"] = iterations
@@ -393,8 +413,8 @@ def train_cmd(
         request["eval_every"] = eval_every
     if max_staleness:
         request["max_staleness"] = max_staleness
-    if report_to != "none":
-        request["report_to"] = report_to
+    if report_to.value != "none":
+        request["report_to"] = report_to.value
     if post_eval_suite is not None:
         request["post_eval"] = {"suite": post_eval_suite}
         if post_eval_min_accuracy is not None:
@@ -410,6 +430,7 @@ def train_cmd(
         request["environment_eval"] = evaluation
     elif gate:
         _fail(KilnError("--gate needs --eval-groups >= 20", code="openenv_invalid_request"))
+    _check_flags(request)
     _submit_and_follow(request, follow_run, as_json, preflight)
 
 
@@ -434,12 +455,12 @@ def rollout_cmd(
     constrained_actions: bool = CONSTRAINED_OPT,
     reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
     replay_ignore: list[str] = REPLAY_IGNORE_OPT,
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
-    replay_output: Optional[Path] = typer.Option(None, "--replay-output", help="Write the replay transcript here (X.replay.json)."),
-    summary_output: Optional[Path] = typer.Option(None, "--summary-output", help="Write the summary here (X.rollout-summary.json)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
+    output: Optional[Path] = typer.Option(None, "--output", rich_help_panel=OUTPUT, help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
+    replay_output: Optional[Path] = typer.Option(None, "--replay-output", rich_help_panel=OUTPUT, help="Write the replay transcript here (X.replay.json)."),
+    summary_output: Optional[Path] = typer.Option(None, "--summary-output", rich_help_panel=OUTPUT, help="Write the summary here (X.rollout-summary.json)."),
+    force: bool = typer.Option(False, "--force", rich_help_panel=OUTPUT, help="Overwrite existing output files."),
     follow_run: bool = FOLLOW_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON."),
     preflight: bool = PREFLIGHT_OPT,
 ) -> None:
     """Collect rollouts only (a run of kind rollout): dataset, replay and summary artifacts.
@@ -454,10 +475,12 @@ def rollout_cmd(
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
         reset_determinism, replay_ignore,
     )
+    _check_flags(request)
     if output is None and replay_output is None and summary_output is None:
         _submit_and_follow(request, follow_run, as_json, preflight)
         return
     from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
+    from kiln.cli.follow import print_links
 
     api = _api()
     try:
@@ -465,14 +488,15 @@ def rollout_cmd(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     out = progress()
     out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    print_links(status, out, api.base_url)
     exit_code = follow_and_download(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
     if as_json:  # --output does not turn --json off: the final status, then the exit code
-        sys.stdout.write(json.dumps(api.status(run_id), indent=2, sort_keys=True) + "\n")
+        print_json(api.status(run_id))
     raise typer.Exit(exit_code)
 
 
@@ -492,25 +516,25 @@ def start_cmd(
 @train_app.command("grpo")
 def train_grpo_cmd(
     input_path: Path = typer.Option(..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."),
-    output_adapter: str = typer.Option(..., "--output-adapter", help="Name of the adapter to train."),
+    output_adapter: str = typer.Option(..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."),
     learning_rate: Optional[float] = LEARNING_RATE_OPT,
     epochs: int = EPOCHS_OPT,
     lora_rank: int = LORA_RANK_OPT,
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    behavior_policy: str = typer.Option(default(TrainingConfig, "behavior_policy"), help="no_importance_correction | recorded."),
+    behavior_policy: BehaviorPolicy = typer.Option(BehaviorPolicy(default(TrainingConfig, "behavior_policy")), help=describe(TrainingConfig, "behavior_policy")),
     auto_load: bool = AUTO_LOAD_OPT,
-    report_to: str = REPORT_TO_OPT,
+    report_to: ReportTo = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the final status as JSON."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON."),
 ) -> None:
     """Train GRPO+ECHO from a saved rollouts file, through the same training activity as a run.
 
     The rollouts' behaviour policy must match the workers' base model (and the published adapter
     it names, if any): the on-policy proof fails closed otherwise.
     """
-    from kiln.cli.follow import follow, print_outcome
+    from kiln.cli.follow import exit_code, follow, print_links, print_outcome
 
     if not input_path.is_file():
         _fail(KilnError(f"--input {input_path} is not a file", code="openenv_invalid_request"))
@@ -524,14 +548,14 @@ def train_grpo_cmd(
                 "dataset": dataset,
                 "output_adapter": output_adapter,
                 "auto_load": auto_load,
-                "report_to": report_to,
+                "report_to": report_to.value,
                 "training_config": {
                     "learning_rate": learning_rate,
                     "epochs": epochs,
                     "lora_rank": lora_rank,
                     "lora_alpha": lora_alpha,
                     "kl_coeff": kl_coeff,
-                    "behavior_policy": behavior_policy,
+                    "behavior_policy": behavior_policy.value,
                     "echo": {"lambda": echo_lambda} if echo_lambda > 0 else None,
                 },
             }
@@ -539,15 +563,16 @@ def train_grpo_cmd(
     except KilnError as error:
         _fail(error)
         return
-    run_id = status["run_id"]
+    run_id = status.run_id
     progress().print(f"training run {run_id} submitted (dataset {dataset['sha256']}, {dataset['bytes']} B)")
+    print_links(status, progress(), api.base_url)
     if not follow_run:
         return
     final = follow(lambda: api.status(run_id), console)
     if as_json:
-        sys.stdout.write(json.dumps(final, indent=2, sort_keys=True) + "\n")
-        raise typer.Exit(0 if final.get("state") == "completed" else 1)
-    raise typer.Exit(print_outcome(final, console))
+        print_json(final)
+        raise typer.Exit(exit_code(final))
+    raise typer.Exit(print_outcome(final, console, api.base_url))
 
 
 def _register_extensions() -> None:
@@ -562,9 +587,13 @@ _register_extensions()
 
 
 def main() -> None:
+    from kiln.cli.console import flush_quietly
     from kiln.cli.help import plain_command
 
-    plain_command(app)()
+    try:
+        plain_command(app)()
+    finally:
+        flush_quietly()  # `kiln … | head`: exit with the command's own code, quietly
 
 
 if __name__ == "__main__":

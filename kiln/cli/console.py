@@ -5,23 +5,72 @@ per-invocation JSON mode from the command's ``as_json`` parameter before the com
 :func:`progress` is where human-readable progress goes (stderr under ``--json``, stdout
 otherwise), and :func:`fail` turns a ``KilnError`` into ``{"error": {code, message, hint, …}}``
 on stdout under ``--json`` (plus the usual line on stderr), exit status 2. No console highlights
-(the highlighter colours parts of SHA-256 digests).
+(the highlighter colours parts of SHA-256 digests), and no console hard-wraps a line (URLs and
+digests stay whole; on a terminal :func:`link` also makes a URL a clickable hyperlink).
+
+A reader that goes away (``kiln openenv status RUN | head -2``) is not an error: output to a
+closed pipe is discarded and the command still exits with its own code (the run's outcome).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
 from kiln.errors import KilnError
 
-console = Console(soft_wrap=True, highlight=False)
-err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _discard_stream(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its reader is gone)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+class KilnConsole(Console):
+    """A console that never hard-wraps and treats a closed pipe as "nobody is reading"."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("soft_wrap", True)
+        kwargs.setdefault("highlight", False)
+        super().__init__(**kwargs)
+
+    def on_broken_pipe(self) -> None:  # rich's default raises SystemExit(1), the "failed" code
+        self.quiet = True
+        _discard_stream(self.file)
+
+
+def flush_quietly() -> None:
+    """Flush stdout/stderr at exit; a reader that went away is not an error."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            try:
+                _discard_stream(stream)
+            except (OSError, ValueError):
+                pass
+
+
+def link(url: str) -> str:
+    """Console markup for ``url``: a terminal hyperlink whose text is the whole URL, unwrapped."""
+    from rich.markup import escape
+
+    return f"[link={escape(url)}]{escape(url)}[/link]"
+
+
+console = KilnConsole()
+err_console = KilnConsole(stderr=True)
 _state = {"json": False}
 
 
@@ -39,7 +88,16 @@ def progress() -> Console:
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    """``value`` (a pydantic model is dumped as the API sends it) as one indented JSON document on
+    stdout (nothing if its reader went away)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json", by_alias=True)
+    elif isinstance(value, list):
+        value = [v.model_dump(mode="json", by_alias=True) if isinstance(v, BaseModel) else v for v in value]
+    try:
+        sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    except BrokenPipeError:
+        _discard_stream(sys.stdout)
 
 
 def fail(error: KilnError, exit_code: int = 2) -> NoReturn:

@@ -23,9 +23,13 @@ import typer
 from kiln.artifacts.manifest import verified_manifest
 from kiln.cli.api_client import ApiClient, artifact_path
 from kiln.cli.console import console, err_console, fail, print_json  # noqa: F401
+from kiln.cli.flags import literal_enum
 from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.contracts import RunRequest
 from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
+from kiln.run_view import RunState, RunSummary
+
+RunStateChoice = literal_enum("RunStateChoice", RunState)
 
 DOWNLOAD_RECEIPT_SCHEMA = "kiln.openenv-artifact-download.v1"
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
@@ -55,13 +59,12 @@ def api_client() -> ApiClient:
 def current_manifest(api: ApiClient, run_id: str) -> dict[str, Any]:
     """The run's manifest, checked against the manifest digest the run itself recorded."""
     status = api.status(run_id)
-    recorded = (status.get("manifest") or {}).get("sha256")
-    if not recorded:
+    if status.manifest is None:
         raise ArtifactNotFound(
-            f"run {run_id} is {status.get('state')} and has published no artifacts",
+            f"run {run_id} is {status.state} and has published no artifacts",
             hint="artifacts appear when the run completes",
         )
-    return verified_manifest(api.manifest_bytes(run_id), run_id, recorded)
+    return verified_manifest(api.manifest_bytes(run_id), run_id, status.manifest.sha256)
 
 
 def manifest_entry(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -230,7 +233,7 @@ def follow_and_download(
     """
     out = out or console
     final = follow(lambda: api.status(run_id), out, poll_s=poll_s)
-    code = print_outcome(final, out)
+    code = print_outcome(final, out, api.base_url)
     if code != 0 or not mapping:
         return code
     try:
@@ -255,35 +258,72 @@ def task_page_line(catalog: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------- commands
 
 
-RUNS_COLUMNS = "{:<36}  {:<9}  {:<7}  {:<12}  {:<16}  {:>11}  {:<8}  {}"
+# ``runs``: (header, width) per column; the short table fits 80 columns, ``--wide`` shows all.
+RUNS_SHORT = (
+    ("RUN", 8), ("STATE", 15), ("KIND", 7), ("ADAPTER", 12), ("RETURN", -7), ("PROMOTED", 8), ("STARTED", 11),
+)
+RUNS_WIDE = (("RUN", 36), ("STATE", 9), ("KIND", 7), ("PHASE", 15), ("ADAPTER", 24), ("MEAN RETURN", -11),
+             ("PROMOTED", 13), ("FAILURE", 24), ("STARTED", 25))
 
 
-def runs_header() -> str:
-    return RUNS_COLUMNS.format("RUN", "STATE", "KIND", "PHASE", "ADAPTER", "MEAN RETURN", "PROMOTED", "STARTED")
+def _fit(text: str, width: int, cut: bool) -> str:
+    """``text`` in a column of ``width`` (negative: right-aligned); ``cut``: ``…`` when longer."""
+    size = abs(width)
+    if cut and len(text) > size:
+        text = text[: size - 1] + "…"
+    return text.rjust(size) if width < 0 else text.ljust(size)
 
 
-def runs_row(run: dict[str, Any]) -> str:
-    """One ``runs`` line; the phase only while running (a finished run's phase is its state)."""
-    promoted = run.get("promoted")
-    return RUNS_COLUMNS.format(
-        run["run_id"],
-        run["state"],
-        str(run.get("kind") or "-"),
-        str(run.get("phase") or "-") if run["state"] == "running" else "",
-        str(run.get("output_adapter") or "-"),
-        num(run.get("mean_return")),
-        "-" if promoted is None else ("yes" if promoted else "no"),
-        run.get("started_at") or "-",
-    )
+def _line(columns: tuple[tuple[str, int], ...], values: list[str]) -> str:
+    cut = columns is RUNS_SHORT  # --wide never cuts
+    return "  ".join(_fit(value, width, cut) for (_, width), value in zip(columns, values)).rstrip()
+
+
+def promotion_label(run: RunSummary) -> str:
+    """yes / no; ``not evaluated`` for a completed run published without an evaluation; ``-`` else."""
+    if run.evaluated is False and run.state == "completed":
+        return "not evaluated"
+    return "-" if run.promoted is None else ("yes" if run.promoted else "no")
+
+
+def short_time(iso: str | None) -> str:
+    """``MM-DD HH:MM`` (UTC, as the API reports it) of an ISO timestamp."""
+    if not iso:
+        return "-"
+    return f"{iso[5:10]} {iso[11:16]}" if len(iso) >= 16 else iso
+
+
+def runs_header(wide: bool = False) -> str:
+    columns = RUNS_WIDE if wide else RUNS_SHORT
+    return _line(columns, [name for name, _ in columns])
+
+
+def runs_row(run: RunSummary, wide: bool = False) -> str:
+    """One ``runs`` line. Short: the phase stands in the state column while the run is running
+    (a finished run's phase is its state); ``--wide``: full id, phase, failure code, ISO time."""
+    phase = (run.phase or "-") if run.state == "running" else ""
+    adapter = run.output_adapter or "-"
+    kind = run.kind or "-"
+    if wide:
+        return _line(RUNS_WIDE, [
+            run.run_id, run.state, kind, phase, adapter, num(run.mean_return),
+            promotion_label(run), run.failure_code or "", run.started_at or "-",
+        ])
+    promoted = promotion_label(run)
+    return _line(RUNS_SHORT, [
+        run.run_id[:8], phase or run.state, kind, adapter, num(run.mean_return),
+        "no eval" if promoted == "not evaluated" else promoted, short_time(run.started_at),
+    ])
 
 
 def runs_cmd(
-    state: Optional[str] = typer.Option(None, "--state", help="running | completed | failed | cancelled"),
+    state: Optional[RunStateChoice] = typer.Option(None, "--state", help="Only runs in this state."),
+    wide: bool = typer.Option(False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (short ids and times; --wide for full ones)."""
     try:
-        runs = api_client().runs(state)
+        runs = api_client().runs(state.value if state is not None else None)
     except KilnError as error:
         fail(error)
         return
@@ -293,9 +333,9 @@ def runs_cmd(
     if not runs:
         console.print("no runs")
         return
-    console.print(runs_header(), markup=False)
+    console.print(runs_header(wide), markup=False)
     for run in runs:
-        console.print(runs_row(run), markup=False)
+        console.print(runs_row(run, wide), markup=False)
 
 
 def status_cmd(
@@ -321,8 +361,8 @@ def status_cmd(
         print_json(status)
         code = exit_code(status)
     else:
-        code = print_outcome(status, console)
-    if status.get("state") in TERMINAL:
+        code = print_outcome(status, console, api.base_url)
+    if status.state in TERMINAL:
         raise typer.Exit(code)
 
 

@@ -4,12 +4,19 @@ On a terminal: a live progress panel. Otherwise (CI, ``| tee``): one line per ev
 printed whenever the progress line changes (phase, groups, episodes, training step, …).
 Numbers are shown to 4 significant digits. Exit codes: 0 completed, 1 failed, 3 cancelled (and 1
 for anything unexpected).
+
+When the workflow's status query times out (no worker answered within the API's query timeout,
+e.g. while a worker loads a model) the API answers a placeholder view (``status_source`` history,
+``RunView.timed_out``); the follower
+keeps showing the last real status and says so once, on stderr ("status query timed out,
+retrying"), never a ``phase=unknown`` line.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
+from urllib.parse import quote
 
 import typer
 from rich.console import Console, Group
@@ -17,12 +24,18 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kiln.cli.console import err_console, link
+from kiln.cli.help import OUTPUT
+from kiln.run_status import Progress
+from kiln.run_view import RunView, TrainingProgress
+
 TERMINAL = {"completed", "failed", "cancelled"}
+TIMED_OUT_NOTICE = "status query timed out, retrying"
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3}
 # One --follow/--no-follow, one default, on every command that submits or shows a run.
 FOLLOW_DEFAULT = True
 FOLLOW_HELP = "Follow the run until it ends (one line per event when not a terminal)."
-FOLLOW_OPT = typer.Option(FOLLOW_DEFAULT, "--follow/--no-follow", help=FOLLOW_HELP)
+FOLLOW_OPT = typer.Option(FOLLOW_DEFAULT, "--follow/--no-follow", rich_help_panel=OUTPUT, help=FOLLOW_HELP)
 
 
 def num(value: Any) -> str:
@@ -36,99 +49,130 @@ def num(value: Any) -> str:
     return str(value)
 
 
-def exit_code(status: dict[str, Any]) -> int:
+def exit_code(status: RunView) -> int:
     """0 completed, 1 failed (or unknown), 3 cancelled."""
-    return EXIT_CODES.get(str(status.get("state")), 1)
+    return EXIT_CODES.get(status.state, 1)
 
 
-def progress_line(status: dict[str, Any]) -> str:
+def _counts(progress: Progress) -> tuple[str, str]:
+    return (f"{progress.groups_completed}/{progress.groups_total}",
+            f"{progress.rollouts_completed}/{progress.rollouts_total}")
+
+
+def _live_figures(live: TrainingProgress) -> list[tuple[str, float]]:
+    """The training step's loss, KL and env-CE that are known."""
+    return [(key, value) for key, value in (("loss", live.loss), ("kl", live.kl), ("env_ce", live.env_ce))
+            if value is not None]
+
+
+def progress_line(status: RunView) -> str:
     """One line: phase, groups, episodes, mean return, training steps."""
-    progress = status.get("progress") or {}
-    mean = status.get("mean_return")
-    parts = [f"phase={status.get('phase')}"]
-    if (status.get("iterations_total") or 1) > 1:
-        parts.append(f"iteration={status.get('iteration') or 0}/{status['iterations_total']}")
-    parts += [
-        f"groups={progress.get('groups_completed', 0)}/{progress.get('groups_total', 0)}",
-        f"episodes={progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}",
-    ]
-    if mean is not None:
-        parts.append(f"mean_return={num(mean)}")
-    live = status.get("training_progress") or {}
-    training = status.get("training") or {}
-    if live.get("step"):
-        parts.append(f"train_step={live['step']}/{live.get('total_steps', '?')}")
-        for key in ("loss", "kl", "env_ce"):
-            if isinstance(live.get(key), (int, float)):
-                parts.append(f"{key}={num(float(live[key]))}")
-    elif training.get("steps"):
-        parts.append(f"train_steps={training['steps']}")
+    groups, episodes = _counts(status.progress)
+    parts = [f"phase={status.phase}"]
+    if (status.iterations_total or 1) > 1:
+        parts.append(f"iteration={status.iteration or 0}/{status.iterations_total}")
+    parts += [f"groups={groups}", f"episodes={episodes}"]
+    if status.mean_return is not None:
+        parts.append(f"mean_return={num(status.mean_return)}")
+    live = status.training_progress
+    if live is not None and live.step:
+        parts.append(f"train_step={live.step}/{num(live.total_steps) if live.total_steps else '?'}")
+        parts += [f"{key}={num(float(value))}" for key, value in _live_figures(live)]
+    elif status.training is not None and status.training.steps:
+        parts.append(f"train_steps={status.training.steps}")
     return "  ".join(parts)
 
 
-def progress_view(status: dict[str, Any]) -> Group:
+def progress_view(status: RunView) -> Group:
     """The live panel: a small key/value table plus the run's warnings."""
-    progress = status.get("progress") or {}
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("run", str(status.get("run_id")))
-    table.add_row("phase", str(status.get("phase")))
-    if (status.get("iterations_total") or 1) > 1:
-        curve = status.get("iterations") or []
+    table.add_row("run", status.run_id)
+    table.add_row("phase", status.phase)
+    if (status.iterations_total or 1) > 1:
+        curve = status.iterations
         table.add_row(
             "iteration",
-            f"{status.get('iteration') or 0}/{status['iterations_total']}"
-            + ("  returns " + " → ".join(num(r.get("mean_return")) for r in curve[-6:]) if curve else ""),
+            f"{status.iteration or 0}/{status.iterations_total}"
+            + ("  returns " + " → ".join(num(r.mean_return) for r in curve[-6:]) if curve else ""),
         )
-    table.add_row("groups", f"{progress.get('groups_completed', 0)}/{progress.get('groups_total', 0)}")
-    table.add_row(
-        "episodes", f"{progress.get('rollouts_completed', 0)}/{progress.get('rollouts_total', 0)}"
-    )
-    mean = status.get("mean_return")
-    table.add_row("mean return", num(mean))
-    training = status.get("training") or {}
-    live = status.get("training_progress") or {}
-    if live.get("step"):
-        loss = live.get("loss")
-        env_ce = live.get("env_ce")
+    groups, episodes = _counts(status.progress)
+    table.add_row("groups", groups)
+    table.add_row("episodes", episodes)
+    table.add_row("mean return", num(status.mean_return))
+    live = status.training_progress
+    if live is not None and live.step:
+        figures = dict(_live_figures(live))
         table.add_row(
             "training",
-            f"step {live['step']}/{live.get('total_steps', '?')}"
-            + (f"  loss {num(float(loss))}" if isinstance(loss, (int, float)) else "")
-            + (f"  env-CE {num(float(env_ce))}" if isinstance(env_ce, (int, float)) else "")
-            + (f"  {num(float(live['tokens_per_s']))} tok/s" if isinstance(live.get("tokens_per_s"), (int, float)) else ""),
+            f"step {live.step}/{live.total_steps or '?'}"
+            + (f"  loss {num(float(figures['loss']))}" if "loss" in figures else "")
+            + (f"  env-CE {num(float(figures['env_ce']))}" if "env_ce" in figures else "")
+            + (f"  {num(float(live.tokens_per_s))} tok/s" if live.tokens_per_s is not None else ""),
         )
     else:
-        table.add_row("training step", str(training.get("steps") or "-"))
-    evaluation = status.get("environment_evaluation") or {}
-    if evaluation:
-        eprog = evaluation.get("progress") or {}
+        table.add_row("training step", str((status.training.steps if status.training else 0) or "-"))
+    evaluation = status.environment_evaluation
+    if evaluation is not None:
+        done, _ = _counts(evaluation.progress)
         table.add_row(
             "evaluation",
-            f"{evaluation.get('state')} {eprog.get('groups_completed', 0)}/{eprog.get('groups_total', 0)} groups"
-            + (f"  → {evaluation['decision']}" if evaluation.get("decision") else ""),
+            f"{evaluation.state} {done} groups" + (f"  → {evaluation.decision}" if evaluation.decision else ""),
         )
-    admission = status.get("admission") or {}
-    if admission.get("queue_position"):
-        table.add_row("queue position", str(admission["queue_position"]))
-    warnings = [Text(f"warning: {w}", style="yellow") for w in status.get("warnings") or []]
+    if status.admission is not None and status.admission.queue_position:
+        table.add_row("queue position", str(status.admission.queue_position))
+    warnings = [Text(f"warning: {w}", style="yellow") for w in status.warnings]
     return Group(table, *warnings)
 
 
+class SteadyFetch:
+    """``fetch`` that answers the last real status while the status query times out.
+
+    A view whose ``timed_out`` is true (no worker answered the status query, the run still runs)
+    holds placeholders, not the run's figures. Prints :data:`TIMED_OUT_NOTICE` to ``notices`` once
+    per follow. Before any real status has been seen it waits ``poll_s`` and asks again.
+    """
+
+    def __init__(self, fetch: Callable[[], RunView], notices: Console, poll_s: float) -> None:
+        self._fetch = fetch
+        self._notices = notices
+        self._poll_s = poll_s
+        self._last: RunView | None = None
+        self.noticed = False
+
+    def __call__(self) -> RunView:
+        while True:
+            status = self._fetch()
+            if not status.timed_out:
+                self._last = status
+                return status
+            if not self.noticed:
+                self._notices.print(TIMED_OUT_NOTICE, markup=False, highlight=False)
+                self.noticed = True
+            if self._last is not None:
+                return self._last
+            time.sleep(self._poll_s)
+
+
 def follow(
-    fetch: Callable[[], dict[str, Any]],
+    fetch: Callable[[], RunView],
     console: Console,
     *,
     poll_s: float = 1.0,
     timeout_s: float | None = None,
     live: bool = True,
-) -> dict[str, Any]:
-    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status."""
+    notices: Console | None = None,
+) -> RunView:
+    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status.
+
+    ``notices`` (default: stderr) gets the one "status query timed out" line.
+    """
+    fetch = SteadyFetch(fetch, notices or err_console, poll_s)
     started = time.monotonic()
     status = fetch()
     if not live:
-        while status.get("state") not in TERMINAL:
+        while status.state not in TERMINAL:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 break
             time.sleep(poll_s)
@@ -137,7 +181,7 @@ def follow(
     if not console.is_terminal:
         return _follow_lines(fetch, status, console, poll_s=poll_s, started=started, timeout_s=timeout_s)
     with Live(progress_view(status), console=console, refresh_per_second=4, transient=True) as view:
-        while status.get("state") not in TERMINAL:
+        while status.state not in TERMINAL:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 break
             time.sleep(poll_s)
@@ -147,14 +191,14 @@ def follow(
 
 
 def _follow_lines(
-    fetch: Callable[[], dict[str, Any]],
-    status: dict[str, Any],
+    fetch: Callable[[], RunView],
+    status: RunView,
     console: Console,
     *,
     poll_s: float,
     started: float,
     timeout_s: float | None,
-) -> dict[str, Any]:
+) -> RunView:
     """Not a terminal: print the progress line each time it changes (flushed at once)."""
     last = None
     while True:
@@ -163,7 +207,7 @@ def _follow_lines(
             console.print(line, markup=False, highlight=False)
             console.file.flush()
             last = line
-        if status.get("state") in TERMINAL:
+        if status.state in TERMINAL:
             return status
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             return status
@@ -171,68 +215,82 @@ def _follow_lines(
         status = fetch()
 
 
-def print_outcome(status: dict[str, Any], console: Console) -> int:
-    """Print the run's outcome (stats, training, artifacts, failure); returns the exit code."""
-    state = status.get("state")
-    console.print(f"run      {status.get('run_id')}")
-    if status.get("temporal_ui"):
-        console.print(f"web ui   {status['temporal_ui']}")
+def run_page_url(api_url: str, run_id: str) -> str:
+    """The API's page of one run: ``<api>/runs/<run id>``."""
+    return f"{api_url.rstrip('/')}/runs/{quote(run_id, safe='')}"
+
+
+def print_links(status: RunView, console: Console, api_url: str | None, pad: int = 9) -> None:
+    """The run's Web UI and run page links, each one whole line (never wrapped)."""
+    if status.temporal_ui:
+        console.print(f"{'web ui':<{pad}}{link(status.temporal_ui)}")
+    if api_url and status.run_id:
+        console.print(f"{'run page':<{pad}}{link(run_page_url(api_url, status.run_id))}")
+
+
+def print_outcome(status: RunView, console: Console, api_url: str | None = None) -> int:
+    """Print the run's outcome (stats, training, artifacts, failure); returns the exit code.
+
+    ``api_url`` adds the run page link (``<api>/runs/<id>``) next to the Web UI link.
+    """
+    state = status.state
+    console.print(f"run      {status.run_id}")
+    print_links(status, console, api_url)
     console.print(f"state    {state}")
     console.print(f"progress {progress_line(status)}")
-    stats = status.get("rollout_stats") or {}
-    if stats and stats.get("mean_episode_return") is not None:
+    stats = status.rollout_stats or {}
+    if stats and stats["mean_episode_return"] is not None:  # the figures of kiln.rollout.bundle
         console.print(
-            f"episodes {stats.get('rollouts')}  mean return {num(stats.get('mean_episode_return'))}  "
-            f"min {num(stats.get('min_episode_return'))}  max {num(stats.get('max_episode_return'))}  "
-            f"done {stats.get('done_count')}  invalid actions {stats.get('invalid_model_action_count')}"
+            f"episodes {stats['rollouts']}  mean return {num(stats['mean_episode_return'])}  "
+            f"min {num(stats['min_episode_return'])}  max {num(stats['max_episode_return'])}  "
+            f"done {stats['done_count']}  invalid actions {stats['invalid_model_action_count']}"
         )
-    elif status.get("mean_return") is not None:
-        console.print(f"mean return so far {num(status['mean_return'])}")
-    training = status.get("training")
-    if training:
-        if training.get("trained"):
+    elif status.mean_return is not None:
+        console.print(f"mean return so far {num(status.mean_return)}")
+    training = status.training
+    if training is not None:
+        if training.trained:
             console.print(
-                f"training {training.get('steps')} steps, final loss {num(training.get('final_loss'))}, "
-                f"adapter {training.get('adapter_sha256')}"
+                f"training {training.steps} steps, final loss {num(training.final_loss)}, "
+                f"adapter {training.adapter_sha256}"
             )
         else:
-            console.print(f"training skipped: {training.get('skip_reason')}")
-    evaluation = status.get("environment_evaluation")
-    if evaluation and evaluation.get("evidence"):
-        evidence = evaluation["evidence"]
+            console.print(f"training skipped: {training.skip_reason}")
+    evaluation = status.environment_evaluation
+    if evaluation is not None and evaluation.evidence:
+        evidence = evaluation.evidence
         console.print(
             f"held-out evaluation ({evidence['paired_groups']} seed groups): mean return "
             f"base {num(evidence['baseline_mean_return'])} -> adapter {num(evidence['candidate_mean_return'])} "
             f"(wins {evidence['improved_groups']}, losses {evidence['regressed_groups']}, ties {evidence['tied_groups']}, "
             f"sign-test p={evidence['exact_sign_test_p_value']:.4g})"
         )
-        console.print(f"gate     {evaluation.get('decision')} → {evaluation.get('outcome')}: {evaluation.get('verdict')}")
-        world = evaluation.get("world_model") or {}
-        if world.get("world_model_gain") is not None:
+        console.print(f"gate     {evaluation.decision} → {evaluation.outcome}: {evaluation.verdict}")
+        world = evaluation.world_model  # kiln.evaluation.receipt's world-model block
+        if world and world["world_model_gain"] is not None:
             console.print(
                 f"world model: observation CE base {num(world['base_mean_env_ce'])} -> adapter "
                 f"{num(world['candidate_mean_env_ce'])} (gain {num(world['world_model_gain'])})"
             )
-    post = status.get("post_evaluation")
-    if post:
-        base = post.get("baseline_accuracy")
+    post = status.post_evaluation
+    if post is not None:
+        base = post.baseline_accuracy
         console.print(
-            f"post-eval {post['suite']}: accuracy {num(post['candidate_accuracy'])}"
-            + (f" (base {num(base)})" if isinstance(base, (int, float)) else "")
-            + f" → {post['gate_outcome']}: {post['reason']}"
+            f"post-eval {post.suite}: accuracy {num(post.candidate_accuracy)}"
+            + (f" (base {num(base)})" if base is not None else "")
+            + f" → {post.gate_outcome}: {post.reason}"
         )
-    for warning in status.get("warnings") or []:
+    for warning in status.warnings:
         console.print(f"[yellow]warning[/] {warning}")
-    manifest = status.get("manifest")
-    if manifest:
-        console.print(f"manifest {manifest['uri']}  ({manifest['sha256']})")
-        for artifact in status.get("artifacts") or []:
-            console.print(f"  {artifact['name']:<34} {artifact['uri']}  {artifact['bytes']} B")
-    failure = status.get("failure")
-    if failure:
-        console.print(f"[red]failed[/] {failure.get('code')} at {failure.get('stage')}: {failure.get('message')}")
-        if failure.get("hint"):
-            console.print(f"hint: {failure['hint']}")
+    if status.manifest is not None:
+        console.print(f"manifest {status.manifest.uri}  ({status.manifest.sha256})")
+        for artifact in status.artifacts:
+            console.print(f"  {artifact.name:<34} {artifact.uri}  {artifact.bytes} B")
+    failure = status.failure
+    if failure is not None:
+        console.print(f"[red]failed[/] {failure.code} at {failure.stage}: {failure.message}")
+        if failure.hint:
+            console.print(f"hint: {failure.hint}")
     if state == "cancelled":
         console.print("[yellow]cancelled[/]")
     return exit_code(status)

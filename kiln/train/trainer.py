@@ -195,7 +195,8 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
         loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
                              "action_tokens": action_tokens, **stale})
         if progress is not None:
-            progress({"step": step, "total_steps": total, **values, "learning_rate": float(lr),
+            shown = {**values, "kl": values["kl"] if plan.settings.kl_on else None}  # None: KL is off
+            progress({"step": step, "total_steps": total, **shown, "learning_rate": float(lr),
                       "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
         if config.checkpoint_interval and step % config.checkpoint_interval == 0:
             _checkpoint(loop, plan, step, output_dir, checkpoint_sink)

@@ -3,7 +3,10 @@
 Chaos tests use it to freeze a run at an exact point (discovery, revalidation) without touching
 Kiln: while the gate is closed, every new connection is accepted and parked; ``open()`` lets the
 parked ones and all later ones through to the real server. Bytes are forwarded unchanged (HTTP
-and WebSocket alike). Stopped by ``close()``; everything runs on daemon threads of this process.
+and WebSocket alike). With ``ws_delay_s`` every chunk the server sends on a WebSocket connection
+reaches the client that much later (a slow environment: reset and step answers arrive late;
+plain HTTP such as /health is not delayed). Stopped by ``close()``; everything runs on daemon
+threads of this process.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 LOOPBACK = "127.0.0.1"
@@ -19,7 +23,8 @@ LOOPBACK = "127.0.0.1"
 class GatedProxy:
     """``url`` forwards to ``target_url``; ``hold()``/``open()`` close and open the gate."""
 
-    def __init__(self, target_url: str) -> None:
+    def __init__(self, target_url: str, ws_delay_s: float = 0.0) -> None:
+        self.ws_delay_s = ws_delay_s
         parts = urlsplit(target_url)
         self.target = (parts.hostname or LOOPBACK, parts.port or 80)
         self.path = parts.path.rstrip("/")
@@ -70,16 +75,23 @@ class GatedProxy:
             return
         upstream.settimeout(None)
         self._track(upstream)
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+        delay = 0.0
+        if self.ws_delay_s:
+            with contextlib.suppress(OSError):
+                head = client.recv(65536, socket.MSG_PEEK).lower()
+                delay = self.ws_delay_s if b"upgrade: websocket" in head else 0.0
+        threading.Thread(target=self._pump, args=(upstream, client, delay), daemon=True).start()
         self._pump(client, upstream)
 
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(source: socket.socket, sink: socket.socket, delay_s: float = 0.0) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
+                if delay_s:
+                    time.sleep(delay_s)
                 sink.sendall(data)
         except OSError:
             pass

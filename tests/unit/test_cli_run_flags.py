@@ -45,3 +45,48 @@ def test_thinking_flag_rejects_other_values() -> None:
     result = CliRunner().invoke(cli.app, BASE + ["--thinking", "maybe"])
     assert result.exit_code == 2
     assert "maybe" in result.output
+
+
+TRAIN = ["openenv", "train", "--environment", "http://127.0.0.1:9", "--output-adapter", "agent", "--no-follow"]
+
+
+def _refused(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> str:
+    """Run ``args``; assert nothing was submitted and exit code 2; the output (stdout + stderr)."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, *_rest: seen.append(request))
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2, result.output
+    assert seen == []
+    return " ".join(result.output.split())
+
+
+@pytest.mark.timeout(30)
+def test_a_wrong_choice_is_refused_locally_naming_the_flag_and_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = _refused(monkeypatch, TRAIN + ["--optimizer", "sgd"])
+    assert "'--optimizer'" in text and "'sgd' is not one of 'muon', 'adamw'" in text
+    assert "training_config" not in text
+    text = _refused(monkeypatch, TRAIN + ["--report-to", "mlflow"])
+    assert "'--report-to'" in text and "'none', 'tensorboard', 'trackio', 'wandb'" in text
+
+
+@pytest.mark.timeout(30)
+def test_model_errors_name_the_flags_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = _refused(monkeypatch, TRAIN + ["--group-size", "1"])
+    assert "openenv_invalid_request" in text
+    assert "--group-size must be >= 2 for training" in text and "body:" not in text
+    text = _refused(monkeypatch, TRAIN + ["--groups", "0", "--lora-rank", "0"])
+    assert "--groups: Input should be greater than or equal to 1" in text
+    assert "--lora-rank: Input should be greater than or equal to 1" in text
+    text = _refused(monkeypatch, BASE + ["--groups", "2", "--group-size", "9000"])
+    assert "--group-size: Input should be less than or equal to 256" in text
+
+
+@pytest.mark.timeout(30)
+def test_choice_values_reach_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, *_rest: seen.append(request))
+    result = CliRunner().invoke(cli.app, TRAIN + ["--optimizer", "adamw", "--is-level", "cispo", "--report-to", "tensorboard"])
+    assert result.exit_code == 0, result.output
+    request = parse_run_request(seen[0])
+    assert (request.training_config.optimizer, request.training_config.is_level, request.report_to) == (
+        "adamw", "cispo", "tensorboard")

@@ -49,3 +49,26 @@ def test_setup_runs_the_check_and_installs_with_constraints() -> None:
     )
     assert pins["torch"] == "2.13.0"  # no +cpu: the same pin must accept the CUDA build
     assert pins["transformers"] == "5.24.0" and pins["dashscope"] == "2.0.2"
+
+
+def _quiet(command: str, verbose: bool) -> subprocess.CompletedProcess:
+    """``quiet COMMAND`` from scripts/lib/quiet.sh, then its status on stdout."""
+    env = {"PATH": "/usr/bin:/bin", "KILN_VERBOSE": "1" if verbose else "0"}
+    return subprocess.run(["bash", "-c", f'. scripts/lib/quiet.sh; quiet {command}; echo "status $?"'],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.timeout(60)
+def test_setup_prints_only_its_own_lines_unless_verbose() -> None:
+    banner = "bash -c 'echo Obtaining file:///kiln; echo running egg_info >&2'"
+    hidden = _quiet(banner, verbose=False)
+    assert (hidden.stdout, hidden.stderr) == ("status 0\n", "")
+    shown = _quiet(banner, verbose=True)
+    assert (shown.stdout, shown.stderr) == ("Obtaining file:///kiln\nstatus 0\n", "running egg_info\n")
+    failed = _quiet("bash -c 'echo no matching distribution; exit 3'", verbose=False)
+    assert failed.stdout == "status 3\n"  # the failure is not swallowed: setup.sh (set -e) stops
+    assert failed.stderr.splitlines() == ["no matching distribution",
+                                          "setup: 'bash -c echo no matching distribution; exit 3' failed (exit 3)"]
+    setup = (ROOT / "scripts" / "setup.sh").read_text().splitlines()
+    installs = [line for line in setup if "pip install" in line]
+    assert len(installs) == 4 and all(line.startswith("quiet ") for line in installs), installs

@@ -101,12 +101,15 @@ def test_reasoning_split_and_episode_paging() -> None:
     rollouts = json.dumps({"messages": [], "completions": [
         {"trajectory": [{"kind": "action", "content": "<think>go</think>{\"amount\":2}"},
                         {"kind": "observation", "content": "Count is 2"}]}]}).encode()
-    replay = json.dumps({"groups": [{"group_index": 0, "seed": 9, "candidates": [
+    replay = json.dumps({"groups": [{"group_index": 0, "seed": 9,
+                                     "reset_observation": {"observation": {"count": 0}, "reward": None, "done": False},
+                                     "candidates": [
         {"candidate_index": 0, "episode_return": 1.0, "termination": "done", "exchanges": [
             {"action": {"amount": 2}, "result": {"kind": "observation",
                                                   "observation": {"observation": {"count": 2}, "reward": 1.0}}}]}]}]}).encode()
     rows = episode_rows(rollouts, replay)
-    assert rows == [{"group_index": 0, "candidate_index": 0, "seed": 9, "episode_return": 1.0, "termination": "done",
+    assert rows == [{"group_index": 0, "candidate_index": 0, "seed": 9, "reset_observation": '{"count":0}',
+                     "episode_return": 1.0, "termination": "done",
                      "turns": [{"turn": 1, "observation": '{"count":2}', "reasoning": "go",
                                 "action": '{"amount":2}', "reward": 1.0}]}]
     assert page(rows * 7, 5, 5)["episodes"] == rows * 2 and page(rows * 7, 5, 5)["total"] == 7
