@@ -307,7 +307,7 @@ class EpisodeFields(StrictModel):
     replay_ignore: list[str] = Field(
         default_factory=list, max_length=64,
         description="Step and state fields live replay must not compare: dotted paths as a replay "
-        "drift names them (result.observation.… or final_state.…); recorded in the rollout summary.",
+        "drift names them (result.observation.X.Y or final_state.X); recorded in the rollout summary.",
     )
 
     @field_validator("replay_ignore")

@@ -17,7 +17,7 @@ HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 
 def _completed_results() -> list[tuple[str, dict]]:
     out = []
-    for path in sorted(HISTORIES.glob("*.json")):
+    for path in sorted(HISTORIES.glob("*/*.json")):  # every kept release
         for event in json.loads(path.read_text())["events"]:
             attrs = event.get("workflowExecutionCompletedEventAttributes")
             if attrs and attrs.get("result", {}).get("payloads"):
