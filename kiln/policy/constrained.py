@@ -102,8 +102,15 @@ def _bit(bit: int) -> int:
 class ActionGrammar:
     """One compiled action grammar for one tokenizer; hands out per-row constraints."""
 
-    def __init__(self, compiled, *, schema_sha256: str, vocab_size: int, stop_id: int, think_close_id: int):
+    def __init__(
+        self, compiled, *, schema_sha256: str, vocab_size: int, stop_id: int, think_close_id: int,
+        tightened_schema_json: str = "", ebnf: str = "",
+    ):
         self.compiled = compiled
+        # The tightened schema (the JSON text) this grammar was compiled from, and the grammar's
+        # EBNF text (prefix whitespace + the schema's object): what another engine is handed.
+        self.tightened_schema_json = tightened_schema_json
+        self.ebnf = ebnf
         self.schema_sha256 = schema_sha256
         self.vocab_size = int(vocab_size)
         self.stop_id = int(stop_id)
@@ -240,8 +247,11 @@ class ActionGrammarCache:
         digest = digest_json(action_schema)
         grammar = self._entries.get(digest)
         if grammar is None:
+            compiled, tightened, ebnf = self._compile(action_schema)
             grammar = ActionGrammar(
-                self._compile(action_schema),
+                compiled,
+                tightened_schema_json=tightened,
+                ebnf=ebnf,
                 schema_sha256=digest,
                 vocab_size=self.vocab_size,
                 stop_id=self.stop_id,
@@ -256,15 +266,18 @@ class ActionGrammarCache:
 
     def _compile(self, action_schema: dict[str, Any]):
         xgr = _xgrammar()
+        # The exact text compiled (property order kept: it orders the grammar's object fields).
+        tightened = json.dumps(grammar_schema(action_schema))
         try:
             body = xgr.Grammar.from_json_schema(
-                json.dumps(grammar_schema(action_schema)),
+                tightened,
                 any_whitespace=True,
                 max_whitespace_cnt=MAX_WHITESPACE,
                 strict_mode=True,
             )
             prefix = xgr.Grammar.from_ebnf(f"root ::= [ \\n\\r\\t]{{0,{MAX_PREFIX_WHITESPACE}}}")
-            return self._compiler.compile_grammar(xgr.Grammar.concat(prefix, body))
+            grammar = xgr.Grammar.concat(prefix, body)
+            return self._compiler.compile_grammar(grammar), tightened, str(grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ConstrainedDecodingUnavailable(
                 f"the action schema cannot be compiled into a decoding grammar: {exc}"
