@@ -95,7 +95,7 @@ class LockedPolicy:
         target = getattr(self._runtime, name)
         if not callable(target):
             return target
-        if name == "sample" and self._runtime.engine.concurrent:
+        if name == "sample" and getattr(getattr(self._runtime, "engine", None), "concurrent", False):
             return target  # a batching engine takes every row in flight at once
 
         def locked(*args: Any, **kwargs: Any) -> Any:

@@ -44,7 +44,7 @@ class HfEngine:
                 extra["constraints"] = [first.grammar.row(thinking=first.thinking) for _ in indices]
             adapter = first.adapter
             rt = self._runtime
-            with rt.lock, rt._activate(adapter.path if adapter is not None else None):
+            with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
                 samples = sample_batch(
                     rt.model,
                     [list(requests[i].prompt_ids) for i in indices],
@@ -66,7 +66,7 @@ class HfEngine:
 
     def load_adapter(self, adapter: AdapterHandle) -> None:
         rt = self._runtime
-        with rt.lock, rt._activate(adapter.path):
+        with rt.lock, rt._activate(adapter.path, adapter.sha256):
             pass
 
     def unload_adapter(self, sha256: str) -> None:

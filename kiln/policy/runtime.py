@@ -177,12 +177,13 @@ class PolicyRuntime:
             )
         return adapter_content_sha256(adapter_dir)
 
-    def _activate(self, adapter_dir: Path | None):
-        """A context manager under which ``self.model`` computes with the requested adapter."""
+    def _activate(self, adapter_dir: Path | None, digest: str | None = None):
+        """A context manager under which ``self.model`` computes with the requested adapter
+        (``digest``: its content digest when the caller already has it)."""
         if adapter_dir is None:
             return _frozen(self._peft, self._peft.disable_adapter()) if self._peft is not None else nullcontext()
         adapter_dir = Path(adapter_dir)
-        digest = self._adapter_digest(adapter_dir)
+        digest = digest or self._adapter_digest(adapter_dir)
         name = self._adapters.get(digest)
         if name is None:
             name = "a" + digest.split(":", 1)[1][:24]

@@ -85,7 +85,7 @@ def test_same_prompt_seed_and_adapter_give_the_same_ids_twice(vrt, adapter: Path
 
 
 @pytest.mark.timeout(600)
-def test_ids_decode_to_text_and_trainer_logprobs_match_within_tolerance(vrt, adapter: Path) -> None:
+def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, adapter: Path) -> None:
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
     worst = 0.0
     for adapter_dir in (None, adapter):
@@ -93,8 +93,9 @@ def test_ids_decode_to_text_and_trainer_logprobs_match_within_tolerance(vrt, ada
                           adapter_dir=adapter_dir)
         for row in rows:
             assert len(row.ids) == len(row.logprobs) > 0
-            text = vrt.decode(row.ids)
-            assert vrt.tokenizer.encode(text, add_special_tokens=False) or not row.ids
+            assert all(0 <= t < len(vrt.tokenizer) for t in row.ids)
+            # the trainer teacher-forces the very ids vLLM returned: a shifted or re-tokenized id
+            # would show as a log-prob gap of whole nats, not rounding
             trainer = vrt.logprobs_of(prompt, row.ids, temperature=1.0, adapter_dir=adapter_dir)
             worst = max(worst, max(abs(a - b) for a, b in zip(trainer, row.logprobs)))
     print(f"max |vLLM - trainer| log-prob: {worst:.3e}")
@@ -159,3 +160,46 @@ def test_kill_9_of_the_engine_fails_the_call_in_flight_and_the_next_call_restart
     again = vrt.sample([prompt], [5], max_new_tokens=8, temperature=1.0, thinking=False)
     assert len(again[0].ids) > 0
     assert engine.pid != old_pid and engine.restarts == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(900)
+async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
+    kiln_settings, counter_env_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """Collect 2 groups x 2 through a vllm-engine gpu worker, train, verify the bundle offline."""
+    from activities.gpu import GpuActivities
+    from api.runs import RunService
+    from kiln.contracts import parse_run_request
+    from kiln.rollout.verify import verify_bundle
+    from tests.integration.test_real_shape_run import RUN, _fetch
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+    from tests.unit.test_verify_support import write_bundle
+
+    built: list[GpuActivities] = []
+
+    def factory(settings, store, path):
+        built.append(GpuActivities(settings, store, path))
+        return built[-1]
+
+    settings = kiln_settings(model_path=model_dir, device="cpu", dtype="auto", engine="vllm",
+                             vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
+    request = parse_run_request({**RUN, "environment_urls": [counter_env_url], "output_adapter": "vllm-run"})
+    try:
+        async with running_workers(settings, gpu_factory=factory) as client:
+            status, _ = await RunService(client, settings).submit(request)
+            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+    finally:
+        for acts in built:
+            if acts._policy is not None:
+                acts._policy._runtime.engine.close()
+    assert final["state"] == "completed", final.get("failure")
+    assert final["training"]["trained"] is True
+    artifacts = {a["name"]: a for a in final["artifacts"]}
+    bundle = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
+    lines = [json.loads(line) for line in bundle["rollouts.jsonl"].decode().splitlines()]
+    policy = lines[0]["completions"][0]["openenv"]["behavior_policy"]
+    assert policy["runtime"]["engine"]["name"] == "vllm"
+    offline = verify_bundle(write_bundle(tmp_path / "bundle", bundle))
+    assert offline["replay_sha256"] == json.loads(bundle["summary.json"])["replay_sha256"]

@@ -26,7 +26,6 @@ def rt(tmp_path_factory):
     return PolicyRuntime.load(shared_tiny_model(tmp_path_factory))
 
 
-@pytest.mark.timeout(120)
 def test_runtime_samples_through_the_hf_engine_with_the_samplers_bytes(rt) -> None:
     from kiln.policy.sampling import sample_batch
 
