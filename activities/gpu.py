@@ -36,6 +36,7 @@ from kiln.records import (
     WorldModelResult,
 )
 from kiln.artifacts.adapters import materialise, read_pointer
+from kiln.policy.engine import request_tag
 from kiln.policy.identity import with_inference
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import kiln_errors
@@ -184,6 +185,7 @@ class GpuActivities:
             policy = await asyncio.to_thread(self.policy)
             if self.settings.engine == "vllm":
                 _size_default_executor(self.settings.gpu_concurrency)
+                request_tag.set(info.workflow_id)  # the engine's /stats shows runs batched together
             adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
             started = time.monotonic()
             result = await collect(

@@ -25,11 +25,16 @@ Which one a worker uses is the ``KILN_ENGINE`` setting (:class:`kiln.settings.Se
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol, Sequence
 
 EngineName = Literal["hf", "vllm"]
+
+# Who the rows generated in this context belong to (the gpu worker sets the run's workflow id):
+# a batching engine reports which callers' requests it ran together.
+request_tag: ContextVar[str | None] = ContextVar("kiln_engine_request_tag", default=None)
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 
 
@@ -138,4 +143,5 @@ __all__ = [
     "Generation",
     "GenerationRequest",
     "engine_identity_fields",
+    "request_tag",
 ]

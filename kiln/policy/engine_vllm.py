@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from kiln.errors import EngineUnavailable
-from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest
+from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest, request_tag
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 _U63 = 1 << 63
@@ -201,12 +201,13 @@ class VllmEngine:
         if not requests:
             return []
         self.start()
+        tag = request_tag.get() or self.tag
         with self._gate.shared():
-            futures = [self._pool.submit(self._row, req) for req in requests]
+            futures = [self._pool.submit(self._row, req, tag) for req in requests]
             return [f.result() for f in futures]
 
     # ------------------------------------------------------------------------------ rows
-    def _row(self, req: GenerationRequest) -> Generation:
+    def _row(self, req: GenerationRequest, tag: str | None = None) -> Generation:
         if req.max_tokens <= 0:
             return Generation(ids=[], logprobs=[], finished=False,
                               adapter_sha256=req.adapter.sha256 if req.adapter else None)
@@ -215,15 +216,15 @@ class VllmEngine:
         )
         if not two_phase:
             grammar = req.grammar if not (req.thinking and req.think_close_id is not None) else None
-            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, [req.stop_id], grammar)
+            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, [req.stop_id], grammar, tag)
             return self._finish(req, out["ids"], out["logprobs"], out["adapter"])
         first_max = req.max_tokens if req.budget is None else min(req.max_tokens, req.budget)
-        out = self._call(req, req.prompt_ids, first_max, req.seed, [req.stop_id, req.think_close_id], None)
+        out = self._call(req, req.prompt_ids, first_max, req.seed, [req.stop_id, req.think_close_id], None, tag)
         ids, lps = list(out["ids"]), list(out["logprobs"])
         if not ids or ids[-1] != req.think_close_id or len(ids) >= req.max_tokens:
             return self._finish(req, ids, lps, out["adapter"])
         rest = self._call(req, tuple(req.prompt_ids) + tuple(ids), req.max_tokens - len(ids),
-                          answer_seed(req.seed), [req.stop_id], req.grammar)
+                          answer_seed(req.seed), [req.stop_id], req.grammar, tag)
         return self._finish(req, ids + list(rest["ids"]), lps + list(rest["logprobs"]), rest["adapter"])
 
     def _finish(self, req: GenerationRequest, ids: list[int], lps: list[float], served: str | None) -> Generation:
@@ -240,7 +241,7 @@ class VllmEngine:
                           adapter_sha256=served)
 
     def _call(self, req: GenerationRequest, prompt: Sequence[int], max_tokens: int, seed: int,
-              stop_ids: list[int], grammar: Any) -> dict[str, Any]:
+              stop_ids: list[int], grammar: Any, tag: str | None) -> dict[str, Any]:
         body = {
             "prompt_ids": [int(t) for t in prompt],
             "seed": int(seed) % _U63,
@@ -250,7 +251,7 @@ class VllmEngine:
             "stop_ids": stop_ids,
             "grammar": grammar.ebnf if grammar is not None else None,
             "adapter": {"name": req.adapter.sha256, "path": str(req.adapter.path)} if req.adapter else None,
-            "tag": self.tag,
+            "tag": tag,
         }
         return self._post("/generate", body)
 

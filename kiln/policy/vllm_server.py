@@ -187,8 +187,10 @@ class Server:
                 status, payload = 404, {"error": f"no route {method} {path}"}
         except (ValueError, KeyError, TypeError) as exc:
             status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
-        except Exception as exc:  # noqa: BLE001 - reported to the client, the server stays up
+        except Exception as exc:  # noqa: BLE001 - reported to the client
             status, payload = 500, {"error": f"{type(exc).__name__}: {exc}"}
+            if type(exc).__name__ == "EngineDeadError":  # the engine core is gone: exit, so the
+                asyncio.get_running_loop().call_later(0.2, _exit_group)  # client restarts us
         data = json.dumps(payload).encode()
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Internal Server Error")
         writer.write(
@@ -211,6 +213,14 @@ async def _serve(args: argparse.Namespace) -> None:
         await listener.serve_forever()
 
 
+def _exit_group() -> None:
+    """Stop this server and the engine-core processes it spawned (its own process group)."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+    finally:
+        os._exit(1)
+
+
 async def _watch_parent(pid: int) -> None:
     """Exit when the worker that started the engine is gone (no orphaned engine holds the GPU)."""
     while True:
@@ -218,8 +228,7 @@ async def _watch_parent(pid: int) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            os.killpg(os.getpgid(0), signal.SIGTERM)  # the engine core processes too
-            os._exit(0)
+            _exit_group()
 
 
 def main(argv: list[str] | None = None) -> None:
