@@ -69,7 +69,7 @@ def adapter(model_dir: Path, tmp_path_factory) -> Path:
     return make_lora_adapter(model_dir, Path(tmp_path_factory.mktemp("lora")) / "a", seed=3, scale=0.8)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # pays for the module's model build and engine start
 def test_same_prompt_seed_and_adapter_give_the_same_ids_twice(vrt, adapter: Path) -> None:
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
     seeds = [101, 102, 103, 104]
@@ -140,7 +140,7 @@ def test_constrained_actions_parse_and_validate(vrt, shape: str) -> None:
         vrt.logprobs_of(prompt, row.ids, temperature=1.0, action_schema=schema, thinking=False)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # pays for a second engine start
 def test_kill_9_of_the_engine_fails_the_call_in_flight_and_the_next_call_restarts_it(vrt) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
