@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.openenv.discovery import inspect_environment
     from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
     from kiln.policy.runtime import PolicyRuntime
-    from tests.support.servers import serve_example_env
+    from tests.support.servers import example_env_argv, serve_app_process
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))
     tmp = tempfile.TemporaryDirectory(prefix="kiln-bench-engine-")
@@ -79,16 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     engine = VllmEngine(VllmConfig(model_path=model, python=default_python(), log_path=Path(tmp.name) / "vllm.log",
                                    max_model_len=4096, cpu_kvcache_gb=2, max_num_seqs=args.groups * args.group_size))
     vllm.use_engine(engine)
-    started = time.perf_counter()
-    engine.start()
-    print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})")
     results = {}
+    sessions = args.groups * args.group_size
     try:
-        with serve_example_env("counter", max_concurrent_envs=args.groups * args.group_size) as base_url:
+        with serve_app_process(lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions),
+                               startup_timeout_s=300.0) as base_url:
             inspection = asyncio.run(inspect_environment(base_url))
+            started = time.perf_counter()
+            engine.start()
+            print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})", flush=True)
             for name, runtime in (("hf", hf), ("vllm", vllm)):
-                asyncio.run(collect_all(runtime, base_url, inspection, argparse.Namespace(**{**vars(args), "groups": 1})))
+                warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
+                asyncio.run(collect_all(runtime, base_url, inspection, warm))
                 results[name] = asyncio.run(collect_all(runtime, base_url, inspection, args))
+                print(f"{name} done", flush=True)
     finally:
         engine.close()
         tmp.cleanup()
