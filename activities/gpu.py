@@ -36,6 +36,7 @@ from kiln.records import (
     WorldModelResult,
 )
 from kiln.artifacts.adapters import materialise, read_pointer
+from kiln.policy.engine import request_tag
 from kiln.policy.identity import with_inference
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import heartbeating, kiln_errors
@@ -84,7 +85,8 @@ def _resolved_sampling(sampling: dict[str, Any] | None, thinking: bool | None) -
 
 
 class LockedPolicy:
-    """Serialises every call into the shared runtime (adapter switching is not thread-safe)."""
+    """Serialises every call into the shared runtime (adapter switching is not thread-safe), except
+    sampling on a concurrent engine (vllm), which batches the rows of every caller itself."""
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -94,12 +96,26 @@ class LockedPolicy:
         target = getattr(self._runtime, name)
         if not callable(target):
             return target
+        if name == "sample" and getattr(getattr(self._runtime, "engine", None), "concurrent", False):
+            return target  # a batching engine takes every row in flight at once
 
         def locked(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 return target(*args, **kwargs)
 
         return locked
+
+
+def _size_default_executor(activities: int) -> None:
+    """Give the event loop's default executor a thread per concurrent collection activity: each
+    group waits for its rows in ``asyncio.to_thread``, and with the batching engine many wait at once."""
+    loop = asyncio.get_running_loop()
+    if getattr(loop, "_kiln_executor_size", 0) >= activities:
+        return
+    import concurrent.futures
+
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=activities + 4))
+    loop._kiln_executor_size = activities  # type: ignore[attr-defined]
 
 
 class GpuActivities:
@@ -116,9 +132,12 @@ class GpuActivities:
             if self._policy is None:
                 from kiln.policy.runtime import PolicyRuntime
 
-                self._policy = LockedPolicy(
-                    PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype)
-                )
+                runtime = PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype)
+                if self.settings.engine == "vllm":
+                    from kiln.policy.engine_vllm import engine_for
+
+                    runtime.use_engine(engine_for(self.settings, self.model_path, dtype=runtime.dtype))
+                self._policy = LockedPolicy(runtime)
             return self._policy
 
     def _adapter_dir(self, ref: AdapterRef | None) -> Path | None:
@@ -164,6 +183,9 @@ class GpuActivities:
         ticker = asyncio.ensure_future(_beat_while_waiting(latest, info.heartbeat_timeout))
         try:
             policy = await asyncio.to_thread(self.policy)
+            if self.settings.engine == "vllm":
+                _size_default_executor(self.settings.gpu_concurrency)
+                request_tag.set(info.workflow_id)  # the engine's /stats shows runs batched together
             adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
             started = time.monotonic()
             result = await collect(

@@ -181,6 +181,15 @@ class AdapterNotFound(KilnError):
     http_status = 404
 
 
+class EngineUnavailable(KilnError):
+    """The rollout engine process (``KILN_ENGINE=vllm``) is missing, died or failed a request; the
+    worker restarts it and the groups in flight are retried."""
+
+    code = "engine_unavailable"
+    retryable = True
+    http_status = 503
+
+
 class ArtifactPublicationFailed(KilnError):
     code = "artifact_publication_failed"
     stage = "publication"

@@ -57,6 +57,18 @@ class Settings(BaseSettings):
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False
     gpu_max_concurrent_activities: int = 2
+    # The rollout engine of this worker (docs/engines.md): hf = Kiln's batch-invariant sampler in
+    # the worker (byte-reproducible, the reference); vllm = a vLLM server process in its own venv.
+    engine: Literal["hf", "vllm"] = "hf"
+    # The vllm engine's Python (default: .venv-vllm/bin/python of the Kiln checkout).
+    vllm_python: Path | None = None
+    # With the vllm engine a gpu worker runs this many activities at once (continuous batching).
+    vllm_max_concurrent_activities: int = Field(default=32, ge=1)
+    # Share of the GPU's memory vLLM may take (weights + KV cache); the trainer uses the rest.
+    vllm_gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0)
+    # KV-cache size in GB of the CPU build (VLLM_CPU_KVCACHE_SPACE).
+    vllm_cpu_kvcache_gb: int = Field(default=4, ge=1)
+    vllm_max_model_len: int = Field(default=4096, ge=64)
     # Train on the policy runtime's own base model (one copy in memory) instead of a second copy.
     # Sampling afterwards is bit-identical to a fresh worker's (docs/models.md); false loads a
     # second copy for training (twice the weight memory, sampling not blocked while training).
@@ -77,6 +89,11 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         """``KILN_TEMPORAL_API_KEY=`` (e.g. ``${VAR:-}`` in compose) means unset, not an empty key."""
         return None if isinstance(value, str) and not value.strip() else value
+
+    @property
+    def gpu_concurrency(self) -> int:
+        """How many activities a gpu worker runs at once (many with the batching vllm engine)."""
+        return self.vllm_max_concurrent_activities if self.engine == "vllm" else self.gpu_max_concurrent_activities
 
     @property
     def resolved_api_url(self) -> str:

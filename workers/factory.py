@@ -73,7 +73,7 @@ def _gpu_workers(
             task_queue=model_task_queue(settings.gpu_task_queue, name),
             activities=(gpu_factory or GpuActivities)(settings, store, path).all(),
             activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
-            max_concurrent_activities=settings.gpu_max_concurrent_activities,
+            max_concurrent_activities=settings.gpu_concurrency,
         )
         for name, path in models.items()
     ]

@@ -107,7 +107,8 @@ class ActionGrammar:
     """One compiled action grammar for one tokenizer; hands out per-row constraints."""
 
     def __init__(
-        self, compiled, *, schema_sha256: str, schema_json: str, vocab_size: int, stop_id: int, think_close_id: int
+        self, compiled, *, schema_sha256: str, schema_json: str, vocab_size: int, stop_id: int,
+        think_close_id: int, ebnf: str = "",
     ):
         self.compiled = compiled
         self.schema_sha256 = schema_sha256  # the policy-facing (untightened) schema's digest
@@ -115,6 +116,9 @@ class ActionGrammar:
         # the grammar writes properties in), and the sha256 of exactly that text.
         self.schema_json = schema_json
         self.grammar_schema_sha256 = sha256_bytes(schema_json.encode("utf-8"))
+        # The grammar's EBNF text (prefix whitespace + the schema's value), compiled from exactly
+        # schema_json: what another engine (vllm) is handed, so both engines mask alike.
+        self.ebnf = ebnf
         self.vocab_size = int(vocab_size)
         self.stop_id = int(stop_id)
         self.think_close_id = int(think_close_id)
@@ -252,8 +256,10 @@ class ActionGrammarCache:
         grammar = self._entries.get(digest)
         if grammar is None:
             schema_json = compact_json(grammar_schema(action_schema)).decode("utf-8")
+            compiled, ebnf = self._compile(schema_json)
             grammar = ActionGrammar(
-                self._compile(schema_json),
+                compiled,
+                ebnf=ebnf,
                 schema_sha256=digest,
                 schema_json=schema_json,
                 vocab_size=self.vocab_size,
@@ -277,7 +283,8 @@ class ActionGrammarCache:
                 strict_mode=True,
             )
             prefix = xgr.Grammar.from_ebnf(f"root ::= [ \\n\\r\\t]{{0,{MAX_PREFIX_WHITESPACE}}}")
-            return self._compiler.compile_grammar(xgr.Grammar.concat(prefix, body))
+            grammar = xgr.Grammar.concat(prefix, body)
+            return self._compiler.compile_grammar(grammar), str(grammar)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ConstrainedDecodingUnavailable(
                 f"the action schema cannot be compiled into a decoding grammar: {exc}"

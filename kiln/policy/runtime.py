@@ -36,7 +36,9 @@ from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolv
 from kiln.policy.device import resolve_placement  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402
 from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402
-from kiln.policy.sampling import Sample, completion_logprobs, sample_batch  # noqa: E402
+from kiln.policy.engine import AdapterHandle, Engine, GenerationRequest, engine_identity_fields  # noqa: E402
+from kiln.policy.engine_hf import HfEngine  # noqa: E402
+from kiln.policy.sampling import Sample, completion_logprobs  # noqa: E402
 
 __all__ = ["PolicyRuntime", "Sample"]
 
@@ -58,6 +60,8 @@ class PolicyRuntime:
         self.base_model_sha256 = model_content_sha256(self.model_path)
         self.lock = threading.RLock()  # sampling, scoring and training leases are serialised
         self._peft = None
+        # The rollout engine (:mod:`kiln.policy.engine`): hf by default; :meth:`use_engine` swaps it.
+        self.engine: Engine = HfEngine(self)
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
         self._action_grammars = None  # kiln.policy.constrained.ActionGrammarCache, built on first use
         self._derive_glue()
@@ -133,7 +137,14 @@ class PolicyRuntime:
             "transformers": transformers.__version__,
             "device": self.device,
             "dtype": self.dtype,
+            **engine_identity_fields(self.engine),
         }
+
+    def use_engine(self, engine: Engine) -> None:
+        """Sample with ``engine`` from now on (the previous one is closed)."""
+        old, self.engine = self.engine, engine
+        if old is not engine:
+            old.close()
 
     def identity(self, adapter_dir: Path | None = None) -> dict:
         """The behaviour-policy identity of actions sampled with ``adapter_dir`` (None = base)."""
@@ -144,6 +155,19 @@ class PolicyRuntime:
         }
 
     # ---------------------------------------------------------------------------------- adapters
+    def adapter_handle(self, adapter_dir: Path | None) -> AdapterHandle | None:
+        """The engine's view of ``adapter_dir`` (its path and content digest; None = base)."""
+        if adapter_dir is None:
+            return None
+        adapter_dir = Path(adapter_dir)
+        return AdapterHandle(path=adapter_dir, sha256=self._adapter_digest(adapter_dir))
+
+    def _forget_adapter(self, digest: str) -> None:
+        with self.lock:
+            name = self._adapters.pop(digest, None)
+            if name is not None and self._peft is not None:
+                self._peft.delete_adapter(name)
+
     def _adapter_digest(self, adapter_dir: Path) -> str:
         missing = [name for name in ADAPTER_FILES if not (adapter_dir / name).is_file()]
         if missing:
@@ -153,12 +177,13 @@ class PolicyRuntime:
             )
         return adapter_content_sha256(adapter_dir)
 
-    def _activate(self, adapter_dir: Path | None):
-        """A context manager under which ``self.model`` computes with the requested adapter."""
+    def _activate(self, adapter_dir: Path | None, digest: str | None = None):
+        """A context manager under which ``self.model`` computes with the requested adapter
+        (``digest``: its content digest when the caller already has it)."""
         if adapter_dir is None:
             return _frozen(self._peft, self._peft.disable_adapter()) if self._peft is not None else nullcontext()
         adapter_dir = Path(adapter_dir)
-        digest = self._adapter_digest(adapter_dir)
+        digest = digest or self._adapter_digest(adapter_dir)
         name = self._adapters.get(digest)
         if name is None:
             name = "a" + digest.split(":", 1)[1][:24]
@@ -281,23 +306,18 @@ class PolicyRuntime:
         them. Absent, sampling is exactly the unconstrained one.
         """
         thinking = self.resolve_thinking(thinking)
-        extra = {}
-        if action_schema is not None:
-            grammar = self.action_grammar(action_schema)
-            extra["constraints"] = [grammar.row(thinking=thinking) for _ in prompts]
-        with self.lock, self._activate(adapter_dir):
-            return sample_batch(
-                self.model,
-                prompts,
-                seeds,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                stop_id=self.stop_id,
-                think_close_id=self.think_close_id,
-                think_budget=stop_after_think_budget if thinking else None,
-                device=self.device,
-                **extra,
+        grammar = self.action_grammar(action_schema) if action_schema is not None else None
+        adapter = self.adapter_handle(adapter_dir)
+        requests = [
+            GenerationRequest(
+                prompt_ids=tuple(prompt), seed=int(seed), max_tokens=int(max_new_tokens),
+                temperature=float(temperature), stop_id=self.stop_id, think_close_id=self.think_close_id,
+                thinking_budget=stop_after_think_budget if thinking else None, thinking=thinking,
+                grammar=grammar, adapter=adapter,
             )
+            for prompt, seed in zip(prompts, seeds, strict=True)
+        ]
+        return self.engine.generate(requests)
 
     def logprobs_of(
         self,
@@ -339,7 +359,7 @@ class PolicyRuntime:
         """
         from kiln.train.model import release_lora
 
-        with self.lock:
+        with self.lock, self.engine.exclusive():
             held = self._peft
             lease = _Lease(held if held is not None else self.model)
             try:

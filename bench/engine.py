@@ -1,0 +1,110 @@
+"""Collection throughput of Kiln on the vllm engine versus the hf engine, measured in one run.
+
+Both engines collect the same workload with Kiln's own ``GroupCollector`` (the code path of the
+gpu worker's ``collect_group``): ``--groups`` seed groups of ``--group-size`` candidates, all groups
+at once (a vllm worker runs many collection activities together; on hf the runtime's lock
+serialises them, as it does in a worker), on a real counter server (``openenv``) with one session
+per candidate, a qwen3-0.6b-shaped random model with ``--layers`` layers and the real vocabulary,
+thinking off, ``--max-steps`` turns of up to ``--tokens`` tokens. Prints episodes/s and generated
+tokens/s of each engine and the vllm/hf ratios. The vllm engine is started before timing (its start
+is reported separately).
+
+Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR]`` (needs
+``scripts/setup.sh --engine vllm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+async def collect_all(runtime, base_url: str, inspection: dict, args) -> tuple[float, int, int]:
+    """(seconds, episodes, generated tokens) of collecting every group at once."""
+    from kiln.contracts import EpisodeSettings
+    from kiln.rollout.group import GroupCollector, GroupTask
+
+    settings = EpisodeSettings(group_size=args.group_size, max_steps=args.max_steps, concurrency=args.group_size,
+                               thinking=False, max_action_tokens=args.tokens)
+    identity = runtime.identity(None)
+
+    async def one(g: int) -> dict:
+        task = GroupTask(group_index=g, environment_index=0, seed=1000 + g, reset_payload={"seed": 1000 + g},
+                         inspection=inspection, settings=settings, behavior_policy=identity)
+        return await GroupCollector(task, runtime).run()
+
+    started = time.perf_counter()
+    documents = await asyncio.gather(*(one(g) for g in range(args.groups)))
+    elapsed = time.perf_counter() - started
+    episodes = sum(len(d["records"]) for d in documents)
+    tokens = sum(r["model_tokens"] for d in documents for r in d["records"])
+    return elapsed, episodes, tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-steps", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=None, help="a model folder (default: build a random one)")
+    args = parser.parse_args(argv)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        os.environ.pop(var, None)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from kiln.openenv.discovery import inspect_environment
+    from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.support.servers import example_env_argv, serve_app_process
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2)))
+    tmp = tempfile.TemporaryDirectory(prefix="kiln-bench-engine-")
+    model = args.model
+    if model is None:
+        from kiln.policy.random_model import build_random_model
+
+        model = build_random_model(Path(tmp.name) / "model", shape="qwen3-0.6b", layers=args.layers, dtype="bfloat16")
+    hf = PolicyRuntime.load(model)
+    vllm = PolicyRuntime.load(model)
+    engine = VllmEngine(VllmConfig(model_path=model, python=default_python(), log_path=Path(tmp.name) / "vllm.log",
+                                   max_model_len=4096, cpu_kvcache_gb=2, max_num_seqs=args.groups * args.group_size))
+    vllm.use_engine(engine)
+    results = {}
+    sessions = args.groups * args.group_size
+    try:
+        with serve_app_process(lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions),
+                               startup_timeout_s=300.0) as base_url:
+            inspection = asyncio.run(inspect_environment(base_url))
+            started = time.perf_counter()
+            engine.start()
+            print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})", flush=True)
+            for name, runtime in (("hf", hf), ("vllm", vllm)):
+                warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
+                asyncio.run(collect_all(runtime, base_url, inspection, warm))
+                results[name] = asyncio.run(collect_all(runtime, base_url, inspection, args))
+                print(f"{name} done", flush=True)
+    finally:
+        engine.close()
+        tmp.cleanup()
+    print(f"{args.groups} groups x {args.group_size}, {args.max_steps} turns of <= {args.tokens} tokens, "
+          f"qwen3-0.6b shape, {args.layers} layers")
+    print(f"{'engine':>6} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9}")
+    for name, (elapsed, episodes, tokens) in results.items():
+        print(f"{name:>6} {elapsed:>8.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
+    (he, hn, ht), (ve, vn, vt) = results["hf"], results["vllm"]
+    print(f"ratio vllm/hf: episodes/s {(vn / ve) / (hn / he):.2f}x, tokens/s {(vt / ve) / (ht / he):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only).
+
+Started by :class:`kiln.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
+environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln, so
+vLLM's pins (torch, transformers) never meet the worker's. It serves one model with LoRA enabled
+through vLLM's ``AsyncLLM``, so every request in flight (from any group, any run) is batched
+continuously by the engine.
+
+Endpoints (JSON bodies, one request per connection):
+
+- ``GET /health`` -> ``{"ok": true, "vllm": VERSION, "model": DIR, "pid": PID}``
+- ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
+  "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
+  "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
+  token ids; no chat template is applied and nothing is detokenized for the caller. ``logprobs``
+  are the sampled tokens' log-probs after temperature and grammar masking (``processed_logprobs``).
+- ``POST /unload`` ``{"name": SHA}`` -> ``{"unloaded": bool}``
+- ``GET /stats`` -> batching figures: the largest number of requests in flight at once, and for
+  each ``tag`` the number of requests that ran while another tag's request was in flight.
+
+Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; each gets a small
+integer id on first use, keyed by its content digest (the name the client sends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+
+_MAX_BODY = 64 * 1024 * 1024
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--max-loras", type=int, default=4)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-invariant", action="store_true")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    return p.parse_args(argv)
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_args = AsyncEngineArgs(
+            model=args.model,
+            dtype=args.dtype,
+            enable_lora=True,
+            max_lora_rank=args.max_lora_rank,
+            max_loras=args.max_loras,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed,
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            structured_outputs_config={"backend": "xgrammar"},
+            enable_prefix_caching=True,
+        )
+        self.engine = AsyncLLM.from_engine_args(engine_args)
+        self.model = args.model
+        self.loras: dict[str, int] = {}
+        self.in_flight: dict[str, str | None] = {}
+        self.max_in_flight = 0
+        self.overlapped: dict[str, int] = {}
+
+    # ---------------------------------------------------------------------------- generation
+    def _lora(self, adapter: dict | None):
+        if not adapter:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        name = str(adapter["name"])
+        if name not in self.loras:
+            self.loras[name] = len(self.loras) + 1 if not self.loras else max(self.loras.values()) + 1
+        return LoRARequest(name, self.loras[name], str(adapter["path"]))
+
+    def _params(self, body: dict):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = None
+        if body.get("grammar"):
+            structured = StructuredOutputsParams(grammar=body["grammar"])
+        elif body.get("json_schema") is not None:
+            structured = StructuredOutputsParams(json=body["json_schema"])
+        return SamplingParams(
+            n=1,
+            max_tokens=int(body["max_tokens"]),
+            temperature=float(body["temperature"]),
+            top_p=float(body.get("top_p", 1.0)),
+            seed=int(body["seed"]),
+            logprobs=0,
+            stop_token_ids=[int(t) for t in body.get("stop_ids", [])],
+            ignore_eos=True,
+            skip_special_tokens=False,
+            detokenize=False,
+            structured_outputs=structured,
+        )
+
+    async def generate(self, body: dict) -> dict:
+        request_id = uuid.uuid4().hex
+        tag = body.get("tag")
+        self.in_flight[request_id] = tag
+        self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
+        others = False
+        final = None
+        try:
+            async for out in self.engine.generate(
+                {"prompt_token_ids": [int(t) for t in body["prompt_ids"]]},
+                self._params(body),
+                request_id,
+                lora_request=self._lora(body.get("adapter")),
+            ):
+                final = out
+                if tag is not None and any(t is not None and t != tag for t in self.in_flight.values()):
+                    others = True
+        finally:
+            self.in_flight.pop(request_id, None)
+        if others:
+            self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+        completion = final.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        logprobs = []
+        for token, entry in zip(ids, completion.logprobs or []):
+            logprobs.append(float(entry[token].logprob))
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        adapter = body.get("adapter")
+        return {
+            "ids": ids,
+            "logprobs": logprobs,
+            "finish_reason": completion.finish_reason,
+            "adapter": adapter["name"] if adapter else None,
+        }
+
+    async def unload(self, body: dict) -> dict:
+        lora_id = self.loras.pop(str(body["name"]), None)
+        if lora_id is not None:
+            await self.engine.remove_lora(lora_id)
+        return {"unloaded": lora_id is not None}
+
+    def health(self) -> dict:
+        import vllm
+
+        return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid()}
+
+    def stats(self) -> dict:
+        return {"max_in_flight": self.max_in_flight, "overlapped": dict(self.overlapped)}
+
+    # ------------------------------------------------------------------------------------ HTTP
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        status, payload = 200, {}
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+            length = int(headers.get("content-length", "0"))
+            if length > _MAX_BODY:
+                raise ValueError("request body too large")
+            body = json.loads(await reader.readexactly(length)) if length else {}
+            if method == "GET" and path == "/health":
+                payload = self.health()
+            elif method == "GET" and path == "/stats":
+                payload = self.stats()
+            elif method == "POST" and path == "/generate":
+                payload = await self.generate(body)
+            elif method == "POST" and path == "/unload":
+                payload = await self.unload(body)
+            else:
+                status, payload = 404, {"error": f"no route {method} {path}"}
+        except (ValueError, KeyError, TypeError) as exc:
+            status, payload = 400, {"error": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - reported to the client
+            status, payload = 500, {"error": f"{type(exc).__name__}: {exc}"}
+            if type(exc).__name__ == "EngineDeadError":  # the engine core is gone: exit, so the
+                asyncio.get_running_loop().call_later(0.2, _exit_group)  # client restarts us
+        data = json.dumps(payload).encode()
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Internal Server Error")
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
+        )
+        try:
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    server = Server(args)
+    listener = await asyncio.start_server(server.handle, args.host, args.port, limit=_MAX_BODY)
+    print(f"kiln-vllm-server ready on {args.host}:{args.port} pid {os.getpid()}", flush=True)
+    if args.parent_pid:
+        asyncio.get_running_loop().create_task(_watch_parent(args.parent_pid))
+    async with listener:
+        await listener.serve_forever()
+
+
+def _exit_group() -> None:
+    """Stop this server and the engine-core processes it spawned (its own process group)."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+    finally:
+        os._exit(1)
+
+
+async def _watch_parent(pid: int) -> None:
+    """Exit when the worker that started the engine is gone (no orphaned engine holds the GPU)."""
+    while True:
+        await asyncio.sleep(2.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _exit_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if args.batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":  # the engine spawns a core process: the guard is required
+    main()

@@ -1,0 +1,141 @@
+"""The engine port: the hf engine behind PolicyRuntime, identities, the training gate, settings."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln.policy.engine import GenerationRequest, engine_identity_fields
+from kiln.settings import Settings
+from tests.support.models import shared_tiny_model
+
+MESSAGES = [{"role": "user", "content": 'Count is 0. Reply with {"amount": N}.'}]
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory):
+    import torch
+
+    from kiln.policy.runtime import PolicyRuntime
+
+    torch.set_num_threads(1)
+    return PolicyRuntime.load(shared_tiny_model(tmp_path_factory))
+
+
+def test_runtime_samples_through_the_hf_engine_with_the_samplers_bytes(rt) -> None:
+    from kiln.policy.sampling import sample_batch
+
+    prompt = rt.encode_prompt(MESSAGES, thinking=False)
+    other = prompt + rt.encode_observation_turn("Count is 3.", thinking=False)[1]
+    prompts, seeds = [prompt, other, prompt], [11, 12, 13]
+    via_port = rt.sample(prompts, seeds, max_new_tokens=12, temperature=1.0, thinking=False)
+    direct = sample_batch(rt.model, prompts, seeds, max_new_tokens=12, temperature=1.0,
+                          stop_id=rt.stop_id, think_close_id=rt.think_close_id, device=rt.device)
+    assert [g.ids for g in via_port] == [s.ids for s in direct]
+    assert [g.logprobs for g in via_port] == [s.logprobs for s in direct]
+    assert [g.adapter_sha256 for g in via_port] == [None, None, None]
+    # rows with different settings in one engine call: each run of equal settings is one sampler
+    # call, and a row's bytes do not depend on the rows beside it
+    mixed = rt.engine.generate([
+        GenerationRequest(prompt_ids=tuple(prompt), seed=11, max_tokens=12, temperature=1.0, stop_id=rt.stop_id,
+                          think_close_id=rt.think_close_id),
+        GenerationRequest(prompt_ids=tuple(other), seed=12, max_tokens=5, temperature=0.0, stop_id=rt.stop_id,
+                          think_close_id=rt.think_close_id),
+    ])
+    assert mixed[0].ids == direct[0].ids and mixed[0].logprobs == direct[0].logprobs
+    greedy = sample_batch(rt.model, [other], [12], max_new_tokens=5, temperature=0.0, stop_id=rt.stop_id,
+                          think_close_id=rt.think_close_id, device=rt.device)
+    assert mixed[1].ids == greedy[0].ids
+
+
+def test_hf_identity_has_no_engine_field_and_other_engines_add_name_and_version(rt) -> None:
+    assert rt.engine.name == "hf"
+    assert "engine" not in rt.runtime_identity()  # identities recorded before the port stay valid
+    assert engine_identity_fields(rt.engine) == {}
+
+    class Named:
+        name = "vllm"
+
+        def identity(self) -> dict:
+            return {"name": "vllm", "version": "0.32.0"}
+
+    assert engine_identity_fields(Named()) == {"engine": {"name": "vllm", "version": "0.32.0"}}
+
+
+def test_hf_engine_refuses_top_p(rt) -> None:
+    prompt = tuple(rt.encode_prompt(MESSAGES, thinking=False))
+    with pytest.raises(ValueError, match="top_p must be 1.0"):
+        rt.engine.generate([GenerationRequest(prompt_ids=prompt, seed=1, max_tokens=2, temperature=1.0,
+                                              stop_id=rt.stop_id, top_p=0.9)])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"prompt_ids": ()}, "empty prompt"), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p")],
+)
+def test_generation_request_rejects_bad_values(kwargs, message) -> None:
+    values = {"prompt_ids": (1, 2), "seed": 0, "max_tokens": 4, "temperature": 1.0, "stop_id": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        GenerationRequest(**values)
+
+
+def test_training_gate_waits_for_rows_in_flight_and_blocks_new_ones() -> None:
+    from kiln.policy.engine_vllm import _Gate
+
+    gate, events = _Gate(), []
+    release = threading.Event()
+
+    def row() -> None:
+        with gate.shared():
+            events.append("row-start")
+            release.wait(5)
+            events.append("row-end")
+
+    def train() -> None:
+        with gate.exclusive():
+            events.append("train")
+
+    t_row = threading.Thread(target=row)
+    t_row.start()
+    while "row-start" not in events:
+        time.sleep(0.01)
+    t_train = threading.Thread(target=train)
+    t_train.start()
+    time.sleep(0.2)
+    assert events == ["row-start"]  # training waits for the row in flight
+    release.set()
+    t_row.join(5)
+    t_train.join(5)
+    assert events == ["row-start", "row-end", "train"]
+
+
+def test_engine_setting_sizes_the_gpu_worker() -> None:
+    assert Settings(engine="hf").gpu_concurrency == 2
+    assert Settings(engine="vllm").gpu_concurrency == 32
+    assert Settings(engine="vllm", vllm_max_concurrent_activities=7).gpu_concurrency == 7
+    with pytest.raises(ValueError):
+        Settings(engine="sglang")
+
+
+def test_a_missing_engine_python_is_a_clear_non_retryable_error(tmp_path: Path) -> None:
+    from kiln.errors import EngineUnavailable
+    from kiln.policy.engine_vllm import VllmConfig, VllmEngine
+
+    engine = VllmEngine(VllmConfig(model_path=tmp_path, python=tmp_path / "no-python"))
+    with pytest.raises(EngineUnavailable) as err:
+        engine.start()
+    assert err.value.code == "engine_unavailable" and err.value.retryable is False
+    assert "setup.sh --engine vllm" in (err.value.hint or "")
+    engine.close()
+
+
+def test_setup_rejects_an_unknown_engine() -> None:
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["bash", str(root / "scripts/setup.sh"), "--engine", "sglang"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "--engine must be hf or vllm" in out.stderr
