@@ -114,6 +114,8 @@ class TrainingConfig(StrictModel):
     lora_alpha: float = Field(default=32.0, gt=0.0)
     clip_epsilon: float = Field(default=0.2, ge=0.0, lt=1.0)
     clip_eps_high: float | None = Field(default=None, ge=0.0)
+    # GSPO (is_level sequence) clips a length-normalised sequence ratio: its own, much smaller ε.
+    sequence_clip_epsilon: float = Field(default=3e-4, gt=0.0, lt=1.0)
     is_level: Literal["token", "sequence", "cispo"] = "token"
     cispo_max_weight: float = Field(default=5.0, gt=0.0)
     stale_is_max_weight: float = Field(default=2.0, gt=0.0)
@@ -124,12 +126,15 @@ class TrainingConfig(StrictModel):
     max_tokens_per_microbatch: int = Field(default=16384, ge=1)
     gradient_checkpointing: bool = False
     max_grad_norm: float = Field(default=1.0, gt=0.0)
+    # End the training at the first step whose approximate KL(π_start ‖ π) exceeds this (None: never).
+    target_kl: float | None = Field(default=None, gt=0.0)
     seed: int = Field(default=0, ge=0)
     checkpoint_interval: int | None = Field(default=None, ge=1)
     behavior_policy: Literal["no_importance_correction", "recorded"] = "no_importance_correction"
-    # Completions with no final action (e.g. reasoning that exhausted its budget): drop them, keep
-    # them with reward 0, or keep them with their recorded (penalised) reward.
-    on_no_output: Literal["drop", "zero_reward", "penalty"] = "drop"
+    # Completions with no final action (e.g. reasoning that exhausted its budget): keep them with
+    # their recorded reward, which includes protocol_error_reward for the missing action (penalty,
+    # the default: training pushes back on them), keep them with reward 0, or drop them.
+    on_no_output: Literal["drop", "zero_reward", "penalty"] = "penalty"
     echo: EchoConfig | None = Field(default_factory=EchoConfig)
 
     def resolved_learning_rate(self) -> float:
