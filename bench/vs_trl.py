@@ -211,11 +211,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON)
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="limit of one TRL run")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="print the table of earlier --out files (ranges run as separate processes)")
     return parser.parse_args(argv)
+
+
+def merged(paths: list[Path]) -> tuple[float, dict[int, dict[str, SideRun]]]:
+    """The base return and every range's runs from ``--out`` files (one base: the same evaluator)."""
+    bases, runs = [], {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        bases.append(data["base"])
+        for start, sides in data["runs"].items():
+            runs[int(start)] = {side: SideRun(**run) for side, run in sides.items()}
+    return sum(bases) / len(bases), runs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        report(args, *merged(args.merge))
+        return 0
     if args.sides != "kiln" and not Path(args.trl_python).exists():
         print(SETUP_LINE)
         return 2
