@@ -186,3 +186,13 @@ def test_muon_update_scale_is_adamw_like_on_lora_shapes():
     params = _fresh(shapes)
     original = _update_rms(torch.optim.Muon(params, lr=lr, weight_decay=0.0, adjust_lr_fn="original"), params)
     assert original[1] / original[0] > 5.0, original  # B (3072 × 16) about 8× A (16 × 1024)
+
+
+def test_one_learning_rate_schedule_over_the_iterations(model_path, tmp_path):
+    """Warm-up happens once: iteration 2 continues the schedule at the run's global step."""
+    config = _config(warmup_steps=6)  # 4 steps an iteration: the warm-up spans into iteration 2
+    first = _train(model_path, tmp_path / "it1", config, keep_state=True, iteration=1, iterations_total=2)
+    second = _train(model_path, tmp_path / "it2", config, base_adapter_dir=first.adapter_dir,
+                    init_state=first.final_state, iteration=2, iterations_total=2)
+    lrs = [h["lr"] for h in first.receipt["steps"] + second.receipt["steps"]]
+    assert lrs == pytest.approx([2e-2 * min(1.0, s / 6) for s in range(1, 9)], rel=1e-12)
