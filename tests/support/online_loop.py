@@ -32,8 +32,8 @@ class IterationFigures:
     failed: str | None = None  # a training that could not run (e.g. zero_groups)
 
     @property
-    def held_out_mean(self) -> float:
-        return sum(self.held_out.values()) / len(self.held_out)
+    def held_out_mean(self) -> float | None:
+        return sum(self.held_out.values()) / len(self.held_out) if self.held_out else None
 
 
 @dataclass
@@ -52,8 +52,10 @@ def held_out(runtime: Any, url: str, adapter_dir: Path | None, seeds: list[int] 
 
 def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: Any, seed_start: int,
                iterations: int, groups: int = 8, group_size: int = 4,
-               base_held_out: dict[int, float] | None = None, progress: Any = None) -> OnlineRun:
-    """``iterations`` collect→train→held-out rounds (see the module docstring)."""
+               base_held_out: dict[int, float] | None = None, progress: Any = None,
+               evaluate_from: int = 1) -> OnlineRun:
+    """``iterations`` collect→train→held-out rounds (see the module docstring); iterations before
+    ``evaluate_from`` skip the held-out play (their ``held_out`` is empty)."""
     from kiln.errors import TrainingFailed
     from kiln.train.trainer import train_grpo
 
@@ -77,7 +79,8 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
             break
         wall = time.perf_counter() - t0
         adapter, state = result.adapter_dir, result.final_state
-        figures = IterationFigures(k, sum(rewards) / len(rewards), held_out(runtime, url, adapter), wall,
+        scores = held_out(runtime, url, adapter) if k >= evaluate_from else {}
+        figures = IterationFigures(k, sum(rewards) / len(rewards), scores, wall,
                                    kl_to_previous=result.kl_to_previous, kl_to_base=result.kl_to_base,
                                    steps=result.steps)
         run.iterations.append(figures)
