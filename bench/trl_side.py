@@ -3,7 +3,9 @@
 Runs in the TRL venv (``.venv-trl``, ``bench/requirements-trl.txt``), never in Kiln's: it imports
 nothing from Kiln. ``bench/vs_trl.py`` launches it as ``PYTHON bench/trl_side.py CONFIG.json`` and
 reads the one line starting with ``TRL_RESULT `` (JSON: per-iteration wall seconds and mean
-return, setup seconds, versions).
+return, setup seconds, versions). After each iteration's last optimizer step the LoRA adapter is
+saved to ``OUTPUT_DIR/iteration-K`` (outside the timed span), so ``bench/vs_trl.py`` evaluates both
+sides' adapters with one evaluator on the same held-out seeds.
 
 The environment hook is TRL's ``rollout_func`` (``environment_factory`` exposes an environment as
 tool calls in the chat template's tool format, which the demo model was never taught; Kiln's
@@ -269,9 +271,11 @@ def main(config_path: str) -> int:
             if state.global_step % steps_per_iteration == 0:
                 timing["marks"].append(time.perf_counter())
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step % steps_per_iteration == 0:
                 timing["walls"].append(time.perf_counter() - timing["marks"][-1])
+                iteration = state.global_step // steps_per_iteration
+                kwargs["model"].save_pretrained(str(Path(cfg["output_dir"]) / f"iteration-{iteration}"))
 
     args = GRPOConfig(
         output_dir=cfg["output_dir"], use_cpu=True, bf16=False, seed=cfg["seed"], report_to="none",
@@ -281,7 +285,7 @@ def main(config_path: str) -> int:
         shuffle_dataset=False, max_completion_length=cfg["max_completion_length"],
         learning_rate=cfg["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=cfg["max_grad_norm"],
-        loss_type="cispo", epsilon=cfg["clip_epsilon"], epsilon_high=cfg["cispo_max_weight"], beta=0.0,
+        loss_type=cfg["loss_type"], epsilon=cfg["clip_epsilon"], epsilon_high=cfg["epsilon_high"], beta=0.0,
         temperature=1.0, dataloader_num_workers=0, gradient_checkpointing=False,
     )
     lora = peft.LoraConfig(r=cfg["lora_rank"], lora_alpha=cfg["lora_alpha"], target_modules=cfg["lora_targets"],

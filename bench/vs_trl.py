@@ -1,70 +1,59 @@
-"""Kiln vs TRL's GRPOTrainer: wall time and mean return per collect→train iteration, same workload.
+"""Kiln vs TRL's GRPOTrainer over several collect→train iterations and several seed ranges.
 
 Both sides train the tiny demo model (``kiln model tiny``, built fresh here: no downloads) on the
-same real counter server (``examples/envs`` counter, openenv 0.10.0, enough sessions for either
-side) with the demo's shape: ``--groups`` seed groups × ``--group-size`` episodes per iteration
-(fresh seeds each iteration, ``seed_start + (k-1)·groups …``), ≤ 6 steps of ≤ 48 action tokens,
-thinking on, temperature 1; LoRA rank 16 / alpha 32 on every projection, AdamW 1e-3 (betas 0.9,
-0.999, eps 1e-8, no weight decay, constant schedule), CISPO importance weights truncated at 5,
-no KL, 4 epochs over each iteration's groups with one group (4 completions) per optimizer step
-(32 steps an iteration), gradient clipping at 1.0, one torch thread per training process. The
-values come from Kiln's own ``TrainingConfig``/``RunRequest`` defaults plus the demo's settings
-(``tests/support/counter_loop.py``: ``DEMO_TRAINING``, ``DEMO_SETTINGS``), so they exist once.
+same real counter server (``examples/envs`` counter, openenv 0.10.0) with the same budget: per seed
+range, ``--iterations`` iterations of ``--groups`` fresh seed groups × ``--group-size`` episodes
+(``start + (k−1)·groups …``), ≤ 6 steps of ≤ 48 action tokens, thinking on, temperature 1; LoRA
+rank 16 / alpha 32 on every projection; AdamW at the same learning rate (betas 0.9, 0.999, eps
+1e-8, no weight decay, constant schedule), CISPO importance weights truncated at 5, no KL, 4 epochs
+over each iteration's groups with one group (4 completions) per optimizer step (32 steps an
+iteration), gradient clipping at 1.0, one torch thread per training process. Kiln runs at the
+defaults of an online run on this model (``tests/support/counter_loop.py``: ``ONLINE_TRAINING``;
+``docs/training.md`` "Defaults that learn" says why); everything else is ``TrainingConfig``'s
+default (ECHO λ 0.05, ``on_no_output: penalty``).
 
-* **TRL** (``bench/trl_side.py``, run with the separate TRL venv's python; TRL 1.16.0 with the
+* **TRL** (``bench/trl_side.py``, run with the separate TRL venv's python; TRL 1.16 with the
   torch/transformers/peft/accelerate versions of ``constraints.txt``): ``GRPOTrainer`` with a
-  ``rollout_func`` that plays the episodes on the same server over WebSocket (see that file).
-  Time per iteration: from the trainer step that generates (``rollout_func``) to the end of the
-  iteration's 32nd optimizer step (TrainerCallback). Model loading is excluded.
-* **Kiln**, on the production topology without Docker (``tests/support/topology.py``: a real
-  Temporal dev server, SeaweedFS, the API, one control worker and one gpu worker process with the
-  default 2 activity slots, one torch thread). After a warm-up rollout run (the worker's first
-  group loads the model), ``--kiln-mode loop`` submits ONE train run with ``iterations: N`` and
-  reads ``status.iterations[k].wall_ms`` / ``.mean_return`` (issue 16's contract);
-  ``--kiln-mode chained`` submits N single-iteration train runs, each behaving and warm-starting
-  from the previous run's output adapter (``adapter``), with a fresh optimizer each time; its
-  time per iteration is the run's ``closed_at - started_at`` (submission to end: admission,
-  discovery, collection, training, publication) and its return is ``status.progress.mean_return``.
+  ``rollout_func`` that plays the episodes on the same server over WebSocket (see that file); it
+  saves its adapter after every iteration. Time per iteration: from the trainer step that
+  generates to the end of the iteration's last optimizer step (model loading excluded).
+* **Kiln**: the workflow's per-iteration wiring in-process (``tests/support/online_loop.py``: the
+  real ``PolicyRuntime`` sampler and ``train_grpo``, each iteration continuing from the previous
+  adapter and its optimizer state, as ``workflows/stages.py`` passes them), without Temporal and
+  S3. Time per iteration: collection + training.
 
-Mean return of an iteration = mean episode return of the episodes collected in it (the behaviour
-policy after k-1 updates); the final mean return is the last iteration's. The run prints both
-sides' per-iteration rows, each side's mean time per iteration, the ratio (Kiln / TRL; target
-≤ 1.0 at 8 groups × 4) and both final mean returns.
+Held-out return: after every iteration, each side's adapter plays the same 20 held-out seeds × 2
+episodes (``HELD_OUT_SEEDS``, disjoint from every training seed) through ONE evaluator, Kiln's
+sampler, so the two sides differ only in training. The base model's held-out return is measured
+once the same way. Printed: per iteration and side, the mean ± standard error over seed ranges;
+each range's figures; time per iteration per side and the ratio (Kiln / TRL). A JSON copy of every
+figure goes to ``--out`` (written after every range, so a partial run keeps what it measured).
 
-Differences that remain (TRL allows no closer match):
+Differences that remain: ECHO (TRL has none; ``--echo-lambda 0`` turns Kiln's off); advantages
+(Kiln divides by the population std of a group, TRL by the sample std); TRL shuffles all 32
+completions across its 8 steps per epoch, Kiln steps through whole groups in a seeded order; TRL's
+rollout batches the lock-step turns of all 32 episodes into one ``generate`` per turn, Kiln samples
+per group; an invalid action ends the episode on both sides with the protocol-error reward (−1)
+and both train on it.
 
-* ECHO: Kiln adds λ·cross-entropy on observation tokens (the demo's λ = 0.05); TRL has no such
-  term (its ``env_mask`` only drops observation tokens from the loss). ``--echo-lambda 0`` turns
-  ECHO off on the Kiln side for a pure-GRPO comparison.
-* Advantages: Kiln divides by the population std of a group, TRL by the sample std (n-1).
-* Old log-probs: both score them with the model before any update on an iteration's data; TRL
-  shuffles all 32 completions across its 8 steps per epoch, Kiln steps through whole groups in a
-  seeded order.
-* Sampling: TRL's rollout batches the lock-step turns of all 32 episodes into one ``generate``
-  per turn; Kiln samples per group (its candidates together) in its gpu worker's slots.
-* An invalid action ends the episode on both sides with the protocol-error reward (-1); Kiln also
-  appends the harness error as an observation turn (trained by ECHO), the TRL rollout does not.
-* Kiln's iteration also stores every rollout, adapter and receipt in S3 and records each step in
-  Temporal; TRL keeps everything in memory. That is the durability being paid for.
-
-Run: ``python -m bench.vs_trl [--groups 8] [--group-size 4] [--iterations 3] [--kiln-mode
-loop|chained] [--echo-lambda 0.05] [--threads 1] [--trl-python .venv-trl/bin/python]``.
-Needs the TRL venv (``python3 -m venv .venv-trl && .venv-trl/bin/pip install -r
-bench/requirements-trl.txt``); exits 2 with that line when it is missing. A few minutes on 2 cores.
+Run: ``python -m bench.vs_trl [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]
+[--learning-rate 3e-4] [--echo-lambda 0.05] [--sides both|kiln|trl] [--trl-python
+.venv-trl/bin/python] [--out vs_trl.json]``. Needs the TRL venv for the TRL side (``python3 -m venv
+.venv-trl && .venv-trl/bin/pip install -r bench/requirements-trl.txt``); exits 2 with that line when
+it is missing. About 3 minutes per range and side on 2 idle cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,36 +68,37 @@ SETUP_LINE = ("the TRL venv is missing: create it with "
               "(or pass --trl-python)")
 
 
-@dataclass(frozen=True)
-class Side:
-    """One side's measurement: seconds and mean return per iteration."""
+@dataclass
+class SideRun:
+    """One side on one seed range: held-out mean return and seconds per iteration."""
 
-    label: str
-    walls_s: list[float]
-    returns: list[float]
-
-    @property
-    def mean_wall_s(self) -> float:
-        return sum(self.walls_s) / len(self.walls_s)
+    held_out: list[float] = field(default_factory=list)
+    walls_s: list[float] = field(default_factory=list)
+    failed: str | None = None
 
 
-class KilnRejected(SystemExit):
-    pass
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (0 for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
 
 
-# ----------------------------------------------------------------------------- shared settings
-def workload(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """(episode shape, TrainingConfig) of both sides, from Kiln's own defaults and the demo's."""
+def training_config(args: argparse.Namespace) -> Any:
     from kiln.contracts import TrainingConfig
-    from tests.support.counter_loop import DEMO_SETTINGS, DEMO_TRAINING
+    from tests.support.counter_loop import ONLINE_TRAINING
 
     echo = {"lambda": args.echo_lambda} if args.echo_lambda > 0 else None
-    rate = args.learning_rate if args.learning_rate is not None else DEMO_TRAINING["learning_rate"]
-    return dict(DEMO_SETTINGS), TrainingConfig(**{**DEMO_TRAINING, "learning_rate": rate}, echo=echo)
+    rate = args.learning_rate if args.learning_rate is not None else ONLINE_TRAINING["learning_rate"]
+    return TrainingConfig(**{**ONLINE_TRAINING, "learning_rate": rate}, echo=echo)
 
 
 def system_prompt_of(env_url: str) -> str:
     """The system prompt Kiln shows the policy for this environment (the TRL side uses it too)."""
+    import asyncio
+
     from kiln.openenv.discovery import inspect_environment
     from kiln.openenv.schema import policy_action_schema
     from kiln.rollout.prompts import system_prompt
@@ -119,153 +109,129 @@ def system_prompt_of(env_url: str) -> str:
                          identity.get("tools"))
 
 
-# ----------------------------------------------------------------------------- TRL side
-def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path) -> Side:
+def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path, start: int,
+            evaluate: Any) -> SideRun:
     from kiln.contracts import RunRequest
     from kiln.train.model import LORA_TARGETS
+    from tests.support.counter_loop import DEMO_SETTINGS
 
-    shape, training = workload(args)
+    training = training_config(args)
+    out = work / f"trl-{start}"
     config = {
         "model_dir": str(model_dir), "ws_url": env_url.replace("http://", "ws://") + "/ws",
         "system_prompt": system_prompt_of(env_url), "groups": args.groups, "group_size": args.group_size,
-        "iterations": args.iterations, "seed_start": args.seed_start, "thinking": True, "threads": args.threads,
+        "iterations": args.iterations, "seed_start": start, "thinking": True, "threads": args.threads,
         "protocol_error_reward": RunRequest.model_fields["protocol_error_reward"].default,
         "epochs": training.epochs, "seed": training.seed, "learning_rate": training.resolved_learning_rate(),
         "max_grad_norm": training.max_grad_norm, "clip_epsilon": training.clip_epsilon,
-        "cispo_max_weight": training.cispo_max_weight, "lora_rank": training.lora_rank,
+        "loss_type": "cispo", "epsilon_high": training.cispo_max_weight, "lora_rank": training.lora_rank,
         "lora_alpha": training.lora_alpha, "lora_targets": list(LORA_TARGETS),
-        "max_completion_length": 4096, "output_dir": str(work / "trl-out"), **shape,
+        "max_completion_length": 4096, "output_dir": str(out), **DEMO_SETTINGS,
     }
-    config_path = work / "trl-config.json"
+    config_path = work / f"trl-config-{start}.json"
     config_path.write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and k != "PYTHONPATH"}
     env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
                 "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)})
     proc = subprocess.run([str(args.trl_python), str(REPO / "bench" / "trl_side.py"), str(config_path)],
-                          check=False, capture_output=True, text=True, env=env, cwd=work,
-                          timeout=args.timeout_s)
+                          check=False, capture_output=True, text=True, env=env, cwd=work, timeout=args.timeout_s)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("TRL_RESULT ")]
     if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"the TRL side failed (exit {proc.returncode}); its output is above")
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        return SideRun(failed=f"TRL side exited {proc.returncode}")
     result = json.loads(lines[-1][len("TRL_RESULT "):])
-    versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
-    print(f"TRL side: {versions}; setup (model load, trainer) {result['setup_s']:.1f}s, not counted", flush=True)
-    return Side(f"TRL {result['versions']['trl']} GRPOTrainer", result["iteration_wall_s"], result["mean_returns"])
-
-
-# ----------------------------------------------------------------------------- Kiln side
-def train_request(args: argparse.Namespace, env_url: str, *, seed_start: int, adapter: str, output: str,
-                  iterations: int | None) -> dict[str, Any]:
-    """A train run of the benchmark's workload; ``iterations`` None leaves the field out (chained)."""
-    shape, training = workload(args)
-    request = {
-        "kind": "train", "environments": [env_url], "groups": args.groups, "group_size": args.group_size,
-        "seed_start": seed_start, "thinking": True, "adapter": adapter, "output_adapter": output,
-        "training_config": training.model_dump(mode="json", by_alias=True, exclude_unset=True), **shape,
-    }
-    if iterations is not None:
-        request["iterations"] = iterations
-    return request
-
-
-def submit_and_wait(topo: Any, request: dict[str, Any], *, mode: str) -> dict[str, Any]:
-    code, body = topo.api_call("POST", "/v1/openenv/runs", request)
-    if code != 202:
-        if mode == "loop" and "iterations" in json.dumps(body):
-            raise KilnRejected(f"the Kiln API rejected `iterations` ({code}: {json.dumps(body)[:400]}): this "
-                               "Kiln predates multi-iteration runs (issue 16); rerun with --kiln-mode chained")
-        raise SystemExit(f"the Kiln API refused the run ({code}): {json.dumps(body)[:800]}")
-    status = topo.wait_run(body["run_id"], timeout_s=run_timeout_s(request))
-    if status["state"] != "completed":
-        raise SystemExit(f"Kiln run {body['run_id']} ended {status['state']}: {json.dumps(status.get('failure'))}")
-    return status
-
-
-def run_timeout_s(request: dict[str, Any]) -> float:
-    return 600.0 * request.get("iterations", 1)
-
-
-def run_seconds(status: dict[str, Any]) -> float:
-    started = datetime.fromisoformat(status["started_at"])
-    closed = datetime.fromisoformat(status["closed_at"])
-    return (closed - started).total_seconds()
-
-
-def kiln_loop(args: argparse.Namespace, topo: Any, suffix: str) -> Side:
-    """One run with ``iterations: N``; reads ``status.iterations[]`` (issue 16's contract)."""
-    request = train_request(args, topo.env_url, seed_start=args.seed_start, adapter="base",
-                            output=f"vs-trl-{suffix}", iterations=args.iterations)
-    status = submit_and_wait(topo, request, mode="loop")
-    records = sorted(status.get("iterations") or [], key=lambda r: r["iteration"])
-    if [r["iteration"] for r in records] != list(range(1, args.iterations + 1)):
-        raise SystemExit(f"status.iterations lists {[r['iteration'] for r in records]}, expected 1..{args.iterations}")
-    print(f"Kiln loop run: {run_seconds(status):.1f}s from submission to close", flush=True)
-    return Side("Kiln, one run, iterations: N", [r["wall_ms"] / 1000.0 for r in records],
-                [float(r["mean_return"]) for r in records])
-
-
-def kiln_chained(args: argparse.Namespace, topo: Any, suffix: str) -> Side:
-    """N single-iteration runs, each from the previous run's adapter (no optimizer state carried)."""
-    walls, returns, adapter = [], [], "base"
+    run = SideRun(walls_s=list(result["iteration_wall_s"]))
     for k in range(1, args.iterations + 1):
-        output = f"vs-trl-{suffix}-{k}"
-        request = train_request(args, topo.env_url, seed_start=args.seed_start + (k - 1) * args.groups,
-                                adapter=adapter, output=output, iterations=None)
-        status = submit_and_wait(topo, request, mode="chained")
-        walls.append(run_seconds(status))
-        returns.append(float(status["progress"]["mean_return"]))
-        adapter = output
-    return Side("Kiln, chained single runs", walls, returns)
+        held = evaluate(out / f"iteration-{k}")
+        run.held_out.append(sum(held.values()) / len(held))
+        print(f"  TRL  range {start} iteration {k}: held-out {run.held_out[-1]:.3f}, "
+              f"{run.walls_s[k - 1]:.1f} s", flush=True)
+    return run
 
 
-def run_kiln(args: argparse.Namespace, topo: Any) -> Side:
-    started = time.monotonic()
-    topo.start_kiln(gpu_workers=1)
-    warm = {"kind": "rollout", "environments": [topo.env_url], "groups": 1, "group_size": 2, "thinking": True,
-            "seed_start": 10**6, **workload(args)[0]}
-    submit_and_wait(topo, warm, mode="chained")
-    print(f"Kiln side: workers up and warmed up in {time.monotonic() - started:.1f}s, not counted", flush=True)
-    suffix = uuid.uuid4().hex[:6]
-    return kiln_loop(args, topo, suffix) if args.kiln_mode == "loop" else kiln_chained(args, topo, suffix)
+def run_kiln(args: argparse.Namespace, runtime: Any, env_url: str, model_dir: Path, work: Path, start: int,
+             base: dict[int, float]) -> SideRun:
+    from tests.support.online_loop import run_online
+
+    def show(figures: Any) -> None:
+        print(f"  Kiln range {start} iteration {figures.iteration}: held-out {figures.held_out_mean:.3f}, "
+              f"{figures.wall_s:.1f} s, KL to previous {figures.kl_to_previous:.4f}, "
+              f"KL to base {figures.kl_to_base:.4f}", flush=True)
+
+    online = run_online(runtime, env_url, model_dir, work / f"kiln-{start}", config=training_config(args),
+                        seed_start=start, iterations=args.iterations, groups=args.groups,
+                        group_size=args.group_size, base_held_out=base, progress=show)
+    run = SideRun(held_out=[f.held_out_mean for f in online.iterations if not f.failed],
+                  walls_s=[f.wall_s for f in online.iterations if not f.failed])
+    failed = [f for f in online.iterations if f.failed]
+    if failed:
+        run.failed = f"iteration {failed[0].iteration}: {failed[0].failed}"
+    return run
 
 
-# ----------------------------------------------------------------------------- report
-def report(args: argparse.Namespace, trl: Side | None, kiln: Side | None) -> None:
-    sides = [s for s in (trl, kiln) if s is not None]
-    print(f"\n{args.groups} groups x {args.group_size}, {args.iterations} iterations, {args.threads} torch "
-          f"thread(s) per side, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d}")
-    for index, s in enumerate(sides):
-        print(f"side {index + 1}: {s.label}")
-    print("iteration" + "".join(f" | side {i + 1} s/it  return" for i in range(len(sides))))
+def report(args: argparse.Namespace, base: float, runs: dict[int, dict[str, SideRun]]) -> None:
+    sides = [s for s in ("kiln", "trl") if any(s in r for r in runs.values())]
+    print(f"\n{args.groups} groups x {args.group_size}, {args.iterations} iterations, seed ranges "
+          f"{sorted(runs)}, lr {training_config(args).resolved_learning_rate()}, {args.threads} torch thread(s), "
+          f"{os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d}; base held-out {base:.3f}")
+    print("held-out mean return, mean ± SE over ranges (n ranges)")
+    print("iteration" + "".join(f" | {s:>20}" for s in sides))
     for k in range(args.iterations):
-        print(f"{k + 1:>9}" + "".join(f" | {s.walls_s[k]:>11.2f} {s.returns[k]:>7.3f}" for s in sides))
-    for s in sides:
-        print(f"{s.label}: {s.mean_wall_s:.2f} s/iteration, final mean return {s.returns[-1]:.3f}")
-    if trl is not None and kiln is not None:
-        print(f"ratio (Kiln / TRL time per iteration): {kiln.mean_wall_s / trl.mean_wall_s:.2f}x (target <= 1.0)")
-        print(f"final mean return: Kiln {kiln.returns[-1]:.3f} vs TRL {trl.returns[-1]:.3f}")
+        cells = []
+        for side in sides:
+            values = [r[side].held_out[k] for r in runs.values() if side in r and len(r[side].held_out) > k]
+            cells.append(f"{mean_se(values)[0]:.3f} ± {mean_se(values)[1]:.3f} ({len(values)})" if values else "-")
+        print(f"{k + 1:>9}" + "".join(f" | {c:>20}" for c in cells))
+    print("per range (held-out after each iteration)")
+    for start, r in sorted(runs.items()):
+        for side in sides:
+            if side in r:
+                extra = f" FAILED {r[side].failed}" if r[side].failed else ""
+                print(f"  {start:>5} {side:>4}: " + " ".join(f"{v:.3f}" for v in r[side].held_out) + extra)
+    walls = {s: [w for r in runs.values() if s in r for w in r[s].walls_s] for s in sides}
+    for side in sides:
+        if walls[side]:
+            print(f"{side}: {sum(walls[side]) / len(walls[side]):.1f} s/iteration ({len(walls[side])} iterations)")
+    if all(walls.get(s) for s in ("kiln", "trl")):
+        ratio = (sum(walls["kiln"]) / len(walls["kiln"])) / (sum(walls["trl"]) / len(walls["trl"]))
+        print(f"ratio (Kiln / TRL time per iteration): {ratio:.2f}x (target <= 1.0)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranges", type=int, nargs="+", default=[0, 200, 400], help="seed starts")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--seed-start", type=int, default=0)
-    parser.add_argument("--kiln-mode", choices=("loop", "chained"), default="loop")
+    parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--echo-lambda", type=float, default=0.05, help="Kiln's ECHO λ (TRL has no ECHO)")
     parser.add_argument("--learning-rate", type=float, default=None,
-                        help="both sides' learning rate (default: the demo's 1e-3)")
+                        help="both sides' learning rate (default: Kiln's online default for this model)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training process")
     parser.add_argument("--sides", choices=("both", "kiln", "trl"), default="both")
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON)
-    parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit of the TRL side")
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="limit of one TRL run")
+    parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="print the table of earlier --out files (ranges run as separate processes)")
     return parser.parse_args(argv)
+
+
+def merged(paths: list[Path]) -> tuple[float, dict[int, dict[str, SideRun]]]:
+    """The base return and every range's runs from ``--out`` files (one base: the same evaluator)."""
+    bases, runs = [], {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        bases.append(data["base"])
+        for start, sides in data["runs"].items():
+            runs[int(start)] = {side: SideRun(**run) for side, run in sides.items()}
+    return sum(bases) / len(bases), runs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        report(args, *merged(args.merge))
+        return 0
     if args.sides != "kiln" and not Path(args.trl_python).exists():
         print(SETUP_LINE)
         return 2
@@ -274,29 +240,35 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    from kiln.policy.runtime import PolicyRuntime
     from kiln.policy.tiny import build_tiny_model
-    from kiln.settings import Settings
-    from tests.support.topology import Topology
+    from tests.support.online_loop import held_out
+    from tests.support.servers import example_env_argv, serve_app_process
 
+    runs: dict[int, dict[str, SideRun]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-vs-trl-") as tmp:
         work = Path(tmp)
         model_dir = build_tiny_model(work / "model")
+        runtime = PolicyRuntime.load(model_dir)
         sessions = max(8, args.groups * args.group_size)
-        slots = Settings.model_fields["gpu_max_concurrent_activities"].default  # the product default
-        topo = Topology(root=work, model_path=model_dir, gpu_max_concurrent=slots, env_max_sessions=sessions)
-        trl = kiln = None
-        try:
-            topo.start_servers()
-            if args.sides != "kiln":
-                trl = run_trl(args, topo.env_url, model_dir, work)
-            if args.sides != "trl":
-                kiln = run_kiln(args, topo)
-        except KilnRejected as rejected:
-            print(rejected.code)
-            return 3
-        finally:
-            topo.close()
-        report(args, trl, kiln)
+        argv = lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions)  # noqa: E731
+        with serve_app_process(argv, startup_timeout_s=300) as url:
+            base_seeds = held_out(runtime, url, None)
+            base = sum(base_seeds.values()) / len(base_seeds)
+            print(f"base held-out {base:.3f}", flush=True)
+            for start in args.ranges:
+                started = time.monotonic()
+                runs[start] = {}
+                if args.sides != "kiln":
+                    runs[start]["trl"] = run_trl(args, url, model_dir, work, start,
+                                                 lambda adapter: held_out(runtime, url, adapter))
+                if args.sides != "trl":
+                    runs[start]["kiln"] = run_kiln(args, runtime, url, model_dir, work, start, base_seeds)
+                print(f"range {start} done in {time.monotonic() - started:.0f} s", flush=True)
+                if args.out is not None:
+                    args.out.write_text(json.dumps({"base": base, "runs": {
+                        str(s): {side: vars(run) for side, run in r.items()} for s, r in runs.items()}}, indent=1))
+                report(args, base, runs)
     return 0
 
 

@@ -134,10 +134,16 @@ class TrainingConfig(StrictModel):
     clip_eps_high: float | None = Field(
         default=None, ge=0.0, description="Upper clip range when it differs from clip_epsilon (clip-higher)."
     )
+    sequence_clip_epsilon: float = Field(
+        default=3e-4, gt=0.0, lt=1.0,
+        description="GSPO (is_level sequence): the clip range of the length-normalised sequence ratio "
+        "(its own, much smaller epsilon).",
+    )
     is_level: Literal["token", "sequence", "cispo"] = Field(
         default="token",
-        description="Importance sampling: token (PPO clip per token), sequence (one length-normalised "
-        "ratio per sequence) or cispo (log-probabilities weighted by the truncated ratio).",
+        description="Importance sampling: token (PPO clip per token), sequence (GSPO: one "
+        "length-normalised ratio and one clipped term per sequence) or cispo (log-probabilities "
+        "weighted by the truncated ratio).",
     )
     cispo_max_weight: float = Field(default=5.0, gt=0.0, description="cispo: where the ratio is truncated.")
     stale_is_max_weight: float = Field(
@@ -159,6 +165,11 @@ class TrainingConfig(StrictModel):
         default=False, description="Recompute activations in the backward pass (less memory, slower)."
     )
     max_grad_norm: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
+    target_kl: float | None = Field(
+        default=None, gt=0.0,
+        description="End the training at the first step whose approximate KL(start policy || policy) "
+        "exceeds this (that step's update not taken; recorded in the receipt); null: never.",
+    )
     seed: int = Field(default=0, ge=0, description="Training seed (LoRA initialisation, shuffling).")
     checkpoint_interval: int | None = Field(
         default=10, ge=1,  # measured: docs/durability.md
@@ -170,9 +181,10 @@ class TrainingConfig(StrictModel):
         "collection; no_importance_correction: treat the data as on-policy.",
     )
     on_no_output: Literal["drop", "zero_reward", "penalty"] = Field(
-        default="drop",
+        default="penalty",
         description="Completions with no final action (e.g. reasoning that used its whole budget): "
-        "drop them, keep them with reward 0, or keep their recorded (penalised) reward.",
+        "penalty trains them with their recorded reward (the return plus protocol_error_reward), "
+        "so training pushes back on them; zero_reward keeps them at reward 0; drop leaves them out.",
     )
     echo: EchoConfig | None = Field(
         default_factory=EchoConfig, description="ECHO world-model loss; null turns it off."

@@ -221,6 +221,7 @@ class ChunkResult(Record):
 class TrainInput(Record):
     run_id: str
     iteration: int | None = None  # online RL: which iteration trains (live metrics key steps by it)
+    iterations_total: int | None = None  # online RL: the run's iterations (the LR schedule's horizon)
     groups: GroupSet
     training_config: TrainingConfig
     output_adapter: str
@@ -260,6 +261,12 @@ class TrainResult(ActivityResult):
     kl: float | None = None
     tokens: int = 0
     action_tokens: int = 0
+    # How far the training moved the policy (kiln.train.drift): KL(π_new ‖ π_start) — in an
+    # online run KL(π_k ‖ π_{k−1}) — and KL(π_new ‖ base), on its action tokens; and the step at
+    # which training_config.target_kl ended it (None: all planned steps ran).
+    kl_to_previous: float | None = None
+    kl_to_base: float | None = None
+    early_stop_step: int | None = None
 
 
 class IterationInput(Record):

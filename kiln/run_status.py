@@ -165,6 +165,9 @@ class IterationStatus(_Status):
     steps: int = 0
     loss: float | None = None
     kl: float | None = None
+    kl_to_previous: float | None = None  # KL(π_k ‖ π_{k−1}) on the iteration's action tokens
+    kl_to_base: float | None = None  # KL(π_k ‖ base model)
+    early_stop_step: int | None = None  # where training_config.target_kl ended the training
     adapter_sha256: str | None = None  # the adapter this iteration produced
     eval_mean_return: float | None = None  # held-out mean return of that adapter, when evaluated
     eval_baseline_mean_return: float | None = None

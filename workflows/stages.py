@@ -191,6 +191,9 @@ class RunStages(StatusKeeper):
             steps=training.steps,
             loss=training.final_loss,
             kl=training.kl,
+            kl_to_previous=training.kl_to_previous,
+            kl_to_base=training.kl_to_base,
+            early_stop_step=training.early_stop_step,
             adapter_sha256=training.adapter_sha256,
         )
         if request.iterations > 1:
@@ -255,6 +258,7 @@ class RunStages(StatusKeeper):
             TrainInput(
                 run_id=ctx.run_id,
                 iteration=k if multi else None,
+                iterations_total=request.iterations if multi else None,
                 groups=groups,
                 training_config=request.effective_training_config(),
                 allow_empty_training=request.allow_empty_training,

@@ -117,6 +117,8 @@ def train(
         keep_state=inp.keep_state,
         behavior_adapter_dir=behavior_dir,
         staleness=inp.staleness,
+        iteration=inp.iteration,
+        iterations_total=inp.iterations_total,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter
@@ -144,6 +146,9 @@ def train(
         final_loss=loss.get("final"),
         final_state=final_state,
         kl=result.kl,
+        kl_to_previous=result.kl_to_previous,
+        kl_to_base=result.kl_to_base,
+        early_stop_step=result.early_stop_step,
         tokens=counts["action_tokens"] + counts["context_tokens"] + counts["env_tokens_before_warning_filter"],
         action_tokens=counts["action_tokens"],
     )

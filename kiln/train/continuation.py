@@ -48,6 +48,22 @@ class InitState:
                 "optimizer_steps_before": int(self.state.get("optimizer_steps_total") or 0)}
 
 
+FIRST_MOMENT_KEYS = ("exp_avg", "momentum_buffer")
+
+
+def reset_first_moments(optimizer: torch.optim.Optimizer) -> int:
+    """Zero every parameter's first moment (AdamW ``exp_avg``, Muon ``momentum_buffer``) in place,
+    keeping the second moment and the step counters; returns how many tensors were zeroed."""
+    zeroed = 0
+    for state in optimizer.state.values():
+        for key in FIRST_MOMENT_KEYS:
+            value = state.get(key)
+            if isinstance(value, torch.Tensor):
+                value.zero_()
+                zeroed += 1
+    return zeroed
+
+
 def read_init_state(archive: Path, work_dir: Path) -> InitState:
     """Unpack the ``init_state`` tar into ``work_dir/init_state`` (``resume_invalid`` when it
     is not a readable state)."""

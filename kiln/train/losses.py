@@ -110,13 +110,19 @@ def policy_loss(
     cispo_max_weight: float = 5.0,
     denominator: float | torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    sequence_denominator: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO surrogate summed over action tokens / ``denominator`` (default: this batch's count).
+    """GRPO surrogate summed over action tokens / ``denominator`` (default: this batch's count);
+    for ``sequence`` summed over sequences / ``sequence_denominator`` (default: this batch's
+    sequences with an action token).
 
     ``advantages`` is ``(B,)`` or per token ``(B, T-1)``. ``is_level``:
 
     - ``token``: ``−min(r·A, clip(r, 1−ε, 1+ε_high)·A)`` with ``r = exp(logp − old)`` per token;
-    - ``sequence``: the same with one ratio per sequence, ``exp(mean_t(logp − old))``;
+    - ``sequence`` (GSPO): ``−min(s·A, clip(s, 1−ε, 1+ε_high)·A)`` per *sequence*, with one ratio
+      per sequence ``s = exp(mean_t(logp − old))`` and the sequence's advantage (the mean of its
+      tokens' advantages), averaged over sequences: each sequence weighs the same whatever its
+      length;
     - ``cispo``: ``−sg(min(r, cispo_max_weight))·A·logp`` (the IS weight is a constant; every
       token keeps a gradient, large ratios are truncated rather than zeroed).
 
@@ -136,14 +142,15 @@ def policy_loss(
         weight = torch.clamp(ratio, max=cispo_max_weight).detach()
         per_token = -weight * adv * logprobs
         clipped_mask = ratio.detach() > cispo_max_weight
+    elif is_level == "sequence":
+        return _sequence_loss(log_ratio, adv.expand_as(logprobs), action_mask, clip_epsilon, high,
+                              sequence_denominator, is_weights)
     else:
-        ratio = sequence_ratio(log_ratio, action_mask) if is_level == "sequence" else torch.exp(log_ratio)
+        ratio = torch.exp(log_ratio)
         unclipped = ratio * adv
         clipped = torch.clamp(ratio, 1.0 - clip_epsilon, 1.0 + high) * adv
         per_token = -torch.minimum(unclipped, clipped)
         clipped_mask = (clipped < unclipped).detach()
-        if is_level == "sequence":
-            clipped_mask = clipped_mask.expand_as(action_mask)
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
     if denominator is None:
@@ -153,6 +160,31 @@ def policy_loss(
         clipped_count = float((clipped_mask.float() * action_mask).sum().item())
         deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
     return loss, {"clipped_tokens": clipped_count, "action_tokens": float(action_mask.sum().item()),
+                  "max_ratio_deviation": float(deviation.item())}
+
+
+def _sequence_loss(log_ratio: torch.Tensor, adv: torch.Tensor, action_mask: torch.Tensor,
+                   low: float, high: float, denominator: float | torch.Tensor | None,
+                   is_weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GSPO term of :func:`policy_loss`: one clipped ratio and one advantage per sequence,
+    summed over sequences with an action token and divided by ``denominator``."""
+    count = action_mask.sum(dim=-1)
+    has_action = (count > 0).to(log_ratio.dtype)
+    seq_adv = (adv * action_mask).sum(dim=-1) / count.clamp(min=1.0)
+    ratio = sequence_ratio(log_ratio, action_mask).squeeze(-1)
+    unclipped = ratio * seq_adv
+    clipped = torch.clamp(ratio, 1.0 - low, 1.0 + high) * seq_adv
+    per_seq = -torch.minimum(unclipped, clipped)
+    if is_weights is not None:
+        per_seq = per_seq * ((is_weights.detach() * action_mask).sum(dim=-1) / count.clamp(min=1.0))
+    if denominator is None:
+        denominator = has_action.sum().clamp(min=1.0)
+    loss = (per_seq * has_action).sum() / denominator
+    with torch.no_grad():
+        clipped_seq = (clipped < unclipped).to(log_ratio.dtype) * has_action
+        deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
+    return loss, {"clipped_tokens": float((clipped_seq * count).sum().item()),
+                  "action_tokens": float(action_mask.sum().item()),
                   "max_ratio_deviation": float(deviation.item())}
 
 

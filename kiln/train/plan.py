@@ -35,18 +35,22 @@ class Plan:
     schedule: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
-def epoch_order(n_groups: int, seed: int, epoch: int) -> list[int]:
-    """The seeded permutation of group indices visited in ``epoch``."""
+def epoch_order(n_groups: int, seed: int, epoch: int, iteration: int | None = None) -> list[int]:
+    """The seeded permutation of group indices visited in ``epoch``; an online run's iterations
+    after the first also seed it with their (1-based) ``iteration``, so iterations do not share
+    one visiting order."""
     order = list(range(n_groups))
-    random.Random(f"kiln.train.order:{seed}:{epoch}").shuffle(order)
+    key = f"{seed}:{epoch}" if iteration is None or iteration <= 1 else f"{seed}:{iteration}:{epoch}"
+    random.Random(f"kiln.train.order:{key}").shuffle(order)
     return order
 
 
-def step_schedule(n_groups: int, seed: int, epochs: int, groups_per_step: int) -> list[tuple[int, list[int]]]:
+def step_schedule(n_groups: int, seed: int, epochs: int, groups_per_step: int,
+                  iteration: int | None = None) -> list[tuple[int, list[int]]]:
     """``(epoch, group indices)`` of every optimizer step, in order."""
     schedule = []
     for epoch in range(epochs):
-        order = epoch_order(n_groups, seed, epoch)
+        order = epoch_order(n_groups, seed, epoch, iteration)
         for start in range(0, n_groups, groups_per_step):
             schedule.append((epoch, order[start : start + groups_per_step]))
     return schedule
@@ -105,7 +109,8 @@ def _echo_block(config: Any, token_counts: dict[str, int]) -> dict[str, Any]:
 def plan_training(groups: list[dict], config: Any, expected: dict | None,
                   base_adapter_sha: str | None,
                   selected: tuple[list[dict], dict[str, Any]] | None = None, *,
-                  staleness: int = 0, extra_identity: dict[str, Any] | None = None) -> Plan:
+                  staleness: int = 0, extra_identity: dict[str, Any] | None = None,
+                  iteration: int | None = None) -> Plan:
     """Admission checks, selection, settings and the step schedule (no model needed).
 
     ``selected``: the ``select_groups`` result when the caller already selected (it is not
@@ -124,8 +129,10 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
     token_counts = count_tokens(kept, warning_filter=warning_filter)
     echo = _echo_block(config, token_counts)
+    gspo = config.is_level == "sequence"
     settings = StepSettings(
-        clip_epsilon=float(config.clip_epsilon), clip_eps_high=config.clip_eps_high,
+        clip_epsilon=float(config.sequence_clip_epsilon if gspo else config.clip_epsilon),
+        clip_eps_high=float(config.sequence_clip_epsilon) if gspo else config.clip_eps_high,
         is_level=config.is_level, cispo_max_weight=float(config.cispo_max_weight),
         kl_coeff=float(config.kl_coeff), kl_estimator=config.kl_estimator,
         echo_lambda=echo["lambda"] if echo["enabled"] else 0.0,
@@ -133,16 +140,18 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         temperature=float(sampling["temperature"]) if sampling else 1.0,
         max_tokens_per_microbatch=int(config.max_tokens_per_microbatch),
         stale_is_max_weight=float(config.stale_is_max_weight) if staleness > 0 else None,
+        target_kl=float(config.target_kl) if config.target_kl is not None else None,
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
     if staleness == 0:
         effective_config.pop("stale_is_max_weight", None)
-    schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step)
+    schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step, iteration)
     identity = {
         "training_data_sha256": digest_json(groups),
         "config_sha256": digest_json(effective_config),
         "base_adapter_sha256": base_adapter_sha,
         "total_steps": len(schedule),
+        **({"iteration": iteration} if iteration is not None and iteration > 1 else {}),
         **(extra_identity or {}),
     }
     return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, echo=echo,

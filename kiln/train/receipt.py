@@ -102,11 +102,12 @@ def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[s
         "advantage": "group_normalised_population_std",
         "advantage_eps": ADVANTAGE_EPS,
         "loss_aggregation": "token_mean_per_step",
-        "importance": "recorded" if s.recorded else "first_visit_logprobs",
+        "importance": "recorded" if s.recorded else "pre_update_logprobs",
         "is_level": s.is_level,
         "clip_epsilon": s.clip_epsilon,
         "clip_eps_high": s.clip_eps_high,
         "cispo_max_weight": s.cispo_max_weight,
+        "target_kl": s.target_kl,
         "kl_estimator": s.kl_estimator if s.kl_on else "none",
         "kl_coeff": s.kl_coeff,
         "kl_application": {"k1": "advantage_penalty_stop_gradient", "k3": "loss_term"}.get(s.kl_estimator)

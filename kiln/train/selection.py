@@ -3,9 +3,10 @@
 Artifacts keep every completion; only the trainer's view is filtered:
 
 - a completion whose harness code is ``MODEL_ACTION_NO_OUTPUT`` (the model produced no final action,
-  e.g. it exhausted its thinking budget) is handled by ``on_no_output``: ``drop`` (default) removes
-  it from its group, ``zero_reward`` keeps it with reward 0.0, ``penalty`` keeps it with its recorded
-  reward (which includes the harness penalty for a missing action);
+  e.g. it exhausted its thinking budget) is handled by ``on_no_output``: ``penalty`` (the
+  ``TrainingConfig`` default) keeps it with its recorded reward, which includes the harness penalty
+  for a missing action (``protocol_error_reward``, −1 by default), so training pushes back on it;
+  ``zero_reward`` keeps it with reward 0.0; ``drop`` removes it from its group;
 - a group with no completion left is skipped ("produced no final model actions");
 - a group whose remaining rewards are all exactly equal is skipped (no reward variation: its
   group-normalised advantages are all zero, so training on it is zero-gradient work);
@@ -28,7 +29,7 @@ def _no_output_view(completions: list[dict[str, Any]], on_no_output: str) -> lis
 
 
 def select_groups(
-    groups: list[dict[str, Any]], on_no_output: str = "drop"
+    groups: list[dict[str, Any]], on_no_output: str = "penalty"
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Return ``(kept_groups, selection)``.
 

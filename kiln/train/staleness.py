@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
-from kiln.train.batches import Row, collate, pack_microbatches
+from kiln.train.batches import Row
 from kiln.train.model import TRAIN_ADAPTER, adapter_content_sha256
-from kiln.train.step import StepSettings, batch_logprobs
+from kiln.train.step import StepSettings, score_rows
 
 BEHAVIOR_ADAPTER = "kiln-behavior"
 
@@ -58,12 +58,8 @@ def stale_origin(staleness: int, behavior_adapter_dir: Path | None,
 def _score(model: Any, rows: list[list[Row]], settings: StepSettings, device: torch.device) -> list[list[Row]]:
     scored: list[list[Row]] = []
     for group in rows:
-        out: list[Row] = []
-        for micro in pack_microbatches(group, settings.max_tokens_per_microbatch):
-            logprobs = batch_logprobs(model, collate(micro).to(device), settings.temperature)
-            out.extend(replace(row, behavior=logprobs[b, : row.length - 1].detach().cpu())
-                       for b, row in enumerate(micro))
-        scored.append(out)
+        logprobs = score_rows(model, group, settings, device)
+        scored.append([replace(row, behavior=logprobs[row.key]) for row in group])
     return scored
 
 

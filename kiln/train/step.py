@@ -1,11 +1,13 @@
 """One GRPO optimizer step: micro-batches with gradient accumulation over the rows of its groups.
 
 Old log-probs (the behaviour policy's): with ``recorded`` the sampler's recorded log-probs; with
-``no_importance_correction`` the trainer's own log-probs of a row at its first visit (the first
-epoch's pass, before any update on that row: the ratio is then exactly 1 and the clip inactive),
-kept in :class:`LogprobCache` and reused, never refreshed, in later epochs — where the clip acts.
-A stale batch (``stale_is_max_weight`` set: the data was sampled by an older policy than the one
-training starts from) keeps those first-visit log-probs as the proximal policy of the PPO ratio and
+``no_importance_correction`` the trainer's own log-probs of every row under the policy training
+starts from, scored in one no-grad pass before step 1 (:func:`score_old_logprobs`: every row sees
+the same pre-update policy, as the sampler did, so the ratio measures all of the drift since
+sampling and the clip acts on it), kept in :class:`LogprobCache` (and in checkpoints) and never
+refreshed. A row missing from the cache (a checkpoint written before the pass existed) is scored at
+its first visit. A stale batch (``stale_is_max_weight`` set: the data was sampled by an older policy
+than the one training starts from) keeps those pre-update log-probs as the proximal policy of the PPO ratio and
 multiplies each action token's term by the truncated importance weight
 ``min(π_prox / π_behaviour, stale_is_max_weight)`` (no gradient), where ``π_behaviour`` is each
 row's ``behavior`` log-probs: those of the policy that sampled it (:mod:`kiln.train.staleness`).
@@ -52,6 +54,8 @@ class StepSettings:
     max_tokens_per_microbatch: int = 16384
     # Stale data (sampled by an older policy): truncated behaviour IS weight cap; None = on-policy.
     stale_is_max_weight: float | None = None
+    # Ends the training at the first step whose approximate KL(π_old ‖ π) exceeds it (None: never).
+    target_kl: float | None = None
 
     @property
     def kl_on(self) -> bool:
@@ -93,17 +97,40 @@ def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> to
     return out
 
 
+@torch.no_grad()
+def score_rows(model: Any, rows: list[Row], settings: StepSettings,
+               device: torch.device) -> dict[tuple[int, int], torch.Tensor]:
+    """Per-row log-probs ``(length − 1,)`` on CPU under the model's current adapter state, in
+    micro-batches of at most ``max_tokens_per_microbatch`` padded tokens (memory stays bounded by
+    one micro-batch whatever the number of rows), without gradients."""
+    scored: dict[tuple[int, int], torch.Tensor] = {}
+    for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
+        logprobs = batch_logprobs(model, collate(micro).to(device), settings.temperature)
+        for b, row in enumerate(micro):
+            scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
+    return scored
+
+
+def score_reference(model: Any, rows: list[Row], settings: StepSettings,
+                    device: torch.device) -> dict[tuple[int, int], torch.Tensor]:
+    """:func:`score_rows` under the base model (every adapter disabled)."""
+    with model.disable_adapter():
+        return score_rows(model, rows, settings, device)
+
+
+def score_old_logprobs(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
+                       device: torch.device) -> None:
+    """Fill ``cache.old`` with every row's log-probs under the current (pre-update) policy: called
+    once before step 1 (with ``recorded`` the ratio uses the recorded log-probs; the pass still
+    records the starting policy for :mod:`kiln.train.drift`)."""
+    cache.old.update(score_rows(model, [r for r in rows if r.key not in cache.old], settings, device))
+
+
 def _fill_reference(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
                     device: torch.device) -> None:
     missing = [r for r in rows if r.key not in cache.ref]
-    if not missing:
-        return
-    for micro in pack_microbatches(missing, settings.max_tokens_per_microbatch):
-        batch = collate(micro).to(device)
-        with torch.no_grad(), model.disable_adapter():
-            ref = batch_logprobs(model, batch, settings.temperature)
-        for b, row in enumerate(micro):
-            cache.ref[row.key] = ref[b, : row.length - 1].detach().cpu()
+    if missing:
+        cache.ref.update(score_reference(model, missing, settings, device))
 
 
 def _old_logprobs(rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache,
@@ -111,15 +138,15 @@ def _old_logprobs(rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, ca
     if settings.recorded:
         return batch.behavior_logprobs
     for b, row in enumerate(rows):
-        if row.key not in cache.old:  # first visit: the current (pre-update) policy is the behaviour
+        if row.key not in cache.old:  # not pre-scored (an older checkpoint): score at first visit
             cache.old[row.key] = logprobs[b, : row.length - 1].detach().cpu()
     return _stack(rows, cache.old, logprobs.shape[1], logprobs.device)
 
 
 def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: LogprobCache,
-                totals: tuple[float, float], device: torch.device) -> dict[str, float]:
+                totals: tuple[float, float, float], device: torch.device) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its additive contributions."""
-    action_total, obs_total = totals
+    action_total, obs_total, sequence_total = totals
     batch = collate(rows).to(device)
     logprobs = batch_logprobs(model, batch, settings.temperature)
     old = _old_logprobs(rows, batch, logprobs, cache, settings)
@@ -140,7 +167,7 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
         logprobs, old, advantages, batch.action_mask,
         clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
         is_level=settings.is_level, cispo_max_weight=settings.cispo_max_weight,
-        denominator=action_total, is_weights=weights,
+        denominator=action_total, is_weights=weights, sequence_denominator=sequence_total,
     )
     env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths, denominator=obs_total)
     total = p_loss
@@ -149,7 +176,11 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
     if settings.echo_lambda > 0:
         total = total + settings.echo_lambda * env
     total.backward()
+    with torch.no_grad():  # k3 estimate of KL(π_old ‖ π) on this step's action tokens (target_kl)
+        log_ratio = (logprobs.detach() - old) * batch.action_mask
+        approx_kl = float(((torch.exp(log_ratio) - 1.0 - log_ratio) * batch.action_mask).sum().item()) / action_total
     return {
+        "approx_kl": approx_kl,
         "loss": float(total.detach().item()),
         "policy_loss": float(p_loss.detach().item()),
         "env_ce": float(env.detach().item()),
@@ -173,23 +204,33 @@ def train_step(
     cache: LogprobCache,
     device: torch.device,
 ) -> dict[str, float]:
-    """One optimizer step over ``rows`` (every completion of the step's groups)."""
+    """One optimizer step over ``rows`` (every completion of the step's groups).
+
+    ``approx_kl`` is the k3 estimate ``mean(r − 1 − log r)`` of KL(π_old ‖ π) over the step's
+    action tokens, measured before the update; with ``settings.target_kl`` set and exceeded the
+    update is not taken and the values carry ``stopped: True``."""
     action_total = max(1.0, float(sum(float(r.action.sum()) for r in rows)))
     obs_total = max(1.0, float(sum(1 for r in rows if r.obs_length > 0)))
+    sequence_total = max(1.0, float(sum(1 for r in rows if float(r.action.sum()) > 0)))
     if settings.kl_on:
         _fill_reference(model, rows, cache, settings, device)
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
+    sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0,
+            "approx_kl": 0.0}
     peaks = {"max_ratio_deviation": 0.0}
     micro = pack_microbatches(rows, settings.max_tokens_per_microbatch)
     for part in micro:
-        for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total), device).items():
+        for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total, sequence_total), device).items():
             if key in _PEAKS:
                 peaks[key] = max(peaks.get(key, 0.0), value)
             else:
                 sums[key] = sums.get(key, 0.0) + value
+    stop = settings.target_kl is not None and sums["approx_kl"] > settings.target_kl
     grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-    optimizer.step()
+    if stop:  # the policy moved past target_kl: this step's update is not taken
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
     values = {
         "loss": sums["loss"],
         "policy_loss": sums["policy_loss"],
@@ -199,6 +240,7 @@ def train_step(
         "clip_fraction": sums["clipped_tokens"] / action_total,
         "max_ratio_deviation": peaks["max_ratio_deviation"],
         "microbatches": len(micro),
+        "approx_kl": sums["approx_kl"],
     }
     for key, value in values.items():
         if not math.isfinite(value):
@@ -207,4 +249,6 @@ def train_step(
         values.update(is_ratio_max=peaks["is_ratio_max"], is_weight_max=peaks["is_weight_max"],
                       is_truncated_fraction=sums["is_truncated_tokens"] / action_total)
     values["tokens"] = int(sums["tokens"])
+    if stop:
+        values["stopped"] = True
     return values

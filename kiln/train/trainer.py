@@ -13,19 +13,27 @@ advantages (stop-gradient). Log-probs are scored at the sampling temperature rec
 behaviour identity (``behavior_policy.inference``, :mod:`kiln.policy.identity`).
 
 Importance ratio: the old log-probs are the behaviour policy's — recorded ones with
-``behavior_policy = "recorded"``, otherwise the trainer's own log-probs of each row at its first
-visit (before any update on it), cached and never refreshed: the first epoch is exactly on-policy
-(ratio 1, the clip inactive), later epochs are off-policy and the clip acts.
+``behavior_policy = "recorded"``, otherwise the trainer's own log-probs of every row under the
+policy training starts from, scored in one no-grad pass before step 1 and never refreshed (kept in
+checkpoints, so a resumed training reuses them). Only step 1 is exactly on-policy (ratio 1); from
+step 2 on, the ratio measures how far the updates so far moved the policy on that row, and the clip
+(or CISPO's truncation) acts on it — also in epoch 1.
 
 Online runs (many collect→train iterations): a training can hand its optimizer state to the next
 (``keep_state`` → ``final_state.tar``; the next one's ``init_state``), whose LoRA weights come from
-this training's adapter (``base_adapter_dir``). The learning-rate schedule (warm-up, cosine) restarts
-in every training; AdamW's per-parameter step counters continue, so bias correction does not
-restart (:mod:`kiln.train.continuation`). A retried attempt resumes from its own checkpoint, never
-from ``init_state``. Stale data (``staleness`` ≥ 1: sampled by ``behavior_adapter_dir``, an older
-policy than the one training starts from) keeps the first-visit log-probs as the proximal policy
+this training's adapter (``base_adapter_dir``). At that boundary Adam's first moment (Muon's
+momentum buffer) is zeroed — it points along the previous iteration's last steps, on data the new
+iteration does not train on — while the second moment and the step counters continue, and the
+learning-rate schedule continues over the run's global step (warm-up once)
+(:mod:`kiln.train.continuation`). A retried attempt resumes from its own checkpoint, never from
+``init_state``. Stale data (``staleness`` ≥ 1: sampled by ``behavior_adapter_dir``, an older
+policy than the one training starts from) keeps the pre-update log-probs as the proximal policy
 and weights each action token by ``min(π_prox / π_behaviour, stale_is_max_weight)``, the behaviour
 log-probs scored by the behaviour policy itself (:mod:`kiln.train.staleness`).
+
+Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records KL(π_new ‖
+π_start) and KL(π_new ‖ π_base) on the training's action tokens; ``target_kl`` ends the training
+at the first step whose approximate KL(π_start ‖ π) exceeds it (``early_stop`` in the receipt).
 
 Determinism: the LoRA init is seeded with ``config.seed``, there is no dropout, data order is
 seeded, and checkpoints restore weights/optimizer/RNG/cached log-probs exactly, so runs with the
@@ -51,7 +59,8 @@ from kiln.train.checkpoints import (
     restore_optimizer_state,
     save_checkpoint,
 )
-from kiln.train.continuation import read_init_state, write_final_state
+from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
+from kiln.train.drift import policy_drift
 from kiln.train.losses import echo_loss, sequence_logprobs
 from kiln.train.model import (
     adapter_content_sha256,
@@ -73,7 +82,7 @@ from kiln.train.receipt import (
     write_receipt,
 )
 from kiln.train.staleness import score_behavior, stale_origin
-from kiln.train.step import LogprobCache, train_step
+from kiln.train.step import LogprobCache, score_old_logprobs, train_step
 
 
 @dataclass
@@ -92,6 +101,11 @@ class TrainedAdapter:
     final_state_sha256: str | None = None
     # mean per-step KL to the base model over the last epoch (None: KL not computed)
     kl: float | None = None
+    # how far this training moved the policy (kiln.train.drift): KL(π_new ‖ π_start), KL(π_new ‖ base)
+    kl_to_previous: float | None = None
+    kl_to_base: float | None = None
+    # target_kl: the step at which the training ended early (its update not taken); None: ran out
+    early_stop_step: int | None = None
 
 
 @torch.no_grad()
@@ -155,6 +169,10 @@ class Loop:
     resumed_from: int | None = None
     continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
     staleness: dict[str, Any] | None = None  # receipt block: stale data's behaviour policy
+    early_stop: dict[str, Any] | None = None  # receipt block: where target_kl ended the training
+    # the learning-rate schedule's position: optimizer steps of earlier iterations, run horizon
+    steps_before: int = 0
+    horizon_steps: int | None = None
 
 
 def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
@@ -174,20 +192,29 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
               output_dir: Path, progress: Callable[[dict], None] | None,
               checkpoint_sink: Callable[[int, Path], None] | None,
               should_cancel: Callable[[], bool] | None) -> None:
-    """Run the optimizer steps ``start_step+1 … total``; checkpoints and progress included."""
+    """Run the optimizer steps ``start_step+1 … total``; checkpoints and progress included.
+
+    The learning rate follows one schedule over the run's global step (``steps_before`` + step,
+    horizon ``horizon_steps``): an online run warms up once."""
     total = len(plan.schedule)
     params = [p for _, p in loop.named]
     base_lr = loop.optimizer_info["learning_rate"]
+    horizon = loop.horizon_steps or loop.steps_before + total
     for step in range(start_step + 1, total + 1):
         if should_cancel is not None and should_cancel():
             raise RunCancelled(f"training cancelled before step {step} of {total}")
         epoch, group_ids = plan.schedule[step - 1]
         rows = [row for g in group_ids for row in loop.rows[g]]
-        lr = learning_rate_at(step, total, base_lr, warmup_steps=config.warmup_steps, schedule=config.lr_schedule)
+        lr = learning_rate_at(loop.steps_before + step, horizon, base_lr, warmup_steps=config.warmup_steps,
+                              schedule=config.lr_schedule)
         set_learning_rate(loop.optimizer, lr)
         t0 = time.perf_counter()
         values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev)
         elapsed = max(time.perf_counter() - t0, 1e-9)
+        if values.pop("stopped", False):
+            loop.early_stop = {"target_kl": plan.settings.target_kl, "step": step,
+                               "approx_kl": values["approx_kl"], "steps_taken": step - 1}
+            break
         tokens = values.pop("tokens")
         action_tokens = int(sum(float(r.action.sum()) for r in rows))
         group = group_ids[0] if len(group_ids) == 1 else list(group_ids)
@@ -218,12 +245,17 @@ def prepare_training(
     dtype: str = "float32",
     shared_base: Any = None,
     selected: tuple[list[dict], dict[str, Any]] | None = None,
+    iteration: int | None = None,
+    iterations_total: int | None = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
     The optimizer starts fresh, from ``init_state`` (a continuation state, see
     :mod:`kiln.train.continuation`) or — a retried attempt — from its own checkpoint
-    ``resume_from``, which already holds what ``init_state`` started it with."""
+    ``resume_from``, which already holds what ``init_state`` started it with. ``iteration`` (1-based,
+    online runs) seeds the epoch order; ``iterations_total`` sets the learning-rate schedule's horizon.
+    Refuses float16 (:func:`refuse_float16`)."""
+    refuse_float16(dtype)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
     stale = stale_origin(staleness, behavior_adapter_dir, expected_behavior_policy)
     init = read_init_state(init_state, Path(work_dir)) if init_state is not None else None
@@ -231,7 +263,7 @@ def prepare_training(
     if stale is not None:
         extra.update(staleness=staleness, behavior_adapter_sha256=stale["behavior_adapter_sha256"])
     plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected,
-                         staleness=staleness, extra_identity=extra)
+                         staleness=staleness, extra_identity=extra, iteration=iteration)
     dev = torch.device(device or "cpu")
     model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
     vocab = int(model.get_input_embeddings().weight.shape[0])
@@ -254,6 +286,9 @@ def prepare_training(
                               for g in plan.kept],
                 base_adapter_sha=base_adapter_sha, staleness=stale,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
+    loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
+    if iterations_total is not None and iteration is not None:
+        loop.horizon_steps = loop.steps_before + len(plan.schedule) * max(1, iterations_total - iteration + 1)
     if resume_from is not None:
         state = read_checkpoint_state(Path(resume_from))
         for key in [*plan.identity, *(k for k in ONLINE_IDENTITY_KEYS if k not in plan.identity)]:
@@ -268,9 +303,23 @@ def prepare_training(
     if init is not None:
         restore_optimizer_state(init.folder, params=named, optimizer=optimizer,
                                 optimizer_name=config.optimizer, adapter_sha256=base_adapter_sha)
+        reset_first_moments(optimizer)
+    score_old_logprobs(model, [row for group in rows for row in group], loop.cache, plan.settings, dev)
     loop.initial_eval = evaluate(model, loop.eval_batches, dev, plan.settings.temperature)
     loop.initial_eval.pop("action_logprob_sums")
     return loop, plan
+
+
+def refuse_float16(dtype: str) -> None:
+    """Training in float16 is refused: its gradients underflow without loss scaling, which the
+    trainer does not do (sampling in float16 is fine)."""
+    if str(dtype).removeprefix("torch.") == "float16":
+        raise TrainingFailed(
+            "training in float16 is not supported: its gradients underflow without loss scaling",
+            code="training_dtype_unsupported", retryable=False,
+            hint="train in bfloat16 (KILN_DTYPE=bfloat16, on a device that supports it) or float32 "
+            "(KILN_DTYPE=float32); float16 is fine for rollouts and evaluation",
+        )
 
 
 def train_grpo(
@@ -294,6 +343,8 @@ def train_grpo(
     keep_state: bool = False,
     behavior_adapter_dir: Path | None = None,
     staleness: int = 0,
+    iteration: int | None = None,
+    iterations_total: int | None = None,
 ) -> TrainedAdapter:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -316,7 +367,8 @@ def train_grpo(
         model_path=model_path, groups=groups, config=config, work_dir=output_dir,
         base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
-        staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected)
+        staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
+        iteration=iteration, iterations_total=iterations_total)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
@@ -333,17 +385,18 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     """Final evaluation, adapter, continuation state, receipt."""
     final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
+    drift = policy_drift(loop.model, loop.rows, loop.cache, plan.settings, dev)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
     adapter_sha = save_adapter(loop.model, adapter_dir)
     final_state, final_state_sha = None, None
+    steps_taken = len(loop.history)
     if keep_state:
-        before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
         final_state, final_state_sha = write_final_state(
             output_dir, params=loop.named, optimizer=loop.optimizer, identity=plan.identity,
-            steps=len(plan.schedule), adapter_sha256=adapter_sha, optimizer_name=config.optimizer,
-            steps_before=before)
+            steps=steps_taken, adapter_sha256=adapter_sha, optimizer_name=config.optimizer,
+            steps_before=loop.steps_before)
     delta_total, delta_norms = lora_delta_norms(loop.model)
     t_start, t_loaded, t_trained = timings
     echo = {**plan.echo, "initial_env_ce": loop.initial_eval["env_ce"], "final_env_ce": final_eval["env_ce"]}
@@ -367,12 +420,15 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
                        "save_s": time.perf_counter() - t_trained},
         resumed_from_step=loop.resumed_from,
-        extra=online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
-                            final_state_sha256=final_state_sha),
+        extra={**online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
+                               final_state_sha256=final_state_sha),
+               "policy_drift": drift, "early_stop": loop.early_stop},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)
-    return TrainedAdapter(adapter_dir=adapter_dir, receipt=receipt, steps=len(plan.schedule),
+    return TrainedAdapter(adapter_dir=adapter_dir, receipt=receipt, steps=steps_taken,
                        final_action_logprob_sums=sums, final_state=final_state,
                        final_state_sha256=final_state_sha,
-                       kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on else None)
+                       kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on and loop.history else None,
+                       kl_to_previous=drift["kl_to_previous"], kl_to_base=drift["kl_to_base"],
+                       early_stop_step=loop.early_stop["step"] if loop.early_stop else None)

@@ -59,7 +59,7 @@ def first_iteration(model_path, tmp_path_factory):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_single_pass_training_is_unchanged(model_path, tmp_path, optimizer):
+def test_single_pass_training_has_no_online_blocks(model_path, tmp_path, optimizer):
     """A single-pass training carries none of the continuation fields, repeats bit for bit in the
     same process, and keeping its final state changes nothing else. Both sides of every comparison
     are computed here, in this run: float results are never compared with digests recorded on
@@ -93,7 +93,9 @@ def _saved_optimizer(archive: Path, folder: Path) -> tuple[dict, dict]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_continuation_restores_the_optimizer_state_bit_exactly(model_path, tmp_path, optimizer):
+def test_continuation_keeps_the_second_moment_and_zeroes_the_first(model_path, tmp_path, optimizer):
+    """At an iteration boundary AdamW's ``exp_avg`` (Muon's momentum buffer) is zero, while
+    ``exp_avg_sq`` and ``step`` are the saved ones bit for bit."""
     first = _train(model_path, tmp_path / "it1", _config(optimizer), keep_state=True)
     saved, state = _saved_optimizer(first.final_state, tmp_path / "unpacked")
     assert state["kind"] == "final_state" and state["optimizer"] == optimizer
@@ -110,7 +112,11 @@ def test_continuation_restores_the_optimizer_state_bit_exactly(model_path, tmp_p
         assert set(values) == keys
         for key, tensor in values.items():
             restored = live["state"][index][key]
-            assert restored.dtype == tensor.dtype and torch.equal(restored, tensor), (index, key)
+            assert restored.dtype == tensor.dtype and restored.shape == tensor.shape, (index, key)
+            if key in ("exp_avg", "momentum_buffer"):
+                assert tensor.abs().sum() > 0 and not restored.any(), (index, key)
+            else:
+                assert torch.equal(restored, tensor), (index, key)
         if optimizer == "adamw":
             assert float(values["step"]) == 3.0 and values["exp_avg_sq"].abs().sum() > 0
     assert loop.continued_from == {"adapter_sha256": first.receipt["adapter_sha256"],
@@ -141,7 +147,7 @@ def test_two_iterations_continue_the_optimizer_deterministically(model_path, fir
     assert "continued_from" not in fresh[0].receipt
     _, state = _saved_optimizer(continued[0].final_state, tmp_path / "state-2")
     assert state["optimizer_steps_total"] == 6 and state["adapter_sha256"] == receipt["adapter_sha256"]
-    # The learning-rate schedule restarts per iteration (constant here: every step at the base lr).
+    # One learning-rate schedule over the run (constant here: every step at the base lr).
     assert [h["lr"] for h in receipt["steps"]] == [2e-2] * 3
     # Curve figures: the last epoch's mean KL of the per-step values.
     assert continued[0].kl == pytest.approx(sum(h["kl"] for h in receipt["steps"]) / 3) and continued[0].kl != 0
@@ -245,7 +251,9 @@ def test_stale_training_uses_truncated_behaviour_weights(model_path, first_itera
     assert all(abs(h["loss"]) < 1e3 for h in steps)  # finite (the trainer refuses non-finite)
     assert max(h["is_ratio_max"] for h in steps) > 1.5  # the ratio exceeds the cap…
     assert max(h["is_weight_max"] for h in steps) == 1.5  # …and the weight is truncated at it
-    assert all(0 < h["is_truncated_fraction"] < 1 for h in steps)
+    # The proximal policy is the pre-update one for every row: some steps' groups stay under the cap.
+    assert all(0 <= h["is_truncated_fraction"] < 1 for h in steps)
+    assert any(h["is_truncated_fraction"] > 0 for h in steps)
 
 
 @pytest.mark.timeout(120)

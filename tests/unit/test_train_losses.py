@@ -223,3 +223,30 @@ def test_is_weights_scale_each_token_term_without_gradient():
     loss.backward()
     assert logprobs.grad.tolist() == [[pytest.approx(-1.0), pytest.approx(-0.125), 0.0]]
     assert weights.grad is None
+
+
+def test_sequence_level_term_weighs_every_sequence_the_same():
+    """GSPO: a 1-token and a 4-token sequence with opposite advantages, at ratio 1: the loss is the
+    mean of the per-sequence terms, and each sequence's gradient, summed over its tokens, is
+    −A/N whatever its length."""
+    lp = torch.zeros(2, 4, requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    advantages = torch.tensor([1.0, -0.5])
+    loss, stats = policy_loss(lp, torch.zeros(2, 4), advantages, mask, clip_epsilon=3e-4, is_level="sequence")
+    assert float(loss.detach()) == pytest.approx(-(1.0 - 0.5) / 2, rel=1e-6)
+    loss.backward()
+    per_sequence = (lp.grad * mask).sum(dim=-1)
+    assert per_sequence.tolist() == pytest.approx([-1.0 / 2, 0.5 / 2], rel=1e-6)
+    assert lp.grad[1].tolist() == pytest.approx([0.5 / 8] * 4, rel=1e-6)  # spread over its 4 tokens
+    assert stats["clipped_tokens"] == 0.0
+    # With a step-wide denominator (2 sequences in the whole step), one micro-batch's share.
+    half, _ = policy_loss(lp.detach()[:1], torch.zeros(1, 4), advantages[:1], mask[:1], clip_epsilon=3e-4,
+                          is_level="sequence", sequence_denominator=2.0)
+    assert float(half) == pytest.approx(-0.5, rel=1e-6)
+
+
+def test_sequence_level_has_its_own_small_epsilon():
+    from kiln.contracts import TrainingConfig
+
+    config = TrainingConfig()
+    assert config.sequence_clip_epsilon == 3e-4 and config.clip_epsilon == 0.2

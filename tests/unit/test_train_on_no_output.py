@@ -21,9 +21,11 @@ def _groups():
     ]
 
 
-def test_drop_is_the_default_and_loses_the_only_variation() -> None:
-    assert TrainingConfig().on_no_output == "drop"
-    kept, sel = select_groups(_groups())
+def test_penalty_is_the_default_and_drop_loses_the_only_variation() -> None:
+    assert TrainingConfig().on_no_output == "penalty"
+    kept, _ = select_groups(_groups(), TrainingConfig().on_no_output)
+    assert [c["reward"] for c in kept[0]["completions"]] == [1.0, 1.0, -1.0]
+    kept, sel = select_groups(_groups(), "drop")
     assert kept == [] and sel["no_output_rollouts_discarded"] == 1
     assert sel["no_reward_gradient_groups_skipped"] == 1
 

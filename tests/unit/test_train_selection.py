@@ -35,7 +35,7 @@ def test_selection_counts_and_warnings_exact():
         ),
         _group(),  # empty group: no usable output
     ]
-    kept, sel = select_groups(groups)
+    kept, sel = select_groups(groups, "drop")
     assert [len(g["completions"]) for g in kept] == [2, 2]
     assert kept[1]["completions"][0]["tokens"]["pieces"][0]["ids"][1] == 4 + 3
     assert sel == {
