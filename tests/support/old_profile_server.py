@@ -10,14 +10,13 @@ Run: ``python -m tests.support.old_profile_server --port P [--max-concurrent-env
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from typing import Any, Optional
 
-import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tests.support.server_main import serve_main
 
 
 class OldAction(BaseModel):
@@ -191,11 +190,7 @@ def build_app(max_concurrent_envs: int = 1) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--max-concurrent-envs", type=int, default=1)
-    args = parser.parse_args(argv)
-    uvicorn.run(build_app(args.max_concurrent_envs), host="127.0.0.1", port=args.port, log_level="warning")
+    serve_main(build_app, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,8 @@ An episode ends after ``CALLS_PER_EPISODE`` calls. Run:
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-import uvicorn
 from jsonschema import Draft202012Validator
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
@@ -29,6 +27,7 @@ from openenv.core.env_server.mcp_types import (
     Tool,
 )
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from tests.support.server_main import serve_main
 
 CALLS_PER_EPISODE = 3
 
@@ -131,11 +130,7 @@ def build_app(max_concurrent_envs: int = 1) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--max-concurrent-envs", type=int, default=1)
-    args = parser.parse_args(argv)
-    uvicorn.run(build_app(args.max_concurrent_envs), host="127.0.0.1", port=args.port, log_level="warning")
+    serve_main(build_app, __doc__, argv)
 
 
 if __name__ == "__main__":
