@@ -96,8 +96,11 @@ async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: 
             **BASE_RUN,
             "environment_urls": [counter_env_url],
             "output_adapter": "counter-worse",
-            # measured (bench/counter_training.py): held-out return -0.65 vs base 2.5, 74 % invalid actions
-            "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0}},
+            # measured (bench/counter_training.py): held-out return -0.65 vs base 2.5, 74 % invalid
+            # actions. on_no_output drop (no longer the default): nothing pushes back on the invalid
+            # completions, so this destructive setting reliably makes the adapter worse.
+            "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0},
+                                "on_no_output": "drop"},
         },
     )
     assert final["state"] == "completed"
