@@ -191,4 +191,6 @@ async def test_preflight_seals_the_named_models_identity(kiln_settings: Any, mod
     assert unknown.status_code == 400
     body = unknown.json()
     assert body["code"] == "model_not_served"
-    assert body["details"] == {"field": "model", "model": "nope", "served": ["llama", "tiny"]}
+    # The default (the workers' KILN_MODEL_PATH folder) is named too, so the user sees what to drop.
+    assert body["details"] == {"field": "model", "model": "nope", "served": ["llama", "tiny"],
+                               "default": settings.model_path.name}
