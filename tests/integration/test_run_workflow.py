@@ -17,6 +17,7 @@ from temporalio.client import WorkflowFailureError
 
 from activities.control import ControlActivities
 from api.runs import RunService
+from kiln.artifacts.adapters import pointer_key
 from kiln.artifacts.manifest import manifest_key
 from kiln.artifacts.store import S3Store
 from kiln.contracts import parse_run_request
@@ -137,7 +138,9 @@ class _SwapSchemaBeforeRevalidation(ControlActivities):
         return await super().revalidate_environments(inp)
 
 
-async def test_identity_change_fails_run_without_manifest(kiln_settings: Any) -> None:
+async def test_identity_change_fails_run_keeping_its_episodes_unpromoted(kiln_settings: Any) -> None:
+    """A changed environment identity fails the run at revalidation, before training: the episodes
+    already collected are published as evidence (a manifest, no adapter), and nothing is promoted."""
     port = free_port()
     first = serve_app_process(example_env_argv("counter", port), port=port)
     url = first.__enter__()
@@ -171,8 +174,10 @@ async def test_identity_change_fails_run_without_manifest(kiln_settings: Any) ->
     assert status["failure"]["stage"] == "revalidation"
     assert "schema.action" in status["failure"]["details"]["changed_fields"]
     store = S3Store.from_settings(settings)
-    assert not store.exists(manifest_key(run_id))
-    assert status["manifest"] is None and status["state"] == "failed"
+    assert status["state"] == "failed" and status["promoted"] is False
+    assert status["manifest"] is not None and store.exists(manifest_key(run_id))
+    assert {a["name"] for a in status["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
+    assert store.get_key(pointer_key("counter-agent")) is None
 
 
 async def test_unreachable_url_fails_at_discovery_naming_url_and_route(kiln_settings: Any) -> None:
