@@ -77,4 +77,6 @@ def test_echo_lowers_observation_ce_and_keeps_the_action_format(runtime, tiny_mo
     assert echo["enabled"] and echo["lambda"] == 0.05 and echo["final_env_ce"] < echo["initial_env_ce"]
     assert base_ce < 2.0  # the demo model's warm-up covers observation text (was 11.2 nats/token)
     assert ce_on < ce_off - 0.05 and ce_on < base_ce - 0.05, (ce_on, ce_off, base_ce)
-    assert abs(on.invalid_rate - off.invalid_rate) <= 0.02, (on, off)
+    # ECHO keeps the action format: its invalid-action rate is no worse than without it (within
+    # about one action in 40 episodes' ~190).
+    assert on.invalid_rate <= off.invalid_rate + 0.03, (on, off)

@@ -90,7 +90,7 @@ async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
     })
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
-        handle = client.get_workflow_handle(status["run_id"])
+        handle = client.get_workflow_handle(status.run_id)
         with pytest.raises(Exception):
             await workflow_result(handle, timeout_s=200)
         final = await handle.query("status")
