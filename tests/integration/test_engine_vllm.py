@@ -191,7 +191,7 @@ async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
     try:
         async with running_workers(settings, gpu_factory=factory) as client:
             status, _ = await RunService(client, settings).submit(request)
-            final = await workflow_result(client.get_workflow_handle(status["run_id"]))
+            final = await workflow_result(client.get_workflow_handle(status.run_id))
     finally:
         for acts in built:
             if acts._policy is not None:
