@@ -32,7 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKEN = "run-page-test-token"
-SLOW_WS_S = 0.5  # per environment answer: connect + reset + a step take over a second
+SLOW_WS_S = 1.0  # per environment answer: every episode takes over a second per wave (four-digit latencies)
 ROLLOUT = {"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 2, "max_action_tokens": 16}
 # Every y tick label of every chart: its box against its SVG's box (page pixels).
 YTICK_BOXES = """() => [...document.querySelectorAll('svg')].flatMap(svg => {

@@ -157,7 +157,8 @@ async def test_identity_change_fails_run_keeping_its_episodes_unpromoted(kiln_se
     run_id = str(uuid.uuid4())
     try:
         async with running_workers(settings, control_factory=_SwapSchemaBeforeRevalidation) as client:
-            request = {**SMALL_RUN, "groups": 1, "group_size": 2, "max_steps": 2, "environment_urls": [url]}
+            request = {**SMALL_RUN, "groups": 1, "group_size": 2, "max_steps": 2, "environment_urls": [url],
+                       "output_adapter": "identity-changed-agent"}  # a name no other test of the bucket publishes
             handle = await client.start_workflow(
                 WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
             )
@@ -177,7 +178,7 @@ async def test_identity_change_fails_run_keeping_its_episodes_unpromoted(kiln_se
     assert status["state"] == "failed" and status["promoted"] is False
     assert status["manifest"] is not None and store.exists(manifest_key(run_id))
     assert {a["name"] for a in status["artifacts"]} == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
-    assert store.get_key(pointer_key("counter-agent")) is None
+    assert store.get_key(pointer_key("identity-changed-agent")) is None
 
 
 async def test_unreachable_url_fails_at_discovery_naming_url_and_route(kiln_settings: Any) -> None:
