@@ -135,6 +135,29 @@
     });
   }
 
+  // Online RL: one row per iteration the status keeps (the whole curve is in metrics.jsonl).
+  function iterations(status) {
+    var rows = status.iterations || [];
+    var section = document.getElementById("iterations-section");
+    section.style.display = (status.iterations_total || 1) > 1 && rows.length ? "" : "none";
+    var tbody = document.querySelector("#iterations tbody");
+    tbody.textContent = "";
+    rows.forEach(function (r) {
+      var tr = document.createElement("tr");
+      tr.dataset.iteration = String(r.iteration);
+      td(tr, r.iteration + (status.iterations_total ? " of " + status.iterations_total : ""));
+      td(tr, String(r.seed_start), "num");
+      td(tr, fmt(r.mean_return), "num");
+      td(tr, fmt(r.eval_mean_return), "num");
+      td(tr, String(r.steps), "num");
+      td(tr, fmt(r.kl_to_previous), "num kl-previous");
+      td(tr, fmt(r.kl_to_base), "num kl-base");
+      td(tr, r.early_stop_step === null || r.early_stop_step === undefined ? "" : "target_kl at step " + r.early_stop_step);
+      td(tr, r.adapter_sha256 ? r.adapter_sha256.slice(0, 19) + "…" : "-");
+      tbody.appendChild(tr);
+    });
+  }
+
   function episodes(status) {
     var tbody = document.querySelector("#episodes tbody");
     if (!status.manifest) {
@@ -177,6 +200,7 @@
       overview(status);
       curves(events, status);
       evaluation(events, status);
+      iterations(status);
       if (!window.kilnEpisodesLoaded || status.state !== "running") { episodes(status); window.kilnEpisodesLoaded = true; }
       document.body.dataset.loaded = "true";
       if (status.state === "running") setTimeout(load, 2000);

@@ -66,6 +66,17 @@ TRAIN = {
     "training_config": {"epochs": 3, "lora_rank": 4, "lora_alpha": 8, "kl_coeff": 0.0},
     "environment_eval": {"groups": 2, "group_size": 2},
 }
+# A 2-iteration online run: the page's iteration table shows each iteration's KL figures.
+ONLINE = {
+    "kind": "train",
+    "groups": 3,
+    "group_size": 3,
+    "max_steps": 3,
+    "max_action_tokens": 32,
+    "iterations": 2,
+    "output_adapter": "paged-online",
+    "training_config": {"epochs": 1, "lora_rank": 4, "lora_alpha": 8},
+}
 
 
 async def _wait(http: Any, run_id: str, states: tuple[str, ...], timeout_s: float = 240.0) -> dict[str, Any]:
@@ -101,6 +112,7 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
             async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as http:
                 trained = (await http.post("/v1/openenv/runs", json={**TRAIN, "environment_urls": [slow.url]})).json()
                 sampled = (await http.post("/v1/openenv/runs", json={**ROLLOUT, "environment_urls": [counter_env_url]})).json()
+                online = (await http.post("/v1/openenv/runs", json={**ONLINE, "environment_urls": [counter_env_url]})).json()
                 # Past the submit-time health check (preflight=false), so both fail or hang in the workflow.
                 failed = (await http.post("/v1/openenv/runs", params={"preflight": "false"},
                                           json={"kind": "rollout", "environment_urls": [unreachable_url()]})).json()
@@ -115,6 +127,8 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 assert (await _wait(http, failed["run_id"], ("failed",)))["state"] == "failed"
                 assert (await _wait(http, hung["run_id"], ("cancelled",)))["state"] == "cancelled"
                 assert (await _wait(http, sampled["run_id"], ("completed", "failed")))["state"] == "completed"
+                done_online = await _wait(http, online["run_id"], ("completed", "failed"))
+                assert done_online["state"] == "completed", done_online.get("failure")
                 episodes = (await http.get(f"/v1/openenv/runs/{trained['run_id']}/episodes?limit=100")).json()
                 events = (await http.get(f"/v1/openenv/runs/{trained['run_id']}/metrics")).json()["events"]
                 # Without the token, neither a page nor its data is served.
@@ -153,6 +167,7 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 assert await page.locator("#artifacts a").count() == len(done["artifacts"])
                 assert await page.get_attribute("#temporal-link", "href") == done["temporal_ui"]
                 assert ("not promoted" if not done["promoted"] else "promoted") in (await page.text_content("#summary") or "")
+                assert await page.is_hidden("#iterations-section")  # one iteration: no iteration table
 
                 # No y label is clipped (each lies inside its chart), and the ticks are round.
                 boxes = await page.evaluate(YTICK_BOXES)
@@ -194,6 +209,20 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 assert await page.is_disabled("#next") and not await page.is_disabled("#prev")
                 turn = episodes["episodes"][5]["turns"][0]
                 assert turn["action"] in (await page.text_content("#episodes tbody") or "")
+
+                # An online run: one row per iteration with its policy drift (KL to previous and to base).
+                await page.goto(f"{base}/runs/{online['run_id']}")
+                await page.wait_for_selector("body[data-loaded=true]")
+                assert await page.is_visible("#iterations-section")
+                rows = page.locator("#iterations tbody tr")
+                assert await rows.count() == 2
+                for n, record in enumerate(done_online["iterations"]):
+                    cells = await rows.nth(n).locator("td").all_text_contents()
+                    assert cells[0] == f"{record['iteration']} of 2" and int(cells[4]) == record["steps"] > 0
+                    assert record["kl_to_previous"] is not None and record["kl_to_base"] is not None
+                    assert float(cells[5]) == pytest.approx(record["kl_to_previous"], rel=1e-3, abs=1e-9)
+                    assert float(cells[6]) == pytest.approx(record["kl_to_base"], rel=1e-3, abs=1e-9)
+                    assert cells[8] == record["adapter_sha256"][:19] + "…"
 
                 # A failed and a cancelled run render their state and the stage they ended in.
                 await page.goto(f"{base}/runs/{failed['run_id']}")
