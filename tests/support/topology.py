@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.devstack import start_seaweedfs, temporal_binary, temporal_healthy
+from kiln.devstack.temporal import SQLITE_PRAGMAS
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, free_port_block, start_process, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +61,7 @@ def start_bare_temporal(
     argv = [
         temporal_binary(), "server", "start-dev", "--headless",
         "--db-filename", str(root / "temporal" / "bare.db"),
+        *(arg for pragma in SQLITE_PRAGMAS for arg in ("--sqlite-pragma", pragma)),
         "--ip", LOOPBACK, "--port", str(port), "--log-level", "warn",
     ]
     for name, kind in (search_attributes or {}).items():
