@@ -26,7 +26,7 @@ from tests.support.servers import serve_example_env
 from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420), pytest.mark.slow]
 
 # A capacity wait longer than any bound below: a run whose wait held a gpu slot would make another
 # run's activity sit in the queue for about this long.
@@ -35,6 +35,11 @@ CAPACITY_WAIT_S = 15
 # slot is picked up within seconds even on a loaded machine.
 SHORT_ATTEMPT_S = 10.0
 SHORT_QUEUE_WAIT_S = 10.0
+
+# Small runs next to a blocked one: more than ``max_active_runs`` (8), so some wait for admission
+# while the blocked run holds its active slot.
+SMALL_RUNS = 10
+MAX_ACTIVE_RUNS = 8
 
 SMALL = {"kind": "rollout", "groups": 2, "group_size": 2, "max_steps": 4, "max_action_tokens": 32}
 TINY = {"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 1, "max_action_tokens": 8}
@@ -77,7 +82,6 @@ async def test_head_of_line_run_b_is_not_blocked_by_a_full_environment(kiln_sett
         holder, _, _ = await open_session_and_reset(normalize_url(full_url), {"seed": 1}, capacity_wait_s=5)
         try:
             async with running_workers(settings) as client:
-                await _run(client, settings, {**SMALL, "environment_urls": [free_url]})  # warm-up
                 solo, final = await _run(client, settings, {**SMALL, "environment_urls": [free_url]})
                 assert final["state"] == "completed"
                 # What the environment granted is in status (never in the artifacts).
@@ -119,8 +123,8 @@ async def test_head_of_line_run_b_is_not_blocked_by_a_full_environment(kiln_sett
             await holder.close()
 
 
-async def test_forty_small_runs_with_a_blocked_environment_present(kiln_settings: Any) -> None:
-    settings = kiln_settings(max_active_runs=8, max_tracked_runs=64)
+async def test_many_small_runs_with_a_blocked_environment_present(kiln_settings: Any) -> None:
+    settings = kiln_settings(max_active_runs=MAX_ACTIVE_RUNS, max_tracked_runs=64)
     with serve_example_env("counter", max_concurrent_envs=1) as full_url, serve_example_env("counter") as free_url:
         holder, _, _ = await open_session_and_reset(normalize_url(full_url), {"seed": 1}, capacity_wait_s=5)
         try:
@@ -136,10 +140,10 @@ async def test_forty_small_runs_with_a_blocked_environment_present(kiln_settings
                 await _wait_collecting(blocked)
                 started = time.monotonic()
                 finals = await asyncio.gather(
-                    *(_run(client, settings, {**TINY, "environment_urls": [free_url], "seed_start": i}) for i in range(40))
+                    *(_run(client, settings, {**TINY, "environment_urls": [free_url], "seed_start": i}) for i in range(SMALL_RUNS))
                 )
-                print(f"\n40 runs with a blocked environment present: {time.monotonic() - started:.1f}s")
-                assert [final["state"] for _, final in finals] == ["completed"] * 40
+                print(f"\n{SMALL_RUNS} runs with a blocked environment present: {time.monotonic() - started:.1f}s")
+                assert [final["state"] for _, final in finals] == ["completed"] * SMALL_RUNS
                 assert all(final["progress"]["groups_completed"] == 1 for _, final in finals)
                 assert (await blocked.query("status"))["phase"] == "collection"
                 _assert_waited_in_timers(await run_history(client, blocked.id), settings.gpu_task_queue)
