@@ -1,10 +1,4 @@
-"""History hygiene: a 256-group run stays well inside Temporal's limits (events and payload sizes).
-
-The largest collection one history holds (``kiln.run_plan.CHUNK_GROUPS``), on the real stack with
-a scripted policy (``FixedActionPolicy``): a group's activity input and result carry settings,
-counts, references and the policy's identity, never the model's text, so the history has the
-events and payload shapes a model run has, without 256 groups of model work.
-"""
+"""History hygiene: a 256-group run stays well inside Temporal's limits (events and payload sizes)."""
 
 from __future__ import annotations
 
@@ -14,8 +8,6 @@ from typing import Any
 import pytest
 
 from tests.support.kiln_workers import running_workers
-from tests.support.scripted_gpu import scripted_gpu_factory
-from tests.support.scripted_policy import FixedActionPolicy
 from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
 
@@ -57,8 +49,7 @@ async def test_256_group_run_stays_small(kiln_settings: Any, counter_env_url: st
         "thinking": False,
     }
     run_id = str(uuid.uuid4())
-    policy = FixedActionPolicy('{"amount": 1}')
-    async with running_workers(settings, gpu_factory=scripted_gpu_factory(policy)) as client:
+    async with running_workers(settings) as client:
         handle = await client.start_workflow(
             WORKFLOW_NAME, request, id=run_id, task_queue=settings.control_task_queue
         )
@@ -66,7 +57,6 @@ async def test_256_group_run_stays_small(kiln_settings: Any, counter_env_url: st
         history = await handle.fetch_history()
     assert final["state"] == "completed"
     assert final["progress"]["groups_completed"] == 256
-    assert final["progress"]["mean_return"] == 1.0  # every episode took its one scripted step
     events = list(history.events)
     sizes = [size for event in events for size in _payload_sizes(event)]
     largest = max(sizes)
