@@ -9,6 +9,7 @@ through here, so their inputs stay the same size whatever the number of groups.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
@@ -44,3 +45,9 @@ def read_group_set(store: S3Store, groups: GroupSet) -> list[StoredObject]:
             f"the group indexes list {len(refs)} groups; the run recorded {groups.count}"
         )
     return refs
+
+
+def read_group_documents(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
+    """Every group document of ``groups``, in order, each verified by its digest."""
+    refs = [obj.ref() for obj in read_group_set(store, groups)]
+    return [json.loads(data) for data in store.get_many(refs)]

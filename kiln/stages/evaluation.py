@@ -12,13 +12,13 @@ from kiln.evaluation.pairing import pair_summaries
 from kiln.evaluation.receipt import build_receipt, policy_identity
 from kiln.rollout.bundle import build_bundle
 from kiln.run_plan import BundleSpec
-from kiln.artifacts.group_sets import read_group_set
+from kiln.artifacts.group_sets import read_group_documents
 from kiln.records import EvaluateInput, EvaluationResult, GroupSet, SideBundle, SideBundleInput, StoredObject
 from kiln.stages.discovery import load_inspection
 
 
 def load_group_documents(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
-    return [json.loads(store.get_bytes(obj.ref())) for obj in read_group_set(store, groups)]
+    return read_group_documents(store, groups)
 
 
 def make_bundle(

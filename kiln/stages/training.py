@@ -5,7 +5,6 @@ Imports ``kiln.train`` (torch): only the gpu worker imports this module.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,7 +12,7 @@ from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import model_content_sha256
-from kiln.artifacts.group_sets import read_group_set
+from kiln.artifacts.group_sets import read_group_documents
 from kiln.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
 from kiln.artifacts.adapters import materialise
 from kiln.artifacts.selections import brief_selection, store_selection
@@ -23,7 +22,7 @@ from kiln.train.trainer import train_grpo
 
 
 def load_group_lines(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
-    documents = [json.loads(store.get_bytes(obj.ref())) for obj in read_group_set(store, groups)]
+    documents = read_group_documents(store, groups)
     documents.sort(key=lambda doc: doc["group_index"])
     return [doc["line"] for doc in documents]
 

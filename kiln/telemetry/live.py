@@ -191,17 +191,13 @@ def read_progress(store: Any, run_id: str) -> dict[str, Any] | None:
 def read_events(store: Any, run_id: str) -> list[dict[str, Any]]:
     """Every event of the run: groups (by label, index), training steps (by iteration, step), then
     the iterations' curve rows (by iteration)."""
-    groups: list[dict[str, Any]] = []
-    for key in store.list_keys(live_prefix(run_id) + "groups/"):
-        raw = store.get_key(key)
-        if raw:
-            groups.append(json.loads(raw))
+    groups = [json.loads(raw) for raw in store.get_keys(store.list_keys(live_prefix(run_id) + "groups/")) if raw]
     groups.sort(key=lambda e: (e.get("label") != "group", e.get("label", ""), e.get("group_index", 0)))
     raw = store.get_key(train_key(run_id)) or b""
     steps = [json.loads(line) for line in raw.splitlines() if line.strip()]
     # A resumed attempt re-emits steps: the last line of each (iteration, step) wins.
     by_step = {(int(e.get("iteration") or 1), int(e["step"])): e for e in steps}
-    rows = [json.loads(raw) for key in store.list_keys(live_prefix(run_id) + "iterations/") if (raw := store.get_key(key))]
+    rows = [json.loads(raw) for raw in store.get_keys(store.list_keys(live_prefix(run_id) + "iterations/")) if raw]
     rows.sort(key=lambda e: e["iteration"])
     return groups + [by_step[s] for s in sorted(by_step)] + rows
 

@@ -120,6 +120,24 @@ def test_missing_object(store: S3Store) -> None:
     assert not store.exists(ref.key)
 
 
+def test_get_many_reads_in_order_and_raises_the_first_failure(store: S3Store) -> None:
+    blobs = [f"group {n} ".encode() * (n + 1) for n in range(20)]
+    refs = [store.put_blob(data) for data in blobs]
+    assert store.get_many(refs) == blobs
+    assert store.get_many(refs[:1]) == blobs[:1] and store.get_many([]) == []
+    assert store.get_keys([refs[3].key, "no/such/key", refs[0].key]) == [blobs[3], None, blobs[0]]
+    # Two bad refs: the error is the first one's in the given order, as a loop would raise it.
+    missing = b"never stored " + os.urandom(8)
+    absent = ObjectRef(uri=f"s3://{BUCKET}/blobs/sha256/{hashlib.sha256(missing).hexdigest()}",
+                       sha256=_digest(missing), bytes=len(missing))
+    wrong = ObjectRef(uri=refs[5].uri, sha256=refs[6].sha256, bytes=refs[5].bytes)
+    with pytest.raises(ArtifactIntegrityFailed) as info:
+        store.get_many([*refs[:4], wrong, *refs[7:], absent])
+    assert refs[5].uri in info.value.message
+    with pytest.raises(ArtifactNotFound):
+        store.get_many([*refs[:4], absent, *refs[7:], wrong])
+
+
 def test_put_if_absent_uses_conditional_put(store: S3Store) -> None:
     key = f"runs/r-{os.urandom(4).hex()}/manifest.json"
     assert store.put_if_absent(key, b"first") is True
