@@ -112,7 +112,7 @@ async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -
             await replacement
         state, final = await result_within(handle, 300)
     finally:  # the package's other tests expect one worker per role
-        kept = [id(proc) for proc in stack.workers.values()]
+        kept = [id(proc) for proc in (*stack.workers.values(), *stack.spares())]
         for proc in stack.every_process:
             if proc.log_path.name.startswith("worker-") and proc.alive() and id(proc) not in kept:
                 await asyncio.to_thread(proc.stop, timeout_s=15)

@@ -1,8 +1,10 @@
 """A whole run on a qwen3-0.6b-shaped random model (2 layers, Qwen's real 151k vocabulary and the
-Qwen3 chat template) on CPU: collect 2 groups × 2, train, verify and replay the rollout.
+Qwen3 chat template) on CPU: collect a group of 2, train, verify and replay the rollout.
 
 Tokenisation, the token-in/token-out glue, the 151,936-row embedding/LM head and the memory paths
-are the real ones; the weights are random, so actions come from the action grammar.
+are the real ones; the weights are random, so actions come from the action grammar. Every scored
+token costs a 151,936 × 1,024 head product, so the run is one group (what the shape proves does
+not grow with the number of groups; multi-group runs are covered on the tiny model).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.asyncio
 
 RUN = {
     "kind": "train",
-    "groups": 2,
+    "groups": 1,
     "group_size": 2,
     "max_steps": 3,  # the grammar keeps amounts in 1..5: a third step can overshoot (reward varies)
     "max_action_tokens": 24,
@@ -64,12 +66,12 @@ async def test_qwen_shaped_run_collects_trains_verifies_and_replays(
     started = time.perf_counter()
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
-        final = await workflow_result(client.get_workflow_handle(status.run_id))
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=540)
     elapsed = time.perf_counter() - started
     print(f"qwen3-0.6b-shaped 2-layer run: {elapsed:.1f} s")
     assert final["state"] == "completed", final.get("failure")
-    # Every candidate overshoots or not at its third step: both groups vary and train one step each.
-    assert final["training"]["trained"] is True and final["training"]["steps"] == 2
+    # Every candidate overshoots or not at its third step: the group varies and trains one step.
+    assert final["training"]["trained"] is True and final["training"]["steps"] == 1
     assert final["training"]["selection"]["no_reward_gradient_groups_skipped"] == 0
 
     artifacts = {a["name"]: a for a in final["artifacts"]}
@@ -78,7 +80,7 @@ async def test_qwen_shaped_run_collects_trains_verifies_and_replays(
     assert receipt["config"]["on_no_output"] == "penalty"
     bundle = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
     lines = [json.loads(line) for line in bundle["rollouts.jsonl"].decode().splitlines()]
-    assert [len(line["completions"]) for line in lines] == [2, 2]
+    assert [len(line["completions"]) for line in lines] == [2]
     policy = lines[0]["completions"][0]["openenv"]["behavior_policy"]
     assert policy["runtime"]["device"] == "cpu" and policy["runtime"]["dtype"] == "float32"
     # Real vocabulary: the prompt ids are Qwen's (<|im_start|> = 151644, <|im_end|> = 151645).

@@ -40,7 +40,8 @@ def rollout_request(env_url: str, groups: int = GROUPS) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def topology(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    topo = Topology(root=tmp_path_factory.mktemp("topology"), model_path=tiny_model_dir)
+    # The chaos stack's short heartbeat timeout: the killed worker's group is retried seconds later.
+    topo = Topology(root=tmp_path_factory.mktemp("topology"), model_path=tiny_model_dir, heartbeat_timeout_s=3.0)
     try:
         topo.start_servers().start_kiln(gpu_workers=2)
         yield topo

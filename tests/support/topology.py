@@ -169,8 +169,11 @@ class Topology:
     def start_kiln(self, gpu_workers: int = 2) -> "Topology":
         """The control worker (which creates the search attributes), the gpu workers and the API."""
         self.control = self.start_worker("control", "control")
-        for index in range(gpu_workers):
-            self.gpus.append(self.start_worker("gpu", f"gpu-{index}"))
+        # The gpu workers start side by side (the search attributes exist by now).
+        gpus = [self.start_worker("gpu", f"gpu-{index}", wait=False) for index in range(gpu_workers)]
+        for index, proc in enumerate(gpus):
+            self._wait_polling(proc, f"gpu-{index}")
+        self.gpus.extend(gpus)
         env = self.kiln_env(self.root / "home-api")
         env.update({"KILN_API_HOST": LOOPBACK, "KILN_API_PORT": str(self.api_port), "KILN_API_TOKEN": self.api_token})
         argv = [sys.executable, "-m", "uvicorn", "--factory", "api.app:app_from_env", "--host", LOOPBACK,
@@ -190,9 +193,12 @@ class Topology:
         env[DELAY_FILE_ENV] = str(self.delay_file(name))
         proc = self._start(f"worker-{name}", [sys.executable, "-m", "tests.support.topology", "worker", role], env)
         if wait:
-            wait_until(lambda: b"polling" in proc.log_path.read_bytes(), timeout_s=120,
-                       what=f"worker {name} to poll", process=proc)
+            self._wait_polling(proc, name)
         return proc
+
+    def _wait_polling(self, proc: ManagedProcess, name: str) -> None:
+        wait_until(lambda: b"polling" in proc.log_path.read_bytes(), timeout_s=120,
+                   what=f"worker {name} to poll", process=proc)
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
         proc = start_process(name, argv, log_path=self.root / "logs" / f"{name}.log", env=env, cwd=REPO_ROOT)

@@ -4,6 +4,10 @@
 *fixed* loopback ports with their data on disk, a counter environment on a fixed port, and the
 Kiln workers as separate processes (``python -m tests.support.chaos worker ROLE``), so a worker
 can be SIGKILLed; :func:`serve_counter` starts an extra counter environment.
+
+Every worker process starts as a *spare* (its imports done, waiting to be told to run, see
+``tests.support.chaos.worker``): one spare per role is kept ready, so starting a fresh worker after
+a kill costs its connection, not the seconds of a cold Python's imports on a loaded machine.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.chaos.faults import HOOKS_ENV, FaultHooks
+from tests.support.chaos.worker import GO_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOOPBACK = "127.0.0.1"
@@ -66,6 +71,7 @@ class ChaosStack:
     workers: dict[str, Any] = field(default_factory=dict)
     every_process: list[Any] = field(default_factory=list)
     _starts: int = 0
+    _spares: dict[str, tuple[Any, Path]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from kiln.devstack.processes import free_port_block
@@ -122,6 +128,8 @@ class ChaosStack:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "ChaosStack":
+        for role in ("control", "gpu"):  # their imports run while the servers start
+            self._spares[role] = self._spawn_worker(role)
         self.start_temporal()
         self.start_s3()
         self.start_env()
@@ -222,18 +230,45 @@ class ChaosStack:
         )
 
     def start_worker(self, role: str, *, timeout_s: float = 90.0) -> Any:
-        """Start ``role``'s worker process and wait until it polls its task queue."""
-        from kiln.devstack.processes import start_process, wait_until
+        """Start a fresh ``role`` worker process and wait until it polls its task queue.
+
+        The process is the role's spare when one is alive (else a new one); afterwards a new spare
+        starts in the background for the next call."""
+        from kiln.devstack.processes import wait_until
+
+        proc, go = self._take_spare(role)
+        go.touch()
+        wait_until(lambda: b"polling" in proc.log_path.read_bytes(), timeout_s=timeout_s,
+                   what=f"the {role} worker to poll", process=proc)
+        self.workers[role] = proc
+        self._spares[role] = self._spawn_worker(role)
+        return proc
+
+    def spares(self) -> list[Any]:
+        """The spare worker processes (started, not yet told to run)."""
+        return [proc for proc, _ in self._spares.values()]
+
+    def _take_spare(self, role: str) -> tuple[Any, Path]:
+        spare = self._spares.pop(role, None)
+        if spare is not None and spare[0].alive():
+            return spare
+        if spare is not None:
+            spare[0].stop(timeout_s=5)
+        return self._spawn_worker(role)
+
+    def _spawn_worker(self, role: str) -> tuple[Any, Path]:
+        """Start a spare ``role`` worker process; returns it and the file that makes it run."""
+        from kiln.devstack.processes import start_process
 
         self._starts += 1
         log_path = self.root / "logs" / f"worker-{role}-{self._starts}.log"
+        go = self.root / "go" / f"worker-{role}-{self._starts}"
+        go.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.worker_env(), GO_ENV: str(go)}
         proc = start_process(f"kiln-worker-{role}", [sys.executable, "-m", "tests.support.chaos", "worker", role],
-                             log_path=log_path, env=self.worker_env(), cwd=REPO_ROOT)
+                             log_path=log_path, env=env, cwd=REPO_ROOT)
         self.every_process.append(proc)
-        wait_until(lambda: b"polling" in log_path.read_bytes(), timeout_s=timeout_s,
-                   what=f"the {role} worker to poll", process=proc)
-        self.workers[role] = proc
-        return proc
+        return proc, go
 
     def kill_worker(self, role: str) -> int:
         """SIGKILL ``role``'s worker process; returns its pid."""
