@@ -75,13 +75,18 @@ def child_gpu_worker(settings: Any, home: Path) -> Iterator[None]:
 
 
 def serve_gpu_worker(settings: dict[str, str]) -> None:
-    """A gpu worker for ``Settings(**settings)`` until the process is killed (``child_gpu_worker``)."""
+    """A gpu worker for ``Settings(**settings)`` until the process is killed (``child_gpu_worker``)
+    or its parent is gone (a test process killed hard leaves no worker behind)."""
     import asyncio
+    import os
 
     from kiln.settings import Settings
 
+    parent = os.getppid()
+
     async def serve() -> None:
         async with running_workers(Settings(**settings), roles=("gpu",)):
-            await asyncio.Event().wait()
+            while os.getppid() == parent:
+                await asyncio.sleep(1.0)
 
     asyncio.run(serve())
