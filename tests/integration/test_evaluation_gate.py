@@ -68,7 +68,7 @@ async def _both_runs(better: Any, worse: Any, env_url: str) -> dict[str, dict[st
             status, _ = await RunService(client, settings).submit(
                 parse_run_request({**request, "environment_urls": [env_url]}))
             handles[name] = client.get_workflow_handle(status.run_id)
-        results = await asyncio.gather(*(workflow_result(h, timeout_s=480) for h in handles.values()))
+        results = await asyncio.gather(*(workflow_result(h, timeout_s=720) for h in handles.values()))
     return dict(zip(handles, results))
 
 
@@ -92,7 +92,7 @@ def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # includes the gate_runs fixture (both runs)
 def test_gate_passes_and_promotes_a_better_adapter(gate_runs: dict[str, Any]) -> None:
     settings, final = gate_runs["better"]
     assert final["state"] == "completed"
