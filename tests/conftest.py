@@ -6,7 +6,6 @@ Every process a fixture starts is stopped by its own PID at teardown.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -65,23 +64,10 @@ def kiln_settings(
 ) -> Callable[..., object]:
     """Settings pointing at the session's servers, with task queues unique to the test."""
     from kiln.settings import Settings
+    from tests.support.kiln_workers import settings_for_tests
 
     def make(**overrides: object) -> Settings:
-        suffix = uuid.uuid4().hex[:8]
-        values: dict[str, object] = {
-            "home": tmp_path / "kiln-home",
-            "temporal_address": temporal_server,
-            "s3_endpoint": s3_server["endpoint"],
-            "s3_access_key": s3_server["access_key"],
-            "s3_secret_key": s3_server["secret_key"],
-            "s3_bucket": s3_server["bucket"],
-            "model_path": tiny_model_dir,
-            "control_task_queue": f"kiln-control-{suffix}",
-            "gpu_task_queue": f"kiln-gpu-{suffix}",
-            "temporal_ui_url": "http://127.0.0.1:8233",
-        }
-        values.update(overrides)
-        return Settings(**values)
+        return settings_for_tests(temporal_server, s3_server, tiny_model_dir, tmp_path / "kiln-home", **overrides)
 
     return make
 

@@ -2,12 +2,15 @@
 
 One run trains a genuinely better adapter (the gate passes and promotes it); one trains a
 deliberately worse adapter (ECHO at λ=1 with a high learning rate wrecks the tiny model's action
-format) — the gate rejects it and the adapter name is not promoted.
+format) — the gate rejects it and the adapter name is not promoted. The two runs go at the same
+time (``gate_runs``), the worse one's gpu worker in a child process, so both cores work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +21,8 @@ from kiln.contracts import parse_run_request
 from kiln.evaluation.receipt import validate_receipt
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from kiln.artifacts.adapters import pointer_key
-from tests.support.kiln_workers import running_workers
+from tests.support.kiln_workers import child_gpu_worker, running_workers, settings_for_tests
 from tests.support.waiting import workflow_result
-
-pytestmark = pytest.mark.asyncio
 
 BASE_RUN = {
     "kind": "train",
@@ -40,6 +41,48 @@ async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
         return await workflow_result(client.get_workflow_handle(status.run_id))
 
 
+BETTER_RUN = {
+    **BASE_RUN,
+    "output_adapter": "counter-better",
+    # the demo's settings (scripts/demo.sh; README "The demo's settings"), ECHO λ=0.05 on
+    "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0,
+                        "epochs": 4},
+}
+WORSE_RUN = {
+    **BASE_RUN,
+    "output_adapter": "counter-worse",
+    # measured (bench/counter_training.py): held-out return -0.65 vs base 2.5, 74 % invalid
+    # actions. on_no_output drop (no longer the default): nothing pushes back on the invalid
+    # completions, so this destructive setting reliably makes the adapter worse.
+    "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0},
+                        "on_no_output": "drop"},
+}
+
+
+async def _both_runs(better: Any, worse: Any, env_url: str) -> dict[str, dict[str, Any]]:
+    """Both runs submitted together: the better one on workers in this process, the worse one's
+    control worker here and its gpu worker in a child process (entered by the caller)."""
+    async with running_workers(better) as client, running_workers(worse, roles=("control",)):
+        handles = {}
+        for name, settings, request in (("better", better, BETTER_RUN), ("worse", worse, WORSE_RUN)):
+            status, _ = await RunService(client, settings).submit(
+                parse_run_request({**request, "environment_urls": [env_url]}))
+            handles[name] = client.get_workflow_handle(status.run_id)
+        results = await asyncio.gather(*(workflow_result(h, timeout_s=720) for h in handles.values()))
+    return dict(zip(handles, results))
+
+
+@pytest.fixture(scope="module")
+def gate_runs(temporal_server: str, s3_server: dict[str, str], tiny_model_dir: Path, counter_env_url: str,
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both gated runs, finished: ``{"better"|"worse": (settings, final status)}``."""
+    settings = {name: settings_for_tests(temporal_server, s3_server, tiny_model_dir, tmp_path_factory.mktemp(name))
+                for name in ("better", "worse")}
+    with child_gpu_worker(settings["worse"], tmp_path_factory.mktemp("worse-gpu")):
+        finals = asyncio.run(_both_runs(settings["better"], settings["worse"], counter_env_url))
+    return {name: (settings[name], finals[name]) for name in finals}
+
+
 def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
     store = S3Store.from_settings(settings)
     entry = next(a for a in final["artifacts"] if a["name"] == "environment_eval/receipt.json")
@@ -48,19 +91,10 @@ def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
     return json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
 
 
-async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, counter_env_url: str) -> None:
-    settings = kiln_settings()
-    final = await _run(
-        settings,
-        {
-            **BASE_RUN,
-            "environment_urls": [counter_env_url],
-            "output_adapter": "counter-better",
-            # the demo's settings (scripts/demo.sh; README "The demo's settings"), ECHO λ=0.05 on
-            "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0,
-                                "epochs": 4},
-        },
-    )
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # includes the gate_runs fixture (both runs)
+def test_gate_passes_and_promotes_a_better_adapter(gate_runs: dict[str, Any]) -> None:
+    settings, final = gate_runs["better"]
     assert final["state"] == "completed"
     evaluation = final["environment_evaluation"]
     evidence = evaluation["evidence"]
@@ -88,21 +122,10 @@ async def test_gate_passes_and_promotes_a_better_adapter(kiln_settings: Any, cou
     assert final["promoted"] is True
 
 
-async def test_gate_rejects_a_worse_adapter_and_does_not_promote(kiln_settings: Any, counter_env_url: str) -> None:
-    settings = kiln_settings()
-    final = await _run(
-        settings,
-        {
-            **BASE_RUN,
-            "environment_urls": [counter_env_url],
-            "output_adapter": "counter-worse",
-            # measured (bench/counter_training.py): held-out return -0.65 vs base 2.5, 74 % invalid
-            # actions. on_no_output drop (no longer the default): nothing pushes back on the invalid
-            # completions, so this destructive setting reliably makes the adapter worse.
-            "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0},
-                                "on_no_output": "drop"},
-        },
-    )
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gate_rejects_a_worse_adapter_and_does_not_promote(gate_runs: dict[str, Any]) -> None:
+    settings, final = gate_runs["worse"]
     assert final["state"] == "completed"
     evaluation = final["environment_evaluation"]
     assert evaluation["decision"] == "rejected" and evaluation["outcome"] == "rejected"

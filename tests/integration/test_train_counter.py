@@ -8,13 +8,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiln.contracts import TrainingConfig
-from tests.support.counter_loop import DEMO_TRAINING, collect, outcome
+from tests.support.child_call import child_result, start_child, stop_child
+from tests.support.counter_loop import DEMO_TRAINING, Outcome, collect, train_and_play
 
 torch = pytest.importorskip("torch")
 
@@ -59,21 +61,31 @@ def test_first_step_ratio_is_one_at_the_sampling_temperature(runtime, tiny_model
 
 @pytest.mark.timeout(900)
 def test_echo_lowers_observation_ce_and_keeps_the_action_format(runtime, tiny_model_dir, counter_env_url, tmp_path):
-    from kiln.train.trainer import train_grpo
+    """λ=0 trains and plays the held-out seeds in this process while λ=0.05 does the same on the
+    same training lines in a child process (``tests/support/child_call.py``): both cores work."""
     from kiln.train.world_model import world_model_comparison
 
     train_lines = [d["line"] for d in collect(runtime, counter_env_url, list(range(8)), group_size=4)]
+    (tmp_path / "train_lines.json").write_text(json.dumps(train_lines))
     held_out = list(range(8, 28))
-    base_lines = [d["line"] for d in collect(runtime, counter_env_url, held_out, group_size=2)]
+    configs = {lam: {**DEMO_TRAINING, "echo": {"lambda": lam} if lam else None} for lam in (0.0, 0.05)}
+    child = start_child("tests.support.counter_loop:train_and_play_in_child", url=counter_env_url,
+                        model_path=str(tiny_model_dir), lines_path=str(tmp_path / "train_lines.json"),
+                        config=configs[0.05], seeds=held_out, group_size=2, output_dir=str(tmp_path / "echo-0.05"))
+    try:
+        base_lines = [d["line"] for d in collect(runtime, counter_env_url, held_out, group_size=2)]
+        sides = {0.0: train_and_play(runtime, counter_env_url, tiny_model_dir, train_lines,
+                                     TrainingConfig(**configs[0.0]), held_out, group_size=2,
+                                     output_dir=tmp_path / "echo-0.0")}
+        sides[0.05] = child_result(child)
+    finally:
+        stop_child(child)
     results = {}
-    for lam in (0.0, 0.05):
-        config = TrainingConfig(**{**DEMO_TRAINING, "echo": {"lambda": lam} if lam else None})
-        trained = train_grpo(model_path=tiny_model_dir, groups=train_lines, config=config,
-                             output_dir=tmp_path / f"echo-{lam}")
-        docs = collect(runtime, counter_env_url, held_out, group_size=2, adapter_dir=trained.adapter_dir)
-        base_ce, ce = world_model_comparison(tiny_model_dir, base_lines, adapter_dir=trained.adapter_dir)
-        results[lam] = (outcome(docs), ce["mean_env_ce"], base_ce["mean_env_ce"], trained.receipt["echo"])
+    for lam, side in sides.items():
+        base_ce, ce = world_model_comparison(tiny_model_dir, base_lines, adapter_dir=Path(side["adapter_dir"]))
+        results[lam] = (Outcome(**side["outcome"]), ce["mean_env_ce"], base_ce["mean_env_ce"], side["echo"])
     (off, ce_off, base_ce, _), (on, ce_on, _, echo) = results[0.0], results[0.05]
+    assert off.episodes == on.episodes == 40
     assert echo["enabled"] and echo["lambda"] == 0.05 and echo["final_env_ce"] < echo["initial_env_ce"]
     assert base_ce < 2.0  # the demo model's warm-up covers observation text (was 11.2 nats/token)
     assert ce_on < ce_off - 0.05 and ce_on < base_ce - 0.05, (ce_on, ce_off, base_ce)

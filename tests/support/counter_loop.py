@@ -69,3 +69,32 @@ DEMO_TRAINING: dict[str, Any] = {"optimizer": "adamw", "learning_rate": 1e-3, "i
 # An online run's settings on this model (many iterations): the demo's at 3e-4 (docs/training.md,
 # "Defaults that learn"); the benchmark against TRL and the learning test train with these.
 ONLINE_TRAINING: dict[str, Any] = {**DEMO_TRAINING, "learning_rate": 3e-4}
+
+
+def train_and_play(runtime: Any, url: str, model_path: Path, lines: list[dict[str, Any]], config: Any,
+                   seeds: list[int], *, group_size: int, output_dir: Path) -> dict[str, Any]:
+    """Train an adapter on ``lines`` with ``config`` and play ``seeds`` with it: the adapter's
+    folder, the held-out ``Outcome`` (as a dict) and the trainer receipt's ``echo`` block."""
+    from dataclasses import asdict
+
+    from kiln.train.trainer import train_grpo
+
+    trained = train_grpo(model_path=model_path, groups=lines, config=config, output_dir=output_dir)
+    documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=trained.adapter_dir)
+    return {"adapter_dir": str(trained.adapter_dir), "outcome": asdict(outcome(documents)),
+            "echo": trained.receipt["echo"]}
+
+
+def train_and_play_in_child(url: str, model_path: str, lines_path: str, config: dict[str, Any], seeds: list[int],
+                            group_size: int, output_dir: str) -> dict[str, Any]:
+    """``train_and_play`` with a runtime of its own, for ``tests.support.child_call`` (the lines
+    are read from a JSON file)."""
+    import json
+
+    from kiln.contracts import TrainingConfig
+    from kiln.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime.load(Path(model_path))
+    lines = json.loads(Path(lines_path).read_text())
+    return train_and_play(runtime, url, Path(model_path), lines, TrainingConfig(**config), seeds,
+                          group_size=group_size, output_dir=Path(output_dir))

@@ -87,3 +87,25 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
         if progress is not None:
             progress(figures)
     return run
+
+
+def online_run_in_child(url: str, model_path: str, work: str, seed_start: int, iterations: int,
+                        evaluate_from: int) -> list[dict[str, Any]]:
+    """``run_online`` at the online defaults (``ONLINE_TRAINING``) with a runtime of its own, for
+    ``tests.support.child_call`` (no base held-out play): its iterations' figures as JSON."""
+    from dataclasses import asdict
+
+    from kiln.contracts import TrainingConfig
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.support.counter_loop import ONLINE_TRAINING
+
+    runtime = PolicyRuntime.load(Path(model_path))
+    run = run_online(runtime, url, Path(model_path), Path(work), config=TrainingConfig(**ONLINE_TRAINING),
+                     seed_start=seed_start, iterations=iterations, base_held_out={}, evaluate_from=evaluate_from)
+    return [asdict(figures) for figures in run.iterations]
+
+
+def figures_from_json(rows: list[dict[str, Any]]) -> list[IterationFigures]:
+    """``online_run_in_child``'s figures back as ``IterationFigures`` (held-out seeds as ints)."""
+    return [IterationFigures(**{**row, "held_out": {int(seed): v for seed, v in row["held_out"].items()}})
+            for row in rows]

@@ -1,0 +1,74 @@
+"""Run one test-support function in a child Python process, so a test can use both cores.
+
+``start_child(target, **kwargs)`` starts ``python -m tests.support.child_call`` with the function's
+dotted name (``module:function``) and its JSON keyword arguments; the child (one torch thread,
+this worktree's code) prints the function's JSON-able result as its last stdout line. Its output
+goes to temporary files (a pipe nobody reads while the parent works could fill and stall it).
+``child_result`` waits for it (generous timeout: the machine may be loaded) and returns the
+result; ``stop_child`` kills a child the test leaves early.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Child:
+    def __init__(self, process: subprocess.Popen[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.process, self.stdout, self.stderr = process, stdout, stderr
+
+
+def start_child(target: str, **kwargs: Any) -> Child:
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    process = subprocess.Popen([sys.executable, "-m", "tests.support.child_call", target, json.dumps(kwargs)],
+                               cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr)
+    return Child(process, stdout, stderr)
+
+
+def _read(stream: IO[bytes]) -> str:
+    stream.seek(0)
+    return stream.read().decode("utf-8", "replace")
+
+
+def child_result(child: Child, timeout_s: float = 1500) -> Any:
+    try:
+        child.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_child(child)
+        raise AssertionError(f"the child process did not finish within {timeout_s} s") from None
+    assert child.process.returncode == 0, f"child exited {child.process.returncode}: {_read(child.stderr)[-4000:]}"
+    return json.loads(_read(child.stdout).strip().splitlines()[-1])
+
+
+def stop_child(child: Child) -> None:
+    """Kill the child if it still runs (a test leaving early), reap it, drop its output files."""
+    if child.process.poll() is None:
+        child.process.kill()
+        child.process.wait()
+    child.stdout.close()
+    child.stderr.close()
+
+
+def main(argv: list[str]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    module, function = argv[0].split(":")
+    result = getattr(importlib.import_module(module), function)(**json.loads(argv[1]))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
