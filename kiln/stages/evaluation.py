@@ -17,10 +17,6 @@ from kiln.records import EvaluateInput, EvaluationResult, GroupSet, SideBundle, 
 from kiln.stages.discovery import load_inspection
 
 
-def load_group_documents(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
-    return read_group_documents(store, groups)
-
-
 def make_bundle(
     store: S3Store,
     *,
@@ -33,7 +29,7 @@ def make_bundle(
 ) -> dict[str, bytes]:
     """The three bundle files of a set of stored groups (pure function of their content)."""
     return build_bundle(
-        load_group_documents(store, groups),
+        read_group_documents(store, groups),
         spec=spec,
         inspections=[load_inspection(store, env.inspection) for env in environments],
         behavior_policy=behavior_policy,
