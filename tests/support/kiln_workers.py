@@ -33,9 +33,10 @@ async def running_workers(
 
 
 
-def settings_for_tests(temporal_server: str, s3_server: dict[str, str], model_path: Path, home: Path,
+def settings_for_tests(temporal_server: str, s3_server: dict[str, str], model_path: Path, home: Path, /,
                        **overrides: object) -> Any:
-    """Settings pointing at the session's servers, with task queues of their own."""
+    """Settings pointing at the session's servers, with task queues of their own; ``overrides``
+    (any setting, ``model_path`` and ``home`` included) win."""
     from kiln.settings import Settings
 
     suffix = uuid.uuid4().hex[:8]
