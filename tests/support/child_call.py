@@ -1,7 +1,9 @@
 """Run one test-support function in a child Python process, so a test can use both cores.
 
 ``start_child(target, **kwargs)`` starts ``python -m tests.support.child_call`` with the function's
-dotted name (``module:function``) and its JSON keyword arguments; the child (one torch thread,
+dotted name (``module:function``); its JSON keyword arguments travel in the child's environment
+(``CHILD_ARGS_VARIABLE``), never on its command line, where any local user could read a storage
+key; the child (one torch thread,
 this worktree's code) prints the function's JSON-able result as its last stdout line. Its output
 goes to temporary files (a pipe nobody reads while the parent works could fill and stall it).
 ``child_result`` waits for it (generous timeout: the machine may be loaded) and returns the
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CHILD_ARGS_VARIABLE = "KILN_TEST_CHILD_ARGS"
 
 
 class Child:
@@ -30,9 +33,9 @@ class Child:
 def start_child(target: str, **kwargs: Any) -> Child:
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", CHILD_ARGS_VARIABLE: json.dumps(kwargs)}
     stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    process = subprocess.Popen([sys.executable, "-m", "tests.support.child_call", target, json.dumps(kwargs)],
+    process = subprocess.Popen([sys.executable, "-m", "tests.support.child_call", target],
                                cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr)
     return Child(process, stdout, stderr)
 
@@ -66,7 +69,7 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     module, function = argv[0].split(":")
-    result = getattr(importlib.import_module(module), function)(**json.loads(argv[1]))
+    result = getattr(importlib.import_module(module), function)(**json.loads(os.environ.pop(CHILD_ARGS_VARIABLE)))
     print(json.dumps(result), flush=True)
 
 

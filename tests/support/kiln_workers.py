@@ -32,7 +32,6 @@ async def running_workers(
             await worker.__aexit__(None, None, None)
 
 
-
 def settings_for_tests(temporal_server: str, s3_server: dict[str, str], model_path: Path, home: Path, /,
                        **overrides: object) -> Any:
     """Settings pointing at the session's servers, with task queues of their own; ``overrides``
