@@ -42,7 +42,7 @@ from tests.integration.test_api_helpers import serve_api
 from tests.support.kiln_workers import running_workers
 
 ROOT = Path(__file__).resolve().parents[2]
-# Examples per operation and mode: 40 by default (~650 requests), 150 for the long fuzz (~2,400).
+# Examples per operation and mode: 40 by default (about 800 requests), 150 for the long fuzz (~2,400).
 PER_OPERATION = int(os.environ.get("KILN_FUZZ_PER_OPERATION", "40"))
 MIN_REQUESTS = PER_OPERATION * 40 // 3  # 2,000 at 150
 FIGURES: dict[str, Any] = {}

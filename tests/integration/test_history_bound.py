@@ -42,11 +42,11 @@ from temporalio.client import Client
 from api.runs import RunService
 from kiln.artifacts.store import ObjectRef, S3Store
 from kiln.contracts import parse_run_request
+from kiln.run_plan import CHUNK_GROUPS
 from tests.support.kiln_workers import running_workers
 from tests.support.scripted_gpu import scripted_gpu_factory
 from tests.support.scripted_policy import FixedActionPolicy
 from tests.support.waiting import workflow_result
-from kiln.run_plan import CHUNK_GROUPS
 from workflows.names import CHUNK_WORKFLOW, WORKFLOW_NAME
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]

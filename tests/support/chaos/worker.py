@@ -19,6 +19,7 @@ from tests.support.chaos.faults import HOOKS_ENV, FaultHooks, install_hooks
 
 GO_ENV = "KILN_CHAOS_GO"
 
+
 def worker_main(argv: list[str]) -> None:
     """``python -m tests.support.chaos worker ROLE``: install hooks, then run Kiln's workers."""
     if len(argv) != 2 or argv[0] != "worker":
