@@ -32,7 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKEN = "run-page-test-token"
-SLOW_WS_S = 1.0  # per environment answer: every episode takes over a second per wave (four-digit latencies)
+SLOW_WS_S = 0.5  # per environment answer: the upgrade and the reset alone make every wave last over a second (four-digit latencies)
 ROLLOUT = {"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 2, "max_action_tokens": 16}
 # Every y tick label of every chart: its box against its SVG's box (page pixels).
 YTICK_BOXES = """() => [...document.querySelectorAll('svg')].flatMap(svg => {
@@ -137,7 +137,7 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
             assert episodes["total"] == 9
             steps = done["training"]["steps"]
             latencies = [e["episode_latency_ms"] for e in events if e["kind"] == "group" and e["label"] == "group"]
-            assert len(latencies) == 3 and max(latencies) >= 1000, latencies  # four digits
+            assert len(latencies) == 3 and min(latencies) >= 1000, latencies  # every wave has four digits
             train_steps = [e for e in events if e["kind"] == "train_step"]
             assert len(train_steps) == steps and all(e["kl"] is None for e in train_steps)  # KL off
 

@@ -4,8 +4,8 @@ Chaos tests use it to freeze a run at an exact point (discovery, revalidation) w
 Kiln: while the gate is closed, every new connection is accepted and parked; ``open()`` lets the
 parked ones and all later ones through to the real server. Bytes are forwarded unchanged (HTTP
 and WebSocket alike). With ``ws_delay_s`` every chunk the server sends on a WebSocket connection
-reaches the client that much later (a slow environment: reset and step answers arrive late;
-plain HTTP such as /health is not delayed). Stopped by ``close()``; everything runs on daemon
+reaches the client that much later (a slow environment: the upgrade, reset and step answers
+arrive late; plain HTTP such as /health is not delayed, even on a socket that later upgrades). Stopped by ``close()``; everything runs on daemon
 threads of this process.
 """
 
@@ -75,23 +75,25 @@ class GatedProxy:
             return
         upstream.settimeout(None)
         self._track(upstream)
-        delay = 0.0
-        if self.ws_delay_s:
-            with contextlib.suppress(OSError):
-                head = client.recv(65536, socket.MSG_PEEK).lower()
-                delay = self.ws_delay_s if b"upgrade: websocket" in head else 0.0
+        # A connection may start as plain HTTP (Kiln's /health probe) and then upgrade on the same
+        # socket: the delay starts with the first request that asks for a WebSocket upgrade.
+        delay = [0.0]
         threading.Thread(target=self._pump, args=(upstream, client, delay), daemon=True).start()
-        self._pump(client, upstream)
+        self._pump(client, upstream, None, delay)
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, delay_s: float = 0.0) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, delay: list[float] | None,
+              upgrade: list[float] | None = None) -> None:
+        """Forward ``source`` → ``sink``. Server side: sleep ``delay[0]`` before each chunk. Client
+        side: set ``upgrade[0]`` to ``ws_delay_s`` once a chunk asks for a WebSocket upgrade."""
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if delay_s:
-                    time.sleep(delay_s)
+                if upgrade is not None and self.ws_delay_s and b"upgrade: websocket" in data.lower():
+                    upgrade[0] = self.ws_delay_s
+                if delay is not None and delay[0]:
+                    time.sleep(delay[0])
                 sink.sendall(data)
         except OSError:
             pass
