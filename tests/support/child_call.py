@@ -5,7 +5,8 @@ dotted name (``module:function``); its JSON keyword arguments travel in the chil
 (``CHILD_ARGS_VARIABLE``), never on its command line, where any local user could read a storage
 key; the child (one torch thread,
 this worktree's code) prints the function's JSON-able result as its last stdout line. Its output
-goes to temporary files (a pipe nobody reads while the parent works could fill and stall it).
+goes to temporary files (a pipe nobody reads while the parent works could fill and stall it). The
+child forks from the session's fork server (torch and transformers already imported) when it can.
 ``child_result`` waits for it (generous timeout: the machine may be loaded) and returns the
 result; ``stop_child`` kills a child the test leaves early.
 """
@@ -21,22 +22,26 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.forkserver import DISABLE_VARIABLE, REPO_ROOT, child_base_env, fork_server
+
 CHILD_ARGS_VARIABLE = "KILN_TEST_CHILD_ARGS"
 
 
 class Child:
-    def __init__(self, process: subprocess.Popen[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def __init__(self, process: Any, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.process, self.stdout, self.stderr = process, stdout, stderr
 
 
 def start_child(target: str, **kwargs: Any) -> Child:
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", CHILD_ARGS_VARIABLE: json.dumps(kwargs)}
-    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    process = subprocess.Popen([sys.executable, "-m", "tests.support.child_call", target],
-                               cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr)
+    env = {**child_base_env(), CHILD_ARGS_VARIABLE: json.dumps(kwargs)}
+    stdout, stderr = tempfile.NamedTemporaryFile(), tempfile.NamedTemporaryFile()  # noqa: SIM115
+    argv = [sys.executable, "-m", "tests.support.child_call", target]
+    process: Any = None
+    if os.environ.get(DISABLE_VARIABLE, "1") != "0":
+        process = fork_server().spawn(argv, env=env, cwd=str(REPO_ROOT), stdout=Path(stdout.name),
+                                      stderr=Path(stderr.name))
+    if process is None:
+        process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr)
     return Child(process, stdout, stderr)
 
 

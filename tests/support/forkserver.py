@@ -1,13 +1,17 @@
-"""A fork server for the test servers: ``python -m MODULE ...`` without paying the imports again.
+"""A fork server for test processes: ``python -m MODULE ...`` without paying the imports again.
 
-Every OpenEnv server imports ``openenv``, which imports gradio: about 8 s of CPU on a 2-core
-machine, on the critical path of each test that starts its own environment. The fork server is
-one process (per pytest session) that imports those modules once and then, per request, forks a
-child that runs the module as ``__main__`` with the requested arguments, environment, working
-directory and stderr file. The children are real, separate server processes with their own PIDs:
-tests signal them by PID exactly as before (``ForkedProcess`` has the ``subprocess.Popen`` surface
-``servers.py`` uses). The server forks from its single thread and never runs torch, so a child
-starts from a clean, import-only state.
+Every OpenEnv server imports ``openenv``, which imports gradio (about 8 s of CPU on a 2-core
+machine), and every worker or child process imports torch, transformers and peft (about 10 s):
+on the critical path of each test that starts its own environment or worker. The fork server is
+one process (per pytest session) that imports those modules once (``PRELOAD``) and then, per
+request, forks a child that runs the module as ``__main__`` with the requested arguments,
+environment, working directory and output files. The children are real, separate processes with
+their own PIDs and process groups: tests signal them by PID exactly as before
+(``ForkedProcess`` has the ``subprocess.Popen`` surface the helpers use). The server forks from
+its single Python thread and never runs a torch operation, so a child starts from an import-only
+state; a request whose import-time environment (``IMPORT_TIME_PREFIXES``: thread counts, offline
+flags, ``PYTHONPATH`` …) differs from the server's is refused, and the caller starts a plain
+subprocess. ``KILN_TEST_FORKSERVER=0`` turns the fork server off.
 
 Lifetime: started on first use; it exits (and SIGTERMs its children) when the pytest process that
 started it goes away, even when pytest itself is killed, so no server outlives the session.
@@ -34,10 +38,40 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 # Imported once in the server; a module not listed still works (the child imports it).
-PRELOAD = ("uvicorn", "openenv.core.env_server.http_server", "examples.envs")
+PRELOAD = (
+    "uvicorn",
+    "openenv.core.env_server.http_server",
+    "examples.envs",
+    "torch",
+    "transformers",
+    "transformers.models.qwen3.modeling_qwen3",
+    "peft",
+    "temporalio.client",
+    "temporalio.worker",
+    "botocore.session",
+)
+# Read when a module is imported (or the interpreter starts): a child asking for other values
+# than the server's cannot be forked from it and is started as a plain subprocess instead.
+IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "ATEN_", "TOKENIZERS_",
+                        "CUDA", "GRADIO_")
+DISABLE_VARIABLE = "KILN_TEST_FORKSERVER"  # "0": every test process is a plain subprocess
 _PR_SET_PDEATHSIG = 1
-_START_TIMEOUT_S = 120.0
+_START_TIMEOUT_S = 180.0
+
+
+def child_base_env() -> dict[str, str]:
+    """The environment of the fork server, and the base of every test server's environment."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY")}
+    env.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    return env
+
+
+def _import_time(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_PREFIXES)}
 
 
 def _die_with_parent(sig: int) -> None:
@@ -70,13 +104,17 @@ def _run_child(request: dict[str, Any]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if request["umask"] is not None:
+            os.umask(request["umask"])
+        mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
         null = os.open(os.devnull, os.O_RDWR)
-        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(request["stderr"], mode, 0o600)
+        out = os.open(request["stdout"], mode, 0o600) if request["stdout"] else null
         os.dup2(null, 0)
-        os.dup2(null, 1)
+        os.dup2(out, 1)
         os.dup2(err, 2)
-        os.close(null)
-        os.close(err)
+        for fd in {null, err, out}:
+            os.close(fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -138,17 +176,18 @@ def main() -> None:
 class ForkedProcess:
     """A server child of the fork server, with the ``Popen`` methods the test helpers use."""
 
-    def __init__(self, server: "ForkServer", pid: int, stderr_path: Path) -> None:
+    def __init__(self, server: "ForkServer", pid: int, args: list[str], stderr_path: Path, *, own_stderr: bool) -> None:
         self._server = server
         self.pid = pid
+        self.args = args
         self.returncode: int | None = None
-        self._stderr_path = stderr_path
-        self.stderr: IO[bytes] = open(stderr_path, "rb")  # noqa: SIM115 - closed by the caller
+        self._stderr_path = stderr_path if own_stderr else None
+        self.stderr: IO[bytes] | None = open(stderr_path, "rb") if own_stderr else None  # noqa: SIM115
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.request({"op": "poll", "pid": self.pid})["returncode"]
-            if self.returncode is not None:
+            if self.returncode is not None and self._stderr_path is not None:
                 with contextlib.suppress(OSError):
                     self._stderr_path.unlink()
         return self.returncode
@@ -158,7 +197,7 @@ class ForkedProcess:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.pid, timeout or 0.0)
-            time.sleep(0.02)
+            time.sleep(0.05)
         return self.returncode  # type: ignore[return-value]
 
     def send_signal(self, sig: int) -> None:
@@ -181,16 +220,17 @@ class ForkServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir = Path(tempfile.mkdtemp(prefix="kiln-forkserver-"))
         self._sock = str(self._dir / "sock")
+        self.env = child_base_env()
 
-    def _ensure_started(self, env: dict[str, str], cwd: str) -> None:
+    def _ensure_started(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._sock)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.forkserver", self._sock, str(os.getpid())],
-            cwd=cwd,
-            env=env,
+            cwd=str(REPO_ROOT),
+            env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(self._dir / "server.err", "wb"),  # noqa: SIM115 - kept by the child
@@ -208,15 +248,35 @@ class ForkServer:
             conn.sendall(json.dumps(message).encode() + b"\n")
             return json.loads(conn.makefile("rb").readline())
 
-    def spawn(self, module: str, args: list[str], *, env: dict[str, str], cwd: str) -> ForkedProcess:
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdout: Path | None = None,
+        stderr: Path | None = None,
+        append: bool = False,
+        umask: int | None = None,
+    ) -> ForkedProcess | None:
+        """Fork ``argv`` (``[sys.executable, "-m", MODULE, *args]``); None when it cannot be forked
+        from this server (another command, or other import-time environment values).
+
+        Output goes to the ``stdout`` and ``stderr`` files (truncated, or appended to with
+        ``append``); without ``stdout`` it is discarded, without ``stderr`` it is readable from
+        the process's ``.stderr``."""
+        if argv[:2] != [sys.executable, "-m"] or len(argv) < 3 or _import_time(env) != _import_time(self.env):
+            return None
         with self._lock:
-            self._ensure_started(env, cwd)
-            fd, stderr_path = tempfile.mkstemp(prefix="child-", suffix=".err", dir=self._dir)
-            os.close(fd)
-            answer = self.request(
-                {"op": "spawn", "module": module, "args": args, "env": env, "cwd": cwd, "stderr": stderr_path}
-            )
-        return ForkedProcess(self, answer["pid"], Path(stderr_path))
+            self._ensure_started()
+            if stderr is None:
+                fd, own = tempfile.mkstemp(prefix="child-", suffix=".err", dir=self._dir)
+                os.close(fd)
+            request = {"op": "spawn", "module": argv[2], "args": argv[3:], "env": env, "cwd": cwd,
+                       "stdout": None if stdout is None else str(stdout),
+                       "stderr": own if stderr is None else str(stderr), "append": append, "umask": umask}
+            answer = self.request(request)
+        return ForkedProcess(self, answer["pid"], list(argv), Path(request["stderr"]), own_stderr=stderr is None)
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -226,6 +286,23 @@ class ForkServer:
             if self._proc.poll() is None:
                 self._proc.kill()
                 self._proc.wait()
+
+
+def start_managed(name: str, argv: list[str], *, log_path: Path, env: dict[str, str], cwd: Path) -> Any:
+    """``kiln.devstack.processes.start_process`` for test processes: forked from the fork server
+    when it can be (the same ``ManagedProcess``, output appended to ``log_path``, umask 077)."""
+    from kiln.devstack.processes import ManagedProcess, start_process
+
+    forked = None
+    if os.environ.get(DISABLE_VARIABLE, "1") != "0":
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"\n[kiln] starting {name} (forked): {' '.join(argv)}\n".encode())
+        forked = fork_server().spawn(argv, env=env, cwd=str(cwd), stdout=log_path, stderr=log_path, append=True,
+                                     umask=0o077)
+    if forked is None:
+        return start_process(name, argv, log_path=log_path, env=env, cwd=cwd)
+    return ManagedProcess(name, forked, log_path, open(log_path, "ab", buffering=0))  # noqa: SIM115
 
 
 _SERVER: ForkServer | None = None

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.forkserver import fork_server
+from tests.support.forkserver import DISABLE_VARIABLE, child_base_env, fork_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -78,9 +78,7 @@ def serve_app_process(
     line from a freshly chosen port; in that case a port race is retried up to ``attempts``
     times. ``health_path=None`` waits for a TCP accept instead of ``GET /health`` == 200.
     """
-    child_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        child_env.pop(var, None)
+    child_env = {**child_base_env(), **(env or {})}
     last_error = "server did not start"
     for _ in range(max(1, attempts if callable(argv) else 1)):
         chosen = port if port is not None else free_port()
@@ -108,10 +106,12 @@ def serve_app_process(
 
 
 def _start(command: list[str], env: dict[str, str]) -> Any:
-    """``python -m MODULE ...`` through the session's fork server (see ``forkserver``); any other
-    command, or every command with ``KILN_TEST_FORKSERVER=0``, as a plain subprocess."""
-    if command[:2] == [sys.executable, "-m"] and os.environ.get("KILN_TEST_FORKSERVER", "1") != "0":
-        return fork_server().spawn(command[2], command[3:], env=env, cwd=str(REPO_ROOT))
+    """The command forked from the session's fork server when it can be (see ``forkserver``),
+    else (or with ``KILN_TEST_FORKSERVER=0``) a plain subprocess."""
+    if os.environ.get(DISABLE_VARIABLE, "1") != "0":
+        forked = fork_server().spawn(command, env=env, cwd=str(REPO_ROOT))
+        if forked is not None:
+            return forked
     return subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

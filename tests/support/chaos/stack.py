@@ -3,7 +3,8 @@
 :class:`ChaosStack` starts (and stops, by PID) a Temporal dev server and a SeaweedFS S3 server on
 *fixed* loopback ports with their data on disk, a counter environment on a fixed port, and the
 Kiln workers as separate processes (``python -m tests.support.chaos worker ROLE``), so a worker
-can be SIGKILLed; :func:`serve_counter` starts an extra counter environment.
+can be SIGKILLed; :func:`serve_counter` starts an extra counter environment. Python processes
+fork from the session's fork server (``tests.support.forkserver``), imports already done.
 
 Every worker process starts as a *spare* (its imports done, waiting to be told to run, see
 ``tests.support.chaos.worker``): one spare per role is kept ready, so starting a fresh worker after
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.chaos.faults import HOOKS_ENV, FaultHooks
+from tests.support.forkserver import child_base_env, start_managed
 from tests.support.chaos.worker import GO_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -36,19 +38,7 @@ def _http_ok(url: str, timeout_s: float = 1.0) -> bool:
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY")}
-    env.update(
-        {
-            "PYTHONPATH": str(REPO_ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-    )
-    env.update(extra)
-    return env
+    return {**child_base_env(), **extra}
 
 
 @dataclass
@@ -191,12 +181,12 @@ class ChaosStack:
 
     # ------------------------------------------------------------------ environment
     def start_env(self) -> None:
-        from kiln.devstack.processes import start_process, wait_until
+        from kiln.devstack.processes import wait_until
 
         argv = [sys.executable, "-m", "examples.envs", "counter", "--port", str(self.env_port),
                 "--max-concurrent-envs", str(self.env_max_sessions)]
         self._starts += 1
-        proc = start_process(f"counter-env-{self._starts}", argv,
+        proc = start_managed(f"counter-env-{self._starts}", argv,
                              log_path=self.root / "logs" / f"env-{self._starts}.log",
                              env=_child_env({}), cwd=REPO_ROOT)
         proc.ports = [self.env_port]
@@ -258,14 +248,12 @@ class ChaosStack:
 
     def _spawn_worker(self, role: str) -> tuple[Any, Path]:
         """Start a spare ``role`` worker process; returns it and the file that makes it run."""
-        from kiln.devstack.processes import start_process
-
         self._starts += 1
         log_path = self.root / "logs" / f"worker-{role}-{self._starts}.log"
         go = self.root / "go" / f"worker-{role}-{self._starts}"
         go.parent.mkdir(parents=True, exist_ok=True)
         env = {**self.worker_env(), GO_ENV: str(go)}
-        proc = start_process(f"kiln-worker-{role}", [sys.executable, "-m", "tests.support.chaos", "worker", role],
+        proc = start_managed(f"kiln-worker-{role}", [sys.executable, "-m", "tests.support.chaos", "worker", role],
                              log_path=log_path, env=env, cwd=REPO_ROOT)
         self.every_process.append(proc)
         return proc, go
@@ -282,12 +270,12 @@ class ChaosStack:
 
 def serve_counter(root: Path, name: str, *, port: int, **options: object) -> Any:
     """Start a counter env process on ``port``; returns its ManagedProcess (stop it by PID)."""
-    from kiln.devstack.processes import start_process, wait_until
+    from kiln.devstack.processes import wait_until
 
     argv = [sys.executable, "-m", "examples.envs", "counter", "--port", str(port)]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    proc = start_process(name, argv, log_path=Path(root) / "logs" / f"{name}.log", env=_child_env({}), cwd=REPO_ROOT)
+    proc = start_managed(name, argv, log_path=Path(root) / "logs" / f"{name}.log", env=_child_env({}), cwd=REPO_ROOT)
     proc.ports = [port]
     wait_until(lambda: _http_ok(f"http://{LOOPBACK}:{port}/health"), timeout_s=60,
                what=f"{name} on port {port}", process=proc)
