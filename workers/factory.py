@@ -15,6 +15,7 @@ from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
 from kiln.served_models import model_task_queue, served_models
 from kiln.settings import Settings
+from workers.sandbox import workflow_runner
 from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
@@ -46,6 +47,7 @@ def build_workers(
                 workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
                 activities=control.all(),
                 workflow_failure_exception_types=[pydantic.ValidationError],
+                workflow_runner=workflow_runner(),
                 sticky_queue_schedule_to_start_timeout=sticky_timeout,
             )
         )

@@ -6,7 +6,8 @@ A 3-iteration run of the tiny model on the chaos stack's counter environment is 
   started: the run completes, and every published artifact — each iteration's rollouts, summary,
   replay and adapter, and the final adapter bytes — is byte-identical to an undisturbed reference
   run of the same request;
-- the Temporal dev server restarts (same db) right after iteration 1 is stored: same artifacts;
+- the control worker is SIGKILLed while it stores iteration 1 (``store_iteration``), and the
+  Temporal dev server restarts (same db) right after iteration 1 is stored: same artifacts;
 - the run is cancelled in iteration 3: it ends ``cancelled``, no manifest, the adapter name is not
   promoted, and no environment session is left open.
 
@@ -28,7 +29,7 @@ import pytest
 from tests.chaos.conftest import _heal, train_request
 from tests.support.chaos.assertions import manifest_absent, read_uri, record, sha256_of
 from tests.support.chaos.environments import wait_env_idle
-from tests.support.chaos.faults import SAMPLE_DELAY, TRAIN_STEP_DELAY
+from tests.support.chaos.faults import PARK_ACTIVITY, SAMPLE_DELAY, TRAIN_STEP_DELAY
 from tests.support.chaos.runs import (
     connect,
     last_details,
@@ -36,6 +37,7 @@ from tests.support.chaos.runs import (
     start_run,
     wait_activity,
     wait_status,
+    wait_until_async,
 )
 from tests.support.chaos.stack import ChaosStack
 
@@ -231,10 +233,31 @@ async def test_gpu_worker_killed_mid_training_of_iteration_2(
     )
 
 
-async def test_temporal_restart_between_iterations(stack: ChaosStack, reference_online: OnlineOutcome) -> None:
+async def test_control_worker_killed_storing_iteration_1_then_temporal_restart(
+    stack: ChaosStack, reference_online: OnlineOutcome
+) -> None:
+    """Two faults in one run: SIGKILL of the control worker while it stores iteration 1 (the
+    ``store_iteration`` activity, parked at its start), then a Temporal restart (same db) right
+    after iteration 1 is stored."""
+    hooks = stack.hooks
     client = await connect(stack)
     started = time.monotonic()
+    hooks.set(PARK_ACTIVITY, "store_iteration")
     handle = await start_run(client, stack, online_request(stack.env_url))
+    parked = await wait_until_async(lambda: hooks.events("activity_parked", run_id=handle.id, type="store_iteration"),
+                                    timeout_s=180, what="iteration 1's store_iteration to start (parked)")
+    assert parked[0]["pid"] == stack.workers["control"].pid
+    killed_at = time.time()
+    pid = stack.kill_worker("control")
+    hooks.clear(PARK_ACTIVITY)
+    await asyncio.to_thread(stack.start_worker, "control")
+    retried = await wait_until_async(
+        lambda: [e for e in hooks.events("activity_start", run_id=handle.id, type="store_iteration")
+                 if e["attempt"] == 2 and e["pid"] != pid],
+        timeout_s=120, what="store_iteration's retry",
+    )
+    kill_to_retry_s = retried[0]["t"] - killed_at
+
     status = await wait_status(handle, lambda s: len(s["iterations"]) == 1, timeout_s=180,
                                what="iteration 1 to be stored", interval_s=0.02)
     stopped_in = (status["iteration"], status["phase"])
@@ -250,8 +273,11 @@ async def test_temporal_restart_between_iterations(stack: ChaosStack, reference_
     outcome = await _complete(stack, handle, started)
     assert all(proc.alive() for proc in workers.values()) and workers == stack.workers  # reconnected alone
     reference_online.assert_same_artifacts(outcome)
+    stored = [i for i in outcome.status["interruptions"] if i["activity"] == "store_iteration"]
+    assert [i["attempts"] for i in stored] == [2], outcome.status["interruptions"]
     record(
-        "16c Temporal restart (same db) right after iteration 1 was stored",
+        "16c control worker SIGKILL in iteration 1's store_iteration, then Temporal restart (same db)",
+        kill_to_retry_s=round(kill_to_retry_s, 1),
         stopped_at=stopped_in,
         down_s=back_at - stop_began,
         serving_to_completed_s=time.monotonic() - back_at,

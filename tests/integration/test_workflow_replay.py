@@ -15,6 +15,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from workers.sandbox import workflow_runner
 from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.preflight import PreflightWorkflow
@@ -80,6 +81,7 @@ async def test_history_replays_deterministically(path: Path) -> None:
     replayer = Replayer(
         workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
         data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),  # the workers' sandbox
     )
     history = WorkflowHistory.from_json(f"{path.parent.name}-{path.stem}", path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)

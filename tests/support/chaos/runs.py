@@ -20,11 +20,14 @@ async def connect(stack: ChaosStack) -> Any:
     return await Client.connect(stack.temporal_address, data_converter=pydantic_data_converter)
 
 
-async def start_run(client: Any, stack: ChaosStack, request: dict[str, Any], run_id: str | None = None) -> Any:
+async def start_run(
+    client: Any, stack: ChaosStack, request: dict[str, Any], run_id: str | None = None, *, workflow: str | None = None
+) -> Any:
+    """Start ``request`` as a run of ``workflow`` (the OpenEnv run workflow by default)."""
     from workflows.names import WORKFLOW_NAME
 
     run_id = run_id or f"chaos-{uuid.uuid4().hex[:12]}"
-    return await client.start_workflow(WORKFLOW_NAME, request, id=run_id, task_queue=stack.control_queue)
+    return await client.start_workflow(workflow or WORKFLOW_NAME, request, id=run_id, task_queue=stack.control_queue)
 
 
 async def query_status(handle: Any) -> dict[str, Any] | None:
@@ -146,10 +149,12 @@ async def result_within(handle: Any, timeout_s: float) -> tuple[str, Any]:
         return "failed", err
 
 
-async def drive(client: Any, stack: ChaosStack, request: dict[str, Any], *, timeout_s: float = 120.0) -> "RunOutcome":
+async def drive(
+    client: Any, stack: ChaosStack, request: dict[str, Any], *, timeout_s: float = 120.0, workflow: str | None = None
+) -> "RunOutcome":
     """Run ``request`` undisturbed to completion and collect what a comparison needs."""
     started = time.monotonic()
-    handle = await start_run(client, stack, request)
+    handle = await start_run(client, stack, request, workflow=workflow)
     state, value = await result_within(handle, timeout_s)
     assert state == "completed", f"reference run {handle.id} ended {state}: {value}"
     return RunOutcome.of(stack, handle.id, value, time.monotonic() - started)
