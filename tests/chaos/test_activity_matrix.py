@@ -30,7 +30,7 @@ from tests.support.chaos.faults import PARK_ACTIVITY
 from tests.support.chaos.runs import RunOutcome, connect, drive, result_within, start_run, wait_until_async
 from tests.support.chaos.stack import ChaosStack
 from workflows.names import TRAIN_DATASET_WORKFLOW
-from workflows.options import OPTIONS
+from workflows.options import GROUP_HEARTBEAT, OPTIONS
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -93,12 +93,14 @@ async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -
     assert final["interruptions_total"] == len(final["interruptions"]) >= len(MATRIX)
 
 
-async def _kill_in_turn(stack: ChaosStack, start: Any, kinds: tuple[str, ...]) -> tuple[Any, list[dict[str, Any]], tuple[str, Any]]:
+async def _kill_in_turn(
+    stack: ChaosStack, start: Any, kinds: tuple[str, ...], *, default_heartbeat: tuple[str, ...] = ()
+) -> tuple[Any, list[dict[str, Any]], tuple[str, Any]]:
     """Start a run (``start()``) with ``kinds[0]`` parked; SIGKILL the worker running each kind's
     first attempt in turn (the next kind parks), assert each retry starts within its bound plus
-    ``SLACK_S``; returns the run's handle, one row per kill and ``result_within``'s answer."""
+    ``SLACK_S``; returns the run's handle, one row per kill and ``result_within``'s answer. The
+    kinds in ``default_heartbeat`` run with the default heartbeat timeout, not the stack's."""
     hooks = stack.hooks
-    heartbeat = stack.heartbeat_timeout_s
     # A standby worker per role polls next to the one that will be killed, so the retry waits only
     # for Temporal to notice the death (what the bound says), not for a process to start; after each
     # kill a fresh replacement starts while the run goes on.
@@ -126,7 +128,8 @@ async def _kill_in_turn(stack: ChaosStack, start: Any, kinds: tuple[str, ...]) -
             else:
                 hooks.clear(PARK_ACTIVITY)
             replacement = asyncio.ensure_future(asyncio.to_thread(stack.start_worker, role))
-            bound_s = OPTIONS[kind].recovery_bound(_seconds(heartbeat)).total_seconds()
+            heartbeat = GROUP_HEARTBEAT if kind in default_heartbeat else _seconds(stack.heartbeat_timeout_s)
+            bound_s = OPTIONS[kind].recovery_bound(heartbeat).total_seconds()
             retried = await wait_until_async(
                 lambda: [e for e in hooks.events("activity_start", run_id=handle.id, type=kind)
                          if e["attempt"] >= 2 and e["pid"] != pid],
@@ -164,8 +167,11 @@ async def test_dataset_training_activities_recover_from_a_killed_worker(
     assert reference.status["training"]["trained"] is True and reference.status["interruptions_total"] == 0
 
     started = time.monotonic()
+    # split_dataset is the workflow's first activity: it is scheduled before the workflow learns
+    # the workers' heartbeat timeout (split_dataset answers it), so it has the default 30 s.
     handle, rows, (state, final) = await _kill_in_turn(
-        stack, lambda: start_run(client, stack, request, workflow=TRAIN_DATASET_WORKFLOW), DATASET_MATRIX
+        stack, lambda: start_run(client, stack, request, workflow=TRAIN_DATASET_WORKFLOW), DATASET_MATRIX,
+        default_heartbeat=("split_dataset",),
     )
     assert state == "completed", final
     outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
