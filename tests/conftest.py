@@ -28,9 +28,13 @@ _torch_single_thread()
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The deterministic tiny demo model, built once per test session."""
+    """The deterministic tiny demo model, built once per test session. The tests that use it start
+    workers and servers: the fork server's imports run on the other core meanwhile."""
+    from tests.support.forkserver import DISABLE_VARIABLE, fork_server
     from tests.support.models import shared_tiny_model
 
+    if os.environ.get(DISABLE_VARIABLE, "1") != "0":
+        fork_server().start_in_background()
     return shared_tiny_model(tmp_path_factory)
 
 

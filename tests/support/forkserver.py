@@ -242,6 +242,16 @@ class ForkServer:
                 raise RuntimeError(f"the test fork server did not start: {detail}")
             time.sleep(0.05)
 
+    def start_in_background(self) -> None:
+        """Start the server on a daemon thread (its imports overlap the caller's work); a spawn
+        meanwhile waits for it."""
+
+        def start() -> None:
+            with self._lock, contextlib.suppress(RuntimeError):  # a spawn reports a failed start
+                self._ensure_started()
+
+        threading.Thread(target=start, name="fork-server-start", daemon=True).start()
+
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(self._sock)
