@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.chaos.faults import HOOKS_ENV, FaultHooks
-from tests.support.forkserver import child_base_env, start_managed
 from tests.support.chaos.worker import GO_ENV
+from tests.support.forkserver import child_base_env, start_managed
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LOOPBACK = "127.0.0.1"
