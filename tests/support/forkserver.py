@@ -9,7 +9,7 @@ environment, working directory and output files. The children are real, separate
 their own PIDs and process groups: tests signal them by PID exactly as before
 (``ForkedProcess`` has the ``subprocess.Popen`` surface the helpers use). The server forks from
 its single Python thread and never runs a torch operation, so a child starts from an import-only
-state; a request whose import-time environment (``IMPORT_TIME_PREFIXES``: thread counts, offline
+state; a request whose import-time environment (``IMPORT_TIME_VARIABLES``: thread counts, offline
 flags, ``PYTHONPATH`` …) differs from the server's is refused, and the caller starts a plain
 subprocess. ``KILN_TEST_FORKSERVER=0`` turns the fork server off.
 
@@ -53,10 +53,13 @@ PRELOAD = (
     "temporalio.worker",
     "botocore.session",
 )
-# Read when a module is imported (or the interpreter starts): a child asking for other values
-# than the server's cannot be forked from it and is started as a plain subprocess instead.
-IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TORCH", "ATEN_", "TOKENIZERS_",
-                        "CUDA", "GRADIO_")
+# Read when the interpreter starts or a preloaded module is imported: a child asking for other
+# values than the server's cannot be forked from it and is started as a plain subprocess instead.
+# (An explicit list: libraries add variables of their own as they load, e.g. torch sets
+# TORCHINDUCTOR_CACHE_DIR, and a prefix match then refused every later request.)
+IMPORT_TIME_VARIABLES = ("PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                         "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE",
+                         "TOKENIZERS_PARALLELISM", "ATEN_CPU_CAPABILITY", "CUDA_VISIBLE_DEVICES")
 DISABLE_VARIABLE = "KILN_TEST_FORKSERVER"  # "0": every test process is a plain subprocess
 _PR_SET_PDEATHSIG = 1
 _START_TIMEOUT_S = 180.0
@@ -70,8 +73,8 @@ def child_base_env() -> dict[str, str]:
     return env
 
 
-def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.upper().startswith(IMPORT_TIME_PREFIXES)}
+def _import_time(env: dict[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in IMPORT_TIME_VARIABLES}
 
 
 def _die_with_parent(sig: int) -> None:
