@@ -230,14 +230,15 @@ class ForkServer:
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._sock)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.forkserver", self._sock, str(os.getpid())],
-            cwd=str(REPO_ROOT),
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self._dir / "server.err", "wb"),  # noqa: SIM115 - kept by the child
-        )
+        with open(self._dir / "server.err", "wb") as err:  # the child keeps its own copy
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.forkserver", self._sock, str(os.getpid())],
+                cwd=str(REPO_ROOT),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not os.path.exists(self._sock):
             if self._proc.poll() is not None or time.monotonic() > deadline:
