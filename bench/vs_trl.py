@@ -7,10 +7,9 @@ range, ``--iterations`` iterations of ``--groups`` fresh seed groups × ``--grou
 rank 16 / alpha 32 on every projection; AdamW at the same learning rate (betas 0.9, 0.999, eps
 1e-8, no weight decay, constant schedule), CISPO importance weights truncated at 5, no KL, 4 epochs
 over each iteration's groups with one group (4 completions) per optimizer step (32 steps an
-iteration), gradient clipping at 1.0, one torch thread per training process. Kiln runs at the
-defaults of an online run on this model (``tests/support/counter_loop.py``: ``ONLINE_TRAINING``;
-``docs/training.md`` "Defaults that learn" says why); everything else is ``TrainingConfig``'s
-default (ECHO λ 0.05, ``on_no_output: penalty``).
+iteration), gradient clipping at 1.0, one torch thread per training process. Kiln runs at ``TrainingConfig``'s
+defaults (AdamW 3e-4, CISPO, no KL, ECHO λ 0.05, ``on_no_output: penalty``; ``docs/training.md``
+"Defaults that learn" says why) and TRL at the same learning rate.
 
 * **TRL** (``bench/trl_side.py``, run with the separate TRL venv's python; TRL 1.16 with the
   torch/transformers/peft/accelerate versions of ``constraints.txt``): ``GRPOTrainer`` with a
@@ -88,11 +87,9 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def training_config(args: argparse.Namespace) -> Any:
     from kiln.contracts import TrainingConfig
-    from tests.support.counter_loop import ONLINE_TRAINING
 
     echo = {"lambda": args.echo_lambda} if args.echo_lambda > 0 else None
-    rate = args.learning_rate if args.learning_rate is not None else ONLINE_TRAINING["learning_rate"]
-    return TrainingConfig(**{**ONLINE_TRAINING, "learning_rate": rate}, echo=echo)
+    return TrainingConfig(learning_rate=args.learning_rate, echo=echo)
 
 
 def system_prompt_of(env_url: str) -> str:
@@ -205,7 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--echo-lambda", type=float, default=0.05, help="Kiln's ECHO λ (TRL has no ECHO)")
     parser.add_argument("--learning-rate", type=float, default=None,
-                        help="both sides' learning rate (default: Kiln's online default for this model)")
+                        help="both sides' learning rate (default: Kiln's, AdamW 3e-4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training process")
     parser.add_argument("--sides", choices=("both", "kiln", "trl"), default="both")
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON)

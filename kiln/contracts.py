@@ -99,7 +99,7 @@ class EchoConfig(StrictModel):
     )
 
 
-DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 1e-5}  # learning_rate null ⇒ these
+DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 3e-4}  # learning_rate null ⇒ these
 
 
 class TrainingConfig(StrictModel):
@@ -117,10 +117,10 @@ class TrainingConfig(StrictModel):
     """
 
     learning_rate: float | None = Field(
-        default=None, gt=0.0, description="Learning rate (default: Muon 2e-3, AdamW 1e-5)."
+        default=None, gt=0.0, description="Learning rate (default: AdamW 3e-4, Muon 2e-3)."
     )
     optimizer: Literal["muon", "adamw"] = Field(
-        default="muon", description="Optimizer of the LoRA weights: muon or adamw."
+        default="adamw", description="Optimizer of the LoRA weights: adamw or muon."
     )
     lr_schedule: Literal["constant", "cosine"] = Field(
         default="constant", description="Learning-rate schedule after warm-up: constant or cosine."
@@ -140,7 +140,7 @@ class TrainingConfig(StrictModel):
         "(its own, much smaller epsilon).",
     )
     is_level: Literal["token", "sequence", "cispo"] = Field(
-        default="token",
+        default="cispo",
         description="Importance sampling: token (PPO clip per token), sequence (GSPO: one "
         "length-normalised ratio and one clipped term per sequence) or cispo (log-probabilities "
         "weighted by the truncated ratio).",
@@ -151,7 +151,7 @@ class TrainingConfig(StrictModel):
         description="Cap of the behaviour importance weight of data sampled by an older adapter "
         "(online runs with max_staleness 1).",
     )
-    kl_coeff: float = Field(default=0.1, ge=0.0, description="KL penalty to the base policy (0 = off).")
+    kl_coeff: float = Field(default=0.0, ge=0.0, description="KL penalty to the base policy (0 = off).")
     kl_estimator: Literal["k1", "k3", "none"] = Field(
         default="k1",
         description="k1: a per-token reward penalty; k3: a loss term; none: no KL.",

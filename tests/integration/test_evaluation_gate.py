@@ -44,9 +44,9 @@ async def _run(settings: Any, request: dict[str, Any]) -> dict[str, Any]:
 BETTER_RUN = {
     **BASE_RUN,
     "output_adapter": "counter-better",
-    # the demo's settings (scripts/demo.sh; README "The demo's settings"), ECHO λ=0.05 on
-    "training_config": {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0,
-                        "epochs": 4},
+    # one pass at the defaults and 1e-3 (tests/support/counter_loop.py ONE_PASS_TRAINING), ECHO λ=0.05
+    # on: on these seeds it improves the held-out return significantly
+    "training_config": {"learning_rate": 1e-3, "epochs": 4},
 }
 WORSE_RUN = {
     **BASE_RUN,
@@ -55,7 +55,7 @@ WORSE_RUN = {
     # actions. on_no_output drop (no longer the default): nothing pushes back on the invalid
     # completions, so this destructive setting reliably makes the adapter worse.
     "training_config": {"optimizer": "adamw", "learning_rate": 1e-2, "epochs": 4, "echo": {"lambda": 1.0},
-                        "on_no_output": "drop"},
+                        "on_no_output": "drop", "is_level": "token", "kl_coeff": 0.1},
 }
 
 

@@ -1,5 +1,5 @@
 """Learning that holds over many iterations: 6 collect→train iterations of the tiny demo model on
-the counter environment, at the online defaults (``ONLINE_TRAINING``), on two seed ranges, through
+the counter environment, at ``TrainingConfig``'s defaults, on two seed ranges, through
 the workflow's per-iteration wiring in-process (``tests/support/online_loop.py``: continuation
 state, first moment zeroed at each boundary, pre-update old log-probs, penalty completions).
 
@@ -18,7 +18,6 @@ import pytest
 from kiln.contracts import TrainingConfig
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from tests.support.child_call import child_result, start_child, stop_child
-from tests.support.counter_loop import ONLINE_TRAINING
 from tests.support.online_loop import IterationFigures, figures_from_json, held_out, run_online
 
 torch = pytest.importorskip("torch")
@@ -60,7 +59,7 @@ def test_six_iterations_keep_improving_on_two_seed_ranges(runtime, tiny_model_di
     try:
         base = held_out(runtime, counter_env_url, None)
         run = run_online(runtime, counter_env_url, tiny_model_dir, tmp_path / f"range-{IN_PROCESS_RANGE}",
-                         config=TrainingConfig(**ONLINE_TRAINING), seed_start=IN_PROCESS_RANGE,
+                         config=TrainingConfig(), seed_start=IN_PROCESS_RANGE,
                          iterations=ITERATIONS, base_held_out=base, evaluate_from=EVALUATE_FROM)
         child_iterations = figures_from_json(child_result(child))
     finally:

@@ -27,7 +27,7 @@ from kiln.contracts import parse_run_request
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 from kiln.rollout.verify import VerificationFailed
 from kiln.rollout.verify.run import verify_run
-from tests.support.counter_loop import DEMO_TRAINING
+from tests.support.counter_loop import ONE_PASS_TRAINING
 from tests.support.kiln_workers import child_gpu_worker, running_workers
 from tests.support.run_folders import artifact_bytes, download_run
 from tests.support.waiting import workflow_result
@@ -43,7 +43,7 @@ ONLINE_RUN = {
     "iterations": 4,
     "eval_every": 2,
     "output_adapter": "counter-online",
-    "training_config": {**DEMO_TRAINING, "echo": None, "learning_rate": 3e-4},
+    "training_config": {"echo": None},  # the defaults (AdamW 3e-4, CISPO), ECHO off
     "environment_eval": {"groups": 20, "group_size": 2},
 }
 
@@ -240,7 +240,7 @@ async def test_iterations_on_a_llama3_template_model(
     request = parse_run_request({
         "kind": "train", "groups": 4, "group_size": 4, "max_steps": 3, "max_action_tokens": 24,
         "constrained_actions": True, "iterations": 2, "output_adapter": "llama3-online",
-        "training_config": {**DEMO_TRAINING, "echo": None}, "environment_urls": [counter_env_url],
+        "training_config": {**ONE_PASS_TRAINING, "echo": None}, "environment_urls": [counter_env_url],
     })
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)

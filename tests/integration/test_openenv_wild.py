@@ -151,7 +151,7 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     from kiln.contracts import parse_run_request
     from kiln.evaluation.receipt import validate_receipt
     from kiln.rollout.verify.run import verify_run
-    from tests.support.counter_loop import DEMO_TRAINING
+    from tests.support.counter_loop import ONE_PASS_TRAINING
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import artifact_bytes, download_run
     from tests.support.waiting import workflow_result
@@ -161,7 +161,7 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
         request = parse_run_request({
             "kind": "train", "groups": 4, "group_size": 4, "max_steps": 3, "max_action_tokens": 32,
             "reset_determinism": "warn", "output_adapter": "seedless", "environment_urls": [url],
-            "training_config": {**DEMO_TRAINING, "echo": None},
+            "training_config": {**ONE_PASS_TRAINING, "echo": None},
             "environment_eval": {"groups": 4, "group_size": 1, "gate": None},
         })
         async with running_workers(settings) as client:

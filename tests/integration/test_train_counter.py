@@ -16,7 +16,7 @@ import pytest
 
 from kiln.contracts import TrainingConfig
 from tests.support.child_call import child_result, start_child, stop_child
-from tests.support.counter_loop import DEMO_TRAINING, Outcome, collect, train_and_play
+from tests.support.counter_loop import ONE_PASS_TRAINING, Outcome, collect, train_and_play
 
 torch = pytest.importorskip("torch")
 
@@ -68,7 +68,7 @@ def test_echo_lowers_observation_ce_and_keeps_the_action_format(runtime, tiny_mo
     train_lines = [d["line"] for d in collect(runtime, counter_env_url, list(range(8)), group_size=4)]
     (tmp_path / "train_lines.json").write_text(json.dumps(train_lines))
     held_out = list(range(8, 28))
-    configs = {lam: {**DEMO_TRAINING, "echo": {"lambda": lam} if lam else None} for lam in (0.0, 0.05)}
+    configs = {lam: {**ONE_PASS_TRAINING, "echo": {"lambda": lam} if lam else None} for lam in (0.0, 0.05)}
     child = start_child("tests.support.counter_loop:train_and_play_in_child", url=counter_env_url,
                         model_path=str(tiny_model_dir), lines_path=str(tmp_path / "train_lines.json"),
                         config=configs[0.05], seeds=held_out, group_size=2, output_dir=str(tmp_path / "echo-0.05"))

@@ -77,7 +77,7 @@ async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
     from kiln.cli.app import app as cli_app
     from kiln.contracts import parse_run_request
     from kiln.rollout.verify.run import verify_run
-    from tests.support.counter_loop import DEMO_TRAINING
+    from tests.support.counter_loop import ONE_PASS_TRAINING
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import download_run
     from tests.support.waiting import workflow_result
@@ -86,7 +86,7 @@ async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
     request = parse_run_request({
         "kind": "train", "groups": 2, "group_size": 2, "max_steps": 1, "max_action_tokens": 1,
         "thinking": False, "output_adapter": "kept-evidence", "environment_urls": [counter_env_url],
-        "training_config": {**DEMO_TRAINING, "echo": None},
+        "training_config": {**ONE_PASS_TRAINING, "echo": None},
     })
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)

@@ -63,12 +63,11 @@ def outcome(documents: list[dict[str, Any]]) -> Outcome:
                    episodes=len(returns))
 
 
-# The demo's training settings (scripts/demo.sh passes the same; README "The demo's settings").
-DEMO_TRAINING: dict[str, Any] = {"optimizer": "adamw", "learning_rate": 1e-3, "is_level": "cispo", "kl_coeff": 0.0}
-
-# An online run's settings on this model (many iterations): the demo's at 3e-4 (docs/training.md,
-# "Defaults that learn"); the benchmark against TRL and the learning test train with these.
-ONLINE_TRAINING: dict[str, Any] = {**DEMO_TRAINING, "learning_rate": 3e-4}
+# A one-pass setting: TrainingConfig's defaults at 1e-3, which moves the tiny model far in a single
+# collection round (held-out after one round on seed ranges 0 / 200 / 400: 3.100 / 2.175 / 5.425,
+# base 2.700; README "The demo's settings"). Tests that need a visible change from one training use
+# it; the demo, the benchmark against TRL and the learning test train at the defaults.
+ONE_PASS_TRAINING: dict[str, Any] = {"learning_rate": 1e-3}
 
 
 def train_and_play(runtime: Any, url: str, model_path: Path, lines: list[dict[str, Any]], config: Any,

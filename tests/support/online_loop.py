@@ -91,16 +91,15 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
 
 def online_run_in_child(url: str, model_path: str, work: str, seed_start: int, iterations: int,
                         evaluate_from: int) -> list[dict[str, Any]]:
-    """``run_online`` at the online defaults (``ONLINE_TRAINING``) with a runtime of its own, for
+    """``run_online`` at ``TrainingConfig``'s defaults with a runtime of its own, for
     ``tests.support.child_call`` (no base held-out play): its iterations' figures as JSON."""
     from dataclasses import asdict
 
     from kiln.contracts import TrainingConfig
     from kiln.policy.runtime import PolicyRuntime
-    from tests.support.counter_loop import ONLINE_TRAINING
 
     runtime = PolicyRuntime.load(Path(model_path))
-    run = run_online(runtime, url, Path(model_path), Path(work), config=TrainingConfig(**ONLINE_TRAINING),
+    run = run_online(runtime, url, Path(model_path), Path(work), config=TrainingConfig(),
                      seed_start=seed_start, iterations=iterations, base_held_out={}, evaluate_from=evaluate_from)
     return [asdict(figures) for figures in run.iterations]
 

@@ -66,8 +66,10 @@ def test_every_cli_default_is_the_model_default(command: Any) -> None:
 def test_known_defaults_reach_the_cli() -> None:
     """The concrete values, so a changed model default is a visible, reviewed change."""
     options = inspect.signature(cli.train_cmd).parameters
-    assert options["learning_rate"].default.default is None  # null ⇒ Muon 2e-3, AdamW 1e-5
-    assert options["optimizer"].default.default == "muon"
+    assert options["learning_rate"].default.default is None  # null ⇒ AdamW 3e-4, Muon 2e-3
+    assert options["optimizer"].default.default == "adamw"
+    assert options["is_level"].default.default == "cispo"
+    assert options["kl_coeff"].default.default == 0.0
     assert options["group_size"].default.default == 4
     assert options["groups"].default.default == 8
     assert options["echo_lambda"].default.default == 0.05

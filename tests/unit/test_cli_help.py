@@ -108,6 +108,6 @@ def test_train_help_is_grouped_into_panels_with_the_model_choices(help_pages: di
     assert section_of("--output-adapter") == "Output options:"
     text = " ".join(train.split())
     # Choices come from the models: named by the field's description, else appended.
-    assert "Optimizer of the LoRA weights: muon or adamw." in text
+    assert "Optimizer of the LoRA weights: adamw or muon." in text
     assert "Choices: none, tensorboard, trackio, wandb." in text and "Choices: auto, on, off." in text
     assert "Choices: muon" not in text

@@ -34,7 +34,7 @@ def test_describe_appends_the_bounds_the_model_enforces() -> None:
     assert describe(RunRequest, "group_size") == "Candidates per seed group (at least 2 for training; 1-256)."
     assert describe(TrainingConfig, "clip_epsilon").endswith("(1 ± epsilon; >= 0, < 1).")
     assert describe(TrainingConfig, "learning_rate", with_bounds=False) == (
-        "Learning rate (default: Muon 2e-3, AdamW 1e-5)."
+        "Learning rate (default: AdamW 3e-4, Muon 2e-3)."
     )
     assert bounds(EchoConfig, "lambda_") == ">= 0"
     assert bounds(TrainingConfig, "optimizer") is None

@@ -34,7 +34,8 @@ def model_path(tmp_path_factory) -> Path:
 
 
 def _config(optimizer: str = "adamw", **overrides) -> TrainingConfig:
-    return TrainingConfig(**{"seed": 3, "epochs": 1, "optimizer": optimizer, "learning_rate": 2e-2, **overrides})
+    return TrainingConfig(**{"seed": 3, "epochs": 1, "optimizer": optimizer, "learning_rate": 2e-2,
+                             "is_level": "token", "kl_coeff": 0.1, **overrides})
 
 
 def _bytes(adapter_dir: Path) -> dict[str, bytes]:

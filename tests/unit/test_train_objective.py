@@ -56,7 +56,8 @@ def test_large_k3_coeff_stays_closer_to_base(model_path, tmp_path):
     groups = bandit_groups(4)
     kls = {}
     for coeff in (0.0, 2.0):
-        config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2, kl_coeff=coeff, kl_estimator="k3")
+        config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2, kl_coeff=coeff, kl_estimator="k3",
+                                optimizer="muon", is_level="token")
         result = train_grpo(model_path=model_path, groups=groups, config=config,
                             output_dir=tmp_path / f"k3-{coeff}")
         kls[coeff] = _mean_kl_to_base(model_path, result.adapter_dir, groups)
@@ -71,7 +72,8 @@ def test_k1_penalty_acts_on_the_behaviour_policy(model_path, tmp_path):
     groups = bandit_groups(4)
 
     def run(name: str, coeff: float, base_adapter_dir: Path | None = None):
-        config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2, kl_coeff=coeff, kl_estimator="k1")
+        config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2, kl_coeff=coeff, kl_estimator="k1",
+                                optimizer="muon", is_level="token")
         return train_grpo(model_path=model_path, groups=groups, config=config, output_dir=tmp_path / name,
                           base_adapter_dir=base_adapter_dir)
 
@@ -185,10 +187,10 @@ def test_learning_rate_schedule_values():
 
 
 def test_resolved_learning_rate_per_optimizer():
-    assert TrainingConfig().resolved_learning_rate() == 2e-3  # Muon
-    assert TrainingConfig(optimizer="adamw").resolved_learning_rate() == 1e-5
+    assert TrainingConfig().resolved_learning_rate() == 3e-4  # AdamW
+    assert TrainingConfig(optimizer="muon").resolved_learning_rate() == 2e-3
     assert TrainingConfig(optimizer="adamw", learning_rate=3e-4).resolved_learning_rate() == 3e-4
     defaults = TrainingConfig()
     assert (defaults.kl_coeff, defaults.kl_estimator, defaults.is_level, defaults.cispo_max_weight) == (
-        0.1, "k1", "token", 5.0
+        0.0, "k1", "cispo", 5.0
     )

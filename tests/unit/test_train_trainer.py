@@ -53,7 +53,7 @@ def _bytes(adapter_dir: Path) -> dict[str, bytes]:
 def bandit_run(model_path, tmp_path_factory):
     """GRPO only (ECHO off), default epochs and optimizer (Muon), the tiny model's learning rate."""
     steps = []
-    config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2)
+    config = TrainingConfig(echo=None, seed=0, learning_rate=2e-2, optimizer="muon", is_level="token", kl_coeff=0.1)
     result = train_grpo(
         model_path=model_path,
         groups=bandit_groups(4),
@@ -132,7 +132,8 @@ def test_saved_adapter_reproduces_trainer_logprobs(model_path, bandit_run):
 
 
 def test_echo_lowers_observation_ce(model_path, bandit_run, tmp_path):
-    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-2)
+    config = TrainingConfig(seed=0, echo={"lambda": 0.5}, learning_rate=2e-2, optimizer="muon", is_level="token",
+                            kl_coeff=0.1)
     result = train_grpo(
         model_path=model_path, groups=bandit_groups(4, warning=True), config=config,
         output_dir=tmp_path,
@@ -209,7 +210,7 @@ def test_zero_groups(model_path, tmp_path):
 
 
 def test_recorded_policy_with_kl_and_warm_start(model_path, bandit_run, tmp_path):
-    config = TrainingConfig(behavior_policy="recorded", kl_coeff=0.1, epochs=2)
+    config = TrainingConfig(behavior_policy="recorded", kl_coeff=0.1, epochs=2, optimizer="muon", is_level="token")
     result = train_grpo(model_path=model_path, groups=bandit_groups(2), config=config,
                         output_dir=tmp_path / "r", base_adapter_dir=bandit_run[0].adapter_dir)
     history = result.receipt["steps"]
