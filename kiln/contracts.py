@@ -175,6 +175,12 @@ class TrainingConfig(StrictModel):
         default=10, ge=1,  # measured: docs/durability.md
         description="Checkpoint every N optimizer steps (a retried step resumes there; null = never).",
     )
+    engine_is_max_weight: float = Field(
+        default=2.0, gt=0.0,
+        description="Cap of the truncated importance weight min(pi_trainer / pi_engine, cap) that corrects "
+        "the gap between the sampling engine's recorded log-probabilities and the trainer's (data "
+        "sampled by the vllm engine; the hf engine needs none).",
+    )
     behavior_policy: Literal["no_importance_correction", "recorded"] = Field(
         default="no_importance_correction",
         description="recorded: correct for the sampling policy with the log-probabilities recorded at "

@@ -28,6 +28,8 @@ class Plan:
     selection: dict[str, Any]
     settings: StepSettings
     sampling: dict[str, Any] | None
+    engine: str
+    engine_uncorrected: str | None  # why the engine gap is not corrected (None: it is)
     echo: dict[str, Any]
     token_counts: dict[str, int]
     effective_config: dict[str, Any]
@@ -70,12 +72,42 @@ def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, A
                 )
 
 
+def _identity_of(groups: list[dict], expected: dict | None) -> dict | None:
+    """The behaviour identity the corpus was drawn with: ``expected``, else its first completion's."""
+    if expected is None and groups and groups[0].get("completions"):
+        return (groups[0]["completions"][0].get("openenv") or {}).get("behavior_policy")
+    return expected
+
+
+def engine_of(identity: dict | None) -> str:
+    """The sampling engine's name: an identity's ``runtime`` block records ``engine`` only for
+    engines other than hf."""
+    runtime = (identity or {}).get("runtime") or {}
+    engine = runtime.get("engine") if isinstance(runtime, dict) else None
+    return str((engine or {}).get("name") or "hf")
+
+
+def engine_correction(engine: str, recorded: bool, staleness: int, sampling: dict[str, Any] | None) -> str | None:
+    """Why the engine gap is not corrected (None: it is, with truncated IS weights). hf samples
+    with the trainer's own kernels; ``recorded`` already takes the engine's log-probs as the old
+    ones; stale data is re-scored by the trainer under the adapter that sampled it; and under
+    constrained decoding the engine's log-probs are of the grammar-masked distribution, which the
+    trainer does not reproduce."""
+    if engine == "hf":
+        return "hf_engine"
+    if recorded:
+        return "behavior_policy_recorded"
+    if staleness > 0:
+        return "stale_data_rescored"
+    if sampling is not None and sampling.get("constrained_actions"):
+        return "constrained_actions"
+    return None
+
+
 def sampling_settings(groups: list[dict], expected: dict | None, recorded: bool) -> dict[str, Any] | None:
     """The verified sampling settings the corpus was drawn with (None: an identity from before
     ``inference_config_sha256``; scored at temperature 1, unmasked)."""
-    identity = expected
-    if identity is None and groups and groups[0].get("completions"):
-        identity = (groups[0]["completions"][0].get("openenv") or {}).get("behavior_policy")
+    identity = _identity_of(groups, expected)
     try:
         sampling = sampling_of(identity)
     except ValueError as exc:
@@ -117,8 +149,9 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     computed twice). ``staleness`` > 0 turns on the truncated behaviour importance weights;
     ``extra_identity`` (continuation state, behaviour adapter digests) joins the identity a
     checkpoint must match to be resumed. A knob that only acts on stale data
-    (``stale_is_max_weight``) is left out of an on-policy training's effective config, so an
-    on-policy receipt reads as before the knob existed."""
+    (``stale_is_max_weight``) is left out of an on-policy training's effective config, and one that
+    only acts on another engine's data (``engine_is_max_weight``) out of an hf training's, so such a
+    receipt reads as before the knob existed."""
     if expected is not None:
         require_groups_on_policy(groups, expected)
     recorded = config.behavior_policy == "recorded"
@@ -126,6 +159,8 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     kept, selection = selected if selected is not None else select_groups(groups, config.on_no_output)
     if not kept:
         raise TrainingFailed("no trainable group remains after selection", code="zero_groups")
+    engine = engine_of(_identity_of(groups, expected))
+    uncorrected = engine_correction(engine, recorded, staleness, sampling)
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
     token_counts = count_tokens(kept, warning_filter=warning_filter)
     echo = _echo_block(config, token_counts)
@@ -141,10 +176,13 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         max_tokens_per_microbatch=int(config.max_tokens_per_microbatch),
         stale_is_max_weight=float(config.stale_is_max_weight) if staleness > 0 else None,
         target_kl=float(config.target_kl) if config.target_kl is not None else None,
+        engine_is_max_weight=float(config.engine_is_max_weight) if uncorrected is None else None,
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
     if staleness == 0:
         effective_config.pop("stale_is_max_weight", None)
+    if engine == "hf":
+        effective_config.pop("engine_is_max_weight", None)
     schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step, iteration)
     identity = {
         "training_data_sha256": digest_json(groups),
@@ -154,6 +192,7 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         **({"iteration": iteration} if iteration is not None and iteration > 1 else {}),
         **(extra_identity or {}),
     }
-    return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, echo=echo,
+    return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, engine=engine,
+                engine_uncorrected=uncorrected, echo=echo,
                 token_counts=token_counts, effective_config=effective_config, identity=identity,
                 schedule=schedule)

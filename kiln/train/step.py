@@ -11,6 +11,9 @@ than the one training starts from) keeps those pre-update log-probs as the proxi
 multiplies each action token's term by the truncated importance weight
 ``min(π_prox / π_behaviour, stale_is_max_weight)`` (no gradient), where ``π_behaviour`` is each
 row's ``behavior`` log-probs: those of the policy that sampled it (:mod:`kiln.train.staleness`).
+Data sampled by another engine than the trainer's kernels (vllm; ``engine_is_max_weight`` set)
+gets the same truncated weight with ``π_behaviour`` the engine's recorded log-probs, which
+corrects the gap between the engine's numbers and the trainer's (:mod:`kiln.train.mismatch`).
 Reference log-probs (KL) come from the same model with the adapter disabled, computed once per row
 and cached (the base never changes). Every loss term is divided by totals of the whole step (action
 tokens, sequences with observations), so accumulating micro-batches gives the gradient of the
@@ -56,6 +59,9 @@ class StepSettings:
     stale_is_max_weight: float | None = None
     # Ends the training at the first step whose approximate KL(π_old ‖ π) exceeds it (None: never).
     target_kl: float | None = None
+    # Data sampled by another engine (vllm): truncated IS weight cap of min(π_trainer / π_engine, c)
+    # on its recorded log-probs; None = no engine correction (hf, or see kiln.train.plan).
+    engine_is_max_weight: float | None = None
 
     @property
     def kl_on(self) -> bool:
@@ -163,6 +169,9 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
     if settings.stale_is_max_weight is not None and not settings.recorded:
         weights, is_stats = truncated_is_weights(old, batch.behavior_logprobs, batch.action_mask,
                                                  settings.stale_is_max_weight)
+    elif settings.engine_is_max_weight is not None:
+        weights, is_stats = truncated_is_weights(old, batch.behavior_logprobs, batch.action_mask,
+                                                 settings.engine_is_max_weight)
     p_loss, stats = policy_loss(
         logprobs, old, advantages, batch.action_mask,
         clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
@@ -245,7 +254,7 @@ def train_step(
     for key, value in values.items():
         if not math.isfinite(value):
             raise TrainingFailed(f"non-finite {key} ({value})", code="non_finite_loss")
-    if "is_weight_max" in peaks:  # a stale batch: its truncated importance weights
+    if "is_weight_max" in peaks:  # stale or other-engine data: its truncated importance weights
         values.update(is_ratio_max=peaks["is_ratio_max"], is_weight_max=peaks["is_weight_max"],
                       is_truncated_fraction=sums["is_truncated_tokens"] / action_total)
     values["tokens"] = int(sums["tokens"])

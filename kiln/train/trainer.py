@@ -31,6 +31,11 @@ policy than the one training starts from) keeps the pre-update log-probs as the 
 and weights each action token by ``min(π_prox / π_behaviour, stale_is_max_weight)``, the behaviour
 log-probs scored by the behaviour policy itself (:mod:`kiln.train.staleness`).
 
+Another engine's data (the identity names an engine other than hf, e.g. vllm): each action token
+is weighted by ``min(π_trainer / π_engine, engine_is_max_weight)`` on the engine's recorded
+log-probs, and the receipt's ``engine_mismatch`` block records the gap (:mod:`kiln.train.mismatch`;
+not corrected, with the reason, for ``recorded``, stale or constrained data).
+
 Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records KL(π_new ‖
 π_start) and KL(π_new ‖ π_base) on the training's action tokens; ``target_kl`` ends the training
 at the first step whose approximate KL(π_start ‖ π) exceeds it (``early_stop`` in the receipt).
@@ -71,6 +76,7 @@ from kiln.train.model import (
     save_adapter,
     trainable_parameters,
 )
+from kiln.train.mismatch import DEFAULT_IS_CAP, mismatch_figures
 from kiln.train.optim import build_optimizer, learning_rate_at, set_learning_rate
 from kiln.train.plan import ONLINE_IDENTITY_KEYS, Plan, plan_training
 from kiln.train.receipt import (
@@ -273,6 +279,10 @@ def prepare_training(
     if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
         raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
                              code="invalid_training_data")
+    if plan.settings.engine_is_max_weight is not None and any(r.behavior is None for group in rows for r in group):
+        raise TrainingFailed(f"data sampled by the {plan.engine} engine needs its recorded logprobs on every "
+                             "action piece (the trainer corrects the engine's gap with them)",
+                             code="invalid_training_data")
     if plan.settings.stale_is_max_weight is not None and not plan.settings.recorded:
         rows = score_behavior(model, rows, behavior_adapter_dir, plan.settings, dev)
         stale = {**stale, "is_max_weight": plan.settings.stale_is_max_weight}
@@ -379,6 +389,28 @@ def train_grpo(
                    timings=(t_start, t_loaded, t_trained))
 
 
+def engine_mismatch(rows: list[list[Row]], cache: LogprobCache, plan: Plan) -> dict[str, Any] | None:
+    """The receipt's ``engine_mismatch`` block for data sampled by another engine than hf: the gap
+    between the engine's recorded log-probs and the trainer's pre-update ones on every action
+    token (:func:`kiln.train.mismatch.mismatch_figures`), and whether the truncated IS weights
+    corrected it (``correction``; ``reason`` when not). None for hf data."""
+    if plan.engine == "hf":
+        return None
+    engine_rows, trainer_rows = [], []
+    for row in (r for group in rows for r in group):
+        if row.behavior is None or row.key not in cache.old:
+            continue
+        mask = row.action.bool()
+        engine_rows.append(row.behavior[mask].tolist())
+        trainer_rows.append(cache.old[row.key][mask].tolist())
+    cap = plan.settings.engine_is_max_weight
+    figures = mismatch_figures(engine_rows, trainer_rows, cap=cap if cap is not None else DEFAULT_IS_CAP)
+    if cap is None:
+        figures.pop("is_cap")
+        return {"engine": plan.engine, "correction": "none", "reason": plan.engine_uncorrected, **figures}
+    return {"engine": plan.engine, "correction": "truncated_is", **figures}
+
+
 def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
             dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
             keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
@@ -386,6 +418,7 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
     drift = policy_drift(loop.model, loop.rows, loop.cache, plan.settings, dev)
+    mismatch = engine_mismatch(loop.rows, loop.cache, plan)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
@@ -422,7 +455,8 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         resumed_from_step=loop.resumed_from,
         extra={**online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
                                final_state_sha256=final_state_sha),
-               "policy_drift": drift, "early_stop": loop.early_stop},
+               "policy_drift": drift, "early_stop": loop.early_stop,
+               **({"engine_mismatch": mismatch} if mismatch is not None else {})},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)

@@ -169,7 +169,7 @@ def test_kill_9_of_the_engine_fails_the_call_in_flight_and_the_next_call_restart
 async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
     kiln_settings, counter_env_url: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    """Collect 2 groups x 2 through a vllm-engine gpu worker, train, verify the bundle offline."""
+    """Collect 3 groups x 2 through a vllm-engine gpu worker, train, verify the bundle offline."""
     from activities.gpu import GpuActivities
     from api.runs import RunService
     from kiln.contracts import parse_run_request
@@ -187,7 +187,9 @@ async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
 
     settings = kiln_settings(model_path=model_dir, device="cpu", dtype="auto", engine="vllm",
                              vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
-    request = parse_run_request({**RUN, "environment_urls": [counter_env_url], "output_adapter": "vllm-run"})
+    # 3 groups: with 2 candidates a group's rewards can tie, and a run whose every group ties trains nothing
+    request = parse_run_request({**RUN, "groups": 3, "environment_urls": [counter_env_url],
+                                 "output_adapter": "vllm-run"})
     try:
         async with running_workers(settings, gpu_factory=factory) as client:
             status, _ = await RunService(client, settings).submit(request)
@@ -205,3 +207,10 @@ async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
     assert policy["runtime"]["engine"]["name"] == "vllm"
     offline = verify_bundle(write_bundle(tmp_path / "bundle", bundle))
     assert offline["replay_sha256"] == json.loads(bundle["summary.json"])["replay_sha256"]
+    # The receipt records the engine's gap; constrained actions' log-probs are of the grammar-masked
+    # distribution, so the gap is recorded but not corrected.
+    receipt = json.loads(_fetch(settings, artifacts["train_receipt.json"]["uri"]))
+    mismatch = receipt["engine_mismatch"]
+    assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == ("vllm", "none", "constrained_actions")
+    assert mismatch["tokens"] == receipt["token_counts"]["action_tokens"] > 0  # the kept groups' action tokens
+    assert mismatch["max_abs_delta"] >= mismatch["mean_abs_delta"] >= 0.0
