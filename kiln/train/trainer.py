@@ -176,6 +176,8 @@ class Loop:
     continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
     staleness: dict[str, Any] | None = None  # receipt block: stale data's behaviour policy
     early_stop: dict[str, Any] | None = None  # receipt block: where target_kl ended the training
+    # another engine's recorded log-probs per row (kept before stale data is re-scored); None: hf
+    engine_logprobs: dict[tuple[int, int], torch.Tensor | None] | None = None
     # the learning-rate schedule's position: optimizer steps of earlier iterations, run horizon
     steps_before: int = 0
     horizon_steps: int | None = None
@@ -283,6 +285,7 @@ def prepare_training(
         raise TrainingFailed(f"data sampled by the {plan.engine} engine needs its recorded logprobs on every "
                              "action piece (the trainer corrects the engine's gap with them)",
                              code="invalid_training_data")
+    engine_logprobs = None if plan.engine == "hf" else {r.key: r.behavior for group in rows for r in group}
     if plan.settings.stale_is_max_weight is not None and not plan.settings.recorded:
         rows = score_behavior(model, rows, behavior_adapter_dir, plan.settings, dev)
         stale = {**stale, "is_max_weight": plan.settings.stale_is_max_weight}
@@ -294,7 +297,7 @@ def prepare_training(
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
                 eval_batches=[build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab)
                               for g in plan.kept],
-                base_adapter_sha=base_adapter_sha, staleness=stale,
+                base_adapter_sha=base_adapter_sha, staleness=stale, engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if iterations_total is not None and iteration is not None:
@@ -389,20 +392,21 @@ def train_grpo(
                    timings=(t_start, t_loaded, t_trained))
 
 
-def engine_mismatch(rows: list[list[Row]], cache: LogprobCache, plan: Plan) -> dict[str, Any] | None:
+def engine_mismatch(loop: Loop, plan: Plan) -> dict[str, Any] | None:
     """The receipt's ``engine_mismatch`` block for data sampled by another engine than hf: the gap
     between the engine's recorded log-probs and the trainer's pre-update ones on every action
     token (:func:`kiln.train.mismatch.mismatch_figures`), and whether the truncated IS weights
     corrected it (``correction``; ``reason`` when not). None for hf data."""
-    if plan.engine == "hf":
+    if loop.engine_logprobs is None:
         return None
     engine_rows, trainer_rows = [], []
-    for row in (r for group in rows for r in group):
-        if row.behavior is None or row.key not in cache.old:
+    for row in (r for group in loop.rows for r in group):
+        recorded = loop.engine_logprobs.get(row.key)
+        if recorded is None or row.key not in loop.cache.old:
             continue
         mask = row.action.bool()
-        engine_rows.append(row.behavior[mask].tolist())
-        trainer_rows.append(cache.old[row.key][mask].tolist())
+        engine_rows.append(recorded[mask].tolist())
+        trainer_rows.append(loop.cache.old[row.key][mask].tolist())
     cap = plan.settings.engine_is_max_weight
     figures = mismatch_figures(engine_rows, trainer_rows, cap=cap if cap is not None else DEFAULT_IS_CAP)
     if cap is None:
@@ -418,7 +422,7 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
     sums = final_eval.pop("action_logprob_sums")
     drift = policy_drift(loop.model, loop.rows, loop.cache, plan.settings, dev)
-    mismatch = engine_mismatch(loop.rows, loop.cache, plan)
+    mismatch = engine_mismatch(loop, plan)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)

@@ -4,6 +4,7 @@ with truncated behaviour importance weights."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import shutil
@@ -302,3 +303,34 @@ def test_stale_inputs_are_checked(model_path, first_iteration, behavior_adapter,
                base_adapter_dir=first_iteration.adapter_dir, behavior_adapter_dir=behavior_adapter)
     assert err.value.code == "staleness_invalid"
     assert not (tmp_path / "a" / "adapter").exists() and not (tmp_path / "b" / "adapter").exists()
+
+
+@pytest.mark.timeout(180)
+def test_stale_engine_data_records_the_engines_gap_not_the_rescored_one(model_path, first_iteration,
+                                                                         behavior_adapter, tmp_path):
+    """Stale data is re-scored under the adapter that sampled it, so the engine gap is not
+    corrected; the receipt's block still compares the engine's recorded log-probs with the
+    trainer's, not the re-scored ones: moving every recorded value moves the figures (the
+    re-scored log-probs do not depend on them)."""
+    groups, behavior = _stale_data(behavior_adapter)
+    vllm = {**behavior, "runtime": {**behavior["runtime"], "engine": {"name": "vllm", "version": "0"}}}
+    blocks = []
+    for shift in (0.0, -20.0):
+        shifted = copy.deepcopy(groups)
+        for group in shifted:
+            for completion in group["completions"]:
+                completion["openenv"]["behavior_policy"] = vllm
+                for piece in completion["tokens"]["pieces"]:
+                    if piece["kind"] == "action":
+                        piece["logprobs"] = [value + shift for value in piece["logprobs"]]
+        result = _train(model_path, tmp_path / f"stale-vllm{shift}", _config(), groups=shifted,
+                        expected_behavior_policy=vllm, base_adapter_dir=first_iteration.adapter_dir,
+                        init_state=first_iteration.final_state, behavior_adapter_dir=behavior_adapter, staleness=1)
+        assert result.receipt["staleness"]["behavior_logprobs"] == "scored_with_behavior_policy"
+        blocks.append(result.receipt["engine_mismatch"])
+        assert blocks[-1]["tokens"] == result.receipt["token_counts"]["action_tokens"]
+    for block in blocks:
+        assert (block["engine"], block["correction"], block["reason"]) == ("vllm", "none", "stale_data_rescored")
+        assert "is_cap" not in block
+    # re-scored log-probs would give both runs the same figures
+    assert abs(blocks[1]["mean_abs_delta"] - blocks[0]["mean_abs_delta"]) > 1.0, blocks
