@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(240)
 def _inputs(store: S3Store, groups: list[dict], behavior: dict, **fields) -> TrainInput:
     refs = [StoredObject.of(store.put_blob(canonical_json({"group_index": i, "line": g})))
             for i, g in enumerate(groups)]
-    config = TrainingConfig(seed=3, epochs=1, optimizer="adamw", learning_rate=2e-2, echo={"lambda": 0.1})
+    config = TrainingConfig(seed=3, epochs=1, optimizer="adamw", learning_rate=2e-2, echo={"lambda": 0.1},
+                            is_level="token", kl_coeff=0.1)  # the KL curve figures need KL on
     return TrainInput(run_id="online", groups=group_set(store, [refs]), training_config=config, output_adapter="it",
                       behavior_policy=behavior, **fields)
 

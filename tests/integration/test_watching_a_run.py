@@ -28,7 +28,8 @@ RUN = {
     "max_action_tokens": 32,
     "output_adapter": "watched",
     "report_to": "tensorboard",
-    "training_config": {"epochs": 24, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 1e-4},
+    "training_config": {"epochs": 24, "lora_rank": 4, "lora_alpha": 8, "learning_rate": 1e-4,
+                        "kl_coeff": 0.1},  # KL on: the metrics and the receipt carry its figures
 }
 
 
