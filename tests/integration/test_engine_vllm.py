@@ -1,5 +1,6 @@
 """The vllm engine for real (CPU build in .venv-vllm, no mocks): repeatability, token alignment and
-the trainer's log-prob gap, LoRA by path, constrained actions, and recovery from kill -9.
+the trainer's log-prob gap, LoRA by path, constrained actions, recovery from kill -9, and a
+two-iteration online run through a vllm-engine gpu worker.
 
 Skipped with a reason when the engine's venv is absent (install it with
 ``scripts/setup.sh --engine vllm``). One engine process serves the whole module.
@@ -165,19 +166,22 @@ def test_kill_9_of_the_engine_fails_the_call_in_flight_and_the_next_call_restart
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(900)
-async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
-    kiln_settings, counter_env_url: str, model_dir: Path, tmp_path: Path
+@pytest.mark.timeout(1500)
+async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
+    kiln_settings, counter_env_url: str, model_dir: Path, tmp_path: Path, vrt
 ) -> None:
-    """Collect 3 groups x 2 through a vllm-engine gpu worker, train, verify the bundle offline."""
+    """Two online iterations of 3 groups x 2 through a vllm-engine gpu worker: iteration 2 samples
+    with iteration 1's adapter (served by path, and it samples other ids than the base), the run
+    verifies offline, and each receipt records the engine's log-prob gap."""
     from activities.gpu import GpuActivities
     from api.runs import RunService
+    from kiln.artifacts.store import S3Store
     from kiln.contracts import parse_run_request
-    from kiln.rollout.verify import verify_bundle
-    from tests.integration.test_real_shape_run import RUN, _fetch
+    from kiln.rollout.verify.run import verify_run
+    from tests.integration.test_real_shape_run import RUN
     from tests.support.kiln_workers import running_workers
+    from tests.support.run_folders import download_run
     from tests.support.waiting import workflow_result
-    from tests.unit.test_verify_support import write_bundle
 
     built: list[GpuActivities] = []
 
@@ -187,30 +191,53 @@ async def test_a_train_run_on_the_counter_env_with_the_vllm_engine(
 
     settings = kiln_settings(model_path=model_dir, device="cpu", dtype="auto", engine="vllm",
                              vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
-    # 3 groups: with 2 candidates a group's rewards can tie, and a run whose every group ties trains nothing
-    request = parse_run_request({**RUN, "groups": 3, "environment_urls": [counter_env_url],
-                                 "output_adapter": "vllm-run"})
+    # 3 groups: with 2 candidates a group's rewards can tie, and an iteration whose every group ties
+    # trains nothing
+    # and a learning rate that moves the random 151,936-token model's LoRA far enough in one epoch for
+    # its samples to differ from the base's (at the default 3e-4 the first 16 ids of 4 rows matched)
+    request = parse_run_request({**RUN, "groups": 3, "iterations": 2, "environment_urls": [counter_env_url],
+                                 "output_adapter": "vllm-run",
+                                 "training_config": {**RUN["training_config"], "learning_rate": 2e-2}})
     try:
         async with running_workers(settings, gpu_factory=factory) as client:
             status, _ = await RunService(client, settings).submit(request)
-            final = await workflow_result(client.get_workflow_handle(status.run_id))
+            # the worker's engine starts first (25 s idle, minutes on a loaded machine)
+            final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=1000)
     finally:
         for acts in built:
             if acts._policy is not None:
                 acts._policy._runtime.engine.close()
     assert final["state"] == "completed", final.get("failure")
-    assert final["training"]["trained"] is True
-    artifacts = {a["name"]: a for a in final["artifacts"]}
-    bundle = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
-    lines = [json.loads(line) for line in bundle["rollouts.jsonl"].decode().splitlines()]
-    policy = lines[0]["completions"][0]["openenv"]["behavior_policy"]
-    assert policy["runtime"]["engine"]["name"] == "vllm"
-    offline = verify_bundle(write_bundle(tmp_path / "bundle", bundle))
-    assert offline["replay_sha256"] == json.loads(bundle["summary.json"])["replay_sha256"]
-    # The receipt records the engine's gap; constrained actions' log-probs are of the grammar-masked
-    # distribution, so the gap is recorded but not corrected.
-    receipt = json.loads(_fetch(settings, artifacts["train_receipt.json"]["uri"]))
-    mismatch = receipt["engine_mismatch"]
-    assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == ("vllm", "none", "constrained_actions")
-    assert mismatch["tokens"] == receipt["token_counts"]["action_tokens"] > 0  # the kept groups' action tokens
-    assert mismatch["max_abs_delta"] >= mismatch["mean_abs_delta"] >= 0.0
+    first, second = final["iterations"]
+    assert first["trained"] and second["trained"]
+    assert first["behavior_adapter_sha256"] is None
+    assert second["behavior_adapter_sha256"] == first["adapter_sha256"]  # on-policy: iteration 1's adapter
+    store = S3Store.from_settings(settings)
+    manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
+    folder = download_run(store, final["run_id"], manifest, tmp_path / "run")
+    report = verify_run(folder)
+    assert [r["sampled_by"] for r in report["iterations"]] == [None, first["adapter_sha256"]]
+    for k, iteration in ((1, first), (2, second)):
+        prefix = folder / "iterations" / f"{k:06d}"
+        lines = [json.loads(line) for line in (prefix / "rollouts.jsonl").read_text().splitlines()]
+        policies = {json.dumps(c["openenv"]["behavior_policy"], sort_keys=True)
+                    for line in lines for c in line["completions"]}
+        assert len(policies) == 1
+        policy = json.loads(policies.pop())
+        assert policy["runtime"]["engine"]["name"] == "vllm"
+        assert policy["adapter_sha256"] == iteration["behavior_adapter_sha256"]
+        # The receipt records the engine's gap; constrained actions' log-probs are of the
+        # grammar-masked distribution, so it is recorded but not corrected.
+        receipt = json.loads((prefix / "train_receipt.json").read_bytes())
+        mismatch = receipt["engine_mismatch"]
+        assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == ("vllm", "none", "constrained_actions")
+        assert mismatch["tokens"] == receipt["token_counts"]["action_tokens"] > 0  # the kept groups' action tokens
+        assert mismatch["max_abs_delta"] >= mismatch["mean_abs_delta"] >= 0.0
+    # Iteration 1's adapter, served by path, samples other ids than the base from the same prompt and seeds.
+    adapter = folder / "iterations" / "000001" / "adapter"
+    prompt = vrt.encode_prompt(MESSAGES, thinking=False)
+    seeds = [11, 12, 13, 14]
+    tuned = vrt.sample([prompt] * 4, seeds, max_new_tokens=16, temperature=1.0, thinking=False, adapter_dir=adapter)
+    base = vrt.sample([prompt] * 4, seeds, max_new_tokens=16, temperature=1.0, thinking=False)
+    assert {g.adapter_sha256 for g in tuned} == {first["adapter_sha256"]}
+    assert [g.ids for g in tuned] != [g.ids for g in base]
