@@ -171,8 +171,8 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
     kiln_settings, counter_env_url: str, model_dir: Path, tmp_path: Path, vrt
 ) -> None:
     """Two online iterations of 3 groups x 2 through a vllm-engine gpu worker: iteration 2 samples
-    with iteration 1's adapter (served by path, and it samples other ids than the base), the run
-    verifies offline, and each receipt records the engine's log-prob gap."""
+    with iteration 1's adapter (served by path), the run verifies offline, and each receipt records
+    the engine's log-prob gap."""
     from activities.gpu import GpuActivities
     from api.runs import RunService
     from kiln.artifacts.store import S3Store
@@ -193,11 +193,8 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
                              vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
     # 3 groups: with 2 candidates a group's rewards can tie, and an iteration whose every group ties
     # trains nothing
-    # and a learning rate that moves the random 151,936-token model's LoRA far enough in one epoch for
-    # its samples to differ from the base's (at the default 3e-4 the first 16 ids of 4 rows matched)
     request = parse_run_request({**RUN, "groups": 3, "iterations": 2, "environment_urls": [counter_env_url],
-                                 "output_adapter": "vllm-run",
-                                 "training_config": {**RUN["training_config"], "learning_rate": 2e-2}})
+                                 "output_adapter": "vllm-run"})
     try:
         async with running_workers(settings, gpu_factory=factory) as client:
             status, _ = await RunService(client, settings).submit(request)
@@ -233,11 +230,12 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
         assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == ("vllm", "none", "constrained_actions")
         assert mismatch["tokens"] == receipt["token_counts"]["action_tokens"] > 0  # the kept groups' action tokens
         assert mismatch["max_abs_delta"] >= mismatch["mean_abs_delta"] >= 0.0
-    # Iteration 1's adapter, served by path, samples other ids than the base from the same prompt and seeds.
+    # Iteration 1's adapter, downloaded from the run, is served by path: every row reports its digest.
+    # (Its ids are not compared with the base's: one epoch at 3e-4 on this random 151,936-token model
+    # left the first 16 ids of these 4 rows unchanged; test_same_prompt_seed_and_adapter_give_the_same_ids_twice
+    # shows a served adapter changing the ids.)
     adapter = folder / "iterations" / "000001" / "adapter"
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
-    seeds = [11, 12, 13, 14]
-    tuned = vrt.sample([prompt] * 4, seeds, max_new_tokens=16, temperature=1.0, thinking=False, adapter_dir=adapter)
-    base = vrt.sample([prompt] * 4, seeds, max_new_tokens=16, temperature=1.0, thinking=False)
+    tuned = vrt.sample([prompt] * 4, [11, 12, 13, 14], max_new_tokens=16, temperature=1.0, thinking=False,
+                       adapter_dir=adapter)
     assert {g.adapter_sha256 for g in tuned} == {first["adapter_sha256"]}
-    assert [g.ids for g in tuned] != [g.ids for g in base]
