@@ -11,7 +11,10 @@ the starting policy π_start), over action tokens only, per token and averaged o
   importance-weighted by the same ``r`` (the tokens were sampled from π_start, not π_new).
 
 Both are token-level estimates (per-token ratios, not of whole sequences), at the sampling
-temperature, with no gradient; they leave the model and the RNG as they were.
+temperature, with no gradient. π_new's log-probs come from the trainer's one no-grad pass after the
+last step (which also gives the final evaluation). π_base's are the pre-update pass's when the
+training started from the base model itself (a fresh LoRA's B is zero, so it adds exactly nothing),
+else one more pass with every adapter disabled (:func:`base_logprobs`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 
 from kiln.train.batches import Row
-from kiln.train.step import LogprobCache, StepSettings, score_reference, score_rows
+from kiln.train.step import LogprobCache, StepSettings, score_reference
 
 DRIFT_ESTIMATOR = "token_mean_importance_weighted_k3"
 
@@ -39,18 +42,31 @@ def drift_terms(new: torch.Tensor, start: torch.Tensor, base: torch.Tensor,
             float(mask.sum().item()))
 
 
-def policy_drift(model: Any, rows: list[list[Row]], cache: LogprobCache, settings: StepSettings,
-                 device: torch.device) -> dict[str, Any]:
-    """The receipt's ``policy_drift`` block (see the module docstring)."""
-    flat = [row for group in rows for row in group if row.key in cache.old]
+def base_logprobs(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
+                  device: torch.device, *, start_is_base: bool) -> dict[tuple[int, int], torch.Tensor]:
+    """π_base's log-probs of ``rows``: the pre-update pass's (``cache.old``) when the training
+    started from the base model (``start_is_base``: no base adapter, so the fresh LoRA adds exact
+    zeros), else the KL reference's (``cache.ref``) and a pass with every adapter disabled for the
+    rest. Leaves the RNG as it was."""
+    if start_is_base:
+        return cache.old
+    missing = [row for row in rows if row.key not in cache.ref]
+    if not missing:
+        return cache.ref
     with torch.random.fork_rng(devices=[]):
-        new = score_rows(model, flat, settings, device)
-        missing = [row for row in flat if row.key not in cache.ref]
-        base = {**cache.ref, **(score_reference(model, missing, settings, device) if missing else {})}
+        return {**cache.ref, **score_reference(model, missing, settings, device)}
+
+
+def policy_drift(rows: list[list[Row]], start: dict[tuple[int, int], torch.Tensor],
+                 new: dict[tuple[int, int], torch.Tensor],
+                 base: dict[tuple[int, int], torch.Tensor]) -> dict[str, Any]:
+    """The receipt's ``policy_drift`` block (see the module docstring) over the action tokens of
+    every row that has all three log-probs: π_start's, π_new's and π_base's."""
+    flat = [row for group in rows for row in group if row.key in start and row.key in new and row.key in base]
     to_previous = to_base = tokens = 0.0
     parts_previous, parts_base = [], []
     for row in flat:
-        a, b, n = drift_terms(new[row.key], cache.old[row.key], base[row.key], row.action)
+        a, b, n = drift_terms(new[row.key], start[row.key], base[row.key], row.action)
         parts_previous.append(a)
         parts_base.append(b)
         tokens += n

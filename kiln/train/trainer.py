@@ -57,7 +57,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.errors import RunCancelled, TrainingFailed
-from kiln.train.batches import GroupBatch, Row, build_group_batch, group_rows
+from kiln.train.batches import Row, group_rows
 from kiln.train.checkpoints import (
     read_checkpoint_state,
     restore_checkpoint,
@@ -65,8 +65,7 @@ from kiln.train.checkpoints import (
     save_checkpoint,
 )
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
-from kiln.train.drift import policy_drift
-from kiln.train.losses import echo_loss, sequence_logprobs
+from kiln.train.drift import base_logprobs, policy_drift
 from kiln.train.model import (
     adapter_content_sha256,
     attach_lora,
@@ -88,7 +87,7 @@ from kiln.train.receipt import (
     write_receipt,
 )
 from kiln.train.staleness import score_behavior, stale_origin
-from kiln.train.step import LogprobCache, score_old_logprobs, train_step
+from kiln.train.step import LogprobCache, score_old_logprobs, score_rows, train_step
 
 
 @dataclass
@@ -114,25 +113,32 @@ class TrainedAdapter:
     early_stop_step: int | None = None
 
 
-@torch.no_grad()
-def evaluate(model: Any, batches: list[GroupBatch], device: torch.device,
-             temperature: float = 1.0) -> dict[str, Any]:
-    """Forward-only pass: mean ECHO env CE over groups, mean action log-prob, per-row sums."""
+def evaluation_of(rows: list[list[Row]], scored: dict[tuple[int, int], torch.Tensor]) -> dict[str, Any]:
+    """The receipt's evaluation figures from per-row log-probs already scored
+    (:func:`kiln.train.step.score_rows`): mean ECHO env CE over groups (per group: Σ per row of its
+    observation CE / its observation length, over the rows that have observations), mean action
+    log-prob over all action tokens, and each row's action log-prob sum. The trainer scores every
+    row once before step 1 (old log-probs and the initial figures) and once after the last step
+    (the final figures and the policy's drift), so evaluation costs no pass of its own."""
     env_values: list[float] = []
-    lp_sum = 0.0
-    lp_count = 0.0
+    parts: list[float] = []
+    count = 0.0
     sums: list[list[float]] = []
-    for batch in batches:
-        b = batch.to(device)
-        logprobs = sequence_logprobs(model, b.input_ids, b.attention_mask, b.labels, temperature=temperature)
-        env_values.append(float(echo_loss(logprobs, b.env_mask, b.obs_lengths).item()))
-        per_row = (logprobs * b.action_mask).sum(dim=-1)
-        sums.append([float(x) for x in per_row.tolist()])
-        lp_sum += float(per_row.sum().item())
-        lp_count += float(b.action_mask.sum().item())
+    for group in rows:
+        per_row: list[float] = []
+        group_ce: list[float] = []
+        for row in group:
+            logprobs = scored[row.key]
+            if row.obs_length > 0:
+                group_ce.append(-float((logprobs * row.env).sum()) / row.obs_length)
+            per_row.append(float((logprobs * row.action).sum()))
+            count += float(row.action.sum())
+        env_values.append(math.fsum(group_ce) / max(1, len(group_ce)))
+        sums.append(per_row)
+        parts.extend(per_row)
     return {
         "env_ce": math.fsum(env_values) / len(env_values) if env_values else None,
-        "action_logprob_mean": lp_sum / lp_count if lp_count else None,
+        "action_logprob_mean": math.fsum(parts) / count if count else None,
         "action_logprob_sums": sums,
     }
 
@@ -169,8 +175,8 @@ class Loop:
     history: list[dict[str, Any]]
     initial_eval: dict[str, Any]
     optimizer_info: dict[str, Any]
-    eval_batches: list[GroupBatch] = field(default_factory=list)
     base_adapter_sha: str | None = None
+    start_is_base: bool = False  # no base adapter: the policy training starts from is the base model
     start_step: int = 0
     resumed_from: int | None = None
     continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
@@ -295,9 +301,7 @@ def prepare_training(
     optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
-                eval_batches=[build_group_batch(g, warning_filter=warning_filter, vocab_size=vocab)
-                              for g in plan.kept],
-                base_adapter_sha=base_adapter_sha, staleness=stale, engine_logprobs=engine_logprobs,
+                base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale, engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if iterations_total is not None and iteration is not None:
@@ -318,7 +322,7 @@ def prepare_training(
                                 optimizer_name=config.optimizer, adapter_sha256=base_adapter_sha)
         reset_first_moments(optimizer)
     score_old_logprobs(model, [row for group in rows for row in group], loop.cache, plan.settings, dev)
-    loop.initial_eval = evaluate(model, loop.eval_batches, dev, plan.settings.temperature)
+    loop.initial_eval = evaluation_of(rows, loop.cache.old)
     loop.initial_eval.pop("action_logprob_sums")
     return loop, plan
 
@@ -419,9 +423,13 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
             dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
             keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
     """Final evaluation, adapter, continuation state, receipt."""
-    final_eval = evaluate(loop.model, loop.eval_batches, dev, plan.settings.temperature)
+    flat = [row for group in loop.rows for row in group]
+    with torch.random.fork_rng(devices=[]):
+        final = score_rows(loop.model, flat, plan.settings, dev)
+    final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
-    drift = policy_drift(loop.model, loop.rows, loop.cache, plan.settings, dev)
+    base = base_logprobs(loop.model, flat, loop.cache, plan.settings, dev, start_is_base=loop.start_is_base)
+    drift = policy_drift(loop.rows, loop.cache.old, final, base)
     mismatch = engine_mismatch(loop, plan)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():

@@ -21,7 +21,8 @@ from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.train.batches import build_group_batch  # noqa: E402
 from kiln.train.checkpoints import pack_folder, unpack_folder  # noqa: E402
 from kiln.train.model import adapter_content_sha256  # noqa: E402
-from kiln.train.trainer import evaluate, prepare_training, train_grpo  # noqa: E402
+from kiln.train.trainer import prepare_training, train_grpo  # noqa: E402
+from tests.support.train_reference import evaluate  # noqa: E402
 from tests.support.models import make_lora_adapter  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 

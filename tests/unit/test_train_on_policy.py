@@ -133,6 +133,76 @@ def test_policy_drift_is_recorded(model_path, tmp_path):
     assert still.receipt["policy_drift"]["kl_to_previous"] < 1e-9 < drift["kl_to_previous"]
 
 
+def _independent_logprobs(model_path: Path, adapter_dir: Path | None, groups) -> list[list[tuple]]:
+    """Per group, per row: log-probs, action mask, env mask, observation length (one padded forward per group) of a freshly loaded base model, with
+    ``adapter_dir`` on it when given: another code path than the trainer's passes."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from kiln.train.batches import build_group_batch
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    out = []
+    with torch.no_grad():
+        for group in groups:
+            batch = build_group_batch(group, warning_filter=True, vocab_size=300)
+            logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels)
+            out.append([(logprobs[b], batch.action_mask[b], batch.env_mask[b], batch.obs_lengths[b])
+                        for b in range(logprobs.shape[0])])
+    return out
+
+
+def test_drift_and_evaluation_figures_match_an_independent_computation(model_path, tmp_path):
+    """The receipt's KL to the previous policy and to the base, and its initial and final
+    evaluation figures, equal the same estimates computed here from freshly loaded models: for a
+    training from the base model (whose starting policy is the base) and for one continuing from
+    an adapter (where the two KLs differ)."""
+    import math
+
+    first = _train(model_path, tmp_path / "first", _config(epochs=2))
+    second = _train(model_path, tmp_path / "second", _config(epochs=2), groups=bandit_groups(4),
+                    base_adapter_dir=first.adapter_dir)
+    base = _independent_logprobs(model_path, None, bandit_groups(4))
+    after_first = _independent_logprobs(model_path, first.adapter_dir, bandit_groups(4))
+    after_second = _independent_logprobs(model_path, second.adapter_dir, bandit_groups(4))
+
+    def drift(new, start):
+        to_previous = to_base = tokens = 0.0
+        rows = zip(*(sum(side, []) for side in (new, start, base)))
+        for (lp_new, mask, _, _), (lp_start, _, _, _), (lp_base, _, _, _) in rows:
+            r = torch.exp(lp_new - lp_start)
+            to_previous += float(((r * (lp_new - lp_start) - r + 1.0) * mask).sum())
+            rho = torch.exp(lp_base - lp_new)
+            to_base += float((r * (rho - 1.0 - torch.log(rho)) * mask).sum())
+            tokens += float(mask.sum())
+        return to_previous / tokens, to_base / tokens
+
+    def figures(scored):  # mean over groups of the env CE per observed row; action log-prob mean
+        ce_groups, lp, count = [], 0.0, 0.0
+        for group in scored:
+            ces = [float(-(l * env).sum()) / float(n) for l, _, env, n in group if float(n) > 0]
+            ce_groups.append(sum(ces) / max(1, len(ces)))
+            lp += sum(float((l * mask).sum()) for l, mask, _, _ in group)
+            count += sum(float(mask.sum()) for _, mask, _, _ in group)
+        return sum(ce_groups) / len(ce_groups), lp / count
+
+    for result, start, new in ((first, base, after_first), (second, after_first, after_second)):
+        receipt = result.receipt
+        to_previous, to_base = drift(new, start)
+        assert receipt["policy_drift"]["kl_to_previous"] == pytest.approx(to_previous, rel=1e-4, abs=1e-7)
+        assert receipt["policy_drift"]["kl_to_base"] == pytest.approx(to_base, rel=1e-4, abs=1e-7)
+        for side, scored in (("initial", start), ("final", new)):
+            env_ce, lp_mean = figures(scored)
+            assert receipt["evaluation"][side]["action_logprob_mean"] == pytest.approx(lp_mean, abs=1e-5)
+            if receipt["evaluation"][side]["env_ce"] is not None:
+                assert receipt["evaluation"][side]["env_ce"] == pytest.approx(env_ce, abs=1e-5)
+    # Continuing from an adapter, the base is not the starting policy: the two KLs differ.
+    kl = second.receipt["policy_drift"]
+    assert kl["kl_to_base"] > 0 and not math.isclose(kl["kl_to_base"], kl["kl_to_previous"], rel_tol=1e-2)
+
+
 def test_epoch_order_is_seeded_by_the_iteration():
     assert epoch_order(8, 0, 0) == epoch_order(8, 0, 0, iteration=1)  # a single pass is unchanged
     orders = {tuple(epoch_order(8, 0, 0, iteration=k)) for k in range(1, 6)}

@@ -15,7 +15,8 @@ from kiln.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # n
 from kiln.train.batches import build_group_batch  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.train.model import adapter_content_sha256  # noqa: E402
-from kiln.train.trainer import evaluate, train_grpo  # noqa: E402
+from kiln.train.trainer import train_grpo  # noqa: E402
+from tests.support.train_reference import evaluate  # noqa: E402
 from tests.unit.test_train_support import (  # noqa: E402
     BEHAVIOR,
     X_TOKEN,
