@@ -26,6 +26,24 @@ def _torch_single_thread() -> None:
 _torch_single_thread()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The ``background`` jobs of the selected tests (``tests/support/background.py``), started
+    now in child processes; any child still running at the session's end is killed."""
+    from tests.support.background import JOBS
+    from tests.support.child_call import stop_child
+
+    names = sorted({m.args[0] for item in request.session.items for m in item.iter_markers("background")})
+    jobs: dict = {}
+    try:
+        for name in names:
+            jobs[name] = JOBS[name](request, tmp_path_factory.mktemp(f"background-{name}"))
+        yield jobs
+    finally:
+        for child in jobs.values():
+            stop_child(child)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The deterministic tiny demo model, built once per test session. The tests that use it start

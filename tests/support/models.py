@@ -13,6 +13,7 @@ return the same path. Treat the directory as read-only: copy it before modifying
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 _BUILT: Path | None = None
 
@@ -25,6 +26,17 @@ def shared_tiny_model(tmp_path_factory) -> Path:
 
         _BUILT = build_tiny_model(Path(tmp_path_factory.mktemp("tiny-model")))
     return _BUILT
+
+
+def tiny_model_digests_in_child(out_dir: str) -> dict[str, Any]:
+    """Build the tiny model again into ``out_dir`` (``tests.support.background``): its files'
+    digests and its content digest, to compare with the session's build."""
+    from kiln.policy.identity import file_sha256, model_content_sha256
+    from kiln.policy.tiny import build_tiny_model
+
+    built = build_tiny_model(Path(out_dir))
+    return {"files": {p.name: file_sha256(p) for p in sorted(built.iterdir()) if p.is_file()},
+            "content": model_content_sha256(built)}
 
 
 def make_lora_adapter(model_dir: Path, out_dir: Path, *, seed: int = 0, scale: float = 0.5) -> Path:

@@ -89,22 +89,27 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
     return run
 
 
-def online_run_in_child(url: str, model_path: str, work: str, seed_start: int, iterations: int,
-                        evaluate_from: int) -> list[dict[str, Any]]:
-    """``run_online`` at ``TrainingConfig``'s defaults with a runtime of its own, for
-    ``tests.support.child_call`` (no base held-out play): its iterations' figures as JSON."""
+def learning_ranges_in_child(url: str, model_path: str, work: str, seed_starts: list[int], iterations: int,
+                             evaluate_from: int) -> dict[str, Any]:
+    """The base model's held-out play, then ``run_online`` at ``TrainingConfig``'s defaults on each
+    seed range in turn, with a runtime of its own (``tests.support.background``): the base's
+    per-seed returns and each range's iterations' figures, as JSON."""
     from dataclasses import asdict
 
     from kiln.contracts import TrainingConfig
     from kiln.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(Path(model_path))
-    run = run_online(runtime, url, Path(model_path), Path(work), config=TrainingConfig(),
-                     seed_start=seed_start, iterations=iterations, base_held_out={}, evaluate_from=evaluate_from)
-    return [asdict(figures) for figures in run.iterations]
+    base = held_out(runtime, url, None)
+    ranges = {}
+    for start in seed_starts:
+        run = run_online(runtime, url, Path(model_path), Path(work) / f"range-{start}", config=TrainingConfig(),
+                         seed_start=start, iterations=iterations, base_held_out=base, evaluate_from=evaluate_from)
+        ranges[str(start)] = [asdict(figures) for figures in run.iterations]
+    return {"base": base, "ranges": ranges}
 
 
 def figures_from_json(rows: list[dict[str, Any]]) -> list[IterationFigures]:
-    """``online_run_in_child``'s figures back as ``IterationFigures`` (held-out seeds as ints)."""
+    """``learning_ranges_in_child``'s figures back as ``IterationFigures`` (held-out seeds as ints)."""
     return [IterationFigures(**{**row, "held_out": {int(seed): v for seed, v in row["held_out"].items()}})
             for row in rows]
