@@ -27,21 +27,19 @@ _torch_single_thread()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """The ``background`` jobs of the selected tests (``tests/support/background.py``), started
-    now in child processes; any child still running at the session's end is killed."""
-    from tests.support.background import JOBS
+def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The ``background`` jobs of the selected tests (``tests/support/background.py``), started now
+    in one child process; it is killed at the session's end if it still runs."""
+    from tests.support.background import BackgroundJobs
     from tests.support.child_call import stop_child
 
     names = sorted({m.args[0] for item in request.session.items for m in item.iter_markers("background")})
-    jobs: dict = {}
+    jobs = BackgroundJobs(names, request, tmp_path_factory.mktemp("background"))
     try:
-        for name in names:
-            jobs[name] = JOBS[name](request, tmp_path_factory.mktemp(f"background-{name}"))
         yield jobs
     finally:
-        for child in jobs.values():
-            stop_child(child)
+        if jobs.child is not None:
+            stop_child(jobs.child)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.evaluation.sign_test import exact_sign_test_p_value
-from tests.support.background import LEARNING_EVALUATE_FROM, LEARNING_ITERATIONS, LEARNING_RANGES
-from tests.support.child_call import child_result
+from tests.support.background import LEARNING_EVALUATE_FROM, LEARNING_ITERATIONS, LEARNING_RANGES, BackgroundJobs
 from tests.support.online_loop import IterationFigures, figures_from_json
 
 
@@ -39,8 +38,8 @@ def _check_range(start: int, iterations: list[IterationFigures], base: dict[int,
 @pytest.mark.slow
 @pytest.mark.background("online_learning")
 @pytest.mark.timeout(1800)
-def test_six_iterations_keep_improving_on_two_seed_ranges(background_jobs: dict) -> None:
-    result = child_result(background_jobs["online_learning"], timeout_s=1750)
+def test_six_iterations_keep_improving_on_two_seed_ranges(background_jobs: BackgroundJobs) -> None:
+    result = background_jobs.result("online_learning", timeout_s=1750)
     base = {int(seed): value for seed, value in result["base"].items()}
     assert sorted(result["ranges"]) == sorted(str(start) for start in LEARNING_RANGES)
     for start in LEARNING_RANGES:

@@ -1,19 +1,25 @@
-"""Heavy, self-contained computations of selected tests, started in a child process when the
-session begins.
+"""Heavy, self-contained computations of selected tests, run by one child process that starts
+when the session begins.
 
 The first tests of a whole-suite run (the chaos package) mostly wait: on worker deaths, heartbeat
 timeouts and restarts, with about one core idle. A test marked ``@pytest.mark.background(NAME)``
-has its computation (a function of the session's tiny model and counter environment, no shared
-state) started then, in one child Python process with one torch thread
-(:mod:`tests.support.child_call`), so it runs on that idle core; the test itself waits for the
-child's JSON result and asserts on it. Run alone, such a test simply waits for its child.
+has its computation (a function of the session's tiny model and counter environment, sharing no
+state) done then by one child Python process with one torch thread
+(:mod:`tests.support.child_call`), which runs the selected jobs one after another on that idle
+core and writes each job's JSON result to a file as it finishes; the test waits for its file and
+asserts on it. Run alone, such a test simply waits for the child.
 
-Each job is ``NAME -> start(request, work_dir) -> Child``; ``tests/conftest.py`` starts the jobs of
-the selected tests and stops any child still running at the session's end.
+A job is ``NAME -> (target, kwargs(request))``: ``target`` is ``module:function`` (for sampling
+jobs, a function beside its test), called with those keyword arguments. ``tests/conftest.py``
+starts the selected jobs and stops the child at the session's end.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,21 +29,74 @@ from tests.support.child_call import Child, start_child
 LEARNING_ITERATIONS = 6
 LEARNING_EVALUATE_FROM = 2
 LEARNING_RANGES = (0, 200)
+POLL_S = 0.5
 
 
-def _online_learning(request: Any, work: Path) -> Child:
-    return start_child("tests.support.online_loop:learning_ranges_in_child",
-                       url=request.getfixturevalue("counter_env_url"),
-                       model_path=str(request.getfixturevalue("tiny_model_dir")), work=str(work),
-                       seed_starts=list(LEARNING_RANGES), iterations=LEARNING_ITERATIONS,
-                       evaluate_from=LEARNING_EVALUATE_FROM)
+def _tiny(request: Any) -> str:
+    return str(request.getfixturevalue("tiny_model_dir"))
 
 
-def _tiny_model_rebuild(request: Any, work: Path) -> Child:
-    return start_child("tests.support.models:tiny_model_digests_in_child", out_dir=str(work / "tiny-again"))
-
-
-JOBS: dict[str, Callable[[Any, Path], Child]] = {
-    "online_learning": _online_learning,
-    "tiny_model_rebuild": _tiny_model_rebuild,
+# In the order the child runs them: the short ones first.
+JOBS: dict[str, tuple[str, Callable[[Any, Path], dict[str, Any]]]] = {
+    "tiny_model_rebuild": ("tests.support.models:tiny_model_digests",
+                           lambda request, work: {"out_dir": str(work / "tiny-again")}),
+    "union_samples": ("tests.unit.test_policy_grammar_schema:union_samples",
+                      lambda request, work: {"model_path": _tiny(request)}),
+    "constrained_validity": ("tests.unit.test_policy_constrained:validity_samples",
+                             lambda request, work: {"model_path": _tiny(request)}),
+    "online_learning": ("tests.support.online_loop:learning_ranges",
+                        lambda request, work: {
+                            "url": request.getfixturevalue("counter_env_url"), "model_path": _tiny(request),
+                            "work": str(work / "learning"), "seed_starts": list(LEARNING_RANGES),
+                            "iterations": LEARNING_ITERATIONS, "evaluate_from": LEARNING_EVALUATE_FROM}),
 }
+
+
+class BackgroundJobs:
+    """The session's background child and the folder its results land in."""
+
+    def __init__(self, names: list[str], request: Any, work: Path) -> None:
+        self.names, self.work = names, work
+        self.child: Child | None = None
+        if names:
+            jobs = [{"name": name, "target": JOBS[name][0], "kwargs": JOBS[name][1](request, work)}
+                    for name in JOBS if name in names]
+            self.child = start_child("tests.support.background:run_jobs", jobs=jobs, out_dir=str(work))
+
+    def result(self, name: str, timeout_s: float) -> Any:
+        """Job ``name``'s result, waiting for it; fails with the child's error if it failed."""
+        assert self.child is not None and name in self.names, f"background job {name} was not started"
+        done, failed = self.work / f"{name}.json", self.work / f"{name}.error"
+        deadline = time.monotonic() + timeout_s
+        while not done.exists():
+            if failed.exists():
+                raise AssertionError(f"background job {name} failed:\n{failed.read_text()[-4000:]}")
+            if self.child.process.poll() is not None and not done.exists():
+                self.child.stderr.seek(0)
+                raise AssertionError(f"the background child exited ({self.child.process.returncode}) before "
+                                     f"{name}: {self.child.stderr.read().decode('utf-8', 'replace')[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"background job {name} did not finish within {timeout_s} s")
+            time.sleep(POLL_S)
+        return json.loads(done.read_text())
+
+
+def run_jobs(jobs: list[dict[str, Any]], out_dir: str) -> dict[str, float]:
+    """The child's body: each job in turn, its result written to ``out_dir/NAME.json`` (renamed
+    into place when complete) or its traceback to ``NAME.error``; returns each job's seconds."""
+    import importlib
+
+    seconds = {}
+    for job in jobs:
+        started = time.monotonic()
+        target = Path(out_dir) / f"{job['name']}.json"
+        try:
+            module, function = job["target"].split(":")
+            result = getattr(importlib.import_module(module), function)(**job["kwargs"])
+            partial = target.with_suffix(".partial")
+            partial.write_text(json.dumps(result))
+            os.replace(partial, target)
+        except Exception:  # noqa: BLE001 - reported to the waiting test, the next job still runs
+            target.with_suffix(".error").write_text(traceback.format_exc())
+        seconds[job["name"]] = round(time.monotonic() - started, 1)
+    return seconds

@@ -28,7 +28,7 @@ def shared_tiny_model(tmp_path_factory) -> Path:
     return _BUILT
 
 
-def tiny_model_digests_in_child(out_dir: str) -> dict[str, Any]:
+def tiny_model_digests(out_dir: str) -> dict[str, Any]:
     """Build the tiny model again into ``out_dir`` (``tests.support.background``): its files'
     digests and its content digest, to compare with the session's build."""
     from kiln.policy.identity import file_sha256, model_content_sha256

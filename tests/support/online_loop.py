@@ -89,7 +89,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
     return run
 
 
-def learning_ranges_in_child(url: str, model_path: str, work: str, seed_starts: list[int], iterations: int,
+def learning_ranges(url: str, model_path: str, work: str, seed_starts: list[int], iterations: int,
                              evaluate_from: int) -> dict[str, Any]:
     """The base model's held-out play, then ``run_online`` at ``TrainingConfig``'s defaults on each
     seed range in turn, with a runtime of its own (``tests.support.background``): the base's
@@ -110,6 +110,6 @@ def learning_ranges_in_child(url: str, model_path: str, work: str, seed_starts: 
 
 
 def figures_from_json(rows: list[dict[str, Any]]) -> list[IterationFigures]:
-    """``learning_ranges_in_child``'s figures back as ``IterationFigures`` (held-out seeds as ints)."""
+    """``learning_ranges``'s figures back as ``IterationFigures`` (held-out seeds as ints)."""
     return [IterationFigures(**{**row, "held_out": {int(seed): v for seed, v in row["held_out"].items()}})
             for row in rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import xgrammar  # noqa: F401  (installed by scripts/setup.sh: a missing install must fail, not skip)
@@ -81,12 +82,40 @@ def _enc(rt, text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ validity
-def test_counter_constrained_answers_always_valid(rt) -> None:
+# N rows free and N under the grammar, per case: (schema, sampling settings).
+VALIDITY_CASES = {
     # Temperature 2 makes the unconstrained tiny model mostly invalid; the grammar fixes all of it.
-    prompt = rt.encode_prompt(MESSAGES, thinking=False)
-    kw = dict(max_new_tokens=64, temperature=2.0, thinking=False)
-    free = rt.sample([prompt] * N, list(range(N)), **kw)
-    constrained = rt.sample([prompt] * N, list(range(N)), action_schema=COUNTER_SCHEMA, **kw)
+    "counter": (COUNTER_SCHEMA, dict(max_new_tokens=64, temperature=2.0, thinking=False)),
+    "rich": (RICH_SCHEMA, dict(max_new_tokens=192, temperature=1.0, thinking=False)),
+    "rich-thinking": (RICH_SCHEMA, dict(max_new_tokens=192, temperature=1.0, thinking=True)),
+}
+
+
+def validity_samples(model_path: str) -> dict[str, dict[str, list[dict]]]:
+    """Every validity case's free and constrained samples (seeds 0..N−1) as JSON, computed in a
+    ``background`` child process (``tests/support/background.py``)."""
+    from kiln.policy.runtime import PolicyRuntime
+
+    rt = PolicyRuntime.load(Path(model_path))
+    out = {}
+    for name, (schema, kw) in VALIDITY_CASES.items():
+        prompt = rt.encode_prompt(MESSAGES, thinking=kw["thinking"])
+        out[name] = {side: [{"ids": s.ids, "finished": s.finished}
+                            for s in rt.sample([prompt] * N, list(range(N)), action_schema=given, **kw)]
+                     for side, given in (("free", None), ("constrained", schema))}
+    return out
+
+
+@pytest.fixture(scope="module")
+def validity(background_jobs) -> dict[str, tuple[list, list]]:
+    result = background_jobs.result("constrained_validity", timeout_s=280)
+    return {name: tuple([SimpleNamespace(**s) for s in sides[side]] for side in ("free", "constrained"))
+            for name, sides in result.items()}
+
+
+@pytest.mark.background("constrained_validity")
+def test_counter_constrained_answers_always_valid(rt, validity) -> None:
+    free, constrained = validity["counter"]
     assert _invalid(rt, free, COUNTER_SCHEMA, False) > N // 2
     assert _invalid(rt, constrained, COUNTER_SCHEMA, False) == 0
     assert all(s.finished and s.ids[-1] == rt.stop_id for s in constrained)
@@ -94,12 +123,10 @@ def test_counter_constrained_answers_always_valid(rt) -> None:
     assert amounts <= {1, 2, 3, 4, 5} and len(amounts) >= 3
 
 
+@pytest.mark.background("constrained_validity")
 @pytest.mark.parametrize("thinking", [False, True])
-def test_rich_schema_constrained_answers_always_valid(rt, thinking: bool) -> None:
-    prompt = rt.encode_prompt(MESSAGES, thinking=thinking)
-    kw = dict(max_new_tokens=192, temperature=1.0, thinking=thinking)
-    free = rt.sample([prompt] * N, list(range(N)), **kw)
-    constrained = rt.sample([prompt] * N, list(range(N)), action_schema=RICH_SCHEMA, **kw)
+def test_rich_schema_constrained_answers_always_valid(rt, validity, thinking: bool) -> None:
+    free, constrained = validity["rich-thinking" if thinking else "rich"]
     assert _invalid(rt, free, RICH_SCHEMA, thinking) == N  # the model was only taught the counter
     # Reasoning is free: a row may end (<|im_end|>) before </think> and then has no answer to
     # constrain (tiny model since issue 13: 1 of N at seeds 0..N-1, "Small steps are at 1}<|im_end|>").

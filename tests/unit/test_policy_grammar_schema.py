@@ -4,6 +4,8 @@ always written, strings are bounded, and the real pydantic action model accepts 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Literal, Union
 
 import pytest
@@ -59,12 +61,25 @@ def rt(tmp_path_factory):
     return PolicyRuntime.load(shared_tiny_model(tmp_path_factory))
 
 
-def test_discriminated_union_zero_invalid_of_256(rt) -> None:
-    n = 256
+UNION_SAMPLES = 256
+
+
+def union_samples(model_path: str) -> list[dict]:
+    """The tiny model's ``UNION_SAMPLES`` constrained answers (seeds 0..n−1, T=1, thinking off) as
+    JSON, computed in a ``background`` child process (``tests/support/background.py``)."""
+    from kiln.policy.runtime import PolicyRuntime
+
+    rt = PolicyRuntime.load(Path(model_path))
     prompt = rt.encode_prompt(MESSAGES, thinking=False)
-    samples = rt.sample(
-        [prompt] * n, list(range(n)), max_new_tokens=192, temperature=1.0, thinking=False, action_schema=SCHEMA
-    )
+    samples = rt.sample([prompt] * UNION_SAMPLES, list(range(UNION_SAMPLES)), max_new_tokens=192,
+                        temperature=1.0, thinking=False, action_schema=SCHEMA)
+    return [{"ids": s.ids, "finished": s.finished} for s in samples]
+
+
+@pytest.mark.background("union_samples")
+def test_discriminated_union_zero_invalid_of_256(rt, background_jobs) -> None:
+    samples = [SimpleNamespace(**s) for s in background_jobs.result("union_samples", timeout_s=280)]
+    assert len(samples) == UNION_SAMPLES
     invalid, kinds = 0, set()
     for sample in samples:
         _, answer = rt.split_action(sample.ids, thinking=False)

@@ -9,6 +9,7 @@ import pytest
 
 from kiln.policy.chat_template import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS, render
 from kiln.policy.identity import file_sha256, model_content_sha256
+from tests.support.background import BackgroundJobs
 from tests.support.models import shared_tiny_model
 
 
@@ -25,12 +26,10 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.background("tiny_model_rebuild")
-def test_build_is_byte_identical(tiny_model_dir: Path, background_jobs: dict) -> None:
+def test_build_is_byte_identical(tiny_model_dir: Path, background_jobs: BackgroundJobs) -> None:
     """A second build, in a child process of this session (started when the session began,
     ``tests/support/background.py``), writes the same bytes as the session's build."""
-    from tests.support.child_call import child_result
-
-    again = child_result(background_jobs["tiny_model_rebuild"], timeout_s=280)
+    again = background_jobs.result("tiny_model_rebuild", timeout_s=280)
     assert again["files"] == _digests(tiny_model_dir)
     assert again["content"] == model_content_sha256(tiny_model_dir)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(again["files"])
