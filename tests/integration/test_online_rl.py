@@ -7,7 +7,9 @@ and 4 are evaluated on the held-out seeds (``eval_every`` 2), the last iteration
 the base model on the final evaluation's paired seeds (sign test), the manifest lists every
 iteration's bundle, adapter and receipt, status and ``metrics.jsonl`` carry the curve, and each
 iteration's bundle verifies offline. Two gpu workers serve the run (one in a child process), so an
-iteration's adapter is also fetched by the other worker. (Learning over many iterations at length:
+iteration's adapter is also fetched by the other worker. The run itself is a ``background`` job
+(``tests/support/background.py``): it starts when the session begins and this test checks its
+outcome and artifacts. (Learning over many iterations at length:
 ``test_online_learning.py``.)
 """
 
@@ -68,16 +70,36 @@ def _per_seed_returns(summary: dict[str, Any]) -> dict[int, float]:
     return out
 
 
+def four_iteration_run(settings: dict[str, str], url: str) -> dict[str, Any]:
+    """Run ``ONLINE_RUN`` on ``url`` to its end with this process's control and gpu workers and a
+    second gpu worker in a child process (so an iteration's adapter is also fetched by the other
+    worker): the run's final status. Runs in the session's ``background`` child
+    (``tests/support/background.py``); ``settings`` are ``Settings`` fields as strings."""
+    import asyncio
+
+    from kiln.settings import Settings
+
+    config = Settings(**settings)
+    request = parse_run_request({**ONLINE_RUN, "environment_urls": [url]})
+
+    async def run() -> dict[str, Any]:
+        with child_gpu_worker(config, Path(settings["home"]).parent / "second-gpu-home"):
+            async with running_workers(config) as client:
+                status, _ = await RunService(client, config).submit(request)
+                return await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=840)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.background("four_iteration_run")
 @pytest.mark.timeout(900)
-async def test_four_iterations_learn_on_policy(kiln_settings: Any, counter_env_url: str, tmp_path: Path) -> None:
-    settings = kiln_settings()
-    request = parse_run_request({**ONLINE_RUN, "environment_urls": [counter_env_url]})
-    # Two gpu workers (this process and a child): groups and trainings spread over both cores.
-    with child_gpu_worker(settings, tmp_path / "second-gpu-home"):
-        async with running_workers(settings) as client:
-            service = RunService(client, settings)
-            status, _ = await service.submit(request)
-            final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=840)
+async def test_four_iterations_learn_on_policy(background_jobs: Any, tmp_path: Path) -> None:
+    from kiln.settings import Settings
+
+    from tests.support.background import four_iteration_settings
+
+    final = await asyncio.to_thread(background_jobs.result, "four_iteration_run", 880)
+    settings = Settings(**four_iteration_settings(background_jobs))
     assert final["state"] == "completed", final.get("failure")
     assert final["iteration"] == 4 and final["iterations_total"] == 4
     curve = final["iterations"]

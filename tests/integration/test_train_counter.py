@@ -8,14 +8,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiln.contracts import TrainingConfig
-from tests.support.child_call import child_result, start_child, stop_child
 from tests.support.counter_loop import ONE_PASS_TRAINING, Outcome, collect, train_and_play
 
 torch = pytest.importorskip("torch")
@@ -59,32 +57,39 @@ def test_first_step_ratio_is_one_at_the_sampling_temperature(runtime, tiny_model
     assert untempered.receipt["steps"][0]["max_ratio_deviation"] > 0.1
 
 
-@pytest.mark.timeout(900)
-def test_echo_lowers_observation_ce_and_keeps_the_action_format(runtime, tiny_model_dir, counter_env_url, tmp_path):
-    """λ=0 trains and plays the held-out seeds in this process while λ=0.05 does the same on the
-    same training lines in a child process (``tests/support/child_call.py``): both cores work."""
+def echo_comparison(url: str, model_path: str, work: str) -> dict[str, Any]:
+    """Collect 8 training groups × 4 with the base model, train on them with ECHO λ=0 and with
+    λ=0.05 (the one-pass setting), play 20 held-out seeds × 2 with each adapter and with the base,
+    and measure each adapter's observation cross-entropy on the base's held-out transcripts: the
+    figures as JSON. Runs in the session's ``background`` child (``tests/support/background.py``)."""
+    from dataclasses import asdict
+
+    from kiln.policy.runtime import PolicyRuntime
     from kiln.train.world_model import world_model_comparison
 
-    train_lines = [d["line"] for d in collect(runtime, counter_env_url, list(range(8)), group_size=4)]
-    (tmp_path / "train_lines.json").write_text(json.dumps(train_lines))
+    runtime, model_dir, work_dir = PolicyRuntime.load(Path(model_path)), Path(model_path), Path(work)
+    train_lines = [d["line"] for d in collect(runtime, url, list(range(8)), group_size=4)]
     held_out = list(range(8, 28))
-    configs = {lam: {**ONE_PASS_TRAINING, "echo": {"lambda": lam} if lam else None} for lam in (0.0, 0.05)}
-    child = start_child("tests.support.counter_loop:train_and_play_in_child", url=counter_env_url,
-                        model_path=str(tiny_model_dir), lines_path=str(tmp_path / "train_lines.json"),
-                        config=configs[0.05], seeds=held_out, group_size=2, output_dir=str(tmp_path / "echo-0.05"))
-    try:
-        base_lines = [d["line"] for d in collect(runtime, counter_env_url, held_out, group_size=2)]
-        sides = {0.0: train_and_play(runtime, counter_env_url, tiny_model_dir, train_lines,
-                                     TrainingConfig(**configs[0.0]), held_out, group_size=2,
-                                     output_dir=tmp_path / "echo-0.0")}
-        sides[0.05] = child_result(child)
-    finally:
-        stop_child(child)
-    results = {}
-    for lam, side in sides.items():
-        base_ce, ce = world_model_comparison(tiny_model_dir, base_lines, adapter_dir=Path(side["adapter_dir"]))
-        results[lam] = (Outcome(**side["outcome"]), ce["mean_env_ce"], base_ce["mean_env_ce"], side["echo"])
-    (off, ce_off, base_ce, _), (on, ce_on, _, echo) = results[0.0], results[0.05]
+    base_lines = [d["line"] for d in collect(runtime, url, held_out, group_size=2)]
+    out: dict[str, Any] = {}
+    for lam in (0.0, 0.05):
+        config = TrainingConfig(**{**ONE_PASS_TRAINING, "echo": {"lambda": lam} if lam else None})
+        side = train_and_play(runtime, url, model_dir, train_lines, config, held_out, group_size=2,
+                              output_dir=work_dir / f"echo-{lam}")
+        base_ce, ce = world_model_comparison(model_dir, base_lines, adapter_dir=Path(side["adapter_dir"]))
+        out[str(lam)] = {"outcome": side["outcome"], "env_ce": ce["mean_env_ce"], "base_env_ce": base_ce["mean_env_ce"],
+                         "echo": side["echo"]}
+    return out
+
+
+@pytest.mark.background("echo_comparison")
+@pytest.mark.timeout(900)
+def test_echo_lowers_observation_ce_and_keeps_the_action_format(background_jobs: Any) -> None:
+    """The comparison runs in the session's background child (``echo_comparison``)."""
+    results = background_jobs.result("echo_comparison", timeout_s=880)
+    off, on = (Outcome(**results[lam]["outcome"]) for lam in ("0.0", "0.05"))
+    ce_off, ce_on, base_ce = results["0.0"]["env_ce"], results["0.05"]["env_ce"], results["0.0"]["base_env_ce"]
+    echo = results["0.05"]["echo"]
     assert off.episodes == on.episodes == 40
     assert echo["enabled"] and echo["lambda"] == 0.05 and echo["final_env_ce"] < echo["initial_env_ce"]
     assert base_ce < 2.0  # the demo model's warm-up covers observation text (was 11.2 nats/token)

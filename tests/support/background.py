@@ -36,19 +36,40 @@ def _tiny(request: Any) -> str:
     return str(request.getfixturevalue("tiny_model_dir"))
 
 
-# In the order the child runs them: the short ones first.
+def four_iteration_settings(jobs: Any) -> dict[str, str]:
+    """The ``Settings`` fields (as strings) of the four-iteration online run's job: its own home
+    and task queues on the session's Temporal and SeaweedFS (the test reads its artifacts with them)."""
+    return json.loads((jobs.work / "four-iteration-settings.json").read_text())
+
+
+def _four_iteration_run(request: Any, work: Path) -> dict[str, Any]:
+    from tests.support.kiln_workers import CHILD_WORKER_FIELDS, settings_for_tests
+
+    settings = settings_for_tests(request.getfixturevalue("temporal_server"), request.getfixturevalue("s3_server"),
+                                  Path(_tiny(request)), work / "four-iterations" / "kiln-home")
+    values = {name: str(getattr(settings, name)) for name in (*CHILD_WORKER_FIELDS, "home")}
+    (work / "four-iteration-settings.json").write_text(json.dumps(values))
+    return {"settings": values, "url": request.getfixturevalue("counter_env_url")}
+
+
+# In the order the child runs them: by when a whole-suite run reaches their tests (the learning and
+# online-run tests come first in tests/integration, the sampling and rebuild ones in tests/unit).
 JOBS: dict[str, tuple[str, Callable[[Any, Path], dict[str, Any]]]] = {
+    "online_learning": ("tests.support.online_loop:learning_ranges",
+                        lambda request, work: {
+                            "url": request.getfixturevalue("counter_env_url"), "model_path": _tiny(request),
+                            "work": str(work / "learning"), "seed_starts": list(LEARNING_RANGES),
+                            "iterations": LEARNING_ITERATIONS, "evaluate_from": LEARNING_EVALUATE_FROM}),
+    "four_iteration_run": ("tests.integration.test_online_rl:four_iteration_run", _four_iteration_run),
+    "echo_comparison": ("tests.integration.test_train_counter:echo_comparison",
+                        lambda request, work: {"url": request.getfixturevalue("counter_env_url"),
+                                               "model_path": _tiny(request), "work": str(work / "echo")}),
     "tiny_model_rebuild": ("tests.support.models:tiny_model_digests",
                            lambda request, work: {"out_dir": str(work / "tiny-again")}),
     "union_samples": ("tests.unit.test_policy_grammar_schema:union_samples",
                       lambda request, work: {"model_path": _tiny(request)}),
     "constrained_validity": ("tests.unit.test_policy_constrained:validity_samples",
                              lambda request, work: {"model_path": _tiny(request)}),
-    "online_learning": ("tests.support.online_loop:learning_ranges",
-                        lambda request, work: {
-                            "url": request.getfixturevalue("counter_env_url"), "model_path": _tiny(request),
-                            "work": str(work / "learning"), "seed_starts": list(LEARNING_RANGES),
-                            "iterations": LEARNING_ITERATIONS, "evaluate_from": LEARNING_EVALUATE_FROM}),
 }
 
 

@@ -82,18 +82,3 @@ def train_and_play(runtime: Any, url: str, model_path: Path, lines: list[dict[st
     documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=trained.adapter_dir)
     return {"adapter_dir": str(trained.adapter_dir), "outcome": asdict(outcome(documents)),
             "echo": trained.receipt["echo"]}
-
-
-def train_and_play_in_child(url: str, model_path: str, lines_path: str, config: dict[str, Any], seeds: list[int],
-                            group_size: int, output_dir: str) -> dict[str, Any]:
-    """``train_and_play`` with a runtime of its own, for ``tests.support.child_call`` (the lines
-    are read from a JSON file)."""
-    import json
-
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.runtime import PolicyRuntime
-
-    runtime = PolicyRuntime.load(Path(model_path))
-    lines = json.loads(Path(lines_path).read_text())
-    return train_and_play(runtime, url, Path(model_path), lines, TrainingConfig(**config), seeds,
-                          group_size=group_size, output_dir=Path(output_dir))

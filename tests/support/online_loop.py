@@ -68,11 +68,13 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
         lines = [d["line"] for d in documents]
         rewards = [float(c["reward"]) for line in lines for c in line["completions"]]
         identity = lines[0]["completions"][0]["openenv"]["behavior_policy"]
-        try:
-            result = train_grpo(model_path=model_path, groups=lines, config=config, output_dir=work / f"it{k}",
-                                base_adapter_dir=adapter, init_state=state, keep_state=k < iterations,
-                                expected_behavior_policy=identity, iteration=k if iterations > 1 else None,
-                                iterations_total=iterations if iterations > 1 else None)
+        try:  # on the runtime's own base model, as a gpu worker trains (``share_base_model``)
+            with runtime.training_lease() as lease:
+                result = train_grpo(model_path=model_path, groups=lines, config=config, output_dir=work / f"it{k}",
+                                    base_adapter_dir=adapter, init_state=state, keep_state=k < iterations,
+                                    expected_behavior_policy=identity, iteration=k if iterations > 1 else None,
+                                    iterations_total=iterations if iterations > 1 else None,
+                                    device=runtime.device, dtype=runtime.dtype, shared_base=lease)
         except TrainingFailed as exc:
             run.iterations.append(IterationFigures(k, sum(rewards) / len(rewards), {}, time.perf_counter() - t0,
                                                    failed=exc.code))
