@@ -301,7 +301,8 @@ def prepare_training(
     optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
-                base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale, engine_logprobs=engine_logprobs,
+                base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale,
+                engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if iterations_total is not None and iteration is not None:

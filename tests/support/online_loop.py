@@ -92,7 +92,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
 
 
 def learning_ranges(url: str, model_path: str, work: str, seed_starts: list[int], iterations: int,
-                             evaluate_from: int) -> dict[str, Any]:
+                    evaluate_from: int) -> dict[str, Any]:
     """The base model's held-out play, then ``run_online`` at ``TrainingConfig``'s defaults on each
     seed range in turn, with a runtime of its own (``tests.support.background``): the base's
     per-seed returns and each range's iterations' figures, as JSON."""

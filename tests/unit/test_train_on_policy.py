@@ -134,8 +134,9 @@ def test_policy_drift_is_recorded(model_path, tmp_path):
 
 
 def _independent_logprobs(model_path: Path, adapter_dir: Path | None, groups) -> list[list[tuple]]:
-    """Per group, per row: log-probs, action mask, env mask, observation length (one padded forward per group) of a freshly loaded base model, with
-    ``adapter_dir`` on it when given: another code path than the trainer's passes."""
+    """Per group, per row: log-probs, action mask, env mask and observation length, from one
+    padded forward per group of a freshly loaded base model (with ``adapter_dir`` on it when
+    given): another code path than the trainer's passes."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
