@@ -3,15 +3,16 @@ when the session begins.
 
 The first tests of a whole-suite run (the chaos package) mostly wait: on worker deaths, heartbeat
 timeouts and restarts, with about one core idle. A test marked ``@pytest.mark.background(NAME)``
-has its computation (a function of the session's tiny model and counter environment, sharing no
-state) done then by one child Python process with one torch thread
+has its computation (a function of the session's tiny model, counter environment and servers that
+shares no state with other tests) done then by one child Python process with one torch thread
 (:mod:`tests.support.child_call`), which runs the selected jobs one after another on that idle
 core and writes each job's JSON result to a file as it finishes; the test waits for its file and
 asserts on it. Run alone, such a test simply waits for the child.
 
-A job is ``NAME -> (target, kwargs(request))``: ``target`` is ``module:function`` (for sampling
-jobs, a function beside its test), called with those keyword arguments. ``tests/conftest.py``
-starts the selected jobs and stops the child at the session's end.
+A job is ``NAME -> (target, kwargs(request, work_dir))``: ``target`` is ``module:function`` (mostly
+a function beside its test), called with those keyword arguments. ``tests/conftest.py`` starts the
+selected jobs and kills the child at the session's end if it still runs (the processes it starts
+die with it: the fork server's children by PDEATHSIG, a test gpu worker when its parent is gone).
 """
 
 from __future__ import annotations
