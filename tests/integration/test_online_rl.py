@@ -75,8 +75,6 @@ def four_iteration_run(settings: dict[str, str], url: str) -> dict[str, Any]:
     second gpu worker in a child process (so an iteration's adapter is also fetched by the other
     worker): the run's final status. Runs in the session's ``background`` child
     (``tests/support/background.py``); ``settings`` are ``Settings`` fields as strings."""
-    import asyncio
-
     from kiln.settings import Settings
 
     config = Settings(**settings)
