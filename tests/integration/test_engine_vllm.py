@@ -176,6 +176,7 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
     from activities.gpu import GpuActivities
     from api.runs import RunService
     from kiln.artifacts.store import S3Store
+    from kiln.canonical import canonical_json
     from kiln.contracts import parse_run_request
     from kiln.rollout.verify.run import verify_run
     from tests.integration.test_real_shape_run import RUN
@@ -217,8 +218,7 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
     for k, iteration in ((1, first), (2, second)):
         prefix = folder / "iterations" / f"{k:06d}"
         lines = [json.loads(line) for line in (prefix / "rollouts.jsonl").read_text().splitlines()]
-        policies = {json.dumps(c["openenv"]["behavior_policy"], sort_keys=True)
-                    for line in lines for c in line["completions"]}
+        policies = {canonical_json(c["openenv"]["behavior_policy"]) for line in lines for c in line["completions"]}
         assert len(policies) == 1
         policy = json.loads(policies.pop())
         assert policy["runtime"]["engine"]["name"] == "vllm"

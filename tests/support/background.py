@@ -103,14 +103,12 @@ class BackgroundJobs:
         return json.loads(done.read_text())
 
 
-def run_jobs(jobs: list[dict[str, Any]], out_dir: str) -> dict[str, float]:
+def run_jobs(jobs: list[dict[str, Any]], out_dir: str) -> None:
     """The child's body: each job in turn, its result written to ``out_dir/NAME.json`` (renamed
-    into place when complete) or its traceback to ``NAME.error``; returns each job's seconds."""
+    into place when complete) or its traceback to ``NAME.error``."""
     import importlib
 
-    seconds = {}
     for job in jobs:
-        started = time.monotonic()
         target = Path(out_dir) / f"{job['name']}.json"
         try:
             module, function = job["target"].split(":")
@@ -120,5 +118,3 @@ def run_jobs(jobs: list[dict[str, Any]], out_dir: str) -> dict[str, float]:
             os.replace(partial, target)
         except Exception:  # noqa: BLE001 - reported to the waiting test, the next job still runs
             target.with_suffix(".error").write_text(traceback.format_exc())
-        seconds[job["name"]] = round(time.monotonic() - started, 1)
-    return seconds
