@@ -227,7 +227,8 @@ async def test_two_iterations_on_the_counter_env_with_the_vllm_engine(
         # grammar-masked distribution, so it is recorded but not corrected.
         receipt = json.loads((prefix / "train_receipt.json").read_bytes())
         mismatch = receipt["engine_mismatch"]
-        assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == ("vllm", "none", "constrained_actions")
+        assert (mismatch["engine"], mismatch["correction"], mismatch["reason"]) == \
+            ("vllm", "none", "constrained_actions")
         assert mismatch["tokens"] == receipt["token_counts"]["action_tokens"] > 0  # the kept groups' action tokens
         assert mismatch["max_abs_delta"] >= mismatch["mean_abs_delta"] >= 0.0
     # Iteration 1's adapter, downloaded from the run, is served by path: every row reports its digest.
