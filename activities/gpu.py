@@ -132,7 +132,8 @@ class GpuActivities:
             if self._policy is None:
                 from kiln.policy.runtime import PolicyRuntime
 
-                runtime = PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype)
+                runtime = PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype,
+                                         decode_tile=self.settings.hf_decode_tile)
                 if self.settings.engine == "vllm":
                     from kiln.policy.engine_vllm import engine_for
 

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln.policy.engine import DEFAULT_DECODE_TILE
+
 CONTROL_TASK_QUEUE = "kiln-control"
 GPU_TASK_QUEUE = "kiln-gpu"
 
@@ -60,6 +62,9 @@ class Settings(BaseSettings):
     # The rollout engine of this worker (docs/engines.md): hf = Kiln's batch-invariant sampler in
     # the worker (byte-reproducible, the reference); vllm = a vLLM server process in its own venv.
     engine: Literal["hf", "vllm"] = "hf"
+    # Rows the hf engine decodes per forward (docs/engines.md "The decode tile"): part of the
+    # behaviour identity; 1 = one row at a time (no padding cost for single-row calls).
+    hf_decode_tile: int = Field(default=DEFAULT_DECODE_TILE, ge=1, le=256)
     # The vllm engine's Python (default: .venv-vllm/bin/python of the Kiln checkout).
     vllm_python: Path | None = None
     # With the vllm engine a gpu worker runs this many activities at once (continuous batching).

@@ -36,6 +36,9 @@ EngineName = Literal["hf", "vllm"]
 # a batching engine reports which callers' requests it ran together.
 request_tag: ContextVar[str | None] = ContextVar("kiln_engine_request_tag", default=None)
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
+# Rows the hf engine decodes per forward (its tile, :mod:`kiln.policy.sampling`). A row's bytes
+# depend on the tile size (never on its tile-mates), so it is part of the hf engine's identity.
+DEFAULT_DECODE_TILE = 8
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class Engine(Protocol):
     concurrent: bool
 
     def identity(self) -> dict[str, Any]:
-        """``{"name", "version"}`` of the engine (recorded in behaviour identities when not hf)."""
+        """``{"name", "version", …}`` of the engine (see :func:`engine_identity_fields`)."""
         ...
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -127,16 +130,18 @@ class Engine(Protocol):
 def engine_identity_fields(engine: Engine) -> dict[str, Any]:
     """What a behaviour identity's ``runtime`` block adds for ``engine``.
 
-    The ``hf`` engine adds nothing, so identities (and their digests) recorded before the port
-    existed stay valid; any other engine adds ``{"engine": {"name", "version"}}``, so a change of
-    engine or engine version changes the identity digest."""
-    if engine.name == "hf":
+    The ``hf`` engine with a decode tile of 1 adds nothing: it samples exactly as Kiln did before
+    the port and the tile existed, so those identities (and their digests) stay valid. Any other
+    engine or tile adds ``{"engine": engine.identity()}`` (name, version, and the hf engine's
+    ``decode_tile``), so a change of engine, version or tile changes the identity digest."""
+    if engine.name == "hf" and engine.identity().get("decode_tile") == 1:
         return {}
     return {"engine": dict(engine.identity())}
 
 
 __all__ = [
     "AdapterHandle",
+    "DEFAULT_DECODE_TILE",
     "ENGINE_NAMES",
     "Engine",
     "EngineName",

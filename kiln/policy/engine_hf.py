@@ -1,10 +1,11 @@
 """The ``hf`` engine: Kiln's batch-invariant sampler (:mod:`kiln.policy.sampling`) behind the port.
 
 It runs in the worker process on the :class:`kiln.policy.runtime.PolicyRuntime`'s own model and
-adapter LRU, under the runtime's lock (adapters switch in place, so one call at a time). Rows are
-computed on their own, so splitting a call into runs of rows with equal settings changes no byte:
-a row's ids and log-probs depend only on its prompt, seed, settings and adapter. This is the
-reference engine: byte-reproducible on one machine and configuration.
+adapter LRU, under the runtime's lock (adapters switch in place, so one call at a time). It
+decodes the rows of a call ``decode_tile`` at a time (``KILN_HF_DECODE_TILE``); a row's ids and
+log-probs depend only on its prompt, seed, settings, adapter and the tile size, never on which
+rows share its call, so splitting a call into runs of rows with equal settings changes no byte.
+This is the reference engine: byte-reproducible on one machine and configuration.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest
+from kiln.policy.engine import DEFAULT_DECODE_TILE, AdapterHandle, Generation, GenerationRequest
 from kiln.policy.sampling import sample_batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,13 +26,16 @@ class HfEngine:
     name = "hf"
     concurrent = False
 
-    def __init__(self, runtime: "PolicyRuntime") -> None:
+    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE) -> None:
+        if decode_tile < 1:
+            raise ValueError("decode_tile must be at least 1")
         self._runtime = runtime
+        self.decode_tile = decode_tile
 
     def identity(self) -> dict[str, Any]:
         import kiln
 
-        return {"name": self.name, "version": kiln.__version__}
+        return {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out: list[Generation | None] = [None] * len(requests)
@@ -55,6 +59,7 @@ class HfEngine:
                     think_close_id=first.think_close_id,
                     think_budget=first.budget,
                     device=rt.device,
+                    tile=self.decode_tile,
                     **extra,
                 )
             for i, sample in zip(indices, samples):

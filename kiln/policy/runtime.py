@@ -36,7 +36,9 @@ from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolv
 from kiln.policy.device import resolve_placement  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402
 from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402
-from kiln.policy.engine import AdapterHandle, Engine, GenerationRequest, engine_identity_fields  # noqa: E402
+from kiln.policy.engine import (  # noqa: E402
+    DEFAULT_DECODE_TILE, AdapterHandle, Engine, GenerationRequest, engine_identity_fields,
+)
 from kiln.policy.engine_hf import HfEngine  # noqa: E402
 from kiln.policy.sampling import Sample, completion_logprobs  # noqa: E402
 
@@ -46,7 +48,8 @@ __all__ = ["PolicyRuntime", "Sample"]
 class PolicyRuntime:
     """Holds one base model + tokenizer and an LRU of adapters; samples and scores token ids."""
 
-    def __init__(self, model, tokenizer, *, model_path: Path, device: str, dtype: str, max_adapters: int):
+    def __init__(self, model, tokenizer, *, model_path: Path, device: str, dtype: str, max_adapters: int,
+                 decode_tile: int = DEFAULT_DECODE_TILE):
         # Frozen from the start, as PEFT leaves it after an adapter load or a training lease: the
         # kernels a forward picks depend on ``requires_grad`` (even under inference mode), so a
         # worker's numerics must not depend on whether it has served adapters or training yet.
@@ -61,7 +64,7 @@ class PolicyRuntime:
         self.lock = threading.RLock()  # sampling, scoring and training leases are serialised
         self._peft = None
         # The rollout engine (:mod:`kiln.policy.engine`): hf by default; :meth:`use_engine` swaps it.
-        self.engine: Engine = HfEngine(self)
+        self.engine: Engine = HfEngine(self, decode_tile)
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
         self._action_grammars = None  # kiln.policy.constrained.ActionGrammarCache, built on first use
         self._derive_glue()
@@ -69,7 +72,8 @@ class PolicyRuntime:
     # ----------------------------------------------------------------------------------- loading
     @classmethod
     def load(
-        cls, model_path: Path, *, device: str = "auto", dtype: str = "auto", max_adapters: int = 4
+        cls, model_path: Path, *, device: str = "auto", dtype: str = "auto", max_adapters: int = 4,
+        decode_tile: int = DEFAULT_DECODE_TILE,
     ) -> "PolicyRuntime":
         """Load a local model directory (never downloads) on ``device``/``dtype`` (``auto`` =
         CUDA+bfloat16 when available, else CPU+float32). ModelNotFound / ModelUnsupported /
@@ -80,7 +84,7 @@ class PolicyRuntime:
         model = load_causal_lm(path, placement)
         return cls(
             model, tokenizer, model_path=path, device=placement.device, dtype=placement.dtype,
-            max_adapters=max_adapters,
+            max_adapters=max_adapters, decode_tile=decode_tile,
         )
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, thinking: bool) -> str:

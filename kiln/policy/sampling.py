@@ -1,16 +1,22 @@
 """Seeded, batch-invariant KV-cache sampling with exact behaviour log-probs (torch).
 
-**Batch-invariant:** every row is computed on its own, as a batch of one with no padding: one
-unpadded prefill forward of its prompt (rows with the same prompt, e.g. a group's candidates on
-their first turn, share one prefill and decode from copies of its KV cache), then one batch-of-1
-forward per generated token with ``position_ids`` continuing the prompt's. The kernels a row runs,
-their shapes and their inputs depend only on that row, so a row's ids *and* log-probs are
-bit-identical whichever rows share the call (a wave of 1 on a 1-session server, a group of 8 in
-one call, any order). Batched matrix kernels are not row-invariant (a 1-row and a 4-row matmul
-round differently), which is why rows are not stacked. Each row owns a ``torch.Generator`` seeded
-with its u64 seed; all the uniforms a row may need are drawn up front (one call per row, none per
-token) and a token is picked by inverse-CDF sampling, so a row's tokens depend only on its prompt,
-its seed, the model/adapter and the placement.
+**Batch-invariant:** a row's ids *and* log-probs are bit-identical whichever rows share the call
+(a wave of 1 on a 1-session server, a group of 8 in one call, any order):
+
+* every distinct prompt gets one unpadded prefill forward of its own (rows with the same prompt,
+  e.g. a group's candidates on their first turn, share it and decode from copies of its cache);
+* the rows are then decoded in the slots of a tile of ``tile`` rows: one forward of ``(tile, 1)``
+  tokens per step, ``position_ids`` continuing each row's prompt. A row takes a free slot with its
+  prefilled cache and frees it when it ends; idle slots compute a dummy token nobody reads, so
+  every decode forward has exactly ``tile`` rows;
+* attention runs per row on the row's own keys and values (:mod:`kiln.policy.row_attention`).
+
+Batched matrix kernels round a row differently for different row counts, but with the count fixed
+a row's result depends only on the row, not on its tile-mates or its slot. So a row's bytes depend
+on its prompt, its seed, the model/adapter, the placement and the tile size. A tile of 1 is one
+batch-of-one forward per token. Each row owns a ``torch.Generator`` seeded with its u64 seed; all
+the uniforms a row may need are drawn up front (one call per row, none per token) and a token is
+picked by inverse-CDF sampling.
 
 Temperature 0 means greedy; its recorded log-probs are those of the untempered (temperature 1)
 distribution, and :func:`completion_logprobs` follows the same rule.
@@ -25,11 +31,12 @@ applies the same masks teacher-forced. Without constraints nothing changes.
 
 from __future__ import annotations
 
-import copy
 import inspect
 from dataclasses import dataclass
 
 import torch
+
+from kiln.policy.engine import DEFAULT_DECODE_TILE
 
 U64 = 1 << 64
 
@@ -97,8 +104,8 @@ def _prefill(model, prompt: list[int], device):
 
 
 class _Prefills:
-    """Each distinct prompt is prefilled once (a group's candidates share their first prompt);
-    a row that is not the prompt's last user decodes from a copy of the cache."""
+    """Each distinct prompt is prefilled once (a group's candidates share their first prompt).
+    Rows may share the prefilled tensors: decoding appends to a row's own copies, never in place."""
 
     def __init__(self, model, prompts: list[list[int]], device) -> None:
         self.model, self.device = model, device
@@ -112,11 +119,9 @@ class _Prefills:
         if key not in self.done:
             self.done[key] = _prefill(self.model, prompt, self.device)
         self.left[key] -= 1
-        cache, logits = self.done[key]
         if self.left[key] == 0:
-            del self.done[key]
-            return cache, logits
-        return copy.deepcopy(cache), logits
+            return self.done.pop(key)
+        return self.done[key]
 
 
 def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tensor:
@@ -142,42 +147,86 @@ class _Decode:
     kw: str
 
 
-def _sample_row(d: _Decode, cache, logits, n_prompt: int, seed: int, constraint) -> Sample:
-    """Decode one row from its prefilled cache: one batch-of-1 forward per token."""
-    uniforms = _row_uniforms(seed, d.max_new_tokens, d.device) if d.temperature > 0 else None
-    ids: list[int] = []
-    lps: list[torch.Tensor] = []
-    finished = closed = False
-    for t in range(d.max_new_tokens):
-        allowed = None
-        if constraint is not None:
-            allowed = _allowed([constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], d.device)
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        lp = _log_probs(logits, d.temperature)
-        tok = _pick(lp, uniforms, t)
-        if allowed is not None:
-            tok = _keep_allowed(tok, allowed)
-        token = int(tok.item())
-        if constraint is not None:
-            _advance([constraint], tok, torch.ones(1, dtype=torch.bool))
-        ids.append(token)
-        lps.append(lp[0, token])
-        finished = token == d.stop_id
-        closed = closed or token == d.think_close_id
-        if finished or t + 1 == d.max_new_tokens:
-            break
-        if d.budget is not None and not closed and len(ids) >= d.budget:
-            break
-        out = d.model(
-            input_ids=tok.view(1, 1),
-            position_ids=torch.tensor([[n_prompt + t]], dtype=torch.long, device=d.device),
-            use_cache=True,
-            **{d.kw: cache},
-        )
-        cache = _out_cache(out)
-        logits = out.logits[:, -1, :]
-    return Sample(ids=ids, logprobs=torch.stack(lps).cpu().tolist() if lps else [], finished=finished)
+@dataclass
+class _Row:
+    """One row being decoded: its inputs, what it produced so far and its last logits."""
+
+    index: int
+    n_prompt: int
+    uniforms: torch.Tensor | None
+    constraint: object
+    logits: torch.Tensor
+    ids: list[int]
+    lps: list[torch.Tensor]
+    closed: bool = False
+
+
+def _step(d: _Decode, row: _Row) -> Sample | None:
+    """Pick the row's next token from its logits; the row's Sample when it has ended."""
+    t = len(row.ids)
+    logits = row.logits
+    allowed = None
+    if row.constraint is not None:
+        allowed = _allowed([row.constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], d.device)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    lp = _log_probs(logits, d.temperature)
+    tok = _pick(lp, row.uniforms, t)
+    if allowed is not None:
+        tok = _keep_allowed(tok, allowed)
+    token = int(tok.item())
+    if row.constraint is not None:
+        _advance([row.constraint], tok, torch.ones(1, dtype=torch.bool))
+    row.ids.append(token)
+    row.lps.append(lp[0, token])
+    finished = token == d.stop_id
+    row.closed = row.closed or token == d.think_close_id
+    over_budget = d.budget is not None and not row.closed and len(row.ids) >= d.budget
+    if finished or len(row.ids) == d.max_new_tokens or over_budget:
+        return Sample(ids=row.ids, logprobs=torch.stack(row.lps).cpu().tolist(), finished=finished)
+    return None
+
+
+def _decode_tiles(d: _Decode, rows: list[tuple[int, object]], prefills: _Prefills, prompts: list[list[int]],
+                  tile: int) -> list[Sample]:
+    """Decode every row (its seed and constraint) in the slots of one tile: one ``(tile, 1)``
+    forward per step. A row enters a free slot with its prefilled cache and leaves it when it
+    ends; the next waiting row takes the slot. Idle slots compute a dummy token nobody reads."""
+    from kiln.policy.row_attention import RowCache, rows_forward
+
+    samples: list[Sample | None] = [None] * len(rows)
+    waiting = list(range(len(rows)))[::-1]
+    slots: list[_Row | None] = [None] * tile
+    cache = RowCache(d.model, tile)
+    while True:
+        for s in range(tile):
+            while slots[s] is None and waiting:
+                i = waiting.pop()
+                seed, constraint = rows[i]
+                prefilled, logits = prefills.take(prompts[i])
+                uniforms = _row_uniforms(seed, d.max_new_tokens, d.device) if d.temperature > 0 else None
+                row = _Row(i, len(prompts[i]), uniforms, constraint, logits, [], [])
+                samples[i] = _step(d, row)
+                if samples[i] is None:
+                    slots[s] = row
+                    cache.place(s, prefilled)
+        live = [s for s in range(tile) if slots[s] is not None]
+        if not live:
+            return [s for s in samples if s is not None]
+        tokens = [row.ids[-1] if row is not None else 0 for row in slots]
+        positions = [row.n_prompt + len(row.ids) - 1 if row is not None else 0 for row in slots]
+        logits = rows_forward(
+            d.model, cache, d.kw,
+            torch.tensor(tokens, dtype=torch.long, device=d.device).view(tile, 1),
+            torch.tensor(positions, dtype=torch.long, device=d.device).view(tile, 1),
+        ).logits[:, -1, :]
+        for s in live:
+            row = slots[s]
+            row.logits = logits[s : s + 1].clone()  # a row of its own, as a batch of one's logits are
+            samples[row.index] = _step(d, row)
+            if samples[row.index] is not None:
+                slots[s] = None
+                cache.free(s)
 
 
 @torch.inference_mode()
@@ -193,8 +242,10 @@ def sample_batch(
     think_budget: int | None = None,
     device: str = "cpu",
     constraints: list | None = None,
+    tile: int = DEFAULT_DECODE_TILE,
 ) -> list[Sample]:
-    """Sample every prompt, each row on its own (batch-invariant); see the module docstring."""
+    """Sample every prompt, ``tile`` rows per decode forward (batch-invariant); see the module
+    docstring."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
     if max_new_tokens <= 0:
@@ -203,12 +254,8 @@ def sample_batch(
     d = _Decode(model, int(max_new_tokens), temperature, stop_id, think_close_id, budget, device,
                 cache_kwarg(model))
     prefills = _Prefills(model, prompts, device)
-    samples = []
-    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-        cache, logits = prefills.take(prompt)
-        constraint = constraints[i] if constraints is not None else None
-        samples.append(_sample_row(d, cache, logits, len(prompt), seed, constraint))
-    return samples
+    rows = [(seed, constraints[i] if constraints is not None else None) for i, seed in enumerate(seeds)]
+    return _decode_tiles(d, rows, prefills, prompts, tile)
 
 
 def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:

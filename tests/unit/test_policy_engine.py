@@ -52,10 +52,19 @@ def test_runtime_samples_through_the_hf_engine_with_the_samplers_bytes(rt) -> No
     assert mixed[1].ids == greedy[0].ids
 
 
-def test_hf_identity_has_no_engine_field_and_other_engines_add_name_and_version(rt) -> None:
+def test_hf_identity_names_its_decode_tile_and_other_engines_add_name_and_version(rt) -> None:
+    import kiln
+    from kiln.policy.engine_hf import HfEngine
+
     assert rt.engine.name == "hf"
-    assert "engine" not in rt.runtime_identity()  # identities recorded before the port stay valid
-    assert engine_identity_fields(rt.engine) == {}
+    hf = {"name": "hf", "version": kiln.__version__, "decode_tile": 8}
+    assert rt.runtime_identity()["engine"] == hf
+    assert engine_identity_fields(rt.engine) == {"engine": hf}
+    # a tile of 1 decodes exactly as Kiln did before the tile: identities recorded then stay valid
+    assert engine_identity_fields(HfEngine(rt, decode_tile=1)) == {}
+    assert engine_identity_fields(HfEngine(rt, decode_tile=3))["engine"]["decode_tile"] == 3
+    with pytest.raises(ValueError, match="decode_tile"):
+        HfEngine(rt, decode_tile=0)
 
     class Named:
         name = "vllm"
@@ -119,6 +128,10 @@ def test_engine_setting_sizes_the_gpu_worker() -> None:
     assert Settings(engine="vllm", vllm_max_concurrent_activities=7).gpu_concurrency == 7
     with pytest.raises(ValueError):
         Settings(engine="sglang")
+    assert Settings().hf_decode_tile == 8 and Settings(hf_decode_tile=1).hf_decode_tile == 1
+    for bad in (0, 257):
+        with pytest.raises(ValueError, match="hf_decode_tile"):
+            Settings(hf_decode_tile=bad)
 
 
 def test_a_missing_engine_python_is_a_clear_non_retryable_error(tmp_path: Path) -> None:

@@ -156,8 +156,9 @@ def test_identity(rt, tiny_model_dir: Path) -> None:
     ident = rt.identity()
     assert ident["base_model_sha256"] == model_content_sha256(tiny_model_dir)
     assert ident["adapter_sha256"] is None
-    assert set(ident["runtime"]) == {"kiln", "torch", "transformers", "device", "dtype"}
+    assert set(ident["runtime"]) == {"kiln", "torch", "transformers", "device", "dtype", "engine"}
     assert ident["runtime"]["device"] == "cpu" and ident["runtime"]["dtype"] == "float32"
+    assert ident["runtime"]["engine"] == {"name": "hf", "version": ident["runtime"]["kiln"], "decode_tile": 8}
 
 
 def test_missing_model(tmp_path: Path) -> None:
@@ -236,6 +237,26 @@ def test_sampling_is_batch_invariant(rt, temperature: float) -> None:
     assert reordered[:4] == group[::-1]
     if temperature > 0:
         assert group[0][0] != group[2][0]  # same prompt, different seeds: different samples
+
+
+def test_rows_beyond_one_tile_take_freed_slots_with_the_same_bytes(rt) -> None:
+    """Eleven rows through a tile of 4: rows wait for a free slot and enter it mid-decode, beside
+    rows of other prompt lengths and ages; every row's bytes equal its bytes alone, in any order.
+    A tile of 1 (one row per forward) decodes every row too."""
+    from kiln.policy.sampling import sample_batch
+
+    base = rt.encode_prompt(MESSAGES, thinking=True)
+    prompts = [base + rt.encode_observation_turn(f"Count is {k}.", thinking=True)[1] * (k % 3) for k in range(11)]
+    seeds = [300 + k for k in range(11)]
+    kw = dict(max_new_tokens=24, temperature=1.0, stop_id=rt.stop_id, think_close_id=rt.think_close_id,
+              think_budget=10, device=rt.device, tile=4)
+    together = _bits(sample_batch(rt.model, prompts, seeds, **kw))
+    alone = [_bits(sample_batch(rt.model, [p], [s], **kw))[0] for p, s in zip(prompts, seeds)]
+    backwards = _bits(sample_batch(rt.model, prompts[::-1], seeds[::-1], **kw))[::-1]
+    assert together == alone == backwards
+    assert len({len(ids) for ids, _, _ in together}) > 1  # rows ended at different steps
+    one = _bits(sample_batch(rt.model, prompts, seeds, **{**kw, "tile": 1}))
+    assert len(one) == 11 and all(len(ids) == len(lps) // 4 for ids, lps, _ in one)
 
 
 def test_budget_ignored_without_thinking(rt) -> None:
