@@ -86,7 +86,8 @@ def _resolved_sampling(sampling: dict[str, Any] | None, thinking: bool | None) -
 
 class LockedPolicy:
     """Serialises every call into the shared runtime (adapter switching is not thread-safe), except
-    sampling on a concurrent engine (vllm), which batches the rows of every caller itself."""
+    sampling on a concurrent engine, which batches the rows of every caller itself (vllm; hf joins
+    concurrent calls with the same adapter into one decode loop)."""
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime

@@ -1,36 +1,94 @@
 """The ``hf`` engine: Kiln's batch-invariant sampler (:mod:`kiln.policy.sampling`) behind the port.
 
 It runs in the worker process on the :class:`kiln.policy.runtime.PolicyRuntime`'s own model and
-adapter LRU, under the runtime's lock (adapters switch in place, so one call at a time). It
-decodes the rows of a call ``decode_tile`` at a time (``KILN_HF_DECODE_TILE``); a row's ids and
+adapter LRU. It decodes rows ``decode_tile`` at a time (``KILN_HF_DECODE_TILE``); a row's ids and
 log-probs depend only on its prompt, seed, settings, adapter and the tile size, never on which
-rows share its call, so splitting a call into runs of rows with equal settings changes no byte.
-This is the reference engine: byte-reproducible on one machine and configuration.
+rows share its forward. That is what lets the engine batch **across calls**: the rows of every
+``generate`` call in flight with the same adapter (concurrent collection activities, evaluation)
+join one decode loop, each taking a free slot of the tile as soon as one opens, and no byte
+changes. One thread drives the loop at a time, under the runtime's lock with the adapter active
+(adapters switch in place); calls with another adapter wait until it ends. This is the reference
+engine: byte-reproducible on one machine and configuration.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from kiln.policy.engine import DEFAULT_DECODE_TILE, AdapterHandle, Generation, GenerationRequest
-from kiln.policy.sampling import sample_batch
+from kiln.policy.engine import DEFAULT_DECODE_TILE, AdapterHandle, Generation, GenerationRequest, request_tag
+from kiln.policy.sampling import RowSpec, Sample, decode_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from kiln.policy.runtime import PolicyRuntime
+
+
+class _Call:
+    """The rows of one ``generate`` call that share an adapter, and what became of them."""
+
+    def __init__(self, adapter: AdapterHandle | None, indices: list[int], specs: list[RowSpec]) -> None:
+        self.tag = request_tag.get()  # who the rows belong to (the run), for the batching figures
+        self.adapter = adapter
+        self.indices = indices
+        self.specs = specs
+        self.taken = 0
+        self.samples: list[Sample | None] = [None] * len(specs)
+        self.left = len(specs)
+        self.error: BaseException | None = None
+
+
+class _Feed:
+    """The decode loop's view of the waiting calls with the driver's adapter (FIFO)."""
+
+    def __init__(self, engine: "HfEngine", adapter: AdapterHandle | None) -> None:
+        self.engine, self.adapter = engine, adapter
+
+    def next_row(self) -> tuple[Any, RowSpec] | None:
+        with self.engine._cond:
+            for call in self.engine._waiting:
+                if call.adapter == self.adapter and call.error is None and call.taken < len(call.specs):
+                    call.taken += 1
+                    return (call, call.taken - 1), call.specs[call.taken - 1]
+        return None
+
+    def row_done(self, key: Any, sample: Sample) -> None:
+        call, i = key
+        with self.engine._cond:
+            call.samples[i] = sample
+            call.left -= 1
+            if call.left == 0:
+                self.engine._waiting.remove(call)
+                self.engine._cond.notify_all()
+
+    def stepped(self, keys: list[Any]) -> None:
+        calls = {id(call): call for call, _ in keys}
+        figures = self.engine.batching
+        figures["forwards"] += 1
+        figures["rows"] += len(keys)
+        figures["forwards_with_several_calls"] += int(len(calls) > 1)
+        figures["forwards_with_several_tags"] += int(len({c.tag for c in calls.values()}) > 1)
 
 
 class HfEngine:
     """The in-process engine of a :class:`PolicyRuntime` (see the module docstring)."""
 
     name = "hf"
-    concurrent = False
+    concurrent = True  # concurrent calls join one decode loop (see the module docstring)
 
     def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE) -> None:
         if decode_tile < 1:
             raise ValueError("decode_tile must be at least 1")
         self._runtime = runtime
         self.decode_tile = decode_tile
+        self._cond = threading.Condition()
+        self._waiting: deque[_Call] = deque()
+        self._driving = False
+        # Decode forwards so far, the rows they ran, and how many mixed the rows of several calls /
+        # of several request tags (runs): the evidence that concurrent callers share batches.
+        self.batching = {"forwards": 0, "rows": 0, "forwards_with_several_calls": 0,
+                         "forwards_with_several_tags": 0}
 
     def identity(self) -> dict[str, Any]:
         import kiln
@@ -38,36 +96,47 @@ class HfEngine:
         return {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        out: list[Generation | None] = [None] * len(requests)
-        for indices in _runs_of_equal_settings(requests):
-            first = requests[indices[0]]
-            if first.top_p != 1.0:
+        by_adapter: dict[AdapterHandle | None, list[int]] = {}
+        for i, req in enumerate(requests):
+            if req.top_p != 1.0:
                 raise ValueError("the hf engine samples the full distribution: top_p must be 1.0")
-            extra = {}
-            if first.grammar is not None:
-                extra["constraints"] = [first.grammar.row(thinking=first.thinking) for _ in indices]
-            adapter = first.adapter
-            rt = self._runtime
-            with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
-                samples = sample_batch(
-                    rt.model,
-                    [list(requests[i].prompt_ids) for i in indices],
-                    [requests[i].seed for i in indices],
-                    max_new_tokens=first.max_tokens,
-                    temperature=first.temperature,
-                    stop_id=first.stop_id,
-                    think_close_id=first.think_close_id,
-                    think_budget=first.budget,
-                    device=rt.device,
-                    tile=self.decode_tile,
-                    **extra,
-                )
-            for i, sample in zip(indices, samples):
-                out[i] = Generation(
-                    ids=sample.ids, logprobs=sample.logprobs, finished=sample.finished,
-                    adapter_sha256=adapter.sha256 if adapter is not None else None,
-                )
+            by_adapter.setdefault(req.adapter, []).append(i)
+        out: list[Generation | None] = [None] * len(requests)
+        for adapter, indices in by_adapter.items():
+            call = _Call(adapter, indices, [_spec(requests[i]) for i in indices])
+            self._serve(call)
+            for i, sample in zip(indices, call.samples):
+                assert sample is not None
+                out[i] = Generation(ids=sample.ids, logprobs=sample.logprobs, finished=sample.finished,
+                                    adapter_sha256=adapter.sha256 if adapter is not None else None)
         return [g for g in out if g is not None]
+
+    def _serve(self, call: _Call) -> None:
+        """Queue ``call`` and wait for its rows; drive the decode loop when nobody else does."""
+        with self._cond:
+            self._waiting.append(call)
+            while call.left and call.error is None and self._driving:
+                self._cond.wait()
+            if call.error is not None:
+                raise call.error
+            if not call.left:
+                return
+            self._driving = True
+        try:
+            rt = self._runtime
+            adapter = call.adapter
+            with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
+                decode_rows(rt.model, _Feed(self, adapter), tile=self.decode_tile, device=rt.device)
+        except BaseException as exc:
+            with self._cond:  # the calls whose rows were in the loop fail with it; queued ones wait on
+                for failed in [c for c in self._waiting if c is call or (c.adapter == adapter and c.taken)]:
+                    failed.error = exc
+                    self._waiting.remove(failed)
+            raise
+        finally:
+            with self._cond:
+                self._driving = False
+                self._cond.notify_all()
 
     def load_adapter(self, adapter: AdapterHandle) -> None:
         rt = self._runtime
@@ -86,19 +155,12 @@ class HfEngine:
         return None
 
 
-def _settings_key(req: GenerationRequest) -> tuple:
-    return (
-        req.adapter, req.max_tokens, req.temperature, req.top_p, req.stop_id, req.think_close_id,
-        req.budget, req.thinking, id(req.grammar) if req.grammar is not None else None,
+def _spec(req: GenerationRequest) -> RowSpec:
+    return RowSpec(
+        prompt=tuple(req.prompt_ids), seed=req.seed, max_new_tokens=req.max_tokens, temperature=req.temperature,
+        stop_id=req.stop_id, think_close_id=req.think_close_id, budget=req.budget,
+        constraint=req.grammar.row(thinking=req.thinking) if req.grammar is not None else None,
     )
-
-
-def _runs_of_equal_settings(requests: Sequence[GenerationRequest]) -> list[list[int]]:
-    """Indices of requests grouped by identical settings (first-seen order; one call per group)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, req in enumerate(requests):
-        groups.setdefault(_settings_key(req), []).append(i)
-    return list(groups.values())
 
 
 __all__ = ["HfEngine"]

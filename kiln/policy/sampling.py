@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -103,27 +104,6 @@ def _prefill(model, prompt: list[int], device):
     return _out_cache(out), out.logits[:, -1, :]
 
 
-class _Prefills:
-    """Each distinct prompt is prefilled once (a group's candidates share their first prompt).
-    Rows may share the prefilled tensors: decoding appends to a row's own copies, never in place."""
-
-    def __init__(self, model, prompts: list[list[int]], device) -> None:
-        self.model, self.device = model, device
-        self.left: dict[tuple[int, ...], int] = {}
-        for prompt in prompts:
-            self.left[tuple(prompt)] = self.left.get(tuple(prompt), 0) + 1
-        self.done: dict[tuple[int, ...], tuple] = {}
-
-    def take(self, prompt: list[int]):
-        key = tuple(prompt)
-        if key not in self.done:
-            self.done[key] = _prefill(self.model, prompt, self.device)
-        self.left[key] -= 1
-        if self.left[key] == 0:
-            return self.done.pop(key)
-        return self.done[key]
-
-
 def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tensor:
     """Greedy (no uniforms) or inverse-CDF sampling with the row's t-th uniform."""
     if uniforms is None:
@@ -133,103 +113,150 @@ def _pick(lp: torch.Tensor, uniforms: torch.Tensor | None, t: int) -> torch.Tens
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
-@dataclass
-class _Decode:
-    """What every row of one call decodes with."""
+@dataclass(frozen=True)
+class RowSpec:
+    """One row to sample and the settings it is sampled with."""
 
-    model: object
+    prompt: tuple[int, ...]
+    seed: int
     max_new_tokens: int
     temperature: float
     stop_id: int
-    think_close_id: int | None
-    budget: int | None
-    device: str
-    kw: str
+    think_close_id: int | None = None
+    budget: int | None = None  # stop a row that has not closed its thinking after this many tokens
+    constraint: object = None  # a kiln.policy.constrained.RowConstraint, or None
+
+
+class RowFeed(Protocol):
+    """Where :func:`decode_rows` takes rows from and hands their samples to."""
+
+    def next_row(self) -> tuple[Any, RowSpec] | None:
+        """The next row waiting to be decoded (a key and its spec), None when none waits now."""
+        ...
+
+    def row_done(self, key: Any, sample: Sample) -> None:
+        """The row of ``key`` has ended with ``sample``."""
+        ...
+
+    def stepped(self, keys: list[Any]) -> None:
+        """One decode forward ran the rows of ``keys``."""
+        ...
 
 
 @dataclass
 class _Row:
-    """One row being decoded: its inputs, what it produced so far and its last logits."""
+    """One row being decoded: its spec, what it produced so far and its last logits."""
 
-    index: int
-    n_prompt: int
+    key: Any
+    spec: RowSpec
     uniforms: torch.Tensor | None
-    constraint: object
     logits: torch.Tensor
     ids: list[int]
     lps: list[torch.Tensor]
     closed: bool = False
 
 
-def _step(d: _Decode, row: _Row) -> Sample | None:
+def _step(row: _Row, device: str) -> Sample | None:
     """Pick the row's next token from its logits; the row's Sample when it has ended."""
-    t = len(row.ids)
+    spec = row.spec
     logits = row.logits
     allowed = None
-    if row.constraint is not None:
-        allowed = _allowed([row.constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], d.device)
+    if spec.constraint is not None:
+        allowed = _allowed([spec.constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], device)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-    lp = _log_probs(logits, d.temperature)
-    tok = _pick(lp, row.uniforms, t)
+    lp = _log_probs(logits, spec.temperature)
+    tok = _pick(lp, row.uniforms, len(row.ids))
     if allowed is not None:
         tok = _keep_allowed(tok, allowed)
     token = int(tok.item())
-    if row.constraint is not None:
-        _advance([row.constraint], tok, torch.ones(1, dtype=torch.bool))
+    if spec.constraint is not None:
+        _advance([spec.constraint], tok, torch.ones(1, dtype=torch.bool))
     row.ids.append(token)
     row.lps.append(lp[0, token])
-    finished = token == d.stop_id
-    row.closed = row.closed or token == d.think_close_id
-    over_budget = d.budget is not None and not row.closed and len(row.ids) >= d.budget
-    if finished or len(row.ids) == d.max_new_tokens or over_budget:
+    finished = token == spec.stop_id
+    row.closed = row.closed or token == spec.think_close_id
+    over_budget = spec.budget is not None and not row.closed and len(row.ids) >= spec.budget
+    if finished or len(row.ids) == spec.max_new_tokens or over_budget:
         return Sample(ids=row.ids, logprobs=torch.stack(row.lps).cpu().tolist(), finished=finished)
     return None
 
 
-def _decode_tiles(d: _Decode, rows: list[tuple[int, object]], prefills: _Prefills, prompts: list[list[int]],
-                  tile: int) -> list[Sample]:
-    """Decode every row (its seed and constraint) in the slots of one tile: one ``(tile, 1)``
-    forward per step. A row enters a free slot with its prefilled cache and leaves it when it
-    ends; the next waiting row takes the slot. Idle slots compute a dummy token nobody reads."""
+@torch.inference_mode()
+def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None:
+    """Decode every row ``feed`` gives, in the slots of one tile: one ``(tile, 1)`` forward per step.
+
+    A row enters a free slot with its prefilled cache (consecutive rows with the same prompt share
+    one prefill) and leaves it when it ends; the next waiting row takes the slot, so rows the feed
+    receives while others decode join them. Idle slots compute a dummy token nobody reads.
+    Returns when no row is live and the feed has none waiting.
+    """
     from kiln.policy.row_attention import RowCache, rows_forward
 
-    samples: list[Sample | None] = [None] * len(rows)
-    waiting = list(range(len(rows)))[::-1]
+    kw = cache_kwarg(model)
     slots: list[_Row | None] = [None] * tile
-    cache = RowCache(d.model, tile)
+    cache = RowCache(model, tile)
+    shared: tuple[tuple[int, ...], tuple] | None = None  # the last prompt's prefill
     while True:
         for s in range(tile):
-            while slots[s] is None and waiting:
-                i = waiting.pop()
-                seed, constraint = rows[i]
-                prefilled, logits = prefills.take(prompts[i])
-                uniforms = _row_uniforms(seed, d.max_new_tokens, d.device) if d.temperature > 0 else None
-                row = _Row(i, len(prompts[i]), uniforms, constraint, logits, [], [])
-                samples[i] = _step(d, row)
-                if samples[i] is None:
-                    slots[s] = row
-                    cache.place(s, prefilled)
+            while slots[s] is None and (taken := feed.next_row()) is not None:
+                key, spec = taken
+                if spec.max_new_tokens <= 0:
+                    feed.row_done(key, Sample(ids=[], logprobs=[], finished=False))
+                    continue
+                if shared is None or shared[0] != spec.prompt:
+                    shared = (spec.prompt, _prefill(model, list(spec.prompt), device))
+                prefilled, logits = shared[1]
+                uniforms = _row_uniforms(spec.seed, spec.max_new_tokens, device) if spec.temperature > 0 else None
+                row = _Row(key, spec, uniforms, logits, [], [])
+                sample = _step(row, device)
+                if sample is not None:
+                    feed.row_done(key, sample)
+                    continue
+                slots[s] = row
+                cache.place(s, prefilled)  # decoding appends to the row's own copies, never in place
         live = [s for s in range(tile) if slots[s] is not None]
         if not live:
-            return [s for s in samples if s is not None]
+            return
         tokens = [row.ids[-1] if row is not None else 0 for row in slots]
-        positions = [row.n_prompt + len(row.ids) - 1 if row is not None else 0 for row in slots]
+        positions = [len(row.spec.prompt) + len(row.ids) - 1 if row is not None else 0 for row in slots]
         logits = rows_forward(
-            d.model, cache, d.kw,
-            torch.tensor(tokens, dtype=torch.long, device=d.device).view(tile, 1),
-            torch.tensor(positions, dtype=torch.long, device=d.device).view(tile, 1),
+            model, cache, kw,
+            torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
+            torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
         ).logits[:, -1, :]
+        feed.stepped([slots[s].key for s in live])
         for s in live:
             row = slots[s]
             row.logits = logits[s : s + 1].clone()  # a row of its own, as a batch of one's logits are
-            samples[row.index] = _step(d, row)
-            if samples[row.index] is not None:
+            sample = _step(row, device)
+            if sample is not None:
+                feed.row_done(row.key, sample)
                 slots[s] = None
                 cache.free(s)
 
 
-@torch.inference_mode()
+class _ListFeed:
+    """The rows of one :func:`sample_batch` call, in order; their samples by index."""
+
+    def __init__(self, specs: list[RowSpec]) -> None:
+        self.specs = specs
+        self.next = 0
+        self.samples: list[Sample | None] = [None] * len(specs)
+
+    def next_row(self) -> tuple[int, RowSpec] | None:
+        if self.next == len(self.specs):
+            return None
+        self.next += 1
+        return self.next - 1, self.specs[self.next - 1]
+
+    def row_done(self, key: int, sample: Sample) -> None:
+        self.samples[key] = sample
+
+    def stepped(self, keys: list[Any]) -> None:
+        return None
+
+
 def sample_batch(
     model,
     prompts: list[list[int]],
@@ -248,14 +275,14 @@ def sample_batch(
     docstring."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
-    if max_new_tokens <= 0:
-        return [Sample(ids=[], logprobs=[], finished=False) for _ in prompts]
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
-    d = _Decode(model, int(max_new_tokens), temperature, stop_id, think_close_id, budget, device,
-                cache_kwarg(model))
-    prefills = _Prefills(model, prompts, device)
-    rows = [(seed, constraints[i] if constraints is not None else None) for i, seed in enumerate(seeds)]
-    return _decode_tiles(d, rows, prefills, prompts, tile)
+    feed = _ListFeed([
+        RowSpec(tuple(prompt), int(seed), int(max_new_tokens), temperature, stop_id, think_close_id, budget,
+                constraints[i] if constraints is not None else None)
+        for i, (prompt, seed) in enumerate(zip(prompts, seeds))
+    ])
+    decode_rows(model, feed, tile=tile, device=device)
+    return [s for s in feed.samples if s is not None]
 
 
 def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:

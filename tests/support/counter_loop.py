@@ -30,16 +30,23 @@ async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: i
                          adapter_dir: Path | None, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from kiln.policy.identity import with_inference
 
+    from kiln.settings import Settings
+
     inspection = await inspect_environment(url)
     episode = EpisodeSettings(group_size=group_size, **{**DEMO_SETTINGS, **settings})
     identity = with_inference(runtime.identity(adapter_dir), {**DEMO_SETTINGS, **settings})
-    documents = []
-    for index, seed in enumerate(seeds):
+    # as many groups at once as a default gpu worker runs collection activities (their turns
+    # share the hf engine's decode forwards; a row's bytes do not depend on it)
+    slots = asyncio.Semaphore(Settings().gpu_concurrency)
+
+    async def group(index: int, seed: int) -> dict[str, Any]:
         task = GroupTask(group_index=index, environment_index=0, seed=seed, reset_payload={"seed": seed},
                          inspection=inspection, settings=episode, behavior_policy=identity,
                          adapter_dir=adapter_dir)
-        documents.append(await GroupCollector(task, runtime).run())
-    return documents
+        async with slots:
+            return await GroupCollector(task, runtime).run()
+
+    return list(await asyncio.gather(*(group(index, seed) for index, seed in enumerate(seeds))))
 
 
 def collect(runtime: Any, url: str, seeds: list[int], *, group_size: int, adapter_dir: Path | None = None,

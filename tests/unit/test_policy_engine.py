@@ -52,6 +52,46 @@ def test_runtime_samples_through_the_hf_engine_with_the_samplers_bytes(rt) -> No
     assert mixed[1].ids == greedy[0].ids
 
 
+def test_concurrent_calls_share_decode_forwards_and_keep_their_bytes(rt) -> None:
+    """Two callers (two runs) sample at once: their rows join one decode loop, forwards run rows
+    of both, and every row's bytes equal those of the same call made alone."""
+    import torch
+
+    from kiln.policy.engine import request_tag
+
+    prompt = rt.encode_prompt(MESSAGES, thinking=True)
+    turns = [prompt + rt.encode_observation_turn(f"Count is {k}.", thinking=True)[1] for k in range(4)]
+    calls = {"run-a": ([prompt] * 4, [41, 42, 43, 44]), "run-b": (turns, [51, 52, 53, 54])}
+
+    def bits(samples) -> list:
+        return [(s.ids, torch.tensor(s.logprobs).numpy().tobytes(), s.finished) for s in samples]
+
+    alone = {tag: bits(rt.sample(p, seeds, max_new_tokens=24, temperature=1.0)) for tag, (p, seeds) in calls.items()}
+    before = dict(rt.engine.batching)
+    together: dict[str, list] = {}
+
+    def call(tag: str) -> None:
+        request_tag.set(tag)
+        together[tag] = bits(rt.sample(*calls[tag], max_new_tokens=24, temperature=1.0))
+
+    threads = [threading.Thread(target=call, args=(tag,)) for tag in calls]
+    with rt.lock:  # the first caller drives the loop only once both calls are queued
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while len(rt.engine._waiting) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(rt.engine._waiting) == 2
+    for thread in threads:
+        thread.join(timeout=60)
+    assert together == alone
+    mixed = rt.engine.batching["forwards_with_several_tags"] - before["forwards_with_several_tags"]
+    forwards = rt.engine.batching["forwards"] - before["forwards"]
+    assert mixed > 0 and rt.engine.batching["forwards_with_several_calls"] > before["forwards_with_several_calls"]
+    # all 8 rows took a slot of the tile at once: the longest row's forwards are all there were
+    assert forwards == max(len(ids) for rows in together.values() for ids, _, _ in rows) - 1
+
+
 def test_hf_identity_names_its_decode_tile_and_other_engines_add_name_and_version(rt) -> None:
     import kiln
     from kiln.policy.engine_hf import HfEngine
