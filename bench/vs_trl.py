@@ -31,8 +31,9 @@ figure goes to ``--out`` (written after every range, so a partial run keeps what
 Differences that remain: ECHO (TRL has none; ``--echo-lambda 0`` turns Kiln's off); advantages
 (Kiln divides by the population std of a group, TRL by the sample std); TRL shuffles all 32
 completions across its 8 steps per epoch, Kiln steps through whole groups in a seeded order; TRL's
-rollout batches the lock-step turns of all 32 episodes into one ``generate`` per turn, Kiln samples
-per group; an invalid action ends the episode on both sides with the protocol-error reward (−1)
+rollout batches the lock-step turns of all 32 episodes into one ``generate`` per turn, Kiln collects
+two groups at once (a default gpu worker's collection activities) and its ``hf`` engine decodes the
+live rows of both in one decode tile of 8; an invalid action ends the episode on both sides with the protocol-error reward (−1)
 and both train on it.
 
 Run: ``python -m bench.vs_trl [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]

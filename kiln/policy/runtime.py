@@ -295,9 +295,9 @@ class PolicyRuntime:
     ) -> list[Sample]:
         """Sample all ``prompts`` in one call; rows stop at ``<|im_end|>``.
 
-        Batch-invariant: each row is decoded on its own (:mod:`kiln.policy.sampling`), so a row's
-        ids and log-probs do not depend on the other rows of the call (a wave of 1 and a group of
-        8 record the same bytes); rows with the same prompt share one prefill.
+        Batch-invariant (:mod:`kiln.policy.sampling`): a row's ids and log-probs do not depend on
+        the other rows it is decoded with, in this call or in concurrent ones (a wave of 1 and a
+        group of 8 record the same bytes); rows with the same prompt share one prefill.
 
         With thinking on and ``stop_after_think_budget`` set, a row that has not produced
         ``</think>`` within that many tokens is stopped unfinished (never force-closed).

@@ -1,10 +1,12 @@
 """Seeded, batch-invariant KV-cache sampling with exact behaviour log-probs (torch).
 
 **Batch-invariant:** a row's ids *and* log-probs are bit-identical whichever rows share the call
-(a wave of 1 on a 1-session server, a group of 8 in one call, any order):
+(a wave of 1 on a 1-session server, a group of 8 in one call, any order, rows of concurrent
+calls joining through a :class:`RowFeed`):
 
-* every distinct prompt gets one unpadded prefill forward of its own (rows with the same prompt,
-  e.g. a group's candidates on their first turn, share it and decode from copies of its cache);
+* every row's prompt gets one unpadded prefill forward of its own (consecutive rows with the same
+  prompt, e.g. a group's candidates on their first turn, share it: decoding never writes into the
+  prefilled cache);
 * the rows are then decoded in the slots of a tile of ``tile`` rows: one forward of ``(tile, 1)``
   tokens per step, ``position_ids`` continuing each row's prompt. A row takes a free slot with its
   prefilled cache and frees it when it ends; idle slots compute a dummy token nobody reads, so
