@@ -36,7 +36,7 @@ from kiln.records import (
     WorldModelResult,
 )
 from kiln.artifacts.adapters import materialise, read_pointer
-from kiln.policy.engine import request_tag
+from kiln.policy.engine import decode_tile_of, request_tag
 from kiln.policy.identity import with_inference
 from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import heartbeating, kiln_errors
@@ -153,7 +153,8 @@ class GpuActivities:
             ref = read_pointer(self.store, inp.adapter)
         policy = self.policy()
         thinking = None if inp.thinking is None else policy.resolve_thinking(inp.thinking)
-        identity = behavior_policy_of(policy, ref, self._adapter_dir(ref))
+        # a contract recorded at another decode tile (or before the tile) is checked at its own tile
+        identity = behavior_policy_of(policy, ref, self._adapter_dir(ref), decode_tile=decode_tile_of(inp.expected))
         full = with_inference(identity, _resolved_sampling(inp.inference, thinking))
         if inp.expected is not None:
             # a preflight contract names the model identity; a full identity also the sampling

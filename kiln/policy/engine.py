@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Protocol, Sequence
+from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
 
 EngineName = Literal["hf", "vllm"]
 
@@ -67,6 +67,7 @@ class GenerationRequest:
     thinking: bool = False
     grammar: Any = None  # kiln.policy.constrained.ActionGrammar (typed loosely: no torch here)
     adapter: AdapterHandle | None = None
+    decode_tile: int | None = None  # the hf engine's tile for this row (None: the engine's own)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -75,6 +76,8 @@ class GenerationRequest:
             raise ValueError("temperature must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError("top_p must be in (0, 1]")
+        if self.decode_tile is not None and self.decode_tile < 1:
+            raise ValueError("decode_tile must be at least 1")
 
     @property
     def budget(self) -> int | None:
@@ -127,16 +130,37 @@ class Engine(Protocol):
         ...
 
 
-def engine_identity_fields(engine: Engine) -> dict[str, Any]:
-    """What a behaviour identity's ``runtime`` block adds for ``engine``.
+def engine_identity_fields(engine: Engine, decode_tile: int | None = None) -> dict[str, Any]:
+    """What a behaviour identity's ``runtime`` block adds for ``engine`` (for the hf engine, at
+    ``decode_tile``, default its own).
 
     The ``hf`` engine with a decode tile of 1 adds nothing: it samples exactly as Kiln did before
     the port and the tile existed, so those identities (and their digests) stay valid. Any other
     engine or tile adds ``{"engine": engine.identity()}`` (name, version, and the hf engine's
     ``decode_tile``), so a change of engine, version or tile changes the identity digest."""
-    if engine.name == "hf" and engine.identity().get("decode_tile") == 1:
-        return {}
-    return {"engine": dict(engine.identity())}
+    fields = dict(engine.identity())
+    if engine.name != "hf":
+        return {"engine": fields}
+    if decode_tile is not None:
+        fields["decode_tile"] = decode_tile
+    return {} if fields.get("decode_tile") == 1 else {"engine": fields}
+
+
+def decode_tile_of(identity: Mapping[str, Any] | None) -> int | None:
+    """The hf decode tile a behaviour identity was sampled at, so a worker serves a run at the tile
+    it was admitted with (also one admitted before an upgrade changed the worker's default):
+    ``runtime.engine.decode_tile``; 1 for a Kiln runtime block without an engine (identities from
+    before the tile, and tile 1); None when the identity names another engine or is not a Kiln
+    runtime's (the worker's own setting applies)."""
+    runtime = (identity or {}).get("runtime")
+    if not isinstance(runtime, Mapping) or "kiln" not in runtime:
+        return None
+    engine = runtime.get("engine")
+    if engine is None:
+        return 1
+    if isinstance(engine, Mapping) and engine.get("name") == "hf" and isinstance(engine.get("decode_tile"), int):
+        return int(engine["decode_tile"])
+    return None
 
 
 __all__ = [
@@ -147,6 +171,7 @@ __all__ = [
     "EngineName",
     "Generation",
     "GenerationRequest",
+    "decode_tile_of",
     "engine_identity_fields",
     "request_tag",
 ]

@@ -7,7 +7,8 @@ rows share its forward. That is what lets the engine batch **across calls**: the
 ``generate`` call in flight with the same adapter (concurrent collection activities, evaluation)
 join one decode loop, each taking a free slot of the tile as soon as one opens, and no byte
 changes. One thread drives the loop at a time, under the runtime's lock with the adapter active
-(adapters switch in place); calls with another adapter wait until it ends. This is the reference
+(adapters switch in place); calls with another adapter or tile wait until it ends. A request may
+name its tile (a run is served at the tile its behaviour identity names), else the engine's own. This is the reference
 engine: byte-reproducible on one machine and configuration.
 """
 
@@ -26,11 +27,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class _Call:
-    """The rows of one ``generate`` call that share an adapter, and what became of them."""
+    """The rows of one ``generate`` call that share an adapter and a tile, and what became of them."""
 
-    def __init__(self, adapter: AdapterHandle | None, indices: list[int], specs: list[RowSpec]) -> None:
+    def __init__(self, loop: tuple[AdapterHandle | None, int], indices: list[int], specs: list[RowSpec]) -> None:
         self.tag = request_tag.get()  # who the rows belong to (the run), for the batching figures
-        self.adapter = adapter
+        self.loop = loop  # the adapter and decode tile its rows are decoded with
         self.indices = indices
         self.specs = specs
         self.taken = 0
@@ -40,15 +41,15 @@ class _Call:
 
 
 class _Feed:
-    """The decode loop's view of the waiting calls with the driver's adapter (FIFO)."""
+    """The decode loop's view of the waiting calls with the driver's adapter and tile (FIFO)."""
 
-    def __init__(self, engine: "HfEngine", adapter: AdapterHandle | None) -> None:
-        self.engine, self.adapter = engine, adapter
+    def __init__(self, engine: "HfEngine", loop: tuple[AdapterHandle | None, int]) -> None:
+        self.engine, self.loop = engine, loop
 
     def next_row(self) -> tuple[Any, RowSpec] | None:
         with self.engine._cond:
             for call in self.engine._waiting:
-                if call.adapter == self.adapter and call.error is None and call.taken < len(call.specs):
+                if call.loop == self.loop and call.error is None and call.taken < len(call.specs):
                     call.taken += 1
                     return (call, call.taken - 1), call.specs[call.taken - 1]
         return None
@@ -96,14 +97,14 @@ class HfEngine:
         return {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        by_adapter: dict[AdapterHandle | None, list[int]] = {}
+        by_loop: dict[tuple[AdapterHandle | None, int], list[int]] = {}
         for i, req in enumerate(requests):
             if req.top_p != 1.0:
                 raise ValueError("the hf engine samples the full distribution: top_p must be 1.0")
-            by_adapter.setdefault(req.adapter, []).append(i)
+            by_loop.setdefault((req.adapter, req.decode_tile or self.decode_tile), []).append(i)
         out: list[Generation | None] = [None] * len(requests)
-        for adapter, indices in by_adapter.items():
-            call = _Call(adapter, indices, [_spec(requests[i]) for i in indices])
+        for (adapter, tile), indices in by_loop.items():
+            call = _Call((adapter, tile), indices, [_spec(requests[i]) for i in indices])
             self._serve(call)
             for i, sample in zip(indices, call.samples):
                 assert sample is not None
@@ -124,12 +125,12 @@ class HfEngine:
             self._driving = True
         try:
             rt = self._runtime
-            adapter = call.adapter
+            adapter, tile = call.loop
             with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
-                decode_rows(rt.model, _Feed(self, adapter), tile=self.decode_tile, device=rt.device)
+                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device)
         except BaseException as exc:
             with self._cond:  # the calls whose rows were in the loop fail with it; queued ones wait on
-                for failed in [c for c in self._waiting if c is call or (c.adapter == adapter and c.taken)]:
+                for failed in [c for c in self._waiting if c is call or (c.loop == call.loop and c.taken)]:
                     failed.error = exc
                     self._waiting.remove(failed)
             raise

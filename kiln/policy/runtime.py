@@ -129,8 +129,9 @@ class PolicyRuntime:
         return resolve_thinking(mode, supported=self.supports_thinking, model=str(self.model_path))
 
     # ---------------------------------------------------------------------------------- identity
-    def runtime_identity(self) -> dict:
-        """Versions and the real placement (``cpu``/``cuda:N``, ``float32``/``bfloat16`` …)."""
+    def runtime_identity(self, decode_tile: int | None = None) -> dict:
+        """Versions, the real placement (``cpu``/``cuda:N``, ``float32``/``bfloat16`` …) and the
+        engine (the hf engine at ``decode_tile``, default its own)."""
         import transformers
 
         import kiln
@@ -141,7 +142,7 @@ class PolicyRuntime:
             "transformers": transformers.__version__,
             "device": self.device,
             "dtype": self.dtype,
-            **engine_identity_fields(self.engine),
+            **engine_identity_fields(self.engine, decode_tile),
         }
 
     def use_engine(self, engine: Engine) -> None:
@@ -150,11 +151,12 @@ class PolicyRuntime:
         if old is not engine:
             old.close()
 
-    def identity(self, adapter_dir: Path | None = None) -> dict:
-        """The behaviour-policy identity of actions sampled with ``adapter_dir`` (None = base)."""
+    def identity(self, adapter_dir: Path | None = None, decode_tile: int | None = None) -> dict:
+        """The behaviour-policy identity of actions sampled with ``adapter_dir`` (None = base), at
+        the hf engine's ``decode_tile`` (default its own)."""
         return {
             "base_model_sha256": self.base_model_sha256,
-            "runtime": self.runtime_identity(),
+            "runtime": self.runtime_identity(decode_tile),
             "adapter_sha256": None if adapter_dir is None else self._adapter_digest(Path(adapter_dir)),
         }
 
@@ -292,6 +294,7 @@ class PolicyRuntime:
         stop_after_think_budget: int | None = None,
         thinking: bool = True,
         action_schema: dict | None = None,
+        decode_tile: int | None = None,
     ) -> list[Sample]:
         """Sample all ``prompts`` in one call; rows stop at ``<|im_end|>``.
 
@@ -308,6 +311,9 @@ class PolicyRuntime:
         ``Sample.logprobs`` are then log-probs under the masked, renormalised distribution actually
         sampled from; :meth:`logprobs_of` with the same ``action_schema``/``thinking`` reproduces
         them. Absent, sampling is exactly the unconstrained one.
+
+        ``decode_tile`` is the hf engine's tile for these rows (default its own): a run is served at
+        the tile its behaviour identity names (:func:`kiln.policy.engine.decode_tile_of`).
         """
         thinking = self.resolve_thinking(thinking)
         grammar = self.action_grammar(action_schema) if action_schema is not None else None
@@ -317,7 +323,7 @@ class PolicyRuntime:
                 prompt_ids=tuple(prompt), seed=int(seed), max_tokens=int(max_new_tokens),
                 temperature=float(temperature), stop_id=self.stop_id, think_close_id=self.think_close_id,
                 thinking_budget=stop_after_think_budget if thinking else None, thinking=thinking,
-                grammar=grammar, adapter=adapter,
+                grammar=grammar, adapter=adapter, decode_tile=decode_tile,
             )
             for prompt, seed in zip(prompts, seeds, strict=True)
         ]

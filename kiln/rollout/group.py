@@ -53,6 +53,7 @@ class GroupTask:
     adapter_dir: Path | None = None
     bearer_token: str | None = None
     run_id: str = ""  # whose sessions these are (capacity figures are per run)
+    decode_tile: int | None = None  # the hf engine's tile the run was admitted at (None: the worker's)
 
 
 class GroupCollector:
@@ -234,6 +235,7 @@ class GroupCollector:
                     stop_after_think_budget=settings.thinking_budget_tokens,
                     thinking=settings.thinking,
                     **({"action_schema": self.shown_schema} if settings.constrained_actions else {}),
+                    **({"decode_tile": self.task.decode_tile} if self.task.decode_tile is not None else {}),
                 )
             )
             samples = await self._await_with_keepalive(sampling, [sessions[ep.candidate_index] for ep in live])

@@ -16,6 +16,9 @@ class SampleLike(Protocol):
 
 
 class PolicyPort(Protocol):
+    """``identity`` and ``sample`` take ``decode_tile`` (the hf engine's tile a run was admitted
+    at) only when the run's identity names one (:func:`kiln.policy.engine.decode_tile_of`)."""
+
     def identity(self, adapter_dir: Path | None = None) -> dict[str, Any]: ...
 
     def encode_prompt(self, messages: list[dict[str, Any]], *, thinking: bool) -> list[int]: ...

@@ -15,6 +15,7 @@ from kiln.rollout.policy_port import PolicyPort
 from kiln.records import AdapterRef, CollectGroupInput, CollectGroupResult, StoredObject
 from kiln.openenv.capacity import ATTEMPT_CAPACITY_WAIT_S
 from kiln.openenv.credential_config import resolve_bearer_token
+from kiln.policy.engine import decode_tile_of
 from kiln.policy.identity import with_inference
 
 
@@ -23,10 +24,13 @@ def behavior_policy_of(
     adapter_ref: AdapterRef | None,
     adapter_dir: Path | None,
     inference: dict[str, Any] | None = None,
+    decode_tile: int | None = None,
 ) -> dict[str, Any]:
     """The identity every action of a run is bound to (base digest + runtime + adapter digest,
-    plus the sampling settings and their ``inference_config_sha256`` when ``inference`` is given)."""
-    identity = dict(policy.identity(adapter_dir))
+    plus the sampling settings and their ``inference_config_sha256`` when ``inference`` is given),
+    at the hf engine's ``decode_tile`` when given (else the worker's own)."""
+    tile = {"decode_tile": decode_tile} if decode_tile is not None else {}
+    identity = dict(policy.identity(adapter_dir, **tile))
     identity["adapter"] = adapter_ref.name if adapter_ref is not None else None
     return with_inference(identity, inference)
 
@@ -64,7 +68,10 @@ async def collect(
     # The group's sampling settings must be the ones the identity names (identities admitted before
     # inference_config_sha256 existed carry none and are checked on the model part only).
     sampling = inp.settings.model_dump() if "inference_config_sha256" in inp.behavior_policy else None
-    require_same_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir, sampling))
+    # The run is served at the decode tile it was admitted at, even by a worker whose default
+    # changed since (an upgrade): same identity, same bytes.
+    tile = decode_tile_of(inp.behavior_policy)
+    require_same_policy(inp.behavior_policy, behavior_policy_of(policy, inp.adapter_ref, adapter_dir, sampling, tile))
     inspection_raw = await asyncio.to_thread(
         store.get_bytes,
         inp.inspection.ref(),
@@ -83,6 +90,7 @@ async def collect(
         bearer_token=resolve_bearer_token(
             credentials or {}, inp.credential_id, inspection["identity"]["base_url"]
         ),
+        decode_tile=tile,
     )
     collector = GroupCollector(
         task,

@@ -115,6 +115,36 @@ def test_hf_identity_names_its_decode_tile_and_other_engines_add_name_and_versio
     assert engine_identity_fields(Named()) == {"engine": {"name": "vllm", "version": "0.32.0"}}
 
 
+def test_a_run_is_served_at_the_decode_tile_its_identity_names(rt) -> None:
+    """An identity recorded at tile 1 (or before the tile existed: no engine block) is served at
+    tile 1 by a worker whose default is 8: the same identity, and the bytes of a tile-1 engine."""
+    from kiln.policy.engine import decode_tile_of
+    from kiln.policy.engine_hf import HfEngine
+    from kiln.policy.sampling import sample_batch
+    from kiln.stages.collection import behavior_policy_of
+
+    assert rt.engine.decode_tile == 8
+    admitted_now = rt.identity()
+    assert decode_tile_of(admitted_now) == 8
+    before_the_tile = {**admitted_now, "runtime": {k: v for k, v in admitted_now["runtime"].items() if k != "engine"}}
+    assert decode_tile_of(before_the_tile) == 1
+    assert behavior_policy_of(rt, None, None, None, decode_tile_of(before_the_tile)) == {**before_the_tile,
+                                                                                        "adapter": None}
+    assert behavior_policy_of(rt, None, None)["runtime"]["engine"]["decode_tile"] == 8
+    vllm = {**admitted_now, "runtime": {**admitted_now["runtime"], "engine": {"name": "vllm", "version": "0.32.0"}}}
+    scripted = {"base_model_sha256": "sha256:" + "ab" * 32, "runtime": {"kind": "scripted"}, "adapter_sha256": None}
+    assert decode_tile_of(vllm) is None and decode_tile_of(scripted) is None and decode_tile_of(None) is None
+    assert engine_identity_fields(HfEngine(rt, decode_tile=8), 1) == {}
+
+    prompt = rt.encode_prompt(MESSAGES, thinking=True)
+    served = rt.sample([prompt] * 3, [61, 62, 63], max_new_tokens=20, temperature=1.0, decode_tile=1)
+    tile_one = sample_batch(rt.model, [prompt] * 3, [61, 62, 63], max_new_tokens=20, temperature=1.0,
+                            stop_id=rt.stop_id, think_close_id=rt.think_close_id, device=rt.device, tile=1)
+    assert [(g.ids, g.logprobs) for g in served] == [(s.ids, s.logprobs) for s in tile_one]
+    with pytest.raises(ValueError, match="decode_tile"):
+        GenerationRequest(prompt_ids=(1,), seed=1, max_tokens=2, temperature=1.0, stop_id=2, decode_tile=0)
+
+
 def test_hf_engine_refuses_top_p(rt) -> None:
     prompt = tuple(rt.encode_prompt(MESSAGES, thinking=False))
     with pytest.raises(ValueError, match="top_p must be 1.0"):
