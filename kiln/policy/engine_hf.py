@@ -7,9 +7,10 @@ rows share its forward. That is what lets the engine batch **across calls**: the
 ``generate`` call in flight with the same adapter (concurrent collection activities, evaluation)
 join one decode loop, each taking a free slot of the tile as soon as one opens, and no byte
 changes. One thread drives the loop at a time, under the runtime's lock with the adapter active
-(adapters switch in place); calls with another adapter or tile wait until it ends. A request may
-name its tile (a run is served at the tile its behaviour identity names), else the engine's own. This is the reference
-engine: byte-reproducible on one machine and configuration.
+(adapters switch in place); calls with another adapter or tile wait until it ends (so a caller
+must not hold the runtime's lock itself while another thread may drive). A request may name its
+tile (a run is served at the tile its behaviour identity names), else the engine's own. This is
+the reference engine: byte-reproducible on one machine and configuration.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
 class _Call:
     """The rows of one ``generate`` call that share an adapter and a tile, and what became of them."""
 
-    def __init__(self, loop: tuple[AdapterHandle | None, int], indices: list[int], specs: list[RowSpec]) -> None:
+    def __init__(self, loop: tuple[AdapterHandle | None, int], specs: list[RowSpec]) -> None:
         self.tag = request_tag.get()  # who the rows belong to (the run), for the batching figures
         self.loop = loop  # the adapter and decode tile its rows are decoded with
-        self.indices = indices
         self.specs = specs
         self.taken = 0
         self.samples: list[Sample | None] = [None] * len(specs)
@@ -104,7 +104,7 @@ class HfEngine:
             by_loop.setdefault((req.adapter, req.decode_tile or self.decode_tile), []).append(i)
         out: list[Generation | None] = [None] * len(requests)
         for (adapter, tile), indices in by_loop.items():
-            call = _Call((adapter, tile), indices, [_spec(requests[i]) for i in indices])
+            call = _Call((adapter, tile), [_spec(requests[i]) for i in indices])
             self._serve(call)
             for i, sample in zip(indices, call.samples):
                 assert sample is not None
