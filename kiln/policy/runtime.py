@@ -67,6 +67,7 @@ class PolicyRuntime:
         self.engine: Engine = HfEngine(self, decode_tile)
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
         self._action_grammars = None  # kiln.policy.constrained.ActionGrammarCache, built on first use
+        self._grammar_lock = threading.Lock()  # not the runtime's lock: compiling never waits on a decode
         self._derive_glue()
 
     # ----------------------------------------------------------------------------------- loading
@@ -271,16 +272,17 @@ class PolicyRuntime:
         Raises :class:`kiln.policy.constrained.ConstrainedDecodingUnavailable` when xgrammar is
         missing or cannot compile the schema.
         """
-        if self._action_grammars is None:
-            from kiln.policy.constrained import ActionGrammarCache
+        with self._grammar_lock:  # concurrent samplers (the engine batches them) share one cache
+            if self._action_grammars is None:
+                from kiln.policy.constrained import ActionGrammarCache
 
-            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
-            self._action_grammars = ActionGrammarCache(
-                self.tokenizer, vocab_size=vocab, stop_id=self.stop_id,
-                # -1: a template without thinking has no </think>; no sampled id ever equals it.
-                think_close_id=self.think_close_id if self.think_close_id is not None else -1,
-            )
-        return self._action_grammars.get(action_schema)
+                vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
+                self._action_grammars = ActionGrammarCache(
+                    self.tokenizer, vocab_size=vocab, stop_id=self.stop_id,
+                    # -1: a template without thinking has no </think>; no sampled id ever equals it.
+                    think_close_id=self.think_close_id if self.think_close_id is not None else -1,
+                )
+            return self._action_grammars.get(action_schema)
 
     # ---------------------------------------------------------------------------------- sampling
     def sample(
