@@ -2,12 +2,12 @@
 
 Both engines collect the same workload with Kiln's own ``GroupCollector`` (the code path of the
 gpu worker's ``collect_group``): ``--groups`` seed groups of ``--group-size`` candidates, all groups
-at once (a vllm worker runs many collection activities together; on hf the runtime's lock
-serialises them, as it does in a worker), on a real counter server (``openenv``) with one session
-per candidate, a qwen3-0.6b-shaped random model with ``--layers`` layers and the real vocabulary,
-thinking off, ``--max-steps`` turns of up to ``--tokens`` tokens. Prints episodes/s and generated
-tokens/s of each engine and the vllm/hf ratios. The vllm engine is started before timing (its start
-is reported separately).
+at once (a vllm worker runs many collection activities together; on hf their rows join the
+engine's one decode loop, a tile of ``KILN_HF_DECODE_TILE`` rows per forward), on a real counter
+server (``openenv``) with one session per candidate, a qwen3-0.6b-shaped random model with
+``--layers`` layers and the real vocabulary, thinking off, ``--max-steps`` turns of up to
+``--tokens`` tokens. Prints episodes/s and generated tokens/s of each engine and the vllm/hf
+ratios. The vllm engine is started before timing (its start is reported separately).
 
 Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR]`` (needs
 ``scripts/setup.sh --engine vllm``).
