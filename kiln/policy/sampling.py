@@ -162,9 +162,7 @@ def _step(row: _Row, device: str) -> Sample | None:
     """Pick the row's next token from its logits; the row's Sample when it has ended."""
     spec = row.spec
     logits = row.logits
-    allowed = None
-    if spec.constraint is not None:
-        allowed = _allowed([spec.constraint], torch.zeros(1, dtype=torch.bool), logits.shape[-1], device)
+    allowed = _allowed(spec.constraint, logits.shape[-1], device) if spec.constraint is not None else None
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     lp = _log_probs(logits, spec.temperature)
@@ -172,8 +170,8 @@ def _step(row: _Row, device: str) -> Sample | None:
     if allowed is not None:
         tok = _keep_allowed(tok, allowed)
     token = int(tok.item())
-    if spec.constraint is not None:
-        _advance([spec.constraint], tok, torch.ones(1, dtype=torch.bool))
+    if spec.constraint is not None and not spec.constraint.advance(token):
+        raise RuntimeError(f"the sampled token {token} was rejected by its row's grammar")
     row.ids.append(token)
     row.lps.append(lp[0, token])
     finished = token == spec.stop_id
@@ -287,11 +285,11 @@ def sample_batch(
     return [s for s in feed.samples if s is not None]
 
 
-def _allowed(constraints: list, done: torch.Tensor, vocab_size: int, device) -> torch.Tensor | None:
+def _allowed(constraint, vocab_size: int, device) -> torch.Tensor | None:
+    """The ``(1, vocab_size)`` mask of the tokens one row's grammar allows now (None: all)."""
     from kiln.policy.constrained import allowed_tokens
 
-    live = (~done).cpu().tolist()
-    return allowed_tokens(constraints, live, vocab_size, device)
+    return allowed_tokens([constraint], [True], vocab_size, device)
 
 
 def _keep_allowed(tok: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -300,13 +298,6 @@ def _keep_allowed(tok: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     ids = torch.arange(allowed.shape[-1], device=allowed.device)
     last = torch.where(allowed, ids, torch.full_like(ids, -1)).max(dim=-1).values
     return torch.where(ok, tok, last)
-
-
-def _advance(constraints: list, tok: torch.Tensor, live: torch.Tensor) -> None:
-    for i, (token, is_live) in enumerate(zip(tok.cpu().tolist(), live.cpu().tolist())):
-        row = constraints[i]
-        if row is not None and is_live and not row.advance(token):
-            raise RuntimeError(f"row {i}: the sampled token {token} was rejected by its grammar")
 
 
 @torch.inference_mode()

@@ -29,7 +29,6 @@ class Outcome:
 async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: int,
                          adapter_dir: Path | None, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from kiln.policy.identity import with_inference
-
     from kiln.settings import Settings
 
     inspection = await inspect_environment(url)
