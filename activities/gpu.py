@@ -186,9 +186,9 @@ class GpuActivities:
         ticker = asyncio.ensure_future(_beat_while_waiting(latest, info.heartbeat_timeout))
         try:
             policy = await asyncio.to_thread(self.policy)
+            request_tag.set(inp.run_id)  # the engine's batching figures name the runs batched together
             if self.settings.engine == "vllm":
                 _size_default_executor(self.settings.gpu_concurrency)
-                request_tag.set(info.workflow_id)  # the engine's /stats shows runs batched together
             adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)
             started = time.monotonic()
             result = await collect(

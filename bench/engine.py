@@ -9,6 +9,12 @@ server (``openenv``) with one session per candidate, a qwen3-0.6b-shaped random 
 ``--tokens`` tokens. Prints episodes/s and generated tokens/s of each engine and the vllm/hf
 ratios. The vllm engine is started before timing (its start is reported separately).
 
+Then vLLM's own limit on the same token workload: every request the vllm collection sent (its
+prompt ids, its seed, the number of tokens it produced) is replayed through one ``LLM.generate``
+call of vLLM itself (``bench/vllm_raw.py``, in the engine's venv, after Kiln's engine is stopped):
+no environment, no HTTP, no grammar, every prompt known up front. The ratio Kiln-vllm / raw is how
+close Kiln's collection comes to the engine's limit.
+
 Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR]`` (needs
 ``scripts/setup.sh --engine vllm``).
 """
@@ -48,6 +54,48 @@ async def collect_all(runtime, base_url: str, inspection: dict, args) -> tuple[f
     return elapsed, episodes, tokens
 
 
+def recording_engine(config):
+    """A :class:`VllmEngine` that records each request it sends: prompt ids, seed, tokens produced."""
+    from kiln.policy.engine_vllm import VllmEngine
+
+    class Recording(VllmEngine):
+        def __init__(self, cfg) -> None:
+            super().__init__(cfg)
+            self.workload: list[dict] = []
+            self.recording = False
+
+        def _call(self, req, prompt, max_tokens, seed, stop_ids, grammar, tag):
+            out = super()._call(req, prompt, max_tokens, seed, stop_ids, grammar, tag)
+            if self.recording and out["ids"]:
+                self.workload.append({"prompt_ids": [int(t) for t in prompt], "max_tokens": len(out["ids"]),
+                                      "seed": int(seed) % (1 << 63)})
+            return out
+
+    return Recording(config)
+
+
+def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int) -> dict:
+    """vLLM's own generate on ``workload`` (``bench/vllm_raw.py`` in the engine's venv)."""
+    import json
+    import subprocess
+
+    from kiln.policy.engine_vllm import default_python
+
+    path = work / "workload.json"
+    path.write_text(json.dumps(workload), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(VLLM_CPU_KVCACHE_SPACE="2", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    done = subprocess.run(
+        [str(default_python()), str(Path(__file__).with_name("vllm_raw.py")), "--model", str(model),
+         "--workload", str(path), "--max-num-seqs", str(max_num_seqs)],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"vllm_raw.py failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=8)
@@ -63,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kiln.openenv.discovery import inspect_environment
-    from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+    from kiln.policy.engine_vllm import VllmConfig, default_python
     from kiln.policy.runtime import PolicyRuntime
     from tests.support.servers import example_env_argv, serve_app_process
 
@@ -76,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         model = build_random_model(Path(tmp.name) / "model", shape="qwen3-0.6b", layers=args.layers, dtype="bfloat16")
     hf = PolicyRuntime.load(model)
     vllm = PolicyRuntime.load(model)
-    engine = VllmEngine(VllmConfig(model_path=model, python=default_python(), log_path=Path(tmp.name) / "vllm.log",
-                                   max_model_len=4096, cpu_kvcache_gb=2, max_num_seqs=args.groups * args.group_size))
+    engine = recording_engine(VllmConfig(model_path=model, python=default_python(),
+                                         log_path=Path(tmp.name) / "vllm.log",
+                                         max_model_len=4096, cpu_kvcache_gb=2,
+                                         max_num_seqs=args.groups * args.group_size))
     vllm.use_engine(engine)
     results = {}
     sessions = args.groups * args.group_size
@@ -91,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             for name, runtime in (("hf", hf), ("vllm", vllm)):
                 warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
                 asyncio.run(collect_all(runtime, base_url, inspection, warm))
+                engine.recording = name == "vllm"
                 results[name] = asyncio.run(collect_all(runtime, base_url, inspection, args))
+                engine.recording = False
                 print(f"{name} done", flush=True)
+        engine.close()  # the raw engine gets the machine to itself
+        raw = raw_vllm(model, engine.workload, Path(tmp.name), max_num_seqs=sessions)
+        print(f"raw vllm done (its engine started in {raw['start_s']:.1f}s)", flush=True)
     finally:
         engine.close()
         tmp.cleanup()
@@ -102,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, (elapsed, episodes, tokens) in results.items():
         print(f"{name:>6} {elapsed:>8.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
     (he, hn, ht), (ve, vn, vt) = results["hf"], results["vllm"]
+    rs, rt = raw["seconds"], raw["tokens"]
+    print(f"{'raw':>6} {rs:>8.1f} {'-':>11} {rt / rs:>9.1f}   (vLLM's generate: the vllm rows' "
+          f"{raw['requests']} requests, same prompts, lengths and seeds, no environment)")
     print(f"ratio vllm/hf: episodes/s {(vn / ve) / (hn / he):.2f}x, tokens/s {(vt / ve) / (ht / he):.2f}x")
+    print(f"ratio Kiln-vllm/raw vLLM tokens/s: {(vt / ve) / (rt / rs):.2f}x; raw vLLM/Kiln-hf tokens/s: "
+          f"{(rt / rs) / (ht / he):.2f}x")
     return 0
 
 

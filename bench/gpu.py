@@ -7,17 +7,24 @@ Qwen's real 151k vocabulary (weights random: throughput and memory are real, qua
 1. sampling, one group of 8 candidates: :meth:`PolicyRuntime.sample` (one batched KV-cache loop,
    shared prefill) vs the baseline ``model.generate`` one sequence at a time;
 2. sampling, 4 concurrent groups: four threads each sampling a group of 8 through the runtime
-   (what four collection activities on one gpu worker do; the runtime serialises them) and the
-   same 32 rows as one batch, vs the baseline generating the 32 sequences one at a time;
-3. a training step at 8 × 2048 tokens: Kiln's ``train_step`` (GRPO surrogate + ECHO, LoRA r16 on
+   (what four collection activities on one gpu worker do; the hf engine decodes their rows in one
+   loop) and the same 32 rows as one batch, vs the baseline generating the 32 sequences one at a time;
+3. the engines (``--engines``, default hf plus vllm where ``.venv-vllm`` is installed): ``--engine-groups``
+   concurrent groups of 8 (threads, as collection activities) sampled through the engine port of
+   each engine, tokens/s and the vllm/hf ratio. With vllm on CUDA the engine keeps its share of GPU
+   memory (``KILN_VLLM_GPU_MEMORY_UTILIZATION``, 0.5) while the training step of 4 runs next to it:
+   the memory the engine took and the trainer's peak beside it are the measured memory split. A box
+   without vLLM gives the hf rows only and says so;
+4. a training step at 8 × 2048 tokens: Kiln's ``train_step`` (GRPO surrogate + ECHO, LoRA r16 on
    the runtime's shared base via ``training_lease``) vs a bare PEFT loop (forward, advantage-
    weighted action log-prob, backward, clip, AdamW step) — tokens/s and peak CUDA memory.
 
 Sampling rows never stop early (random weights; the baseline uses ``min_new_tokens``), so both
-sides produce the same number of tokens. Prepared to finish in under 5 minutes on one H100/H200.
+sides produce the same number of tokens. Prepared to finish in under 5 minutes on one H100/H200
+(plus the vllm engine's start).
 
     python bench/gpu.py [--prompt-tokens 512] [--new-tokens 256] [--train-rows 8] [--train-tokens 2048]
-    python bench/gpu.py --smoke      # CPU, tiny sizes
+    python bench/gpu.py --smoke      # CPU, small sizes (a 1-layer qwen3-0.6b shape when vllm runs)
 """
 
 from __future__ import annotations
@@ -132,6 +139,68 @@ def bench_sampling(rt, *, prompt_tokens: int, new_tokens: int, group: int, devic
     }
 
 
+def bench_engines(rt, folder: Path, engines: list[str], *, groups: int, prompt_tokens: int, new_tokens: int,
+                  device: str) -> dict:
+    """``groups`` concurrent groups of 8 rows through each engine of the port (see the docstring).
+    Leaves the vllm engine running (returned under ``"_engine"``) so training can be measured beside it."""
+    from kiln.policy.runtime import PolicyRuntime
+
+    prompts = [_prompt(rt, prompt_tokens, 10 + g) for g in range(groups)]
+    out: dict = {"groups": groups, "rows": 8 * groups, "new_tokens": new_tokens}
+
+    def collect(runtime) -> tuple[int, float]:
+        produced: list[int] = []
+
+        def group(g: int) -> None:
+            rows = runtime.sample([prompts[g]] * 8, [1000 * g + i for i in range(8)], max_new_tokens=new_tokens,
+                                  temperature=1.0, thinking=False)
+            produced.append(sum(len(r.ids) for r in rows))
+
+        def all_groups() -> None:
+            threads = [threading.Thread(target=group, args=(g,)) for g in range(groups)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+        _, seconds = _timed(device, all_groups)
+        return sum(produced), seconds
+
+    for name in engines:
+        if name == "hf":
+            tokens, seconds = collect(rt)
+            out["hf"] = {"tokens_per_s": tokens / seconds, "tokens": tokens}
+            continue
+        from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+        from kiln.settings import Settings
+
+        settings = Settings()
+        rt.model.save_pretrained(str(folder))  # vLLM loads the same weights from disk
+        free_before = torch.cuda.mem_get_info()[0] if device.startswith("cuda") else None
+        engine = VllmEngine(VllmConfig(model_path=folder, python=default_python(), dtype=rt.dtype,
+                                       log_path=folder / "vllm-engine.log",
+                                       max_model_len=prompt_tokens + new_tokens + 64,
+                                       max_num_seqs=max(64, 8 * groups), cpu_kvcache_gb=2,
+                                       gpu_memory_utilization=settings.vllm_gpu_memory_utilization))
+        started = time.perf_counter()
+        engine.start()
+        served = PolicyRuntime(rt.model, rt.tokenizer, model_path=folder, device=device, dtype=rt.dtype,
+                               max_adapters=4)
+        served.use_engine(engine)
+        entry: dict = {"start_s": time.perf_counter() - started, "version": engine.identity()["version"]}
+        served.sample([prompts[0]] * 2, [0, 1], max_new_tokens=4, temperature=1.0, thinking=False)  # warm-up
+        tokens, seconds = collect(served)
+        entry.update(tokens_per_s=tokens / seconds, tokens=tokens)
+        if free_before is not None:
+            entry["engine_gib"] = (free_before - torch.cuda.mem_get_info()[0]) / 2**30
+            entry["gpu_memory_utilization"] = settings.vllm_gpu_memory_utilization
+        out["vllm"] = entry
+        out["_engine"] = engine
+    if "hf" in out and "vllm" in out:
+        out["vllm_over_hf"] = out["vllm"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
+    return out
+
+
 def _synthetic_rows(rows: int, tokens: int, vocab: int):
     """``rows`` completions of ``tokens`` tokens with alternating observation/action spans."""
     from kiln.train.batches import Row
@@ -211,10 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated engines to compare (default: hf, plus vllm where .venv-vllm exists)")
+    parser.add_argument("--engine-groups", type=int, default=8, help="concurrent groups of 8 in the engine rows")
     args = parser.parse_args(argv)
+    from kiln.policy.engine_vllm import default_python
+
+    vllm_installed = default_python().is_file()
+    engines = args.engines.split(",") if args.engines else ["hf"] + (["vllm"] if vllm_installed else [])
+    if "vllm" in engines and not vllm_installed:
+        print(f"--engines names vllm, but its Python {default_python()} does not exist: install it with "
+              "`KILN_VLLM_BUILD=cuda scripts/setup.sh --engine vllm`", file=sys.stderr)
+        return 2
     if args.smoke:
-        device, dtype, shape, layers = "cpu", "float32", "tiny", None
+        # vLLM refuses the tiny shape's head size: the smoke runs a 1-layer qwen3-0.6b shape with vllm
+        device, dtype = "cpu", "float32"
+        shape, layers = ("qwen3-0.6b", 1) if "vllm" in engines else ("tiny", None)
         args.prompt_tokens, args.new_tokens, args.train_rows, args.train_tokens, args.repeats = 32, 8, 2, 64, 1
+        args.engine_groups = min(args.engine_groups, 2)
         torch.set_num_threads(1)
     else:
         if not torch.cuda.is_available():
@@ -233,9 +316,16 @@ def main(argv: list[str] | None = None) -> int:
             "model": f"{shape} random ({dtype})", "torch": torch.__version__,
             "sampling": bench_sampling(rt, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                                        group=8, device=device),
-            "training": bench_training(rt, rows=args.train_rows, tokens=args.train_tokens,
-                                       repeats=args.repeats, device=device),
         }
+        report["engines"] = bench_engines(rt, Path(tmp), engines, groups=args.engine_groups,
+                                          prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, device=device)
+        engine = report["engines"].pop("_engine", None)
+        try:  # with vllm on CUDA, the trainer runs beside the engine's share of GPU memory
+            report["training"] = bench_training(rt, rows=args.train_rows, tokens=args.train_tokens,
+                                                repeats=args.repeats, device=device)
+        finally:
+            if engine is not None:
+                engine.close()
     report["wall_s"] = time.perf_counter() - started
     s, t = report["sampling"], report["training"]
     print(f"{report['model']} on {report['device']} (prompt {args.prompt_tokens}, {args.new_tokens} new tokens)")
@@ -244,8 +334,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sampling, 4 groups (4 threads): kiln {s['four_groups_threads']['kiln_tokens_per_s']:.1f} tok/s = "
           f"{s['four_groups_threads']['speedup']:.2f}x; as one batch of 32: "
           f"{s['four_groups_one_batch']['kiln_tokens_per_s']:.1f} tok/s = {s['four_groups_one_batch']['speedup']:.2f}x")
+    e = report["engines"]
+    for name in ("hf", "vllm"):
+        if name in e:
+            extra = ""
+            if name == "vllm":
+                extra = f" (vllm {e['vllm']['version']}, started in {e['vllm']['start_s']:.1f} s"
+                if "engine_gib" in e["vllm"]:
+                    extra += (f", took {e['vllm']['engine_gib']:.1f} GiB of GPU memory at utilization "
+                              f"{e['vllm']['gpu_memory_utilization']}")
+                extra += ")"
+            print(f"engine {name}, {e['groups']} groups of 8 at once: {e[name]['tokens_per_s']:.1f} tok/s{extra}")
+    if "vllm_over_hf" in e:
+        print(f"engine ratio vllm/hf tokens/s: {e['vllm_over_hf']:.2f}x")
+    if "vllm" not in e:
+        print("engine vllm: not measured (not installed here: `KILN_VLLM_BUILD=cuda scripts/setup.sh --engine vllm`)")
     peak = lambda v: "n/a" if v is None else f"{v:.1f} GiB"  # noqa: E731
-    print(f"training step {t['rows']}x{t['tokens_per_row']}: kiln {t['kiln']['tokens_per_s']:.0f} tok/s, peak "
+    beside = " (beside the vllm engine)" if "vllm" in e and device.startswith("cuda") else ""
+    print(f"training step{beside} {t['rows']}x{t['tokens_per_row']}: kiln {t['kiln']['tokens_per_s']:.0f} tok/s, peak "
           f"{peak(t['kiln']['peak_gib'])} vs bare peft {t['bare_peft']['tokens_per_s']:.0f} tok/s, peak "
           f"{peak(t['bare_peft']['peak_gib'])}; kiln/bare time = {t['kiln_over_bare_time']:.2f}x")
     print(f"total {report['wall_s']:.1f} s")

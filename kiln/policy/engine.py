@@ -32,7 +32,7 @@ from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
 
 EngineName = Literal["hf", "vllm"]
 
-# Who the rows generated in this context belong to (the gpu worker sets the run's workflow id):
+# Who the rows generated in this context belong to (the gpu worker sets the run id):
 # a batching engine reports which callers' requests it ran together.
 request_tag: ContextVar[str | None] = ContextVar("kiln_engine_request_tag", default=None)
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")

@@ -85,6 +85,7 @@ class VllmEngine:
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
+        self._broken_port: int | None = None  # a request to this server could not connect
         self.restarts = 0
 
     # --------------------------------------------------------------------------- process
@@ -98,7 +99,9 @@ class VllmEngine:
     def start(self) -> None:
         """Start the server when it is not running (restarting a dead one); wait for health."""
         with self._start_lock:
-            if self._alive() and self._port is not None:
+            # a killed server's process can still look alive while the kernel tears it down: a
+            # refused or reset connection to the current port restarts it as well
+            if self._alive() and self._port is not None and self._broken_port != self._port:
                 return
             if self._proc is not None:
                 self.restarts += 1
@@ -265,6 +268,9 @@ class VllmEngine:
                                   headers={"content-type": "application/json"},
                                   timeout=self.config.request_timeout_s)
         except httpx.HTTPError as exc:
+            if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+                with self._start_lock:
+                    self._broken_port = port  # the next call restarts this server
             raise EngineUnavailable(
                 f"the vllm engine (pid {self.pid}) did not answer: {exc}",
                 hint="the engine is restarted on the next request; the group is retried",

@@ -204,6 +204,27 @@ def test_engine_setting_sizes_the_gpu_worker() -> None:
             Settings(hf_decode_tile=bad)
 
 
+def test_a_vllm_worker_configures_its_engine_from_its_settings(tmp_path: Path) -> None:
+    from kiln.policy.engine_vllm import default_python, engine_for
+
+    settings = Settings(home=tmp_path / "home", engine="vllm", vllm_max_concurrent_activities=12,
+                        vllm_gpu_memory_utilization=0.35, vllm_cpu_kvcache_gb=3, vllm_max_model_len=1536)
+    engine = engine_for(settings, tmp_path / "model", dtype="bfloat16")
+    try:
+        cfg = engine.config
+        assert (cfg.model_path, cfg.dtype, cfg.python) == (tmp_path / "model", "bfloat16", default_python())
+        assert (cfg.gpu_memory_utilization, cfg.cpu_kvcache_gb, cfg.max_model_len) == (0.35, 3, 1536)
+        assert cfg.max_num_seqs == 96  # 12 activities x 8 rows
+        assert cfg.log_path == tmp_path / "home" / "logs" / "vllm-engine.log" and cfg.log_path.parent.is_dir()
+        assert engine.pid is None  # nothing starts until the first request
+    finally:
+        engine.close()
+    python = tmp_path / "py"
+    own = engine_for(Settings(home=tmp_path / "home", engine="vllm", vllm_python=python), tmp_path, dtype="float32")
+    own.close()
+    assert own.config.python == python and own.config.max_num_seqs == 256
+
+
 def test_a_missing_engine_python_is_a_clear_non_retryable_error(tmp_path: Path) -> None:
     from kiln.errors import EngineUnavailable
     from kiln.policy.engine_vllm import VllmConfig, VllmEngine
