@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--enable-lora", action="store_true", help="LoRA enabled, as Kiln's server runs it")
     args = parser.parse_args()
     requests = json.loads(open(args.workload, encoding="utf-8").read())
 
@@ -33,7 +34,8 @@ def main() -> None:
 
     started = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              enforce_eager=True, enable_prefix_caching=True, seed=0)
+              enforce_eager=True, enable_prefix_caching=True, seed=0,
+              **({"enable_lora": True, "max_lora_rank": 16, "max_loras": 4} if args.enable_lora else {}))
     start_s = time.perf_counter() - started
 
     def params(n: int, seed: int) -> SamplingParams:

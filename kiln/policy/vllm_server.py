@@ -76,6 +76,7 @@ class Server:
         self.model = args.model
         self.loras: dict[str, int] = {}
         self.in_flight: dict[str, str | None] = {}
+        self.met_another_run: set[str] = set()  # requests in flight together with another tag's
         self.max_in_flight = 0
         self.overlapped: dict[str, int] = {}
 
@@ -92,7 +93,7 @@ class Server:
 
     def _params(self, body: dict):
         from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         structured = None
         if body.get("grammar"):
@@ -111,14 +112,21 @@ class Server:
             skip_special_tokens=False,
             detokenize=False,
             structured_outputs=structured,
+            # one output per request, at its end: streaming every step's cumulative ids and
+            # log-probs back through the server costs a core on a small machine
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
     async def generate(self, body: dict) -> dict:
         request_id = uuid.uuid4().hex
         tag = body.get("tag")
+        if tag is not None:  # two requests overlap when one arrives while the other is in flight
+            others = [rid for rid, t in self.in_flight.items() if t is not None and t != tag]
+            if others:
+                self.met_another_run.add(request_id)
+                self.met_another_run.update(others)
         self.in_flight[request_id] = tag
         self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
-        others = False
         final = None
         try:
             async for out in self.engine.generate(
@@ -128,12 +136,11 @@ class Server:
                 lora_request=self._lora(body.get("adapter")),
             ):
                 final = out
-                if tag is not None and any(t is not None and t != tag for t in self.in_flight.values()):
-                    others = True
         finally:
             self.in_flight.pop(request_id, None)
-        if others:
-            self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+            if request_id in self.met_another_run:
+                self.met_another_run.discard(request_id)
+                self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
         completion = final.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         logprobs = []
