@@ -5,9 +5,9 @@ Runs with the vllm engine's Python (``.venv-vllm/bin/python bench/vllm_raw.py ..
 nothing from Kiln. The workload is a JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}``
 (``bench.engine`` records every request its vllm collection sent, with the number of tokens each
 produced). All of them are given to one ``LLM.generate`` call, as token ids, with the engine settings
-of Kiln's vllm server (eager mode, prefix caching, float32 on CPU, the sampled token's log-prob),
-each generating exactly its recorded number of tokens (``min_tokens = max_tokens``, EOS ignored) at
-its recorded seed. Prints one JSON line: ``{"seconds", "requests", "tokens", "start_s"}``, the
+of Kiln's vllm server (eager mode, prefix caching, float32 on CPU, the sampled token's log-prob;
+LoRA enabled with ``--enable-lora``, as the server always runs), each generating exactly its
+recorded number of tokens (``min_tokens = max_tokens``, EOS ignored) at its recorded seed. Prints one JSON line: ``{"seconds", "requests", "tokens", "start_s"}``, the
 generate call timed after a warm-up request.
 """
 

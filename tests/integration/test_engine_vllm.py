@@ -4,7 +4,8 @@ serving a two-iteration online run and two rollout runs at once through a kill -
 
 ``scripts/test.sh`` installs the engine; where it is absent the module is skipped with a reason
 (install it with ``scripts/setup.sh --engine vllm``), unless ``KILN_REQUIRE_VLLM=1`` (CI), where the
-first test fails with ``engine_unavailable`` instead. One engine process serves most of the module.
+first test fails with ``engine_unavailable`` instead. One engine process (restarted once, by the
+kill) serves the whole module, the gpu worker's runs included.
 """
 
 from __future__ import annotations
