@@ -12,8 +12,9 @@ ratios. The vllm engine is started before timing (its start is reported separate
 Then vLLM's own limit on the same token workload: every request the vllm collection sent (its
 prompt ids, its seed, the number of tokens it produced) is replayed through one ``LLM.generate``
 call of vLLM itself (``bench/vllm_raw.py``, in the engine's venv, after Kiln's engine is stopped):
-no environment, no HTTP, every prompt known up front. Twice: with LoRA enabled, as Kiln's server
-runs vLLM (it serves adapters), which isolates Kiln's own overhead; and without, vLLM's plain limit.
+no environment, no HTTP, every prompt known up front. Three times: with LoRA enabled and Kiln's
+grouped LoRA products, as Kiln's server runs vLLM (it serves adapters), which isolates Kiln's own
+overhead; with LoRA enabled and vLLM's own CPU LoRA products; and without LoRA, vLLM's plain limit.
 The ratios Kiln-vllm / raw say how close Kiln's collection comes to each.
 
 Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR]`` (needs
@@ -75,9 +76,16 @@ def recording_engine(config):
     return Recording(config)
 
 
-def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *, lora: bool) -> dict:
-    """vLLM's own generate on ``workload`` (``bench/vllm_raw.py`` in the engine's venv), with LoRA
-    enabled or not."""
+RAW_MODES = {
+    "grouped": "LoRA enabled, Kiln's grouped LoRA products: the server's settings",
+    "stock": "LoRA enabled, vLLM's own CPU LoRA products",
+    "off": "LoRA off",
+}
+
+
+def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *, lora: str) -> dict:
+    """vLLM's own generate on ``workload`` (``bench/vllm_raw.py`` in the engine's venv), LoRA as
+    ``lora`` (a key of ``RAW_MODES``)."""
     import json
     import subprocess
 
@@ -89,7 +97,7 @@ def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *
     env.update(VLLM_CPU_KVCACHE_SPACE="2", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     done = subprocess.run(
         [str(default_python()), str(Path(__file__).with_name("vllm_raw.py")), "--model", str(model),
-         "--workload", str(path), "--max-num-seqs", str(max_num_seqs), *(["--enable-lora"] if lora else [])],
+         "--workload", str(path), "--max-num-seqs", str(max_num_seqs), "--lora", lora],
         env=env, capture_output=True, text=True, timeout=1800,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -149,27 +157,28 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} done", flush=True)
         engine.close()  # the raw engine gets the machine to itself
         raws = {lora: raw_vllm(model, engine.workload, Path(tmp.name), max_num_seqs=sessions, lora=lora)
-                for lora in (True, False)}
+                for lora in RAW_MODES}
         print("raw vllm done", flush=True)
     finally:
         engine.close()
         tmp.cleanup()
     print(f"{args.groups} groups x {args.group_size}, {args.max_steps} turns of <= {args.tokens} tokens, "
           f"qwen3-0.6b shape, {args.layers} layers")
-    print(f"{'engine':>8} {'seconds':>6} {'episodes/s':>11} {'tokens/s':>9}")
+    print(f"{'engine':>11} {'seconds':>6} {'episodes/s':>11} {'tokens/s':>9}")
     for name, (elapsed, episodes, tokens) in results.items():
-        print(f"{name:>8} {elapsed:>6.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
+        print(f"{name:>11} {elapsed:>6.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
     (he, hn, ht), (ve, vn, vt) = results["hf"], results["vllm"]
     rate = {lora: raw["tokens"] / raw["seconds"] for lora, raw in raws.items()}
     for lora, raw in raws.items():
-        label = "raw+lora" if lora else "raw"
-        print(f"{label:>8} {raw['seconds']:>6.1f} {'-':>11} {rate[lora]:>9.1f}   (vLLM's generate, LoRA "
-              f"{'enabled' if lora else 'off'}: the vllm rows' {raw['requests']} requests, same prompts, "
-              "lengths and seeds, no environment)")
+        print(f"{'raw-' + lora:>11} {raw['seconds']:>6.1f} {'-':>11} {rate[lora]:>9.1f}   (vLLM's generate, "
+              f"{RAW_MODES[lora]}: the vllm rows' {raw['requests']} requests, same prompts, lengths and seeds, "
+              "no environment)")
     print(f"ratio vllm/hf: episodes/s {(vn / ve) / (hn / he):.2f}x, tokens/s {(vt / ve) / (ht / he):.2f}x")
-    print(f"ratio Kiln-vllm / raw vLLM with LoRA enabled (the server's settings): {(vt / ve) / rate[True]:.2f}x; "
-          f"/ raw vLLM without LoRA: {(vt / ve) / rate[False]:.2f}x; raw vLLM without LoRA / Kiln-hf: "
-          f"{rate[False] / (ht / he):.2f}x")
+    print(f"ratio Kiln-vllm / raw vLLM with the server's settings: {(vt / ve) / rate['grouped']:.2f}x; "
+          f"/ raw vLLM without LoRA: {(vt / ve) / rate['off']:.2f}x; / raw vLLM with its own CPU LoRA "
+          f"products: {(vt / ve) / rate['stock']:.2f}x")
+    print(f"ratio raw vLLM without LoRA / Kiln-hf: {rate['off'] / (ht / he):.2f}x (the most any collection "
+          "on this engine could reach here)")
     return 0
 
 

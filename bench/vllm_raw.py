@@ -2,20 +2,36 @@
 compares Kiln's collection with.
 
 Runs with the vllm engine's Python (``.venv-vllm/bin/python bench/vllm_raw.py ...``) and imports
-nothing from Kiln. The workload is a JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}``
-(``bench.engine`` records every request its vllm collection sent, with the number of tokens each
-produced). All of them are given to one ``LLM.generate`` call, as token ids, with the engine settings
-of Kiln's vllm server (eager mode, prefix caching, float32 on CPU, the sampled token's log-prob;
-LoRA enabled with ``--enable-lora``, as the server always runs), each generating exactly its
-recorded number of tokens (``min_tokens = max_tokens``, EOS ignored) at its recorded seed. Prints one JSON line: ``{"seconds", "requests", "tokens", "start_s"}``, the
-generate call timed after a warm-up request.
+nothing from Kiln's package, only, by path, ``kiln/policy/vllm_server.py``'s prompt scheduling and
+(with ``--lora grouped``) ``kiln/policy/vllm_lora_cpu.py``, as Kiln's server does. The workload is a
+JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}`` (``bench.engine`` records every
+request its vllm collection sent, with the number of tokens each produced). All of them are given to
+one ``LLM.generate`` call, as token ids, with the engine settings of Kiln's vllm server (eager mode,
+prefix caching, float32 on CPU, no chunked prefill on CPU, the sampled token's log-prob), each
+generating exactly its recorded number of tokens (``min_tokens = max_tokens``, EOS ignored) at its
+recorded seed. ``--lora``: ``off`` (vLLM's plain limit), ``stock`` (LoRA enabled, vLLM's own CPU
+LoRA products) or ``grouped`` (LoRA enabled with Kiln's grouped products: the server's settings).
+Prints one JSON line: ``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed
+after a warm-up request.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kiln" / "policy"))
+
+# vLLM's CPU build spawns its engine core, which runs this script again as ``__mp_main__`` with the
+# same argv: the grouped products go in there, where the model runs, as in Kiln's server.
+if __name__ in ("__main__", "__mp_main__") and "grouped" in sys.argv:
+    import vllm_lora_cpu
+
+    if not vllm_lora_cpu.install():
+        raise SystemExit("vllm_lora_cpu.install() found no vLLM CPU LoRA path to patch")
 
 
 def main() -> None:
@@ -26,16 +42,20 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--enable-lora", action="store_true", help="LoRA enabled, as Kiln's server runs it")
+    parser.add_argument("--lora", choices=("off", "stock", "grouped"), default="off",
+                        help="LoRA off, enabled with vLLM's CPU products, or enabled with Kiln's grouped ones")
     args = parser.parse_args()
     requests = json.loads(open(args.workload, encoding="utf-8").read())
 
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+    from vllm_server import prefill_settings  # the server's prompt scheduling (stdlib at import)
 
     started = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               enforce_eager=True, enable_prefix_caching=True, seed=0,
-              **({"enable_lora": True, "max_lora_rank": 16, "max_loras": 4} if args.enable_lora else {}))
+              **prefill_settings(args.max_model_len, current_platform.is_cpu()),
+              **({"enable_lora": True, "max_lora_rank": 16, "max_loras": 4} if args.lora != "off" else {}))
     start_s = time.perf_counter() - started
 
     def params(n: int, seed: int) -> SamplingParams:

@@ -36,16 +36,26 @@ two groups at once (a default gpu worker's collection activities) and its ``hf``
 live rows of both in one decode tile of 8; an invalid action ends the episode on both sides with the protocol-error reward (−1)
 and both train on it.
 
+**Kiln on the vllm engine** (``--kiln-engines hf vllm``): a third side, ``kiln-vllm``, runs the same
+loop with a second runtime whose engine is a vLLM server process (``.venv-vllm``): collection
+through vLLM with each iteration's adapter hot-loaded by path, at most ``MAX_PARALLEL_GROUPS``
+groups at once (what one run's workflow keeps in flight), and training with the engine-mismatch
+correction that data from another engine than hf gets. Its adapters are evaluated by the same hf
+evaluator. vLLM's CPU build refuses the demo model's 16-wide heads, so with the vllm side the tiny
+model is built with heads of 32 (``--head-dim``; the same recipe, a different model) for every side.
+TRL's own vLLM mode is not a side: its server mode sends weights over NCCL (CUDA only).
+
 Run: ``python -m bench.vs_trl [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]
-[--learning-rate 3e-4] [--echo-lambda 0.05] [--sides both|kiln|trl] [--trl-python
-.venv-trl/bin/python] [--out vs_trl.json]``. Needs the TRL venv for the TRL side (``python3 -m venv
-.venv-trl && .venv-trl/bin/pip install -r bench/requirements-trl.txt``); exits 2 with that line when
-it is missing. About 3 minutes per range and side on 2 idle cores.
+[--learning-rate 3e-4] [--echo-lambda 0.05] [--sides both|kiln|trl] [--kiln-engines hf [vllm]]
+[--head-dim N] [--trl-python .venv-trl/bin/python] [--out vs_trl.json]``. Needs the TRL venv for the
+TRL side (``python3 -m venv .venv-trl && .venv-trl/bin/pip install -r bench/requirements-trl.txt``);
+exits 2 with that line when it is missing. About 3 minutes per range and side on 2 idle cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -66,6 +76,12 @@ DEFAULT_TRL_PYTHON = REPO / ".venv-trl" / "bin" / "python"
 SETUP_LINE = ("the TRL venv is missing: create it with "
               "`python3 -m venv .venv-trl && .venv-trl/bin/pip install -r bench/requirements-trl.txt` "
               "(or pass --trl-python)")
+
+
+SIDES = ("kiln", "kiln-vllm", "trl")
+DEMO_HEAD_DIM = 16
+VLLM_HEAD_DIM = 32
+VLLM_SETUP_LINE = "the vllm engine is missing: install it with `scripts/setup.sh --engine vllm`"
 
 
 @dataclass
@@ -148,17 +164,19 @@ def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path,
 
 
 def run_kiln(args: argparse.Namespace, runtime: Any, env_url: str, model_dir: Path, work: Path, start: int,
-             base: dict[int, float]) -> SideRun:
+             base: dict[int, float], *, side: str = "kiln", evaluator: Any = None,
+             concurrency: int | None = None) -> SideRun:
     from tests.support.online_loop import run_online
 
     def show(figures: Any) -> None:
-        print(f"  Kiln range {start} iteration {figures.iteration}: held-out {figures.held_out_mean:.3f}, "
+        print(f"  {side} range {start} iteration {figures.iteration}: held-out {figures.held_out_mean:.3f}, "
               f"{figures.wall_s:.1f} s, KL to previous {figures.kl_to_previous:.4f}, "
               f"KL to base {figures.kl_to_base:.4f}", flush=True)
 
-    online = run_online(runtime, env_url, model_dir, work / f"kiln-{start}", config=training_config(args),
+    online = run_online(runtime, env_url, model_dir, work / f"{side}-{start}", config=training_config(args),
                         seed_start=start, iterations=args.iterations, groups=args.groups,
-                        group_size=args.group_size, base_held_out=base, progress=show)
+                        group_size=args.group_size, base_held_out=base, progress=show, evaluator=evaluator,
+                        concurrency=concurrency)
     run = SideRun(held_out=[f.held_out_mean for f in online.iterations if not f.failed],
                   walls_s=[f.wall_s for f in online.iterations if not f.failed])
     failed = [f for f in online.iterations if f.failed]
@@ -167,11 +185,12 @@ def run_kiln(args: argparse.Namespace, runtime: Any, env_url: str, model_dir: Pa
     return run
 
 
-def report(args: argparse.Namespace, base: float, runs: dict[int, dict[str, SideRun]]) -> None:
-    sides = [s for s in ("kiln", "trl") if any(s in r for r in runs.values())]
+def report(args: argparse.Namespace, base: float, runs: dict[int, dict[str, SideRun]], head_dim: int) -> None:
+    sides = [s for s in SIDES if any(s in r for r in runs.values())]
     print(f"\n{args.groups} groups x {args.group_size}, {args.iterations} iterations, seed ranges "
           f"{sorted(runs)}, lr {training_config(args).resolved_learning_rate()}, {args.threads} torch thread(s), "
-          f"{os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d}; base held-out {base:.3f}")
+          f"{os.cpu_count()} cores, tiny model head_dim {head_dim}, {datetime.now(UTC):%Y-%m-%d}; "
+          f"base held-out {base:.3f}")
     print("held-out mean return, mean ± SE over ranges (n ranges)")
     print("iteration" + "".join(f" | {s:>20}" for s in sides))
     for k in range(args.iterations):
@@ -185,14 +204,19 @@ def report(args: argparse.Namespace, base: float, runs: dict[int, dict[str, Side
         for side in sides:
             if side in r:
                 extra = f" FAILED {r[side].failed}" if r[side].failed else ""
-                print(f"  {start:>5} {side:>4}: " + " ".join(f"{v:.3f}" for v in r[side].held_out) + extra)
+                print(f"  {start:>5} {side:>9}: " + " ".join(f"{v:.3f}" for v in r[side].held_out) + extra)
     walls = {s: [w for r in runs.values() if s in r for w in r[s].walls_s] for s in sides}
     for side in sides:
         if walls[side]:
             print(f"{side}: {sum(walls[side]) / len(walls[side]):.1f} s/iteration ({len(walls[side])} iterations)")
-    if all(walls.get(s) for s in ("kiln", "trl")):
-        ratio = (sum(walls["kiln"]) / len(walls["kiln"])) / (sum(walls["trl"]) / len(walls["trl"]))
-        print(f"ratio (Kiln / TRL time per iteration): {ratio:.2f}x (target <= 1.0)")
+    per_iteration = {s: sum(w) / len(w) for s, w in walls.items() if w}
+    for side in ("kiln", "kiln-vllm"):
+        if side in per_iteration and "trl" in per_iteration:
+            print(f"ratio ({side} / TRL time per iteration): {per_iteration[side] / per_iteration['trl']:.2f}x "
+                  f"(target <= 1.0)")
+    if "kiln" in per_iteration and "kiln-vllm" in per_iteration:
+        print(f"ratio (kiln-vllm / kiln time per iteration): "
+              f"{per_iteration['kiln-vllm'] / per_iteration['kiln']:.2f}x")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -206,6 +230,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="both sides' learning rate (default: Kiln's, AdamW 3e-4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training process")
     parser.add_argument("--sides", choices=("both", "kiln", "trl"), default="both")
+    parser.add_argument("--kiln-engines", nargs="+", choices=("hf", "vllm"), default=["hf"],
+                        help="Kiln's rollout engines, one Kiln side each (vllm: .venv-vllm, and heads of 32)")
+    parser.add_argument("--head-dim", type=int, default=None,
+                        help="the tiny model's head width (default 16, the demo model; 32 with the vllm engine)")
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON)
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="limit of one TRL run")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
@@ -214,15 +242,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def merged(paths: list[Path]) -> tuple[float, dict[int, dict[str, SideRun]]]:
-    """The base return and every range's runs from ``--out`` files (one base: the same evaluator)."""
-    bases, runs = [], {}
+def merged(paths: list[Path]) -> tuple[float, dict[int, dict[str, SideRun]], int]:
+    """The base return, every range's runs and the model's head width from ``--out`` files (one
+    base: the same evaluator; one model)."""
+    bases, runs, widths = [], {}, set()
     for path in paths:
         data = json.loads(path.read_text())
         bases.append(data["base"])
+        widths.add(int(data.get("head_dim", DEMO_HEAD_DIM)))
         for start, sides in data["runs"].items():
             runs[int(start)] = {side: SideRun(**run) for side, run in sides.items()}
-    return sum(bases) / len(bases), runs
+    if len(widths) != 1:
+        raise SystemExit(f"the --merge files come from different models (head widths {sorted(widths)})")
+    return sum(bases) / len(bases), runs, widths.pop()
+
+
+def head_dim_of(args: argparse.Namespace) -> int:
+    """The tiny model's head width: as asked, else 32 where the vllm engine is a side (vLLM's CPU
+    build refuses the demo model's 16), else the demo model's 16."""
+    if args.head_dim is not None:
+        return args.head_dim
+    return VLLM_HEAD_DIM if "vllm" in args.kiln_engines and args.sides != "trl" else DEMO_HEAD_DIM
+
+
+def vllm_runtime(model_dir: Path, work: Path) -> Any:
+    """A second runtime on the same model whose engine is a vLLM server process (the vllm side)."""
+    from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+    from kiln.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime.load(model_dir)
+    engine = VllmEngine(VllmConfig(model_path=model_dir, python=default_python(), log_path=work / "vllm.log",
+                                   max_model_len=4096, cpu_kvcache_gb=1))
+    runtime.use_engine(engine)
+    engine.start()
+    return runtime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sides != "kiln" and not Path(args.trl_python).exists():
         print(SETUP_LINE)
         return 2
+    if "vllm" in args.kiln_engines and args.sides != "trl":
+        from kiln.policy.engine_vllm import default_python
+
+        if not default_python().is_file():
+            print(VLLM_SETUP_LINE)
+            return 2
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(var, None)
     import torch
@@ -242,12 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.policy.tiny import build_tiny_model
     from tests.support.online_loop import held_out
     from tests.support.servers import example_env_argv, serve_app_process
+    from workflows.options import MAX_PARALLEL_GROUPS
 
     runs: dict[int, dict[str, SideRun]] = {}
-    with tempfile.TemporaryDirectory(prefix="kiln-vs-trl-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kiln-vs-trl-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        model_dir = build_tiny_model(work / "model")
-        runtime = PolicyRuntime.load(model_dir)
+        head_dim = head_dim_of(args)
+        model_dir = build_tiny_model(work / "model", head_dim=None if head_dim == DEMO_HEAD_DIM else head_dim)
+        runtime = PolicyRuntime.load(model_dir)  # the hf engine: Kiln's side and every side's evaluator
+        engines = args.kiln_engines if args.sides != "trl" else []
+        served = vllm_runtime(model_dir, work) if "vllm" in engines else None
+        if served is not None:
+            stack.callback(served.engine.close)  # the engine process never outlives the bench
         sessions = max(8, args.groups * args.group_size)
         argv = lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions)  # noqa: E731
         with serve_app_process(argv, startup_timeout_s=300) as url:
@@ -260,13 +325,19 @@ def main(argv: list[str] | None = None) -> int:
                 if args.sides != "kiln":
                     runs[start]["trl"] = run_trl(args, url, model_dir, work, start,
                                                  lambda adapter: held_out(runtime, url, adapter))
-                if args.sides != "trl":
+                if "hf" in engines:
                     runs[start]["kiln"] = run_kiln(args, runtime, url, model_dir, work, start, base_seeds)
+                if served is not None:
+                    # a run's collection: at most MAX_PARALLEL_GROUPS groups at once, however many
+                    # activities the vllm worker would run
+                    runs[start]["kiln-vllm"] = run_kiln(args, served, url, model_dir, work, start, base_seeds,
+                                                        side="kiln-vllm", evaluator=runtime,
+                                                        concurrency=MAX_PARALLEL_GROUPS)
                 print(f"range {start} done in {time.monotonic() - started:.0f} s", flush=True)
                 if args.out is not None:
-                    args.out.write_text(json.dumps({"base": base, "runs": {
+                    args.out.write_text(json.dumps({"base": base, "head_dim": head_dim, "runs": {
                         str(s): {side: vars(run) for side, run in r.items()} for s, r in runs.items()}}, indent=1))
-                report(args, base, runs)
+                report(args, base, runs, head_dim)
     return 0
 
 

@@ -278,8 +278,11 @@ def tiny_qwen3_config(*, vocab_size: int, **overrides: Any) -> Any:
     return Qwen3Config(**values)
 
 
-def build_tiny_model(out_dir: Path) -> Path:
-    """Write the tiny warmed-up model and its tokenizer into ``out_dir``; returns ``out_dir``."""
+def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
+    """Write the tiny warmed-up model and its tokenizer into ``out_dir``; returns ``out_dir``.
+
+    ``head_dim`` widens the attention heads (vLLM's CPU build refuses the tiny shape's 16; 32 is
+    its narrowest): the same recipe, a different model."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -301,6 +304,7 @@ def build_tiny_model(out_dir: Path) -> Path:
         eos_token_id=tok.convert_tokens_to_ids(IM_END),
         pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
         use_cache=True,
+        **({"head_dim": head_dim} if head_dim is not None else {}),
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,14 +1,17 @@
-"""Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only).
+"""Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only, and
+its neighbour :mod:`vllm_lora_cpu`, which needs only torch).
 
 Started by :class:`kiln.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
-environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln, so
-vLLM's pins (torch, transformers) never meet the worker's. It serves one model with LoRA enabled
-through vLLM's ``AsyncLLM``, so every request in flight (from any group, any run) is batched
-continuously by the engine.
+environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln's
+package, so vLLM's pins (torch, transformers) never meet the worker's. It serves one model with
+LoRA enabled through vLLM's ``AsyncLLM``, so every request in flight (from any group, any run) is
+batched continuously by the engine.
 
 Endpoints (JSON bodies, one request per connection):
 
-- ``GET /health`` -> ``{"ok": true, "vllm": VERSION, "model": DIR, "pid": PID}``
+- ``GET /health`` -> ``{"ok": true, "vllm": VERSION, "model": DIR, "pid": PID, "lora_products":
+  "grouped"|"stock"}`` (whether :mod:`vllm_lora_cpu`'s grouped LoRA products replaced vLLM's
+  per-token ones on its CPU path)
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
   "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
@@ -20,7 +23,9 @@ Endpoints (JSON bodies, one request per connection):
   requests in flight now per tag.
 
 Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; each gets a small
-integer id on first use, keyed by its content digest (the name the client sends).
+integer id on first use, keyed by its content digest (the name the client sends). On vLLM's CPU
+path the LoRA products are :mod:`vllm_lora_cpu`'s grouped ones (one product per adapter in the
+batch, none for rows without one) instead of vLLM's per-token weight gathers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ import sys
 import uuid
 
 _MAX_BODY = 64 * 1024 * 1024
+
+# vLLM's CPU build starts its engine core with ``spawn``, which runs this script again (as
+# ``__mp_main__``) before the engine is built there: that is where the model runs, so the grouped
+# LoRA products (``vllm_lora_cpu``, this script's neighbour) are installed at import in both.
+LORA_PRODUCTS = "stock"
+if __name__ in ("__main__", "__mp_main__"):
+    import vllm_lora_cpu
+
+    LORA_PRODUCTS = "grouped" if vllm_lora_cpu.install() else "stock"
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,9 +67,28 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Prefill tokens per engine step on CPU, where a prompt is never split across steps (below).
+CPU_PREFILL_TOKENS_PER_STEP = 8192
+
+
+def prefill_settings(max_model_len: int, on_cpu: bool) -> dict:
+    """How prompts are scheduled. On vLLM's CPU build chunked prefill is off: when a step splits a
+    prompt, vLLM rewinds that request's seeded generator (``Generator.set_offset``), which a CPU
+    generator does not support, and the engine core dies ("CPU Generator does not use offset"). That
+    happens as soon as the prompts arriving together exceed one step's token budget (2048 by
+    default), e.g. when the groups in flight are retried together after a restart. Without chunking
+    a step takes whole prompts only, up to ``max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)``
+    tokens. On GPUs vLLM's defaults stay."""
+    if not on_cpu:
+        return {}
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
+
+
 class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = AsyncEngineArgs(
@@ -72,6 +105,7 @@ class Server:
             logprobs_mode="processed_logprobs",
             structured_outputs_config={"backend": "xgrammar"},
             enable_prefix_caching=True,
+            **prefill_settings(args.max_model_len, current_platform.is_cpu()),
         )
         self.engine = AsyncLLM.from_engine_args(engine_args)
         self.model = args.model
@@ -166,7 +200,8 @@ class Server:
     def health(self) -> dict:
         import vllm
 
-        return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid()}
+        return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
+                "lora_products": LORA_PRODUCTS}
 
     def stats(self) -> dict:
         now: dict[str, int] = {}

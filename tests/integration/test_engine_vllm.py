@@ -92,20 +92,56 @@ def test_same_prompt_seed_and_adapter_give_the_same_ids_twice(vrt, adapter: Path
 
 @pytest.mark.timeout(600)
 def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, adapter: Path) -> None:
+    """Base and adapter rows go to the engine in one call, so they are decoded in the same batches:
+    the grouped LoRA products (``vllm_lora_cpu``) give each row its own adapter's, or none."""
+    import httpx
+
+    from kiln.policy.engine import GenerationRequest
+
+    health = httpx.get(vrt.engine._url("/health"), timeout=5.0).json()
+    assert health["lora_products"] == "grouped"
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
+    handle = vrt.adapter_handle(adapter)
+    adapters = [None, handle] * 4
+    rows = vrt.engine.generate([
+        GenerationRequest(prompt_ids=tuple(prompt), seed=7 + i, max_tokens=24, temperature=1.0, stop_id=vrt.stop_id,
+                          adapter=a)
+        for i, a in enumerate(adapters)
+    ])
+    assert [r.adapter_sha256 for r in rows] == [None if a is None else handle.sha256 for a in adapters]
     worst = 0.0
-    for adapter_dir in (None, adapter):
-        rows = vrt.sample([prompt] * 4, [7, 8, 9, 10], max_new_tokens=24, temperature=1.0, thinking=False,
-                          adapter_dir=adapter_dir)
-        for row in rows:
-            assert len(row.ids) == len(row.logprobs) > 0
-            assert all(0 <= t < vrt.model.config.vocab_size for t in row.ids)
-            # the trainer teacher-forces the very ids vLLM returned: a shifted or re-tokenized id
-            # would show as a log-prob gap of whole nats, not rounding
-            trainer = vrt.logprobs_of(prompt, row.ids, temperature=1.0, adapter_dir=adapter_dir)
-            worst = max(worst, max(abs(a - b) for a, b in zip(trainer, row.logprobs)))
+    for row, a in zip(rows, adapters):
+        assert len(row.ids) == len(row.logprobs) > 0
+        assert all(0 <= t < vrt.model.config.vocab_size for t in row.ids)
+        # the trainer teacher-forces the very ids vLLM returned: a shifted or re-tokenized id
+        # would show as a log-prob gap of whole nats, not rounding; a row given another row's
+        # adapter (or none) as a gap of the adapter's size
+        trainer = vrt.logprobs_of(prompt, row.ids, temperature=1.0, adapter_dir=None if a is None else adapter)
+        worst = max(worst, max(abs(x - y) for x, y in zip(trainer, row.logprobs)))
     print(f"max |vLLM - trainer| log-prob: {worst:.3e}")
     assert worst < LOGPROB_TOLERANCE
+
+
+@pytest.mark.timeout(600)
+def test_prompts_beyond_one_steps_token_budget_arrive_together_without_killing_the_engine(vrt) -> None:
+    """Seeded rows whose prompts add up to more than vLLM's default step budget (2048 tokens), sent
+    at once, as when the groups in flight are retried together after a restart. With chunked
+    prefill, vLLM's CPU build splits a prompt, rewinds its seeded generator and its engine core dies
+    ("CPU Generator does not use offset"); the server turns chunking off on CPU."""
+    import random
+
+    from kiln.policy.engine import GenerationRequest
+
+    restarts = vrt.engine.restarts
+    rng = random.Random(5)
+    vocab = vrt.model.config.vocab_size
+    prompts = [tuple(rng.randrange(1000, vocab - 1000) for _ in range(80)) for _ in range(40)]  # 3,200 tokens
+    rows = vrt.engine.generate([
+        GenerationRequest(prompt_ids=p, seed=i, max_tokens=3, temperature=1.0, stop_id=vrt.stop_id)
+        for i, p in enumerate(prompts)
+    ])
+    assert len(rows) == 40 and all(1 <= len(r.ids) <= 3 for r in rows)
+    assert vrt.engine.restarts == restarts  # the engine served them; nothing was restarted
 
 
 SCHEMAS = {

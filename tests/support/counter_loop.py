@@ -27,7 +27,8 @@ class Outcome:
 
 
 async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: int,
-                         adapter_dir: Path | None, settings: dict[str, Any]) -> list[dict[str, Any]]:
+                         adapter_dir: Path | None, settings: dict[str, Any],
+                         concurrency: int | None = None) -> list[dict[str, Any]]:
     from kiln.policy.identity import with_inference
     from kiln.settings import Settings
 
@@ -35,8 +36,8 @@ async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: i
     episode = EpisodeSettings(group_size=group_size, **{**DEMO_SETTINGS, **settings})
     identity = with_inference(runtime.identity(adapter_dir), {**DEMO_SETTINGS, **settings})
     # as many groups at once as a default gpu worker runs collection activities (their turns
-    # share the hf engine's decode forwards; a row's bytes do not depend on it)
-    slots = asyncio.Semaphore(Settings().gpu_concurrency)
+    # share the hf engine's decode forwards; a row's bytes do not depend on it), unless told
+    slots = asyncio.Semaphore(concurrency or Settings().gpu_concurrency)
 
     async def group(index: int, seed: int) -> dict[str, Any]:
         task = GroupTask(group_index=index, environment_index=0, seed=seed, reset_payload={"seed": seed},
@@ -49,9 +50,10 @@ async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: i
 
 
 def collect(runtime: Any, url: str, seeds: list[int], *, group_size: int, adapter_dir: Path | None = None,
-            **settings: Any) -> list[dict[str, Any]]:
-    """One group document per seed (``document["line"]`` is the training line)."""
-    return asyncio.run(_collect_async(runtime, url, seeds, group_size, adapter_dir, settings))
+            concurrency: int | None = None, **settings: Any) -> list[dict[str, Any]]:
+    """One group document per seed (``document["line"]`` is the training line); ``concurrency``
+    groups at once (default: a default gpu worker's collection activities)."""
+    return asyncio.run(_collect_async(runtime, url, seeds, group_size, adapter_dir, settings, concurrency))
 
 
 def outcome(documents: list[dict[str, Any]]) -> Outcome:

@@ -53,18 +53,22 @@ def held_out(runtime: Any, url: str, adapter_dir: Path | None, seeds: list[int] 
 def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: Any, seed_start: int,
                iterations: int, groups: int = 8, group_size: int = 4,
                base_held_out: dict[int, float] | None = None, progress: Any = None,
-               evaluate_from: int = 1) -> OnlineRun:
+               evaluate_from: int = 1, evaluator: Any = None, concurrency: int | None = None) -> OnlineRun:
     """``iterations`` collect→train→held-out rounds (see the module docstring); iterations before
-    ``evaluate_from`` skip the held-out play (their ``held_out`` is empty)."""
+    ``evaluate_from`` skip the held-out play (their ``held_out`` is empty). ``runtime`` collects
+    (``concurrency`` groups at once, default a default gpu worker's) and trains; ``evaluator`` (a
+    runtime, default ``runtime``) plays the held-out seeds."""
     from kiln.errors import TrainingFailed
     from kiln.train.trainer import train_grpo
 
-    run = OnlineRun(base_held_out=base_held_out if base_held_out is not None else held_out(runtime, url, None))
+    evaluator = evaluator or runtime
+    run = OnlineRun(base_held_out=base_held_out if base_held_out is not None else held_out(evaluator, url, None))
     adapter, state = None, None
     for k in range(1, iterations + 1):
         t0 = time.perf_counter()
         seeds = list(range(seed_start + (k - 1) * groups, seed_start + k * groups))
-        documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=adapter)
+        documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=adapter,
+                            concurrency=concurrency)
         lines = [d["line"] for d in documents]
         rewards = [float(c["reward"]) for line in lines for c in line["completions"]]
         identity = lines[0]["completions"][0]["openenv"]["behavior_policy"]
@@ -81,7 +85,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
             break
         wall = time.perf_counter() - t0
         adapter, state = result.adapter_dir, result.final_state
-        scores = held_out(runtime, url, adapter) if k >= evaluate_from else {}
+        scores = held_out(evaluator, url, adapter) if k >= evaluate_from else {}
         figures = IterationFigures(k, sum(rewards) / len(rewards), scores, wall,
                                    kl_to_previous=result.kl_to_previous, kl_to_base=result.kl_to_base,
                                    steps=result.steps)
