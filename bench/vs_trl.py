@@ -38,7 +38,7 @@ and both train on it.
 
 **Kiln on the vllm engine** (``--kiln-engines hf vllm``): a third side, ``kiln-vllm``, runs the same
 loop with a second runtime whose engine is a vLLM server process (``.venv-vllm``): collection
-through vLLM with each iteration's adapter hot-loaded by path, at most ``MAX_PARALLEL_GROUPS``
+through vLLM with each iteration's adapter hot-loaded by path, at most ``KILN_RUN_PARALLEL_GROUPS``
 groups at once (what one run's workflow keeps in flight), and training with the engine-mismatch
 correction that data from another engine than hf gets. Its adapters are evaluated by the same hf
 evaluator. vLLM's CPU build refuses the demo model's 16-wide heads, so with the vllm side the tiny
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.policy.tiny import build_tiny_model
     from tests.support.online_loop import held_out
     from tests.support.servers import example_env_argv, serve_app_process
-    from workflows.options import MAX_PARALLEL_GROUPS
+    from kiln.settings import Settings
 
     runs: dict[int, dict[str, SideRun]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-vs-trl-") as tmp, contextlib.ExitStack() as stack:
@@ -328,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                 if "hf" in engines:
                     runs[start]["kiln"] = run_kiln(args, runtime, url, model_dir, work, start, base_seeds)
                 if served is not None:
-                    # a run's collection: at most MAX_PARALLEL_GROUPS groups at once, however many
+                    # a run's collection: at most run_parallel_groups groups at once, however many
                     # activities the vllm worker would run
                     runs[start]["kiln-vllm"] = run_kiln(args, served, url, model_dir, work, start, base_seeds,
                                                         side="kiln-vllm", evaluator=runtime,
-                                                        concurrency=MAX_PARALLEL_GROUPS)
+                                                        concurrency=Settings().run_parallel_groups)
                 print(f"range {start} done in {time.monotonic() - started:.0f} s", flush=True)
                 if args.out is not None:
                     args.out.write_text(json.dumps({"base": base, "head_dim": head_dim, "runs": {

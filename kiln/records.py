@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
-from kiln.run_plan import BundleSpec, GroupSlot
+from kiln.run_plan import PARALLEL_GROUPS, BundleSpec, GroupSlot
 from kiln.run_status import Progress, RunStatus
 
 
@@ -83,6 +83,7 @@ class AdmissionResult(ActivityResult):
     queue_workflow_id: str
     heartbeat_timeout_s: float = 30.0
     warnings: list[str] = []  # e.g. a seed dropped from reset options
+    parallel_groups: int = PARALLEL_GROUPS  # groups the run keeps in flight (the control worker's setting)
 
 
 class DiscoveryInput(Record):
@@ -190,6 +191,7 @@ class CollectionPlan(Record):
     control_queue: str
     gpu_queue: str
     heartbeat_s: float
+    parallel_groups: int = PARALLEL_GROUPS  # collect_group activities in flight at once
 
     def chunk(self, slots: list[GroupSlot]) -> "CollectionPlan":
         return self.model_copy(update={"slots": slots})

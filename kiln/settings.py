@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.policy.engine import DEFAULT_DECODE_TILE
+from kiln.run_plan import PARALLEL_GROUPS
 
 CONTROL_TASK_QUEUE = "kiln-control"
 GPU_TASK_QUEUE = "kiln-gpu"
@@ -59,6 +60,9 @@ class Settings(BaseSettings):
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False
     gpu_max_concurrent_activities: int = 2
+    # Groups one run keeps in flight (collect_group activities at once), read at admission: raise
+    # it with the vllm engine so one run's turns fill the engine's batches (docs/engines.md).
+    run_parallel_groups: int = Field(default=PARALLEL_GROUPS, ge=1, le=256)
     # The rollout engine of this worker (docs/engines.md): hf = Kiln's batch-invariant sampler in
     # the worker (byte-reproducible, the reference); vllm = a vLLM server process in its own venv.
     engine: Literal["hf", "vllm"] = "hf"

@@ -2,7 +2,8 @@
 
 Used for the run's own groups (every iteration's) and for both sides of the paired evaluation.
 The schedule (which seed on which environment) comes from ``kiln.run_plan``; this module fans the
-activities out (at most ``MAX_PARALLEL_GROUPS`` in flight) and folds their outcomes into the run's
+activities out (at most the plan's ``parallel_groups`` in flight: the ``KILN_RUN_PARALLEL_GROUPS``
+setting the run was admitted with) and folds their outcomes into the run's
 status. A collection of more than ``CHUNK_GROUPS`` groups runs chunk by chunk in child workflows
 (``workflows/chunk.py``), so no history grows with the number of groups; either way the groups
 end up in S3 group indexes and only a ``GroupSet`` reference travels on.
@@ -43,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from kiln.openenv.capacity import merge_capacity
     from workflows.capacity import capacity_failure, capacity_refusals, capacity_wait_for
     from workflows.names import CHUNK_WORKFLOW
-    from workflows.options import MAX_PARALLEL_GROUPS, ActivityCaller
+    from workflows.options import ActivityCaller
 
 
 @dataclass
@@ -123,7 +124,7 @@ async def _collect_waiting_for_capacity(
 async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome], None]) -> list[StoredObject]:
     """Collect every slot of ``plan`` in this workflow; the stored groups in group order."""
     call = caller_for(plan)
-    gate = asyncio.Semaphore(MAX_PARALLEL_GROUPS)
+    gate = asyncio.Semaphore(plan.parallel_groups)
     results: list[CollectGroupResult] = []
 
     async def one(slot: GroupSlot) -> None:
@@ -227,6 +228,7 @@ async def collect_groups(
         control_queue=ctx.call.queues["control"],
         gpu_queue=ctx.call.queues["gpu"],
         heartbeat_s=ctx.call.heartbeat.total_seconds(),
+        parallel_groups=ctx.admission.parallel_groups,
     )
 
     def fold(outcome: GroupOutcome) -> None:

@@ -17,8 +17,6 @@ from temporalio.workflow import ActivityCancellationType
 
 from workflows.names import WORKFLOW_NAME  # noqa: F401  (kept importable here for callers)
 
-MAX_PARALLEL_GROUPS = 4
-
 CONTROL_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

@@ -1,11 +1,10 @@
 """Grouped LoRA products for vLLM's CPU build, installed by Kiln's vLLM server.
 
-vLLM's CPU LoRA path (``vllm.lora.ops.torch_ops``) computes every token's LoRA product by gathering
-a copy of its adapter's weight matrix for each token, in every LoRA-wrapped layer, at every decode
-step, including tokens of requests that use no adapter (index ``-1``), whose rows it computes
-against the last adapter slot. For a model with a large vocabulary the LM head's LoRA alone gathers
-``tokens x vocab x rank`` floats per step, and enabling LoRA slowed decode about 2.3x on a 2-core
-CPU whether or not any request named an adapter.
+vLLM's CPU LoRA path (``vllm.lora.ops.torch_ops``) computes a token's LoRA product by gathering a
+copy of its adapter's weight matrix for that token. The LM head's LoRA does so at every decode step,
+even when no request in the batch names an adapter (index ``-1``): with a large vocabulary that
+gathers ``tokens x vocab x rank`` floats per step, and enabling LoRA slowed decode about 2.3x on a
+2-core CPU whether or not any request named an adapter.
 
 :func:`install` replaces the three per-token products (``bgmv_shrink``, ``bgmv_expand``,
 ``bgmv_expand_slice``; the prefill ``sgmv_*`` forms call them) with one matrix product per adapter

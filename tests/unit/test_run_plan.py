@@ -145,3 +145,29 @@ def test_typed_records_cross_the_data_converter_unchanged() -> None:
                        output_adapter="a1", behavior_policy={})
     [payload] = converter.to_payloads([train])
     assert converter.from_payloads([payload], [TrainInput])[0] == train
+
+
+def test_a_run_admitted_before_run_parallel_groups_existed_keeps_four_groups_in_flight() -> None:
+    """Histories recorded before the field existed carry no ``parallel_groups``: read back, the
+    admission result and the collection plan say 4, the gate those runs were recorded with."""
+    from pydantic import ValidationError
+
+    from kiln.records import AdmissionResult, CollectionPlan
+    from kiln.settings import Settings
+
+    admission = AdmissionResult.model_validate({
+        "request": parse_run_request({"kind": "rollout", "environment_urls": ["http://127.0.0.1:1"]}).model_dump(),
+        "request_sha256": "0" * 64, "reset_templates": [{}], "reset_plan_sha256": "0" * 64,
+        "gpu_task_queue": "kiln-gpu", "queue_workflow_id": "kiln-run-queue",
+    })
+    assert admission.parallel_groups == 4
+    plan = CollectionPlan.model_validate({
+        "run_id": "r", "label": "group", "slots": [], "environments": [], "reset_templates": [],
+        "settings": EpisodeSettings().model_dump(), "behavior_policy": {}, "on_interrupt": "resume",
+        "capacity_wait_seconds": 0, "control_queue": "c", "gpu_queue": "g", "heartbeat_s": 30.0,
+    })
+    assert plan.parallel_groups == 4 and plan.chunk([]).parallel_groups == 4
+    assert Settings(run_parallel_groups=32).run_parallel_groups == 32
+    for bad in (0, 257):
+        with pytest.raises(ValidationError, match="run_parallel_groups"):
+            Settings(run_parallel_groups=bad)
