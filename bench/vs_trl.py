@@ -299,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from kiln.policy.runtime import PolicyRuntime
     from kiln.policy.tiny import build_tiny_model
+    from kiln.settings import Settings
     from tests.support.online_loop import held_out
     from tests.support.servers import example_env_argv, serve_app_process
-    from kiln.settings import Settings
 
     runs: dict[int, dict[str, SideRun]] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-vs-trl-") as tmp, contextlib.ExitStack() as stack:
