@@ -49,13 +49,14 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
-    from vllm_server import prefill_settings  # the server's prompt scheduling (stdlib at import)
+    from vllm_server import MAX_LORA_RANK, MAX_LORAS, prefill_settings  # the server's settings (stdlib at import)
 
     started = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               enforce_eager=True, enable_prefix_caching=True, seed=0,
               **prefill_settings(args.max_model_len, current_platform.is_cpu()),
-              **({"enable_lora": True, "max_lora_rank": 16, "max_loras": 4} if args.lora != "off" else {}))
+              **({"enable_lora": True, "max_lora_rank": MAX_LORA_RANK, "max_loras": MAX_LORAS}
+                 if args.lora != "off" else {}))
     start_s = time.perf_counter() - started
 
     def params(n: int, seed: int) -> SamplingParams:

@@ -40,6 +40,7 @@ import httpx
 
 from kiln.errors import EngineUnavailable
 from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest, request_tag
+from kiln.policy.vllm_server import MAX_LORA_RANK, MAX_LORAS  # stdlib-only at import
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 _U63 = 1 << 63
@@ -59,8 +60,8 @@ class VllmConfig:
     dtype: str = "float32"
     log_path: Path | None = None
     max_model_len: int = 4096
-    max_lora_rank: int = 16
-    max_loras: int = 4
+    max_lora_rank: int = MAX_LORA_RANK
+    max_loras: int = MAX_LORAS
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.5
     cpu_kvcache_gb: int = 4
@@ -82,6 +83,7 @@ class VllmEngine:
         self._proc: subprocess.Popen | None = None
         self._port: int | None = None
         self._version: str | None = None
+        self.lora_products: str | None = None  # the server's LoRA products ("grouped"/"stock"), from /health
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
@@ -151,6 +153,7 @@ class VllmEngine:
             try:
                 health = httpx.get(self._url("/health"), timeout=2.0).json()
                 self._version = str(health["vllm"])
+                self.lora_products = health.get("lora_products")
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)

@@ -39,6 +39,8 @@ import sys
 import uuid
 
 _MAX_BODY = 64 * 1024 * 1024
+MAX_LORA_RANK = 16  # the largest adapter rank served
+MAX_LORAS = 4  # adapters in one batch
 
 # vLLM's CPU build starts its engine core with ``spawn``, which runs this script again (as
 # ``__mp_main__``) before the engine is built there: that is where the model runs, so the grouped
@@ -57,8 +59,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--max-lora-rank", type=int, default=16)
-    p.add_argument("--max-loras", type=int, default=4)
+    p.add_argument("--max-lora-rank", type=int, default=MAX_LORA_RANK)
+    p.add_argument("--max-loras", type=int, default=MAX_LORAS)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)

@@ -94,12 +94,9 @@ def test_same_prompt_seed_and_adapter_give_the_same_ids_twice(vrt, adapter: Path
 def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, adapter: Path) -> None:
     """Base and adapter rows go to the engine in one call, so they are decoded in the same batches:
     the grouped LoRA products (``vllm_lora_cpu``) give each row its own adapter's, or none."""
-    import httpx
-
     from kiln.policy.engine import GenerationRequest
 
-    health = httpx.get(vrt.engine._url("/health"), timeout=5.0).json()
-    assert health["lora_products"] == "grouped"
+    assert vrt.engine.lora_products == "grouped"  # as the server's /health reported it
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
     handle = vrt.adapter_handle(adapter)
     adapters = [None, handle] * 4
