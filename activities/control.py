@@ -77,7 +77,7 @@ class ControlActivities:
             queue_workflow_id=queue_workflow_id(self.settings.control_task_queue),
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             warnings=request.reset_option_warnings(),
-            parallel_groups=self.settings.run_parallel_groups,
+            parallel_groups=self.settings.parallel_groups_per_run,
         )
 
     @activity.defn(name="enqueue_run")

@@ -12,12 +12,15 @@ ratios. The vllm engine is started before timing (its start is reported separate
 Then vLLM's own limit on the same token workload: every request the vllm collection sent (its
 prompt ids, its seed, the number of tokens it produced) is replayed through one ``LLM.generate``
 call of vLLM itself (``bench/vllm_raw.py``, in the engine's venv, after Kiln's engine is stopped):
-no environment, no HTTP, every prompt known up front. Three times: with LoRA enabled and Kiln's
-grouped LoRA products, as Kiln's server runs vLLM (it serves adapters), which isolates Kiln's own
-overhead; with LoRA enabled and vLLM's own CPU LoRA products; and without LoRA, vLLM's plain limit.
+no environment, no HTTP, every prompt known up front. Three times: with LoRA enabled, Kiln's
+grouped LoRA products and CPU reader wait (``vllm_cpu_wait``), as Kiln's server runs vLLM (it serves
+adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own CPU LoRA products; and without LoRA, vLLM's plain limit.
 The ratios Kiln-vllm / raw say how close Kiln's collection comes to each.
 
-Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR]`` (needs
+``--dtype`` sets ``KILN_DTYPE`` of both engines and the raw replay alike (default ``auto``: float32
+on CPU), so the ratios compare engines at one precision.
+
+Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR] [--dtype auto]`` (needs
 ``scripts/setup.sh --engine vllm``).
 """
 
@@ -77,13 +80,13 @@ def recording_engine(config):
 
 
 RAW_MODES = {
-    "grouped": "LoRA enabled, Kiln's grouped LoRA products: the server's settings",
+    "grouped": "LoRA enabled, Kiln's grouped LoRA products and CPU reader wait: the server's settings",
     "stock": "LoRA enabled, vLLM's own CPU LoRA products",
     "off": "LoRA off",
 }
 
 
-def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *, lora: str) -> dict:
+def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *, lora: str, dtype: str) -> dict:
     """vLLM's own generate on ``workload`` (``bench/vllm_raw.py`` in the engine's venv), LoRA as
     ``lora`` (a key of ``RAW_MODES``)."""
     import json
@@ -97,7 +100,7 @@ def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *
     env.update(VLLM_CPU_KVCACHE_SPACE="2", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     done = subprocess.run(
         [str(default_python()), str(Path(__file__).with_name("vllm_raw.py")), "--model", str(model),
-         "--workload", str(path), "--max-num-seqs", str(max_num_seqs), "--lora", lora],
+         "--workload", str(path), "--max-num-seqs", str(max_num_seqs), "--lora", lora, "--dtype", dtype],
         env=env, capture_output=True, text=True, timeout=1800,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: build a random one)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="KILN_DTYPE of both engines and the raw replay (auto: float32 on CPU)")
     args = parser.parse_args(argv)
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(var, None)
@@ -132,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         from kiln.policy.random_model import build_random_model
 
         model = build_random_model(Path(tmp.name) / "model", shape="qwen3-0.6b", layers=args.layers, dtype="bfloat16")
-    hf = PolicyRuntime.load(model)
-    vllm = PolicyRuntime.load(model)
-    engine = recording_engine(VllmConfig(model_path=model, python=default_python(),
+    hf = PolicyRuntime.load(model, dtype=args.dtype)
+    vllm = PolicyRuntime.load(model, dtype=args.dtype)
+    engine = recording_engine(VllmConfig(model_path=model, python=default_python(), dtype=hf.dtype,
                                          log_path=Path(tmp.name) / "vllm.log",
                                          max_model_len=4096, cpu_kvcache_gb=2,
                                          max_num_seqs=args.groups * args.group_size))
@@ -156,14 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                 engine.recording = False
                 print(f"{name} done", flush=True)
         engine.close()  # the raw engine gets the machine to itself
-        raws = {lora: raw_vllm(model, engine.workload, Path(tmp.name), max_num_seqs=sessions, lora=lora)
+        raws = {lora: raw_vllm(model, engine.workload, Path(tmp.name), max_num_seqs=sessions, lora=lora,
+                             dtype=hf.dtype)
                 for lora in RAW_MODES}
         print("raw vllm done", flush=True)
     finally:
         engine.close()
         tmp.cleanup()
     print(f"{args.groups} groups x {args.group_size}, {args.max_steps} turns of <= {args.tokens} tokens, "
-          f"qwen3-0.6b shape, {args.layers} layers")
+          f"qwen3-0.6b shape, {args.layers} layers, {hf.dtype} on {hf.device}")
     print(f"{'engine':>11} {'seconds':>6} {'episodes/s':>11} {'tokens/s':>9}")
     for name, (elapsed, episodes, tokens) in results.items():
         print(f"{name:>11} {elapsed:>6.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")

@@ -328,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                 if "hf" in engines:
                     runs[start]["kiln"] = run_kiln(args, runtime, url, model_dir, work, start, base_seeds)
                 if served is not None:
-                    # a run's collection: at most run_parallel_groups groups at once, however many
-                    # activities the vllm worker would run
+                    # a run's collection as a vllm deployment admits it: its default groups in flight
+                    # (KILN_RUN_PARALLEL_GROUPS, or the vllm worker's activity count)
                     runs[start]["kiln-vllm"] = run_kiln(args, served, url, model_dir, work, start, base_seeds,
                                                         side="kiln-vllm", evaluator=runtime,
-                                                        concurrency=Settings().run_parallel_groups)
+                                                        concurrency=Settings(engine="vllm").parallel_groups_per_run)
                 print(f"range {start} done in {time.monotonic() - started:.0f} s", flush=True)
                 if args.out is not None:
                     args.out.write_text(json.dumps({"base": base, "head_dim": head_dim, "runs": {

@@ -53,10 +53,13 @@ def group_schedule(seed_start: int, groups: int, environments: int) -> list[Grou
     ]
 
 
-# A run keeps at most this many of its groups in flight by default (``KILN_RUN_PARALLEL_GROUPS``,
-# read by the control worker at admission and recorded in the run's admission result). It is also
-# what a run recorded before the setting existed gets, so its history replays unchanged.
+# A run keeps at most this many of its groups in flight by default with the hf engine
+# (``KILN_RUN_PARALLEL_GROUPS``, read by the control worker at admission and recorded in the run's
+# admission result; with vllm the default is the gpu worker's activity count). It is also what a
+# run recorded before the setting existed gets, so its history replays unchanged.
 PARALLEL_GROUPS = 4
+# The most groups one run may keep in flight.
+MAX_RUN_PARALLEL_GROUPS = 256
 
 # At most this many groups are collected inside one workflow history: a collection with more is
 # cut into chunks, each its own child workflow (≈7 events per group keeps a chunk near 1,800).

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln.policy.engine import DEFAULT_DECODE_TILE
-from kiln.run_plan import PARALLEL_GROUPS
+from kiln.run_plan import MAX_RUN_PARALLEL_GROUPS, PARALLEL_GROUPS
 
 CONTROL_TASK_QUEUE = "kiln-control"
 GPU_TASK_QUEUE = "kiln-gpu"
@@ -60,9 +60,9 @@ class Settings(BaseSettings):
     gpu_task_queue: str = GPU_TASK_QUEUE
     allow_remote_environments: bool = False
     gpu_max_concurrent_activities: int = 2
-    # Groups one run keeps in flight (collect_group activities at once), read at admission: raise
-    # it with the vllm engine so one run's turns fill the engine's batches (docs/engines.md).
-    run_parallel_groups: int = Field(default=PARALLEL_GROUPS, ge=1, le=256)
+    # Groups one run keeps in flight (collect_group activities at once), read at admission. Unset:
+    # sized for this process's engine (see ``parallel_groups_per_run``; docs/engines.md).
+    run_parallel_groups: int | None = Field(default=None, ge=1, le=MAX_RUN_PARALLEL_GROUPS)
     # The rollout engine of this worker (docs/engines.md): hf = Kiln's batch-invariant sampler in
     # the worker (byte-reproducible, the reference); vllm = a vLLM server process in its own venv.
     engine: Literal["hf", "vllm"] = "hf"
@@ -103,6 +103,17 @@ class Settings(BaseSettings):
     def gpu_concurrency(self) -> int:
         """How many activities a gpu worker runs at once (many with the batching vllm engine)."""
         return self.vllm_max_concurrent_activities if self.engine == "vllm" else self.gpu_max_concurrent_activities
+
+    @property
+    def parallel_groups_per_run(self) -> int:
+        """Groups one run keeps in flight: ``run_parallel_groups`` when set; otherwise, with the
+        vllm engine, as many as a gpu worker runs at once (so that one run fills the engine's
+        batches), and ``PARALLEL_GROUPS`` with hf."""
+        if self.run_parallel_groups is not None:
+            return self.run_parallel_groups
+        if self.engine == "vllm":
+            return min(self.vllm_max_concurrent_activities, MAX_RUN_PARALLEL_GROUPS)
+        return PARALLEL_GROUPS
 
     @property
     def resolved_api_url(self) -> str:

@@ -84,6 +84,7 @@ class VllmEngine:
         self._port: int | None = None
         self._version: str | None = None
         self.lora_products: str | None = None  # the server's LoRA products ("grouped"/"stock"), from /health
+        self.reader_wait: str | None = None  # how its processes wait for each other ("napping"/"stock")
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
@@ -154,6 +155,7 @@ class VllmEngine:
                 health = httpx.get(self._url("/health"), timeout=2.0).json()
                 self._version = str(health["vllm"])
                 self.lora_products = health.get("lora_products")
+                self.reader_wait = health.get("reader_wait")
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)

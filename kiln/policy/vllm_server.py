@@ -1,5 +1,5 @@
 """Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only, and
-its neighbour :mod:`vllm_lora_cpu`, which needs only torch).
+its neighbours :mod:`vllm_lora_cpu`, which needs only torch, and :mod:`vllm_cpu_wait`).
 
 Started by :class:`kiln.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
 environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln's
@@ -10,8 +10,9 @@ batched continuously by the engine.
 Endpoints (JSON bodies, one request per connection):
 
 - ``GET /health`` -> ``{"ok": true, "vllm": VERSION, "model": DIR, "pid": PID, "lora_products":
-  "grouped"|"stock"}`` (whether :mod:`vllm_lora_cpu`'s grouped LoRA products replaced vLLM's
-  per-token ones on its CPU path)
+  "grouped"|"stock", "reader_wait": "napping"|"stock"}`` (whether :mod:`vllm_lora_cpu`'s grouped
+  LoRA products replaced vLLM's per-token ones on its CPU path, and whether the engine processes
+  wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU)
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
   "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
@@ -25,7 +26,8 @@ Endpoints (JSON bodies, one request per connection):
 Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; each gets a small
 integer id on first use, keyed by its content digest (the name the client sends). On vLLM's CPU
 path the LoRA products are :mod:`vllm_lora_cpu`'s grouped ones (one product per adapter in the
-batch, none for rows without one) instead of vLLM's per-token weight gathers.
+batch, none for rows without one) instead of vLLM's per-token weight gathers, and the engine's
+processes wait for each other's steps without holding a core (:mod:`vllm_cpu_wait`).
 """
 
 from __future__ import annotations
@@ -42,14 +44,18 @@ _MAX_BODY = 64 * 1024 * 1024
 MAX_LORA_RANK = 16  # the largest adapter rank served
 MAX_LORAS = 4  # adapters in one batch
 
-# vLLM's CPU build starts its engine core with ``spawn``, which runs this script again (as
-# ``__mp_main__``) before the engine is built there: that is where the model runs, so the grouped
-# LoRA products (``vllm_lora_cpu``, this script's neighbour) are installed at import in both.
+# vLLM's CPU build starts its engine core and model worker with ``spawn``, which runs this script
+# again (as ``__mp_main__``) before the engine is built there: that is where the model runs and the
+# processes wait for each other, so the grouped LoRA products and the CPU reader wait (this
+# script's neighbours ``vllm_lora_cpu`` and ``vllm_cpu_wait``) are installed at import in each.
 LORA_PRODUCTS = "stock"
+READER_WAIT = "stock"
 if __name__ in ("__main__", "__mp_main__"):
+    import vllm_cpu_wait
     import vllm_lora_cpu
 
     LORA_PRODUCTS = "grouped" if vllm_lora_cpu.install() else "stock"
+    READER_WAIT = "napping" if vllm_cpu_wait.install() else "stock"
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -203,7 +209,7 @@ class Server:
         import vllm
 
         return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
-                "lora_products": LORA_PRODUCTS}
+                "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT}
 
     def stats(self) -> dict:
         now: dict[str, int] = {}

@@ -97,6 +97,7 @@ def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, 
     from kiln.policy.engine import GenerationRequest
 
     assert vrt.engine.lora_products == "grouped"  # as the server's /health reported it
+    assert vrt.engine.reader_wait == "napping"  # vllm_cpu_wait is in place on the CPU build
     prompt = vrt.encode_prompt(MESSAGES, thinking=False)
     handle = vrt.adapter_handle(adapter)
     adapters = [None, handle] * 4

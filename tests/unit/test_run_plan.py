@@ -167,7 +167,22 @@ def test_a_run_admitted_before_run_parallel_groups_existed_keeps_four_groups_in_
         "capacity_wait_seconds": 0, "control_queue": "c", "gpu_queue": "g", "heartbeat_s": 30.0,
     })
     assert plan.parallel_groups == 4 and plan.chunk([]).parallel_groups == 4
-    assert Settings(run_parallel_groups=32).run_parallel_groups == 32
+    assert Settings(run_parallel_groups=32).parallel_groups_per_run == 32
     for bad in (0, 257):
         with pytest.raises(ValidationError, match="run_parallel_groups"):
             Settings(run_parallel_groups=bad)
+
+
+def test_groups_in_flight_per_run_default_to_the_engines_size() -> None:
+    """Unset, a run keeps 4 groups in flight with hf and, with vllm, as many as a gpu worker runs
+    at once (capped at 256); a set value wins on either engine."""
+    from kiln.settings import Settings
+
+    assert Settings(engine="hf", run_parallel_groups=None).parallel_groups_per_run == 4
+    assert Settings(engine="vllm", run_parallel_groups=None).parallel_groups_per_run == 32
+    assert Settings(engine="vllm", run_parallel_groups=None,
+                    vllm_max_concurrent_activities=12).parallel_groups_per_run == 12
+    assert Settings(engine="vllm", run_parallel_groups=None,
+                    vllm_max_concurrent_activities=1000).parallel_groups_per_run == 256
+    assert Settings(engine="vllm", run_parallel_groups=6).parallel_groups_per_run == 6
+    assert Settings(engine="hf", run_parallel_groups=6).parallel_groups_per_run == 6

@@ -1,0 +1,80 @@
+"""How vLLM's engine processes wait for one another on a CPU, installed by Kiln's vLLM server.
+
+vLLM's engine core and its model worker hand every step to each other through a shared-memory
+queue. A reader that has read within the last second busy-waits for the next message
+(``SpinCondition.wait`` yields the CPU and returns at once); after a second without one it parks on
+a socket. On a GPU machine that spinning costs a spare core. On a small CPU the spinning readers
+take the cores that the model's forward, Kiln's collection and the environment need: with a small
+model and multi-turn episodes, whose turns reach the engine in waves, Kiln's collection on the
+project's 2-core machine spent about half its time waiting (docs/engines.md).
+
+:func:`install` keeps vLLM's busy window and its idle parking and changes only how a reader waits
+inside the window: it yields, as vLLM does, for ``YIELD_S`` after its last read (the short gap
+between two steps of a busy engine), then sleeps ``NAP_S`` between checks. A message is then seen
+at most ``NAP_S`` late, and none is missed: the reader checks the queue itself after every wait, as
+it does with vLLM's own.
+
+Imports only the standard library at import time (this file runs in the engine's virtual
+environment, next to ``vllm_server.py``, and in Kiln's for its tests).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+YIELD_S = 0.005  # yield (vLLM's way) this long after the last read
+NAP_S = 0.0005  # then sleep this long between checks, until vLLM's busy window ends
+
+
+def napping_wait(stock: Callable[..., None]) -> Callable[..., None]:
+    """``SpinCondition.wait`` that yields for ``YIELD_S`` after the reader's last read, sleeps
+    ``NAP_S`` per call for the rest of vLLM's busy window, and is vLLM's ``stock`` wait after it
+    (parking on the notification socket, at most ``timeout_ms``)."""
+
+    def wait(self: Any, timeout_ms: int | None = None) -> None:
+        last_read = getattr(self, "last_read", None)
+        busy_loop_s = getattr(self, "busy_loop_s", None)
+        if last_read is None or busy_loop_s is None:
+            return stock(self, timeout_ms)
+        since = time.monotonic() - last_read
+        if since <= min(YIELD_S, busy_loop_s):
+            os.sched_yield()
+            return None
+        if since <= busy_loop_s:
+            time.sleep(NAP_S)
+            return None
+        return stock(self, timeout_ms)
+
+    wait.kiln_napping = True  # type: ignore[attr-defined]
+    return wait
+
+
+def install() -> bool:
+    """Put :func:`napping_wait` in place of vLLM's reader wait, on vLLM's CPU platform only.
+
+    Returns whether it is in place: only when vLLM runs on a CPU and its ``SpinCondition.wait``
+    takes exactly ``(self, timeout_ms)``. On a GPU, or on another vLLM layout, nothing changes."""
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    if not current_platform.is_cpu():
+        return False
+    condition = getattr(shm_broadcast, "SpinCondition", None)
+    stock = getattr(condition, "wait", None)
+    if stock is None:
+        return False
+    if getattr(stock, "kiln_napping", False):
+        return True
+    if list(inspect.signature(stock).parameters) != ["self", "timeout_ms"]:
+        return False
+    condition.wait = napping_wait(stock)
+    return True
+
+
+__all__ = ["NAP_S", "YIELD_S", "install", "napping_wait"]
