@@ -14,7 +14,8 @@ prompt ids, its seed, the number of tokens it produced) is replayed through one 
 call of vLLM itself (``bench/vllm_raw.py``, in the engine's venv, after Kiln's engine is stopped):
 no environment, no HTTP, every prompt known up front. Three times: with LoRA enabled, Kiln's
 grouped LoRA products and CPU reader wait (``vllm_cpu_wait``), as Kiln's server runs vLLM (it serves
-adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own CPU LoRA products; and without LoRA, vLLM's plain limit.
+adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own CPU LoRA products;
+and without LoRA, vLLM's plain limit.
 The ratios Kiln-vllm / raw say how close Kiln's collection comes to each.
 
 ``--dtype`` sets ``KILN_DTYPE`` of both engines and the raw replay alike (default ``auto``: float32

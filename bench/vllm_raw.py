@@ -4,17 +4,15 @@ compares Kiln's collection with.
 Runs with the vllm engine's Python (``.venv-vllm/bin/python bench/vllm_raw.py ...``) and imports
 nothing from Kiln's package, only, by path, ``kiln/policy/vllm_server.py``'s prompt scheduling and
 (with ``--lora grouped``) ``kiln/policy/vllm_lora_cpu.py`` and ``kiln/policy/vllm_cpu_wait.py``, as
-Kiln's server does. The workload is a
-JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}`` (``bench.engine`` records every
-request its vllm collection sent, with the number of tokens each produced). All of them are given to
-one ``LLM.generate`` call, as token ids, with the engine settings of Kiln's vllm server (eager mode,
-prefix caching, float32 on CPU, no chunked prefill on CPU, the sampled token's log-prob), each
-generating exactly its recorded number of tokens (``min_tokens = max_tokens``, EOS ignored) at its
-recorded seed. ``--lora``: ``off`` (vLLM's plain limit), ``stock`` (LoRA enabled, vLLM's own CPU
-LoRA products) or ``grouped`` (LoRA enabled with Kiln's grouped products and CPU reader wait: the
-server's settings).
-Prints one JSON line: ``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed
-after a warm-up request.
+Kiln's server does. The workload is a JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}``
+(``bench.engine`` records every request its vllm collection sent, with the number of tokens each
+produced). All of them are given to one ``LLM.generate`` call, as token ids, with the engine
+settings of Kiln's vllm server (eager mode, prefix caching, ``--dtype``, default float32, no chunked
+prefill on CPU, the sampled token's log-prob), each generating exactly its recorded number of
+tokens (``min_tokens = max_tokens``, EOS ignored) at its recorded seed. ``--lora``: ``off`` (vLLM's
+plain limit), ``stock`` (LoRA enabled, vLLM's own CPU LoRA products) or ``grouped`` (LoRA enabled
+with Kiln's grouped products and CPU reader wait: the server's settings). Prints one JSON line:
+``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed after a warm-up request.
 """
 
 from __future__ import annotations
