@@ -28,12 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kiln" / "policy"))
 # vLLM's CPU build spawns its engine core, which runs this script again as ``__mp_main__`` with the
 # same argv: the grouped products and the reader wait go in there, as in Kiln's server.
 if __name__ in ("__main__", "__mp_main__") and "grouped" in sys.argv:
-    import vllm_cpu_wait
-    import vllm_lora_cpu
+    import vllm_server  # stdlib at import
 
-    if not vllm_lora_cpu.install():
+    if vllm_server.install_cpu_paths()[0] != "grouped":
         raise SystemExit("vllm_lora_cpu.install() found no vLLM CPU LoRA path to patch")
-    vllm_cpu_wait.install()  # on vLLM's CPU platform only, as in the server
 
 
 def main() -> None:

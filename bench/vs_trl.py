@@ -38,10 +38,10 @@ and both train on it.
 
 **Kiln on the vllm engine** (``--kiln-engines hf vllm``): a third side, ``kiln-vllm``, runs the same
 loop with a second runtime whose engine is a vLLM server process (``.venv-vllm``): collection
-through vLLM with each iteration's adapter hot-loaded by path, at most ``KILN_RUN_PARALLEL_GROUPS``
-groups at once (what one run's workflow keeps in flight), and training with the engine-mismatch
-correction that data from another engine than hf gets. Its adapters are evaluated by the same hf
-evaluator. vLLM's CPU build refuses the demo model's 16-wide heads, so with the vllm side the tiny
+through vLLM with each iteration's adapter hot-loaded by path, as many groups at once as one run's
+workflow keeps in flight on a vllm deployment (``KILN_RUN_PARALLEL_GROUPS``, by default the vllm
+worker's activity count), and training with the engine-mismatch correction that data from another
+engine than hf gets. Its adapters are evaluated by the same hf evaluator. vLLM's CPU build refuses the demo model's 16-wide heads, so with the vllm side the tiny
 model is built with heads of 32 (``--head-dim``; the same recipe, a different model) for every side.
 TRL's own vLLM mode is not a side: its server mode sends weights over NCCL (CUDA only).
 

@@ -48,14 +48,19 @@ MAX_LORAS = 4  # adapters in one batch
 # again (as ``__mp_main__``) before the engine is built there: that is where the model runs and the
 # processes wait for each other, so the grouped LoRA products and the CPU reader wait (this
 # script's neighbours ``vllm_lora_cpu`` and ``vllm_cpu_wait``) are installed at import in each.
-LORA_PRODUCTS = "stock"
-READER_WAIT = "stock"
-if __name__ in ("__main__", "__mp_main__"):
+def install_cpu_paths() -> tuple[str, str]:
+    """Install the neighbours where vLLM's CPU path has them; ``(lora_products, reader_wait)`` as
+    ``/health`` reports them (``"stock"`` for each one vLLM keeps)."""
     import vllm_cpu_wait
     import vllm_lora_cpu
 
-    LORA_PRODUCTS = "grouped" if vllm_lora_cpu.install() else "stock"
-    READER_WAIT = "napping" if vllm_cpu_wait.install() else "stock"
+    return ("grouped" if vllm_lora_cpu.install() else "stock",
+            "napping" if vllm_cpu_wait.install() else "stock")
+
+
+LORA_PRODUCTS, READER_WAIT = "stock", "stock"
+if __name__ in ("__main__", "__mp_main__"):
+    LORA_PRODUCTS, READER_WAIT = install_cpu_paths()
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,6 +1,6 @@
-"""How many groups one run keeps in flight: ``KILN_RUN_PARALLEL_GROUPS`` (default 4), read by the
-control worker at admission and recorded in the run's admission result, so the workflow's gate
-comes from history (a run admitted before the setting existed replays with 4).
+"""How many groups one run keeps in flight: ``KILN_RUN_PARALLEL_GROUPS`` (default 4 with hf), read
+by the control worker at admission and recorded in the run's admission result, so the workflow's
+gate comes from history (a run admitted before the setting existed replays with 4).
 
 Real stack (Temporal dev server, SeaweedFS, the counter environment, the real control and gpu
 workers); only the policy is scripted (``FixedActionPolicy``), so each group is a few real
@@ -86,4 +86,3 @@ async def test_a_run_keeps_the_admitted_number_of_groups_in_flight(kiln_settings
         assert final["progress"]["groups_completed"] == GROUPS
     assert default_admission["parallel_groups"] == 4 and default_in_flight == 4
     assert wide_admission["parallel_groups"] == 8 and wide_in_flight == 8
-
