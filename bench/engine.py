@@ -18,10 +18,16 @@ adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own 
 and without LoRA, vLLM's plain limit.
 The ratios Kiln-vllm / raw say how close Kiln's collection comes to each.
 
+``--repeats N`` collects N times with each engine, alternating (hf, vllm, hf, vllm, ...), each
+repeat on seeds of its own (so vLLM's prefix cache holds nothing of an earlier repeat's prompts),
+and prints every repeat's figures and vllm/hf ratio and their median: a shared machine's speed
+changes from minute to minute, and alternating exposes both engines to it alike. The raw replays
+use the first repeat's requests; Kiln-vllm / raw uses the median of Kiln-vllm's tokens/s.
+
 ``--dtype`` sets ``KILN_DTYPE`` of both engines and the raw replay alike (default ``auto``: float32
 on CPU), so the ratios compare engines at one precision.
 
-Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR] [--dtype auto]`` (needs
+Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR] [--dtype auto] [--repeats 1]`` (needs
 ``scripts/setup.sh --engine vllm``).
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -38,8 +45,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-async def collect_all(runtime, base_url: str, inspection: dict, args) -> tuple[float, int, int]:
-    """(seconds, episodes, generated tokens) of collecting every group at once."""
+async def collect_all(runtime, base_url: str, inspection: dict, args, *, first_seed: int = 1000
+                      ) -> tuple[float, int, int]:
+    """(seconds, episodes, generated tokens) of collecting every group at once (group ``g`` at seed
+    ``first_seed + g``)."""
     from kiln.contracts import EpisodeSettings
     from kiln.rollout.group import GroupCollector, GroupTask
 
@@ -48,7 +57,7 @@ async def collect_all(runtime, base_url: str, inspection: dict, args) -> tuple[f
     identity = runtime.identity(None)
 
     async def one(g: int) -> dict:
-        task = GroupTask(group_index=g, environment_index=0, seed=1000 + g, reset_payload={"seed": 1000 + g},
+        task = GroupTask(group_index=g, environment_index=0, seed=first_seed + g, reset_payload={"seed": first_seed + g},
                          inspection=inspection, settings=settings, behavior_policy=identity)
         return await GroupCollector(task, runtime).run()
 
@@ -120,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: build a random one)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="KILN_DTYPE of both engines and the raw replay (auto: float32 on CPU)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="collections per engine, alternating hf and vllm, each on its own seeds")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(var, None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -145,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                                          max_model_len=4096, cpu_kvcache_gb=2,
                                          max_num_seqs=args.groups * args.group_size))
     vllm.use_engine(engine)
-    results = {}
+    results: dict[str, list[tuple[float, int, int]]] = {"hf": [], "vllm": []}
     sessions = args.groups * args.group_size
     try:
         with serve_app_process(lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions),
@@ -154,13 +167,17 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             engine.start()
             print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})", flush=True)
-            for name, runtime in (("hf", hf), ("vllm", vllm)):
-                warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
-                asyncio.run(collect_all(runtime, base_url, inspection, warm))
-                engine.recording = name == "vllm"
-                results[name] = asyncio.run(collect_all(runtime, base_url, inspection, args))
-                engine.recording = False
-                print(f"{name} done", flush=True)
+            warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
+            for runtime in (hf, vllm):
+                asyncio.run(collect_all(runtime, base_url, inspection, warm, first_seed=1))
+            for repeat in range(args.repeats):
+                for name, runtime in (("hf", hf), ("vllm", vllm)):
+                    engine.recording = name == "vllm" and repeat == 0
+                    results[name].append(asyncio.run(collect_all(
+                        runtime, base_url, inspection, args, first_seed=1000 + 1000 * repeat)))
+                    engine.recording = False
+                    elapsed, _, tokens = results[name][-1]
+                    print(f"repeat {repeat + 1}: {name} done, {tokens / elapsed:.1f} tok/s", flush=True)
         engine.close()  # the raw engine gets the machine to itself
         raws = {lora: raw_vllm(model, engine.workload, Path(tmp.name), max_num_seqs=sessions, lora=lora,
                              dtype=hf.dtype)
@@ -172,19 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.groups} groups x {args.group_size}, {args.max_steps} turns of <= {args.tokens} tokens, "
           f"qwen3-0.6b shape, {args.layers} layers, {hf.dtype} on {hf.device}")
     print(f"{'engine':>11} {'seconds':>6} {'episodes/s':>11} {'tokens/s':>9}")
-    for name, (elapsed, episodes, tokens) in results.items():
-        print(f"{name:>11} {elapsed:>6.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
-    (he, hn, ht), (ve, vn, vt) = results["hf"], results["vllm"]
+    ratios = []
+    for repeat, ((he, hn, ht), (ve, vn, vt)) in enumerate(zip(results["hf"], results["vllm"])):
+        label = "" if args.repeats == 1 else f" #{repeat + 1}"
+        for name, (elapsed, episodes, tokens) in (("hf", (he, hn, ht)), ("vllm", (ve, vn, vt))):
+            print(f"{name + label:>11} {elapsed:>6.1f} {episodes / elapsed:>11.2f} {tokens / elapsed:>9.1f}")
+        ratios.append(((vn / ve) / (hn / he), (vt / ve) / (ht / he)))
     rate = {lora: raw["tokens"] / raw["seconds"] for lora, raw in raws.items()}
     for lora, raw in raws.items():
         print(f"{'raw-' + lora:>11} {raw['seconds']:>6.1f} {'-':>11} {rate[lora]:>9.1f}   (vLLM's generate, "
               f"{RAW_MODES[lora]}: the vllm rows' {raw['requests']} requests, same prompts, lengths and seeds, "
               "no environment)")
-    print(f"ratio vllm/hf: episodes/s {(vn / ve) / (hn / he):.2f}x, tokens/s {(vt / ve) / (ht / he):.2f}x")
-    print(f"ratio Kiln-vllm / raw vLLM with the server's settings: {(vt / ve) / rate['grouped']:.2f}x; "
-          f"/ raw vLLM without LoRA: {(vt / ve) / rate['off']:.2f}x; / raw vLLM with its own CPU LoRA "
-          f"products: {(vt / ve) / rate['stock']:.2f}x")
-    print(f"ratio raw vLLM without LoRA / Kiln-hf: {rate['off'] / (ht / he):.2f}x (the most any collection "
+    if args.repeats > 1:
+        print("ratio vllm/hf per repeat (tokens/s): " + ", ".join(f"{t:.2f}x" for _, t in ratios))
+    episodes_ratio, tokens_ratio = (statistics.median(r[i] for r in ratios) for i in (0, 1))
+    median = "" if args.repeats == 1 else f" (median of {args.repeats})"
+    print(f"ratio vllm/hf{median}: episodes/s {episodes_ratio:.2f}x, tokens/s {tokens_ratio:.2f}x")
+    vllm_rate = statistics.median(t / e for e, _, t in results["vllm"])
+    hf_rate = statistics.median(t / e for e, _, t in results["hf"])
+    print(f"ratio Kiln-vllm / raw vLLM with the server's settings: {vllm_rate / rate['grouped']:.2f}x; "
+          f"/ raw vLLM without LoRA: {vllm_rate / rate['off']:.2f}x; / raw vLLM with its own CPU LoRA "
+          f"products: {vllm_rate / rate['stock']:.2f}x")
+    print(f"ratio raw vLLM without LoRA / Kiln-hf: {rate['off'] / hf_rate:.2f}x (the most any collection "
           "on this engine could reach here)")
     return 0
 

@@ -11,7 +11,9 @@ settings of Kiln's vllm server (eager mode, prefix caching, ``--dtype``, default
 prefill on CPU, the sampled token's log-prob), each generating exactly its recorded number of
 tokens (``min_tokens = max_tokens``, EOS ignored) at its recorded seed. ``--lora``: ``off`` (vLLM's
 plain limit), ``stock`` (LoRA enabled, vLLM's own CPU LoRA products) or ``grouped`` (LoRA enabled
-with Kiln's grouped products and CPU reader wait: the server's settings). Prints one JSON line:
+with Kiln's grouped products and CPU reader wait: the server's settings). In every mode the model
+worker's threads get every core, as in Kiln's server (``VLLM_CPU_NUM_OF_RESERVED_CPU`` 0 unless
+set), so each figure is the engine's limit on this machine's cores. Prints one JSON line:
 ``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed after a warm-up request.
 """
 
@@ -47,6 +49,9 @@ def main() -> None:
     args = parser.parse_args()
     requests = json.loads(open(args.workload, encoding="utf-8").read())
 
+    import vllm_cpu_wait  # stdlib at import
+
+    vllm_cpu_wait.free_reserved_cores()
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
     from vllm_server import MAX_LORA_RANK, MAX_LORAS, prefill_settings  # the server's settings (stdlib at import)

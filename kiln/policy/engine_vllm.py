@@ -85,6 +85,7 @@ class VllmEngine:
         self._version: str | None = None
         self.lora_products: str | None = None  # the server's LoRA products ("grouped"/"stock"), from /health
         self.reader_wait: str | None = None  # how its processes wait for each other ("napping"/"stock")
+        self.cpu_reserved_cores: int | None = None  # cores vLLM keeps off its CPU model worker (0: none)
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
@@ -156,6 +157,7 @@ class VllmEngine:
                 self._version = str(health["vllm"])
                 self.lora_products = health.get("lora_products")
                 self.reader_wait = health.get("reader_wait")
+                self.cpu_reserved_cores = health.get("cpu_reserved_cores")
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)

@@ -10,9 +10,11 @@ batched continuously by the engine.
 Endpoints (JSON bodies, one request per connection):
 
 - ``GET /health`` -> ``{"ok": true, "vllm": VERSION, "model": DIR, "pid": PID, "lora_products":
-  "grouped"|"stock", "reader_wait": "napping"|"stock"}`` (whether :mod:`vllm_lora_cpu`'s grouped
-  LoRA products replaced vLLM's per-token ones on its CPU path, and whether the engine processes
-  wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU)
+  "grouped"|"stock", "reader_wait": "napping"|"stock", "cpu_reserved_cores": N|null}`` (whether
+  :mod:`vllm_lora_cpu`'s grouped LoRA products replaced vLLM's per-token ones on its CPU path,
+  whether the engine processes wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU, and
+  how many cores vLLM keeps off its model worker's threads there: 0 unless the user set
+  ``VLLM_CPU_NUM_OF_RESERVED_CPU``)
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
   "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
@@ -27,7 +29,8 @@ Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; ea
 integer id on first use, keyed by its content digest (the name the client sends). On vLLM's CPU
 path the LoRA products are :mod:`vllm_lora_cpu`'s grouped ones (one product per adapter in the
 batch, none for rows without one) instead of vLLM's per-token weight gathers, and the engine's
-processes wait for each other's steps without holding a core (:mod:`vllm_cpu_wait`).
+processes wait for each other's steps without holding a core (:mod:`vllm_cpu_wait`), so the model
+worker's threads get every core.
 """
 
 from __future__ import annotations
@@ -48,19 +51,23 @@ MAX_LORAS = 4  # adapters in one batch
 # again (as ``__mp_main__``) before the engine is built there: that is where the model runs and the
 # processes wait for each other, so the grouped LoRA products and the CPU reader wait (this
 # script's neighbours ``vllm_lora_cpu`` and ``vllm_cpu_wait``) are installed at import in each.
-def install_cpu_paths() -> tuple[str, str]:
-    """Install the neighbours where vLLM's CPU path has them; ``(lora_products, reader_wait)`` as
-    ``/health`` reports them (``"stock"`` for each one vLLM keeps)."""
+def install_cpu_paths() -> tuple[str, str, int | None]:
+    """Install the neighbours where vLLM's CPU path has them; ``(lora_products, reader_wait,
+    cpu_reserved_cores)`` as ``/health`` reports them (``"stock"`` for each one vLLM keeps; the
+    cores kept off the model worker's threads, ``None`` where vLLM decides alone). Napping readers
+    free the core vLLM would keep for its spinning ones (:func:`vllm_cpu_wait.free_reserved_cores`)."""
     import vllm_cpu_wait
     import vllm_lora_cpu
 
-    return ("grouped" if vllm_lora_cpu.install() else "stock",
-            "napping" if vllm_cpu_wait.install() else "stock")
+    lora_products = "grouped" if vllm_lora_cpu.install() else "stock"
+    if not vllm_cpu_wait.install():
+        return lora_products, "stock", None
+    return lora_products, "napping", vllm_cpu_wait.free_reserved_cores()
 
 
-LORA_PRODUCTS, READER_WAIT = "stock", "stock"
+LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = "stock", "stock", None
 if __name__ in ("__main__", "__mp_main__"):
-    LORA_PRODUCTS, READER_WAIT = install_cpu_paths()
+    LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = install_cpu_paths()
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -214,7 +221,8 @@ class Server:
         import vllm
 
         return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
-                "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT}
+                "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT,
+                "cpu_reserved_cores": CPU_RESERVED_CORES}
 
     def stats(self) -> dict:
         now: dict[str, int] = {}

@@ -120,6 +120,52 @@ def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, 
     assert worst < LOGPROB_TOLERANCE
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def _physical_cores(cpus: set[int]) -> int:
+    """Distinct (package, core) pairs among ``cpus``, from sysfs: vLLM binds one thread per core."""
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+    return len(cores)
+
+
+@pytest.mark.timeout(600)
+def test_the_model_workers_threads_are_bound_to_every_core(vrt) -> None:
+    """vLLM's CPU build keeps a core per model worker free for its spinning engine core, which
+    halves a 2-core machine's forward; the server's napping readers need none, so it reserves 0 and
+    the worker's threads are pinned one per physical core the server may use."""
+    assert vrt.engine.cpu_reserved_cores == 0  # as /health reported it
+    workers = [pid for pid in _descendants(vrt.engine.pid)
+               if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::Worker")]
+    assert len(workers) == 1
+    pinned = set()
+    for task in os.listdir(f"/proc/{workers[0]}/task"):
+        cpus = os.sched_getaffinity(int(task))
+        if len(cpus) == 1:  # an OpenMP thread vLLM bound to its core
+            pinned |= cpus
+    allowed = os.sched_getaffinity(vrt.engine.pid)
+    assert pinned <= allowed
+    assert len(pinned) == _physical_cores(allowed)
+
+
 @pytest.mark.timeout(600)
 def test_prompts_beyond_one_steps_token_budget_arrive_together_without_killing_the_engine(vrt) -> None:
     """Seeded rows whose prompts add up to more than vLLM's default step budget (2048 tokens), sent

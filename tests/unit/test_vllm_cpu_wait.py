@@ -70,3 +70,12 @@ def test_install_changes_nothing_where_vllm_is_absent() -> None:
         assert vllm_cpu_wait.install() is False
     else:  # pragma: no cover - only where vLLM is importable in Kiln's own venv
         pytest.skip("vLLM is importable here")
+
+
+def test_napping_readers_free_the_core_vllm_reserves_unless_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    assert vllm_cpu_wait.free_reserved_cores() == 0
+    assert vllm_cpu_wait.os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "3")
+    assert vllm_cpu_wait.free_reserved_cores() == 3
+    assert vllm_cpu_wait.os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "3"
