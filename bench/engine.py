@@ -7,7 +7,9 @@ engine's one decode loop, a tile of ``KILN_HF_DECODE_TILE`` rows per forward), o
 server (``openenv``) with one session per candidate, a qwen3-0.6b-shaped random model with
 ``--layers`` layers and the real vocabulary, thinking off, ``--max-steps`` turns of up to
 ``--tokens`` tokens. Prints episodes/s and generated tokens/s of each engine and the vllm/hf
-ratios. The vllm engine is started before timing (its start is reported separately).
+ratios. The vllm engine is started before timing (its start is reported separately), and each
+engine first collects the whole workload once, untimed, on seeds of its own (vLLM's CPU build
+builds its kernels per batch size on first use).
 
 Then vLLM's own limit on the same token workload: every request the vllm collection sent (its
 prompt ids, its seed, the number of tokens it produced) is replayed through one ``LLM.generate``
@@ -18,7 +20,7 @@ adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own 
 and without LoRA, vLLM's plain limit.
 The ratios Kiln-vllm / raw say how close Kiln's collection comes to each.
 
-``--repeats N`` collects N times with each engine, alternating (hf, vllm, hf, vllm, ...), each
+``--repeats N`` (default 3) collects N times with each engine, alternating (hf, vllm, hf, vllm, ...), each
 repeat on seeds of its own (so vLLM's prefix cache holds nothing of an earlier repeat's prompts),
 and prints every repeat's figures and vllm/hf ratio and their median: a shared machine's speed
 changes from minute to minute, and alternating exposes both engines to it alike. The raw replays
@@ -27,7 +29,8 @@ use the first repeat's requests; Kiln-vllm / raw uses the median of Kiln-vllm's 
 ``--dtype`` sets ``KILN_DTYPE`` of both engines and the raw replay alike (default ``auto``: float32
 on CPU), so the ratios compare engines at one precision.
 
-Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--model DIR] [--dtype auto] [--repeats 1]`` (needs
+Run: ``python -m bench.engine [--groups 8] [--group-size 8] [--max-steps 2] [--tokens 64] [--model DIR]
+[--dtype auto] [--repeats 3]`` (needs
 ``scripts/setup.sh --engine vllm``).
 """
 
@@ -124,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: build a random one)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="KILN_DTYPE of both engines and the raw replay (auto: float32 on CPU)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=int, default=3,
                         help="collections per engine, alternating hf and vllm, each on its own seeds")
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -167,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             engine.start()
             print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})", flush=True)
-            warm = argparse.Namespace(**{**vars(args), "groups": 1, "group_size": 2})
-            for runtime in (hf, vllm):
-                asyncio.run(collect_all(runtime, base_url, inspection, warm, first_seed=1))
+            # an untimed collection of the full workload per engine: vLLM's CPU kernels are built
+            # per batch size on first use, and a collection meets every size from 1 to all rows
+            for name, runtime in (("hf", hf), ("vllm", vllm)):
+                asyncio.run(collect_all(runtime, base_url, inspection, args, first_seed=1))
+                print(f"warm-up: {name} done", flush=True)
             for repeat in range(args.repeats):
                 for name, runtime in (("hf", hf), ("vllm", vllm)):
                     engine.recording = name == "vllm" and repeat == 0

@@ -14,7 +14,8 @@ plain limit), ``stock`` (LoRA enabled, vLLM's own CPU LoRA products) or ``groupe
 with Kiln's grouped products and CPU reader wait: the server's settings). In every mode the model
 worker's threads get every core, as in Kiln's server (``VLLM_CPU_NUM_OF_RESERVED_CPU`` 0 unless
 set), so each figure is the engine's limit on this machine's cores. Prints one JSON line:
-``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed after a warm-up request.
+``{"seconds", "requests", "tokens", "start_s"}``, the generate call timed after an untimed one of
+the whole workload at other seeds and an emptied prefix cache.
 """
 
 from __future__ import annotations
@@ -68,10 +69,13 @@ def main() -> None:
         return SamplingParams(n=1, max_tokens=n, min_tokens=n, ignore_eos=True, temperature=args.temperature,
                               seed=seed, logprobs=0, detokenize=False, skip_special_tokens=False)
 
-    warm = requests[0]
-    llm.generate([{"prompt_token_ids": warm["prompt_ids"]}], [params(4, 0)], use_tqdm=False)
     prompts = [{"prompt_token_ids": r["prompt_ids"]} for r in requests]
     sampling = [params(int(r["max_tokens"]), int(r["seed"])) for r in requests]
+    # untimed: the whole workload once at other seeds (vLLM's CPU kernels are built per batch size
+    # on first use), then an empty prefix cache, so the timed call prefills every prompt as Kiln's did
+    llm.generate(prompts, [params(int(r["max_tokens"]), int(r["seed"]) + 1) for r in requests], use_tqdm=False)
+    if not llm.reset_prefix_cache():
+        raise SystemExit("vLLM did not empty its prefix cache after the warm-up")
     started = time.perf_counter()
     outputs = llm.generate(prompts, sampling, use_tqdm=False)
     seconds = time.perf_counter() - started
