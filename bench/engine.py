@@ -12,8 +12,9 @@ engine first collects the whole workload once, untimed, on seeds of its own (vLL
 builds its kernels per batch size on first use).
 
 Then vLLM's own limit on the same token workload: every request the vllm collection sent (its
-prompt ids, its seed, the number of tokens it produced) is replayed through one ``LLM.generate``
-call of vLLM itself (``bench/vllm_raw.py``, in the engine's venv, after Kiln's engine is stopped):
+prompt ids, its seed, the number of tokens it produced) is replayed through one timed
+``LLM.generate`` call of vLLM itself, after an untimed one at other seeds (``bench/vllm_raw.py``, in
+the engine's venv, after Kiln's engine is stopped):
 no environment, no HTTP, every prompt known up front. Three times: with LoRA enabled, Kiln's
 grouped LoRA products and CPU reader wait (``vllm_cpu_wait``), as Kiln's server runs vLLM (it serves
 adapters), which isolates Kiln's own overhead; with LoRA enabled and vLLM's own CPU LoRA products;
@@ -48,8 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-async def collect_all(runtime, base_url: str, inspection: dict, args, *, first_seed: int = 1000
-                      ) -> tuple[float, int, int]:
+async def collect_all(runtime, base_url: str, inspection: dict, args, *, first_seed: int) -> tuple[float, int, int]:
     """(seconds, episodes, generated tokens) of collecting every group at once (group ``g`` at seed
     ``first_seed + g``)."""
     from kiln.contracts import EpisodeSettings
