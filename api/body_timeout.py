@@ -14,17 +14,11 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.access import _send_error as send_error
-from kiln.errors import KilnError
+from kiln.errors import KilnError, RequestBodyTimeout
 from kiln.telemetry.prometheus import count_error
 
 BODY_TIMEOUT_S = 30.0
 BODY_IDLE_S = 10.0
-
-
-class RequestBodyTimeout(KilnError):
-    code = "request_body_timeout"
-    http_status = 408
-    retryable = True
 
 
 class _TimedOut(Exception):

@@ -21,7 +21,7 @@ from kiln.api_models import DatasetUploaded
 from kiln.artifacts.store import BLOB_PREFIX
 from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
-from kiln.errors import InvalidRequest
+from kiln.errors import InvalidDatasetRef, InvalidRequest
 from kiln.records import StoredObject, TrainDatasetInput
 from kiln.run_view import RunView
 from workflows.names import TRAIN_DATASET_WORKFLOW
@@ -32,10 +32,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _IDEMPOTENCY_SCOPE = "train/grpo:"
 
 router = APIRouter(tags=["training"])
-
-
-class InvalidDatasetRef(InvalidRequest):
-    code = "openenv_invalid_dataset_ref"
 
 
 class DatasetRef(BaseModel):

@@ -20,7 +20,20 @@ from starlette.routing import Match
 from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
-from kiln.errors import InvalidRequest, KilnError, TemporalUnavailable
+from kiln.errors import (
+    IdempotencyConflict,
+    InspectionFailed,
+    InvalidRequest,
+    KilnError,
+    MethodNotAllowed,
+    PreflightFailed,
+    RequestTooLarge,
+    RouteNotFound,
+    RunNotCancellable,
+    TaskCatalogFailed,
+    TemporalUnavailable,
+    Unauthorized,
+)
 from kiln.telemetry.prometheus import count_error
 
 __all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
@@ -45,54 +58,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (502, "an environment did not answer usably"), (503, "a dependency is unavailable"),
     )
 }
-
-
-class IdempotencyConflict(KilnError):
-    code = "openenv_run_idempotency_conflict"
-    http_status = 409
-
-
-class RunNotCancellable(KilnError):
-    code = "openenv_run_not_cancellable"
-    http_status = 409
-
-
-class Unauthorized(KilnError):
-    code = "unauthorized"
-    http_status = 401
-
-
-class RouteNotFound(KilnError):
-    code = "not_found"
-    http_status = 404
-
-
-class MethodNotAllowed(KilnError):
-    code = "method_not_allowed"
-    http_status = 405
-
-
-class RequestTooLarge(KilnError):
-    code = "openenv_request_too_large"
-    http_status = 413
-
-
-class TaskCatalogFailed(KilnError):
-    code = "openenv_task_catalog_failed"
-    http_status = 502
-
-
-class InspectionFailed(KilnError):
-    code = "openenv_inspection_failed"
-    http_status = 502
-
-
-class PreflightFailed(KilnError):
-    code = "openenv_training_preflight_failed"
-    http_status = 503
-    retryable = True
-
-
 
 
 def error_response(error: KilnError) -> JSONResponse:

@@ -9,12 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kiln.errors import KilnError
+from kiln.errors import ApiConfigurationError, KilnError
 from kiln.openenv.urls import is_loopback_host
-
-
-class ApiConfigurationError(KilnError):
-    code = "api_configuration_invalid"
 
 
 def configured_token(settings: Any) -> str | None:

@@ -20,6 +20,10 @@ def truncate_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
     return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
+# code -> the KilnError subclass that declares it (filled as each class is defined, below).
+_REGISTRY: dict[str, type[KilnError]] = {}
+
+
 class KilnError(Exception):
     """Base of every Kiln failure. Subclasses fix ``code``, ``retryable`` and ``http_status``."""
 
@@ -30,6 +34,14 @@ class KilnError(Exception):
     # An expected wait, not a failure (an environment at capacity): workers log it as one INFO
     # line without a traceback, and Temporal marks it benign.
     expected: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register the class under the code it declares itself, when it is built like KilnError
+        (so ``error_from_dict`` can rebuild it); the first class of a code keeps it."""
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if isinstance(code, str) and "__init__" not in cls.__dict__:
+            _REGISTRY.setdefault(code, cls)
 
     def __init__(
         self,
@@ -268,57 +280,198 @@ class SearchAttributesMissing(KilnError):
     code = "temporal_search_attributes_missing"
 
 
-ALL_ERROR_TYPES: tuple[type[KilnError], ...] = (
-    InvalidRequest,
-    InvalidUrl,
-    RemoteEnvironmentForbidden,
-    InvalidCredential,
-    EnvironmentUnavailable,
-    EnvironmentProtocolError,
-    EnvironmentCapacityExhausted,
-    InvalidActionSchema,
-    EnvironmentIdentityChanged,
-    CollectionFailed,
-    ExecutorInterrupted,
-    RunInterrupted,
-    PolicyIdentityChanged,
-    ModelNotFound,
-    AdapterNotFound,
-    ArtifactPublicationFailed,
-    ArtifactIntegrityFailed,
-    ArtifactNotFound,
-    StorageUnavailable,
-    RetainedBudgetExceeded,
-    TrainingFailed,
-    TrainingEvidenceInvalid,
-    RunCapacityFull,
-    RunNotFound,
-    RunCancelled,
-    InternalError,
-    TemporalUnavailable,
-    TemporalConfigInvalid,
-    SearchAttributesMissing,
-)
+class TrackerUnavailable(KilnError):
+    """The run's ``report_to`` tracker cannot start on the gpu worker (package missing)."""
+
+    code = "tracker_unavailable"
+    http_status = 400
+    stage = "training"
 
 
-def _subclasses(base: type[KilnError]) -> list[type[KilnError]]:
-    out: list[type[KilnError]] = []
-    for sub in base.__subclasses__():
-        out.append(sub)
-        out.extend(_subclasses(sub))
-    return out
+# ------------------------------------------------------------------------------------------------
+# front (issue 39): the classes that lived beside their raisers, moved here so that every code is
+# registered once ``kiln.errors`` is imported (their old modules re-export them).
+
+CAPACITY_WAIT_CODE = "environment_at_capacity"
+
+
+class EnvironmentEvaluationFailed(KilnError):
+    """The paired held-out evaluation cannot produce evidence (drift, bad bundle, failed promotion).
+
+    The catalogue marks ``environment_evaluation_failed`` retryable by default (a re-collection may
+    succeed); pairing drift between two given bundles is raised with ``retryable=False`` because
+    re-pairing the same files cannot change the answer.
+    """
+
+    code = "environment_evaluation_failed"
+    retryable = True
+    stage = "evaluation"
+
+
+class EvaluationReceiptInvalid(EnvironmentEvaluationFailed):
+    """A receipt breaks the schema or its consistency rules (a bug, never retried)."""
+
+    retryable = False
+
+
+class EnvironmentAtCapacity(KilnError):
+    """An attempt could not get a session in its short window; the workflow waits and retries.
+
+    Not retryable for Temporal (the workflow's timer does the waiting, no slot is held);
+    ``details`` carry what was observed so the final error can name it.
+    """
+
+    code = CAPACITY_WAIT_CODE
+    retryable = False
+    http_status = 503
+    expected = True  # one INFO line in the worker's log, no traceback
+
+
+class DatasetInvalid(InvalidRequest):
+    """A rollouts JSONL given for training is not one Kiln wrote (a line, a field, the newline)."""
+
+    code = "training_invalid_dataset"
+
+
+class InvalidDatasetRef(InvalidRequest):
+    """A ``POST /v1/train/grpo`` dataset reference is not what ``PUT /v1/datasets`` answered."""
+
+    code = "openenv_invalid_dataset_ref"
+
+
+class ReplayDrift(KilnError):
+    """The environment answered differently from the recorded transcript."""
+
+    code = "openenv_replay_drift"
+    http_status = 409
+
+
+class VerificationFailed(KilnError):
+    """A bundle failed offline verification; ``details`` locate the first violation."""
+
+    code = "openenv_verification_failed"
+    http_status = 409
+
+
+class ApiUnavailable(KilnError):
+    """The Kiln API could not be reached at all (nothing listening, DNS, TLS, a dropped socket)."""
+
+    code = "api_unavailable"
+    retryable = True
+
+
+class OutputExists(KilnError):
+    """A download would overwrite a file (or names a folder) and ``--force`` was not given."""
+
+    code = "openenv_artifact_output_exists"
+    http_status = 409
+
+
+class ServeConfigurationInvalid(KilnError):
+    """``kiln serve`` refused its configuration; nothing was started."""
+
+    code = "serve_configuration_invalid"
+
+
+class ServeStartFailed(KilnError):
+    """A part of ``kiln serve`` failed to start; everything it had started was stopped."""
+
+    code = "serve_start_failed"
+
+
+class ApiConfigurationError(KilnError):
+    """The API's own settings are unusable (a non-loopback bind without ``KILN_API_TOKEN``)."""
+
+    code = "api_configuration_invalid"
+
+
+class IdempotencyConflict(KilnError):
+    """An ``idempotency_key`` was reused with a different request body."""
+
+    code = "openenv_run_idempotency_conflict"
+    http_status = 409
+
+
+class RunNotCancellable(KilnError):
+    """The run already ended; there is nothing to cancel."""
+
+    code = "openenv_run_not_cancellable"
+    http_status = 409
+
+
+class Unauthorized(KilnError):
+    """The request carries no bearer token, or the wrong one."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class RouteNotFound(KilnError):
+    """No API route has this path."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(KilnError):
+    """The route exists, but not for this HTTP method (the answer's ``Allow`` names those that do)."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class RequestBodyTimeout(KilnError):
+    """The request body did not arrive in time (``KILN_API_BODY_TIMEOUT_S``); the connection closes."""
+
+    code = "request_body_timeout"
+    http_status = 408
+    retryable = True
+
+
+class RequestTooLarge(KilnError):
+    """The request body is over the route's size limit."""
+
+    code = "openenv_request_too_large"
+    http_status = 413
+
+
+class TaskCatalogFailed(KilnError):
+    """An environment's Task API catalogue could not be read (``POST /v1/openenv/tasks``)."""
+
+    code = "openenv_task_catalog_failed"
+    http_status = 502
+
+
+class InspectionFailed(KilnError):
+    """An environment could not be inspected (its metadata, schema or tools)."""
+
+    code = "openenv_inspection_failed"
+    http_status = 502
+
+
+class PreflightFailed(KilnError):
+    """The training preflight (sealing a contract) found no gpu worker in time, or failed there."""
+
+    code = "openenv_training_preflight_failed"
+    http_status = 503
+    retryable = True
+
+
+class ServeGaveUp(KilnError):
+    """A child of ``kiln serve`` kept failing right after each restart; serve stopped everything."""
+
+    code = "serve_gave_up"
 
 
 def error_type(code: str) -> type[KilnError]:
-    """The ``KilnError`` class of ``code``: the listed types first, then any loaded subclass that
-    declares that code itself (``ModelNotServed``, ``TrackerUnavailable``, …); else ``KilnError``."""
-    for candidate in ALL_ERROR_TYPES:
-        if candidate.code == code:
-            return candidate
-    for candidate in _subclasses(KilnError):
-        if candidate.__dict__.get("code") == code and candidate.__init__ is KilnError.__init__:
-            return candidate
-    return KilnError
+    """The ``KilnError`` class of ``code`` (every class lives in this module, so the answer never
+    depends on what else was imported); ``KilnError`` for an unknown code."""
+    return _REGISTRY.get(code, KilnError)
+
+
+def registered_errors() -> dict[str, type[KilnError]]:
+    """Every stable code and its class, in definition order (``docs/errors.md`` is made of it)."""
+    return dict(_REGISTRY)
 
 
 def error_from_dict(data: dict[str, Any]) -> KilnError:
@@ -333,11 +486,3 @@ def error_from_dict(data: dict[str, Any]) -> KilnError:
         stage=data.get("stage"),
         details=data.get("details") or None,
     )
-
-
-class TrackerUnavailable(KilnError):
-    """The run's ``report_to`` tracker cannot start on the gpu worker (package missing)."""
-
-    code = "tracker_unavailable"
-    http_status = 400
-    stage = "training"

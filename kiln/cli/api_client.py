@@ -18,13 +18,8 @@ from urllib.parse import quote
 
 import httpx
 
-from kiln.errors import KilnError, error_from_dict
+from kiln.errors import ApiUnavailable, KilnError, error_from_dict
 from kiln.run_view import RunList, RunSummary, RunView
-
-
-class ApiUnavailable(KilnError):
-    code = "api_unavailable"
-    retryable = True
 
 
 def run_path(run_id: str, *parts: str) -> str:

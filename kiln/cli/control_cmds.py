@@ -26,7 +26,7 @@ from kiln.cli.console import console, err_console, fail, print_json  # noqa: F40
 from kiln.cli.flags import literal_enum
 from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.contracts import RunRequest
-from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
+from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError, OutputExists
 from kiln.run_view import RunState, RunSummary
 
 RunStateChoice = literal_enum("RunStateChoice", RunState)
@@ -36,10 +36,6 @@ MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024
 _CHUNK = 256 * 1024
 # Manifest names of a rollout run's three local outputs.
 ROLLOUT_OUTPUTS = ("rollouts.jsonl", "replay.json", "summary.json")
-
-class OutputExists(KilnError):
-    code = "openenv_artifact_output_exists"
-    http_status = 409
 
 
 def api_client() -> ApiClient:

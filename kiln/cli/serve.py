@@ -29,7 +29,7 @@ from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_pro
 from kiln.devstack.stack import check_stack_config
 from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
 from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
-from kiln.errors import KilnError
+from kiln.errors import KilnError, ServeConfigurationInvalid, ServeGaveUp, ServeStartFailed
 from kiln.settings import Settings
 
 SUPERVISE_INTERVAL_S = 0.5
@@ -66,18 +66,6 @@ def _api_healthy(url: str) -> bool:
         return False
 
 
-class ServeConfigurationInvalid(KilnError):
-    """``kiln serve`` refused its configuration; nothing was started."""
-
-    code = "serve_configuration_invalid"
-
-
-class ServeStartFailed(KilnError):
-    """A part of ``kiln serve`` failed to start; everything it had started was stopped."""
-
-    code = "serve_start_failed"
-
-
 def check_serve_config(settings: Settings) -> None:
     """The whole configuration, checked before anything starts: the API token rule, and every
     port (Temporal, its UI, S3 and its +10000 gRPC twin, the API) in range, distinct and free."""
@@ -88,12 +76,6 @@ def check_serve_config(settings: Settings) -> None:
         )
     except DevStackError as exc:
         raise ServeConfigurationInvalid(str(exc)) from None
-
-
-class ServeGaveUp(KilnError):
-    """A child of ``kiln serve`` kept failing right after each restart; serve stopped everything."""
-
-    code = "serve_gave_up"
 
 
 def _python_child(name: str, args: list[str], *, logs: Path, env: dict[str, str]) -> Callable[[], ManagedProcess]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.errors import KilnError
+from kiln.errors import EnvironmentEvaluationFailed, KilnError
 from kiln.jsondiff import differing_paths
 
 _MISSING = object()
@@ -54,19 +54,6 @@ SETTING_FIELDS = (
 )
 EPISODE_FIELDS = ("group_index", "candidate_index", "environment_name", "environment_url", "seed")
 GROUP_FIELDS = ("group_index", "environment_index", "seed", "reset_payload", "reset_observation")
-
-
-class EnvironmentEvaluationFailed(KilnError):
-    """The paired held-out evaluation cannot produce evidence (drift, bad bundle, failed promotion).
-
-    The catalogue marks ``environment_evaluation_failed`` retryable by default (a re-collection may
-    succeed); pairing drift between two given bundles is raised with ``retryable=False`` because
-    re-pairing the same files cannot change the answer.
-    """
-
-    code = "environment_evaluation_failed"
-    retryable = True
-    stage = "evaluation"
 
 
 @dataclass(frozen=True)

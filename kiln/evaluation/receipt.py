@@ -33,7 +33,7 @@ from kiln.evaluation.gate import (
     decide,
     gate_thresholds,
 )
-from kiln.evaluation.pairing import EnvironmentEvaluationFailed
+from kiln.errors import EnvironmentEvaluationFailed, EvaluationReceiptInvalid
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 
 RECEIPT_SCHEMA = "kiln.openenv-environment-evaluation.v1"
@@ -68,12 +68,6 @@ EVIDENCE_FLOATS = (
     "exact_sign_test_p_value",
     "exact_sign_test_alpha",
 )
-
-
-class EvaluationReceiptInvalid(EnvironmentEvaluationFailed):
-    """A receipt breaks the schema or its consistency rules (a bug, never retried)."""
-
-    retryable = False
 
 
 def _invalid(message: str, field: str) -> EvaluationReceiptInvalid:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.errors import EnvironmentCapacityExhausted, KilnError
+from kiln.errors import CAPACITY_WAIT_CODE, EnvironmentAtCapacity, EnvironmentCapacityExhausted, KilnError
 
 # One activity attempt waits at most this long for a first session before it ends (0: one try); all of
 # ``capacity_wait_seconds`` is spent in workflow timers (no gpu slot held).
@@ -28,25 +28,11 @@ ATTEMPT_CAPACITY_WAIT_S = 0.0
 # Workflow backoff between capacity attempts: min(first × 2^n, max), never past the deadline.
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
-CAPACITY_WAIT_CODE = "environment_at_capacity"
 # A learned limit is a hint: after this long without a refusal the full width is tried again
 # (an environment may be restarted with more sessions).
 LIMIT_MEMORY_S = 120.0
 # Per-run session counts kept by one worker process (the oldest idle ones are forgotten first).
 MAX_HOLDERS = 4096
-
-
-class EnvironmentAtCapacity(KilnError):
-    """An attempt could not get a session in its short window; the workflow waits and retries.
-
-    Not retryable for Temporal (the workflow's timer does the waiting, no slot is held);
-    ``details`` carry what was observed so the final error can name it.
-    """
-
-    code = CAPACITY_WAIT_CODE
-    retryable = False
-    http_status = 503
-    expected = True  # one INFO line in the worker's log, no traceback
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any
 
 from kiln.canonical import canonical_json
 from kiln.errors import (
+    ReplayDrift,
     EnvironmentIdentityChanged,
     InvalidRequest,
     KilnError,
@@ -51,13 +52,6 @@ from kiln.rollout.replay_ignore import STATE_PREFIX, STEP_PREFIX, of
 from kiln.rollout.verify import Bundle, load_bundle
 
 REPLAY_RUN_SCHEMA = "kiln.openenv-replay-run.v1"
-
-
-class ReplayDrift(KilnError):
-    """The environment answered differently from the recorded transcript."""
-
-    code = "openenv_replay_drift"
-    http_status = 409
 
 
 def drift(group: int, candidate: int, step: int | None, field: str, reason: str) -> ReplayDrift:

@@ -12,16 +12,12 @@ from typing import Any
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
-from kiln.errors import InvalidRequest, PolicyIdentityChanged
+from kiln.errors import DatasetInvalid, InvalidRequest, PolicyIdentityChanged
 from kiln.artifacts.group_sets import group_set
 from kiln.records import AdapterRef, GroupSet, StoredObject
 from kiln.artifacts.adapters import read_pointer
 
 DATASET_GROUP_SCHEMA = "kiln.openenv-dataset-group.v1"
-
-
-class DatasetInvalid(InvalidRequest):
-    code = "training_invalid_dataset"
 
 
 def _line_error(index: int, reason: str) -> DatasetInvalid:

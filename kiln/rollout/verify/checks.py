@@ -13,16 +13,9 @@ from typing import Any
 
 from kiln.canonical import is_digest
 from kiln.jsondiff import same_json  # noqa: F401 - the verifier modules import it from here
-from kiln.errors import KilnError
+from kiln.errors import KilnError, VerificationFailed
 
 SUMMARY_FILE, DATASET_FILE, REPLAY_FILE = "summary", "dataset", "replay"
-
-
-class VerificationFailed(KilnError):
-    """A bundle failed offline verification; ``details`` locate the first violation."""
-
-    code = "openenv_verification_failed"
-    http_status = 409
 
 
 @dataclass(frozen=True)
@@ -134,7 +127,6 @@ def need_keys(doc: dict, required: frozenset, where: Where, field: str, optional
 def need_equal(actual: Any, expected: Any, where: Where, field: str, what: str) -> None:
     if not same_json(actual, expected):
         raise fail(where, field, f"does not match {what}")
-
 
 
 def need_match(doc: Any, expected: dict, where: Where, field: str, what: str) -> dict:
