@@ -463,6 +463,19 @@ class ServeGaveUp(KilnError):
     code = "serve_gave_up"
 
 
+UNCLAIMED_HINT = (
+    "Kiln's run workflows run on the control task queue (KILN_CONTROL_TASK_QUEUE, default kiln-control): "
+    "cancel this run and start it there, or start a worker that polls this queue"
+)
+
+
+class RunUnclaimed(KilnError):
+    """A follow ended on a run that no worker has picked up, and none polls its task queue."""
+
+    code = "run_unclaimed"
+    http_status = 409
+
+
 def error_type(code: str) -> type[KilnError]:
     """The ``KilnError`` class of ``code`` (every class lives in this module, so the answer never
     depends on what else was imported); ``KilnError`` for an unknown code."""

@@ -87,6 +87,11 @@ class RunView(RunStatus):
     cancel_requested: bool = Field(
         default=False, description="True in the answer to a cancel request."
     )
+    unclaimed: str | None = Field(
+        default=None,
+        description="Set while no worker has picked the run up and none polls its task queue: the "
+        "message naming that queue (`no worker polls task queue Q for this run`). A follow ends on it.",
+    )
 
     @property
     def terminal(self) -> bool:

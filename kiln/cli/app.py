@@ -33,9 +33,9 @@ app.add_typer(train_app, name="train")
 
 
 def _api() -> Any:
-    from kiln.cli.api_client import ApiClient
+    from kiln.client.http import ApiClient
 
-    return ApiClient(load_settings().resolved_api_url)
+    return ApiClient()
 
 
 def _serve_help() -> str:

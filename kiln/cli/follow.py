@@ -5,16 +5,17 @@ printed whenever the progress line changes (phase, groups, episodes, training st
 Numbers are shown to 4 significant digits. Exit codes: 0 completed, 1 failed, 3 cancelled (and 1
 for anything unexpected).
 
-When the workflow's status query times out (no worker answered within the API's query timeout,
-e.g. while a worker loads a model) the API answers a placeholder view (``status_source`` history,
-``RunView.timed_out``); the follower
-keeps showing the last real status and says so once, on stderr ("status query timed out,
-retrying"), never a ``phase=unknown`` line.
+The loop is ``kiln.client.follow.watch`` (the Python client's too). When the workflow's status
+query times out (no worker answered within the API's query timeout, e.g. while a worker loads a
+model) the API answers a placeholder view (``status_source`` history, ``RunView.timed_out``); the
+follower keeps showing the last real status and says so once, on stderr ("status query timed out,
+retrying"), never a ``phase=unknown`` line. A run no worker has picked up, on a task queue no
+worker polls (``RunView.unclaimed``), ends the follow with that message and exit code 1.
 """
 
 from __future__ import annotations
 
-import time
+import itertools
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -26,6 +27,8 @@ from rich.text import Text
 
 from kiln.cli.console import err_console, link
 from kiln.cli.help import OUTPUT
+from kiln.client.follow import watch
+from kiln.errors import UNCLAIMED_HINT
 from kiln.run_status import Progress
 from kiln.run_view import RunView, TrainingProgress
 
@@ -126,35 +129,6 @@ def progress_view(status: RunView) -> Group:
     return Group(table, *warnings)
 
 
-class SteadyFetch:
-    """``fetch`` that answers the last real status while the status query times out.
-
-    A view whose ``timed_out`` is true (no worker answered the status query, the run still runs)
-    holds placeholders, not the run's figures. Prints :data:`TIMED_OUT_NOTICE` to ``notices`` once
-    per follow. Before any real status has been seen it waits ``poll_s`` and asks again.
-    """
-
-    def __init__(self, fetch: Callable[[], RunView], notices: Console, poll_s: float) -> None:
-        self._fetch = fetch
-        self._notices = notices
-        self._poll_s = poll_s
-        self._last: RunView | None = None
-        self.noticed = False
-
-    def __call__(self) -> RunView:
-        while True:
-            status = self._fetch()
-            if not status.timed_out:
-                self._last = status
-                return status
-            if not self.noticed:
-                self._notices.print(TIMED_OUT_NOTICE, markup=False, highlight=False)
-                self.noticed = True
-            if self._last is not None:
-                return self._last
-            time.sleep(self._poll_s)
-
-
 def follow(
     fetch: Callable[[], RunView],
     console: Console,
@@ -164,55 +138,36 @@ def follow(
     live: bool = True,
     notices: Console | None = None,
 ) -> RunView:
-    """Poll ``fetch`` until the run is terminal (or ``timeout_s``); returns the last status.
+    """Follow with ``kiln.client.follow.watch`` until the run ends (or waits for a worker nothing
+    runs, or ``timeout_s``); returns the last real status. On a terminal: the live panel; else one
+    line per change; ``live=False``: silent. ``notices`` (default: stderr) gets the one "status
+    query timed out" line."""
+    told = notices or err_console
 
-    ``notices`` (default: stderr) gets the one "status query timed out" line.
-    """
-    fetch = SteadyFetch(fetch, notices or err_console, poll_s)
-    started = time.monotonic()
-    status = fetch()
+    def timed_out() -> None:
+        told.print(TIMED_OUT_NOTICE, markup=False, highlight=False)
+
+    views = watch(fetch, poll_s=poll_s, timeout_s=timeout_s, on_timed_out=timed_out)
+    status = next(views, None)
+    if status is None:  # ``timeout_s`` passed before any worker answered
+        return fetch()
     if not live:
-        while status.state not in TERMINAL:
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
-                break
-            time.sleep(poll_s)
-            status = fetch()
+        for status in views:
+            pass
         return status
     if not console.is_terminal:
-        return _follow_lines(fetch, status, console, poll_s=poll_s, started=started, timeout_s=timeout_s)
+        last = None
+        for status in itertools.chain([status], views):
+            line = progress_line(status)
+            if line != last:
+                console.print(line, markup=False, highlight=False)
+                console.file.flush()
+                last = line
+        return status
     with Live(progress_view(status), console=console, refresh_per_second=4, transient=True) as view:
-        while status.state not in TERMINAL:
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
-                break
-            time.sleep(poll_s)
-            status = fetch()
+        for status in views:
             view.update(progress_view(status))
     return status
-
-
-def _follow_lines(
-    fetch: Callable[[], RunView],
-    status: RunView,
-    console: Console,
-    *,
-    poll_s: float,
-    started: float,
-    timeout_s: float | None,
-) -> RunView:
-    """Not a terminal: print the progress line each time it changes (flushed at once)."""
-    last = None
-    while True:
-        line = progress_line(status)
-        if line != last:
-            console.print(line, markup=False, highlight=False)
-            console.file.flush()
-            last = line
-        if status.state in TERMINAL:
-            return status
-        if timeout_s is not None and time.monotonic() - started > timeout_s:
-            return status
-        time.sleep(poll_s)
-        status = fetch()
 
 
 def run_page_url(api_url: str, run_id: str) -> str:
@@ -293,4 +248,7 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
             console.print(f"hint: {failure.hint}")
     if state == "cancelled":
         console.print("[yellow]cancelled[/]")
+    if status.unclaimed and state == "running":
+        console.print(f"[red]waiting[/] {status.unclaimed}", highlight=False)
+        console.print(f"hint: {UNCLAIMED_HINT}", highlight=False)
     return exit_code(status)

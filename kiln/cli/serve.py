@@ -20,10 +20,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 
 from kiln.access_rule import required_token
+from kiln.client.http import ApiClient
 from kiln.devstack import DevStack, DevStackError, start_devstack
 from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_process, wait_until
 from kiln.devstack.stack import check_stack_config
@@ -60,10 +60,8 @@ def ensure_model(settings: Settings, console: Console) -> Path:
 
 
 def _api_healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=5.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+    with ApiClient(url, timeout_s=5.0) as api:
+        return api.alive()
 
 
 def check_serve_config(settings: Settings) -> None:

@@ -77,7 +77,7 @@ def register(openenv_app: typer.Typer) -> None:
         """Download a run's manifest and every artifact it lists (each size and SHA-256 rechecked);
         `kiln openenv verify --run FOLDER` then verifies the whole run offline."""
         from kiln.cli.app import _api
-        from kiln.cli.control_cmds import download_run
+        from kiln.client.downloads import download_run
 
         try:
             receipts = download_run(_api(), run_id, folder, force=force)

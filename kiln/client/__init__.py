@@ -1,12 +1,17 @@
 """Kiln from Python: ``from kiln.client import Client``.
 
-    client = Client("http://127.0.0.1:8000", token=None)
+    client = Client()  # KILN_API_URL, else the API's host and port (http://127.0.0.1:8780); KILN_API_TOKEN
     run = client.train("http://127.0.0.1:8990", output_adapter="counter-agent", groups=4)
     print(run.training.steps, run.manifest.sha256)
 
 Answers are typed (``RunView``, ``RunList``, follow events); failures raise the ``KilnError`` of
-the same ``code`` the API, CLI and run status use (``kiln.errors``).
+the same ``code`` the API, CLI and run status use. Every error class is importable from here
+(``from kiln.client import EnvironmentEvaluationFailed, ApiUnavailable``): they all live in
+``kiln.errors``, registered as they are defined, so which class a code rebuilds never depends on
+what else was imported.
 """
+
+from typing import Any
 
 from kiln.client.client import AsyncClient, Client, raise_for_outcome
 from kiln.client.events import (
@@ -18,10 +23,27 @@ from kiln.client.events import (
     WarningRaised,
 )
 from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
-from kiln.errors import KilnError
+from kiln import errors as _errors
+from kiln.errors import ApiUnavailable, KilnError
 from kiln.run_view import RunList, RunSummary, RunView
 
+
+
+def __getattr__(name: str) -> Any:
+    """Every ``KilnError`` class by its name (``kiln.client.ReplayDrift`` is ``kiln.errors.ReplayDrift``)."""
+    value = getattr(_errors, name, None)
+    if isinstance(value, type) and issubclass(value, KilnError):
+        return value
+    raise AttributeError(f"module 'kiln.client' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    errors = [name for name, value in vars(_errors).items() if isinstance(value, type) and issubclass(value, KilnError)]
+    return sorted(set(__all__) | set(errors))
+
+
 __all__ = [
+    "ApiUnavailable",
     "AsyncClient",
     "Client",
     "EchoConfig",

@@ -1,27 +1,27 @@
 """``Client``: drive Kiln from Python over its REST API, with typed answers and Kiln errors.
 
-One HTTP layer: the CLI's (``kiln.cli.api_client.ApiClient``: bearer token, no redirects, error
-envelopes turned back into ``KilnError`` subclasses with the same ``code``). Downloads reuse the
-CLI's verified, atomic artifact download; ``verify`` is the offline verifier of ``kiln openenv
-verify --run``. ``AsyncClient`` runs the same calls in a worker thread.
+One HTTP layer, which the CLI stands on too (``kiln.client.http.ApiClient``: ``KILN_API_URL`` or
+the API's host and port, bearer token, no redirects, error envelopes turned back into
+``KilnError`` subclasses with the same ``code``, retries through a Temporal outage). Downloads are
+``kiln.client.downloads`` (verified, atomic); following is ``kiln.client.follow.watch``; ``verify``
+is the offline verifier of ``kiln openenv verify --run``. ``AsyncClient`` runs the same calls in a
+worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.cli.api_client import ApiClient
+from kiln.client.downloads import download_run
 from kiln.client.events import RunEnded, RunEvent, events_between
+from kiln.client.follow import watch
+from kiln.client.http import ApiClient
 from kiln.contracts import RunRequest, TrainingConfig, parse_run_request
-from kiln.errors import KilnError, RunCancelled, error_from_dict
+from kiln.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
 from kiln.run_view import RunList, RunView
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
 
 def _view(answer: Any) -> RunView:
     return answer if isinstance(answer, RunView) else RunView.model_validate(answer)
@@ -59,9 +59,11 @@ def raise_for_outcome(view: RunView) -> RunView:
 
 
 class Client:
-    """A Kiln API client: ``Client(url, token)`` (defaults: the local API, ``KILN_API_TOKEN``)."""
+    """A Kiln API client. ``Client()`` reaches ``KILN_API_URL``, else the API's own host and port
+    (``KILN_API_HOST``/``KILN_API_PORT``, default http://127.0.0.1:8780), with ``KILN_API_TOKEN``;
+    ``Client(url, token)`` names them."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0) -> None:
         self._api = ApiClient(url, timeout_s=timeout_s, token=token)
         self.url = self._api.base_url
 
@@ -69,7 +71,7 @@ class Client:
         return f"Client({self.url!r})"
 
     def close(self) -> None:
-        self._api._client.close()
+        self._api.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -131,20 +133,16 @@ class Client:
 
     def follow(self, run_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None) -> Iterator[RunEvent]:
         """Events of run ``run_id`` until it ends (the last one is ``RunEnded``). A status query
-        that timed out (no worker answered) yields nothing; the next real view continues."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        that timed out (no worker answered) yields nothing; the next real view continues. A run
+        that no worker picks up raises its ``unclaimed`` message (``run_unclaimed``)."""
         previous: RunView | None = None
-        while True:
-            current = self.status(run_id)
-            events = events_between(previous, current)
-            yield from events
-            if any(isinstance(e, RunEnded) for e in events):
-                return
-            if not current.timed_out:
-                previous = current
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} did not end within {timeout_s} s")
-            time.sleep(poll_s)
+        for current in watch(lambda: self.status(run_id), poll_s=poll_s, timeout_s=timeout_s):
+            yield from events_between(previous, current)
+            previous = current
+        if previous is not None and previous.unclaimed and not previous.terminal:
+            raise RunUnclaimed(previous.unclaimed, hint=UNCLAIMED_HINT)
+        if previous is None or not previous.terminal:
+            raise TimeoutError(f"run {run_id} did not end within {timeout_s} s")
 
     def wait(self, run_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None) -> RunView:
         """Follow the run to its end: the completed run, or its failure raised (see
@@ -162,8 +160,6 @@ class Client:
     def download(self, run_id: str, directory: str | Path, *, force: bool = False) -> list[Path]:
         """The run's manifest and every artifact into ``directory`` (each size and SHA-256 checked
         against the manifest the run recorded, written atomically); the files written."""
-        from kiln.cli.control_cmds import download_run
-
         receipts = download_run(self._api, run_id, Path(directory), force=force)
         return [Path(r["output_path"]) for r in receipts] + [Path(directory).absolute() / "manifest.json"]
 
@@ -179,7 +175,7 @@ class Client:
 class AsyncClient:
     """``Client``'s calls for asyncio code (each runs in a worker thread; one HTTP layer)."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0) -> None:
         self.sync = Client(url, token, timeout_s=timeout_s)
 
     def __repr__(self) -> str:
@@ -206,18 +202,14 @@ class AsyncClient:
     async def wait(self, run_id: str, **kwargs: Any) -> RunView:
         return await asyncio.to_thread(self.sync.wait, run_id, **kwargs)
 
-    async def follow(self, run_id: str, *, poll_s: float = 1.0) -> AsyncIterator[RunEvent]:
-        previous: RunView | None = None
-        while True:
-            current = await self.status(run_id)
-            events = events_between(previous, current)
-            for event in events:
-                yield event
-            if any(isinstance(e, RunEnded) for e in events):
-                return
-            if not current.timed_out:
-                previous = current
-            await asyncio.sleep(poll_s)
+    async def follow(
+        self, run_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None
+    ) -> AsyncIterator[RunEvent]:
+        """``Client.follow``'s events (the same loop, stepped in a worker thread)."""
+        events = self.sync.follow(run_id, poll_s=poll_s, timeout_s=timeout_s)
+        end = object()
+        while (event := await asyncio.to_thread(next, events, end)) is not end:
+            yield event  # type: ignore[misc]  # not ``end``: the loop stops on it
 
     async def download(self, run_id: str, directory: str | Path, *, force: bool = False) -> list[Path]:
         return await asyncio.to_thread(self.sync.download, run_id, directory, force=force)

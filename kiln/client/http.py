@@ -1,7 +1,8 @@
-"""A small client of Kiln's REST API for the CLI (``KILN_API_URL``, default the local one).
+"""The one HTTP layer of Kiln's REST API, under ``kiln.client.Client`` and the CLI alike.
 
-Sends ``Authorization: Bearer $KILN_API_TOKEN`` when that variable is set; never follows
-redirects; turns error envelopes back into KilnErrors with the same code; run payloads are
+Where: ``KILN_API_URL``, else the settings' ``KILN_API_HOST``/``KILN_API_PORT`` (the same default
+the API binds, ``Settings.api_port``; a wildcard bind is reached on loopback). Sends
+``Authorization: Bearer $KILN_API_TOKEN`` when a token is set; never follows redirects; turns error envelopes back into KilnErrors with the same code; run payloads are
 parsed into ``kiln.run_view`` models (``RunView``, ``RunSummary``). A request that is safe to
 repeat (a GET, a submission with an idempotency key) is retried with backoff while the API
 answers 503 ``temporal_unavailable`` (Temporal restarting), for up to ``outage_wait_s``.
@@ -20,6 +21,31 @@ import httpx
 
 from kiln.errors import ApiUnavailable, KilnError, error_from_dict
 from kiln.run_view import RunList, RunSummary, RunView
+
+_WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
+
+
+def resolve_api_url(url: str | None = None) -> str:
+    """``url``; else ``KILN_API_URL``; else ``http://KILN_API_HOST:KILN_API_PORT`` with the API's
+    own defaults (a wildcard bind such as ``0.0.0.0`` is reached at 127.0.0.1)."""
+    if url:
+        return url.rstrip("/")
+    from kiln.settings import load_settings
+
+    settings = load_settings()
+    if settings.api_url:
+        return settings.api_url.rstrip("/")
+    host = "127.0.0.1" if settings.api_host in _WILDCARD_HOSTS else settings.api_host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.api_port}"
+
+
+def resolve_token(token: str | None = None) -> str | None:
+    """``token``; else ``KILN_API_TOKEN``; blank means none."""
+    if token is None:
+        token = os.environ.get("KILN_API_TOKEN")
+    return (token or "").strip() or None
 
 
 def run_path(run_id: str, *parts: str) -> str:
@@ -45,13 +71,19 @@ def _repeatable(method: str, kwargs: dict[str, Any]) -> bool:
 
 
 class ApiClient:
+    """Typed calls of the REST API; ``base_url``/``token`` None resolve as the module says."""
+
     def __init__(
-        self, base_url: str, *, timeout_s: float = 30.0, token: str | None = None, outage_wait_s: float = 60.0
+        self,
+        base_url: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        outage_wait_s: float = 60.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = resolve_api_url(base_url)
         self.outage_wait_s = outage_wait_s
-        if token is None:
-            token = os.environ.get("KILN_API_TOKEN") or None
+        token = resolve_token(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(
             base_url=self.base_url, timeout=timeout_s, follow_redirects=False, headers=headers
@@ -60,10 +92,26 @@ class ApiClient:
     def __repr__(self) -> str:  # never shows the token
         return f"ApiClient({self.base_url!r})"
 
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "ApiClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def alive(self) -> bool:
+        """``GET /healthz`` answers 200 (the API process is up; no dependency is checked)."""
+        try:
+            return self._client.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def _unavailable(self, exc: Exception) -> ApiUnavailable:
         return ApiUnavailable(
             f"cannot reach the Kiln API at {self.base_url}: {type(exc).__name__}",
-            hint="start it with `kiln serve` or set KILN_API_URL",
+            hint="start it with `kiln serve`, or point KILN_API_URL (or KILN_API_HOST/KILN_API_PORT) at it",
         )
 
     @staticmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln.cli.api_client import ApiClient
+from kiln.client.http import ApiClient
 from kiln.devstack import start_temporal
 from kiln.errors import KilnError
 from kiln.settings import Settings

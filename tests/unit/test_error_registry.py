@@ -74,13 +74,14 @@ def test_a_fresh_interpreter_catches_the_class_after_importing_the_client_alone(
         "import kiln.client\n"
         "from kiln.client import EnvironmentEvaluationFailed, raise_for_outcome, RunView\n"
         "view = RunView.model_validate({'run_id': 'r', 'state': 'failed', 'failure': {\n"
-        "    'code': 'environment_evaluation_failed', 'message': 'no evidence', 'retryable': False}})\n"
+        "    'code': 'environment_evaluation_failed', 'message': 'no evidence', 'retryable': False,\n"
+        "    'stage': 'evaluation'}})\n"
         "try:\n"
         "    raise_for_outcome(view)\n"
         "except EnvironmentEvaluationFailed as error:\n"
         "    print('caught', error.code, error.retryable)\n"
         "import sys\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('kiln.evaluation', 'kiln.cli'))))\n"
+        "print(sorted(m for m in sys.modules if m == 'kiln.cli' or m.startswith(('kiln.evaluation', 'kiln.cli.'))))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=100,
