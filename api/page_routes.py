@@ -8,7 +8,6 @@ added here are new; the existing run routes are unchanged.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import FileResponse, HTMLResponse
 
 from api.page_data import episode_rows, page
+from api.runs import checked_run_id
 from api.services import Services, services
-from kiln.errors import ArtifactNotFound, RunNotFound
+from kiln.errors import ArtifactNotFound
 from kiln.api_models import EpisodePage, RunMetrics
 from kiln.telemetry.live import read_events
 
@@ -54,12 +54,7 @@ async def run_page(run_id: str, svc: Services = Depends(services)) -> HTMLRespon
     return _html("run.html")
 
 
-def _checked(run_id: str) -> str:
-    try:
-        uuid.UUID(run_id)
-    except ValueError:
-        raise RunNotFound(f"no run with id {run_id!r}") from None
-    return run_id
+_checked = checked_run_id
 
 
 @data.get("/{run_id}/metrics", response_model=RunMetrics)

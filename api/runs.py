@@ -19,6 +19,9 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.errors import IdempotencyConflict, RunNotCancellable
@@ -49,7 +52,26 @@ RUN_WORKFLOW_TYPES = (WORKFLOW_NAME, TRAIN_DATASET_WORKFLOW)
 # The visibility query of every run (of either kind).
 RUNS_QUERY = "(" + " OR ".join(f"WorkflowType = '{name}'" for name in RUN_WORKFLOW_TYPES) + ")"
 
-__all__ = ["RunService", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
+__all__ = ["RunService", "checked_run_id", "run_id_for", "IdempotencyConflict", "RunNotCancellable", "RUN_STATES"]
+
+# A run no worker took has only its start, first workflow task and signals or cancel requests.
+UNCLAIMED_HISTORY_MAX = 12
+# Temporal's own bound on a workflow id; "/" never reaches a route's {run_id}, "." and ".." are no ids.
+MAX_RUN_ID_CHARS = 1000
+
+
+def checked_run_id(run_id: str) -> str:
+    """``run_id`` when it can name a workflow; ``RunNotFound`` otherwise (empty, too long, control
+    characters, a path step)."""
+    if (
+        not run_id
+        or len(run_id) > MAX_RUN_ID_CHARS
+        or run_id in (".", "..")
+        or any(ord(ch) < 32 or ord(ch) == 127 or ch in "/\\" for ch in run_id)
+    ):
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return run_id
+
 
 _KEY_NAMESPACE = uuid.UUID("6f1c1f1e-8d2a-4c55-9a57-4b9a3c1d2e10")
 QUERY_TIMEOUT = timedelta(seconds=5)
@@ -190,11 +212,9 @@ class RunService:
 
     # ------------------------------------------------------------------ status
     async def describe(self, run_id: str) -> Any:
-        """The Temporal description of run ``run_id``; ``RunNotFound`` when it is not a run."""
-        try:
-            uuid.UUID(run_id)
-        except ValueError:
-            raise RunNotFound(f"no run with id {run_id!r}") from None
+        """The Temporal description of run ``run_id`` (any workflow id: Kiln's UUIDs or one a user
+        gave ``temporal workflow start --workflow-id``); ``RunNotFound`` when it is not a run."""
+        checked_run_id(run_id)
         try:
             description = await self.client.get_workflow_handle(run_id).describe()
         except RPCError as err:
@@ -205,11 +225,33 @@ class RunService:
             raise RunNotFound(f"no run with id {run_id}")
         return description
 
+    async def unclaimed(self, description: Any) -> str | None:
+        """Why a running run has not started: no worker took its first workflow task and none polls
+        its task queue (a run started on the wrong queue). None when a worker has it or may."""
+        if _state(description.status) != "running" or description.history_length > UNCLAIMED_HISTORY_MAX:
+            return None  # a history this long has workflow tasks a worker took
+        async for event in self.client.get_workflow_handle(description.id).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                return None
+        queue = description.task_queue
+        answer = await self.client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=self.client.namespace,
+                task_queue=TaskQueue(name=queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
+        return None if answer.pollers else f"no worker polls task queue {queue} for this run"
+
     async def status(self, run_id: str) -> RunView:
         """The workflow's ``status`` query, completed with what Temporal knows about the run."""
         description = await self.describe(run_id)
         state = _state(description.status)
-        view = await self._workflow_status(run_id, state)
+        unclaimed = await self.unclaimed(description)
+        if unclaimed is not None:  # nothing would answer the query: say why, without waiting for it
+            view = RunView(run_id=run_id, phase="unknown", status_source="history", unclaimed=unclaimed)
+        else:
+            view = await self._workflow_status(run_id, state)
         view.state = state  # type: ignore[assignment]
         if state in TERMINAL_STATES:
             view.phase = state

@@ -21,6 +21,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from kiln.contracts import RunRequest
+    from kiln.openenv.urls import normalize_url
     from kiln.records import (
         AdmissionInput,
         AdmissionResult,
@@ -42,6 +43,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.options import ActivityCaller
     from workflows.stages import RunStages
     from workflows.status import KILN_ENVIRONMENT, KILN_OUTPUT_ADAPTER, KILN_RUN_KIND
+
+
+# KilnEnvironment holds the normalised URL (``http://localhost:8990``), not the one typed.
+NORMALISED_ENVIRONMENT_PATCH = "kiln-environment-attribute-normalised-v1"
 
 
 def _gpu_caller(admission: AdmissionResult, on_retry: Callable[[str, int], None]) -> ActivityCaller:
@@ -113,7 +118,10 @@ class OpenEnvRunWorkflow(RunStages):
         status.reset_plan_sha256 = admission.reset_plan_sha256
         status.warnings.extend(admission.warnings)
         status.progress = Progress.planned(request.groups, request.group_size)
-        attrs = [KILN_RUN_KIND.value_set(request.kind), KILN_ENVIRONMENT.value_set(request.environment_urls[0])]
+        environment = request.environment_urls[0]
+        if workflow.patched(NORMALISED_ENVIRONMENT_PATCH):  # admitted above: the URL parses
+            environment = normalize_url(environment).base_url
+        attrs = [KILN_RUN_KIND.value_set(request.kind), KILN_ENVIRONMENT.value_set(environment)]
         if request.output_adapter:
             attrs.append(KILN_OUTPUT_ADAPTER.value_set(request.output_adapter))
         workflow.upsert_search_attributes(attrs)

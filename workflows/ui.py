@@ -36,10 +36,32 @@ def show_progress(status: RunStatus) -> None:
     workflow.set_current_details(" · ".join(parts))
 
 
+def outcome_details(status: RunStatus) -> str:
+    """What decided the ending, for the final ``current_details`` (under the phase line, which
+    already says the state): the gate's verdict, the post-evaluation's reason, whether an
+    unevaluated run was promoted, a failure's code and message; empty when there is nothing."""
+    parts = []
+    evaluation = status.environment_evaluation
+    if evaluation is not None and evaluation.verdict:
+        parts.append(f"**verdict** {evaluation.verdict}")
+    post = status.post_evaluation
+    if post is not None:
+        parts.append(f"**post-eval** {post.gate_outcome}: {post.reason}")
+    if status.state == "completed" and status.promoted is not None and evaluation is None and post is None:
+        parts.append("**promoted** " + ("yes" if status.promoted else "no"))
+    if status.failure is not None:
+        parts.append(f"**failure** {status.failure.code}: {status.failure.message}")
+    return " · ".join(parts)
+
+
 def record_outcome(status: RunStatus) -> None:
     """Memo the outcome (state, mean return, promoted; a failed run's code; whether a completed
-    run was evaluated) so list views show results without a worker."""
+    run was evaluated) so list views show results without a worker; the final details add the
+    verdict (:func:`outcome_details`)."""
     show_progress(status)
+    outcome = outcome_details(status)
+    if outcome:
+        workflow.set_current_details(workflow.get_current_details() + "\n\n" + outcome)
     if workflow.patched(OUTCOME_MEMO_PATCH):
         workflow.upsert_memo(
             {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}

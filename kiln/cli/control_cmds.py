@@ -200,6 +200,11 @@ def cancel_cmd(
     if as_json:
         print_json(status)
         return
+    if status.unclaimed:  # Temporal records the request; nothing acts on it until a worker polls
+        console.print(f"cancellation requested for {run_id}, but {status.unclaimed}: it takes effect when "
+                      f"one does (`temporal workflow terminate --workflow-id {run_id}` ends it now)",
+                      markup=False, highlight=False)
+        raise typer.Exit(1)
     console.print(f"cancellation requested for {run_id}")
 
 

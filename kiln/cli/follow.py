@@ -220,7 +220,8 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
             f"(wins {evidence['improved_groups']}, losses {evidence['regressed_groups']}, ties {evidence['tied_groups']}, "
             f"sign-test p={evidence['exact_sign_test_p_value']:.4g})"
         )
-        console.print(f"gate     {evaluation.decision} → {evaluation.outcome}: {evaluation.verdict}")
+        # The verdict names the outcome itself ("Promoted: …", "Rejected: …"): said once.
+        console.print(f"gate     {evaluation.verdict or f'{evaluation.decision} → {evaluation.outcome}'}")
         world = evaluation.world_model  # kiln.evaluation.receipt's world-model block
         if world and world["world_model_gain"] is not None:
             console.print(

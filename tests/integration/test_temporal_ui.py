@@ -44,7 +44,10 @@ async def test_summary_details_memo_and_descriptions(kiln_settings: Any) -> None
         assert memo["state"] == "failed"  # None values (no return, no promotion) are not kept
         assert memo.get("mean_return") is None and memo.get("promoted") is None
         metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
-        assert metadata.current_details == "**phase** failed · **groups** 0/2 · **rollouts** 0/4"
+        assert metadata.current_details == (
+            "**phase** failed · **groups** 0/2 · **rollouts** 0/4\n\n"
+            f"**failure** environment_unavailable: GET {url}/health: connection refused"
+        )
         queries = {q.name: q.description for q in metadata.definition.query_definitions}
         signals = {s.name: s.description for s in metadata.definition.signal_definitions}
         assert queries["status"].startswith("The run's status")

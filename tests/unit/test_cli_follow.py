@@ -160,3 +160,19 @@ def test_tty_summary_prints_links_whole_and_the_run_page() -> None:
     for text in (manifest, DIGEST):  # longer than 80 columns together, never cut
         assert any(text in line for line in lines), text
     assert max(len(line) for line in lines) > 80  # soft wrap: the terminal, not Kiln, folds lines
+
+
+@pytest.mark.timeout(30)
+def test_the_gate_line_says_its_verdict_once() -> None:
+    verdict = "Promoted: the trained adapter passed the gate and is now served; 5 wins; mean return 0.2 -> 0.8."
+    evidence = {"paired_groups": 20, "baseline_mean_return": 0.2, "candidate_mean_return": 0.8, "improved_groups": 5,
+                "regressed_groups": 0, "tied_groups": 15, "exact_sign_test_p_value": 0.03125}
+    status = RunView.model_validate({
+        "run_id": "r", "state": "completed", "environment_evaluation": {
+            "state": "done", "seed_start": 0, "groups": 20, "group_size": 2,
+            "progress": {"groups_total": 20, "rollouts_total": 40}, "decision": "passed", "outcome": "promoted",
+            "verdict": verdict, "evidence": evidence}})
+    out = io.StringIO()
+    print_outcome(status, Console(file=out, force_terminal=False, width=400))
+    gate = [line for line in out.getvalue().splitlines() if line.startswith("gate")]
+    assert gate == [f"gate     {verdict}"]

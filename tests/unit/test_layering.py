@@ -46,6 +46,7 @@ WORKFLOW_KILN_MODULES = {
     "kiln.contracts",
     "kiln.run_plan",
     "kiln.openenv.capacity",
+    "kiln.openenv.urls",
     "kiln.run_status",
     "kiln.search_attributes",
 }
