@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from kiln.openenv.urls import is_loopback_host
 
-from api.errors import RequestTooLarge, Unauthorized
+from kiln.errors import RequestTooLarge, Unauthorized
 from kiln.access_rule import configured_token, required_token
 
 __all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyLimit", "LoopbackOnly"]

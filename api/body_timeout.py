@@ -14,7 +14,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.access import _send_error as send_error
-from kiln.errors import KilnError, RequestBodyTimeout
+from kiln.errors import RequestBodyTimeout
 from kiln.telemetry.prometheus import count_error
 
 BODY_TIMEOUT_S = 30.0

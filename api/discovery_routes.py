@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.errors import InspectionFailed, TaskCatalogFailed
+from kiln.errors import InspectionFailed, TaskCatalogFailed
 from api.preflight import PreflightRequest, preflight
 from api.services import Services, services
 from kiln.api_models import Inspections, PreflightReceipt, TaskCatalogs

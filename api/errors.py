@@ -19,8 +19,8 @@ from starlette.routing import Match
 
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.access_rule import ApiConfigurationError  # re-exported: the one class
-from kiln.errors import (
+from kiln.errors import (  # the API's own classes live there too; re-exported for old imports
+    ApiConfigurationError,
     IdempotencyConflict,
     InspectionFailed,
     InvalidRequest,
@@ -36,7 +36,18 @@ from kiln.errors import (
 )
 from kiln.telemetry.prometheus import count_error
 
-__all__ = ["ApiConfigurationError", "error_response", "install_error_handlers"]
+__all__ = [
+    "ApiConfigurationError",
+    "IdempotencyConflict",
+    "InspectionFailed",
+    "PreflightFailed",
+    "RequestTooLarge",
+    "RunNotCancellable",
+    "TaskCatalogFailed",
+    "Unauthorized",
+    "error_response",
+    "install_error_handlers",
+]
 
 
 class ErrorEnvelope(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTimeoutError
 
-from api.errors import PreflightFailed
+from kiln.errors import PreflightFailed
 from kiln.api_models import PreflightReceipt
 from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, check_model_name, normalize_adapter
 from kiln.errors import error_from_dict

@@ -24,9 +24,8 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.errors import IdempotencyConflict, RunNotCancellable
 from kiln.contracts import RunRequest, request_digest
-from kiln.errors import InvalidRequest, RunNotFound
+from kiln.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound
 from kiln.run_labels import start_details, start_summary
 from kiln.run_status import Failure, RunStatus
 from kiln.run_view import (
@@ -252,7 +251,7 @@ class RunService:
             view = RunView(run_id=run_id, phase="unknown", status_source="history", unclaimed=unclaimed)
         else:
             view = await self._workflow_status(run_id, state)
-        view.state = state  # type: ignore[assignment]
+        view.state = state  # type: ignore[assignment]  # one of RunState's literals (_STATE_OF)
         if state in TERMINAL_STATES:
             view.phase = state
         view.run_id = run_id
@@ -334,7 +333,7 @@ class RunService:
                     view.failure = _failure_record(cause.details[0])
                 else:
                     view.failure = placeholder_failure("internal_error", str(cause or err))
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the failure record is best effort: the state stands without it
                 pass
         return view
 
@@ -356,7 +355,7 @@ class RunService:
             runs.append(
                 RunSummary(
                     run_id=execution.id,
-                    state=run_state,  # type: ignore[arg-type]
+                    state=run_state,  # type: ignore[arg-type]  # one of RunState's literals (_STATE_OF)
                     phase=run_state if run_state in TERMINAL_STATES else attrs.get(KILN_PHASE),
                     kind=attrs.get(KILN_RUN_KIND),
                     environment=attrs.get(KILN_ENVIRONMENT),

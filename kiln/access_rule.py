@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kiln.errors import ApiConfigurationError, KilnError
+from kiln.errors import ApiConfigurationError
 from kiln.openenv.urls import is_loopback_host
 
 

@@ -99,7 +99,7 @@ class OpenEnvRunWorkflow(RunStages):
         queue_id, self._queue_id = self._queue_id, None
         try:
             await workflow.get_external_workflow_handle(queue_id).signal("release_slot", self._status.run_id)
-        except Exception:  # the queue is gone: nothing holds the slot any more
+        except Exception:  # noqa: BLE001 - the queue is gone: nothing holds the slot any more
             workflow.logger.warning("could not release the queue slot of %s", self._status.run_id)
 
     async def _admit(self, submission: dict[str, Any]) -> tuple[AdmissionResult, ActivityCaller]:

@@ -122,6 +122,6 @@ class JsonAwareGroup(TyperGroup):
                 set_json(bool(sub_ctx.params.get("as_json", False)))
                 return _original(sub_ctx)
 
-            command.invoke = invoke  # type: ignore[method-assign]
-            command._kiln_json_aware = True  # type: ignore[attr-defined]
+            command.invoke = invoke  # type: ignore[method-assign,assignment]  # per-instance wrapper; the closure keeps the original
+            command._kiln_json_aware = True  # type: ignore[attr-defined]  # a marker click does not declare
         return command

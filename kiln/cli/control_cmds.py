@@ -138,7 +138,8 @@ def runs_row(run: RunSummary, wide: bool = False) -> str:
 
 
 def runs_cmd(
-    state: Optional[RunStateChoice] = typer.Option(None, "--state", help="Only runs in this state."),
+    # type checkers cannot see the Enum literal_enum builds at import; typer needs that class
+    state: Optional[RunStateChoice] = typer.Option(None, "--state", help="Only runs in this state."),  # type: ignore[valid-type]  # see above
     wide: bool = typer.Option(False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:

@@ -152,12 +152,13 @@ def follow(
     if status is None:  # ``timeout_s`` passed before any worker answered
         return fetch()
     if not live:
-        for status in views:
-            pass
+        for later in views:
+            status = later
         return status
     if not console.is_terminal:
         last = None
-        for status in itertools.chain([status], views):
+        for seen in itertools.chain([status], views):
+            status = seen
             line = progress_line(status)
             if line != last:
                 console.print(line, markup=False, highlight=False)

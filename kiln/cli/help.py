@@ -74,12 +74,12 @@ def _strip(command: Any) -> None:
     for param in command.params:
         kind = getattr(param, "param_type_name", None)
         if kind == "argument" and hasattr(param, "display_type_rich"):
-            param.display_type_rich = _no_type  # type: ignore[method-assign]
+            param.display_type_rich = _no_type
             param.metavar = (param.name or "value").upper()
         if kind == "option" and not getattr(param, "is_flag", False) and not getattr(param, "count", False):
             param.metavar = ""
             if hasattr(param, "display_type_rich"):  # Typer's options print their type here
-                param.display_type_rich = _no_type  # type: ignore[method-assign]
+                param.display_type_rich = _no_type
             choices = _choices(param)
             words = set(re.findall(r"[\w-]+", param.help or ""))
             if choices and param.help and not set(choices) <= words:  # not already named
@@ -88,7 +88,7 @@ def _strip(command: Any) -> None:
         # The first paragraph, whole (click would cut it with "..." to fit the command list).
         command.short_help = " ".join(command.help.split("\n\n")[0].split())
     if not hasattr(command, "commands"):
-        command.format_options = types.MethodType(_grouped_options, command)  # type: ignore[method-assign]
+        command.format_options = types.MethodType(_grouped_options, command)
     for sub in (getattr(command, "commands", None) or {}).values():
         _strip(sub)
 

@@ -29,7 +29,7 @@ from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_pro
 from kiln.devstack.stack import check_stack_config
 from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
 from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
-from kiln.errors import KilnError, ServeConfigurationInvalid, ServeGaveUp, ServeStartFailed
+from kiln.errors import ServeConfigurationInvalid, ServeGaveUp, ServeStartFailed
 from kiln.settings import Settings
 
 SUPERVISE_INTERVAL_S = 0.5

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.errors import EnvironmentEvaluationFailed, KilnError
+from kiln.errors import EnvironmentEvaluationFailed
 from kiln.jsondiff import differing_paths
 
 _MISSING = object()

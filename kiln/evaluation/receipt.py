@@ -33,7 +33,7 @@ from kiln.evaluation.gate import (
     decide,
     gate_thresholds,
 )
-from kiln.errors import EnvironmentEvaluationFailed, EvaluationReceiptInvalid
+from kiln.errors import EvaluationReceiptInvalid
 from kiln.evaluation.sign_test import exact_sign_test_p_value
 
 RECEIPT_SCHEMA = "kiln.openenv-environment-evaluation.v1"

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.errors import CAPACITY_WAIT_CODE, EnvironmentAtCapacity, EnvironmentCapacityExhausted, KilnError
+from kiln.errors import CAPACITY_WAIT_CODE, EnvironmentCapacityExhausted
+from kiln.errors import EnvironmentAtCapacity as EnvironmentAtCapacity  # re-exported (moved to kiln.errors)
 
 # One activity attempt waits at most this long for a first session before it ends (0: one try); all of
 # ``capacity_wait_seconds`` is spent in workflow timers (no gpu slot held).

@@ -33,10 +33,9 @@ from typing import Any
 
 from kiln.canonical import canonical_json
 from kiln.errors import (
-    ReplayDrift,
     EnvironmentIdentityChanged,
     InvalidRequest,
-    KilnError,
+    ReplayDrift,
     RunCancelled,
 )
 from kiln.jsondiff import differing_paths, without_paths

@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import canonical_json
-from kiln.errors import DatasetInvalid, InvalidRequest, PolicyIdentityChanged
+from kiln.errors import DatasetInvalid, PolicyIdentityChanged
 from kiln.artifacts.group_sets import group_set
 from kiln.records import AdapterRef, GroupSet, StoredObject
 from kiln.artifacts.adapters import read_pointer

@@ -7,7 +7,10 @@
 - ``api/`` imports nothing from ``activities/`` and, from ``workflows/``, only ``workflows.names``
   (the type names it submits), so the API process never loads workflow or activity code;
 - ``activities/`` import nothing from ``workflows/`` but ``workflows.names`` (update-with-start
-  names the queue workflow by type)."""
+  names the queue workflow by type);
+- the floors inside ``kiln/``: the core never imports a door (``kiln.cli``, ``kiln.client``,
+  ``kiln.devstack``, ``kiln.api_models``); nothing outside ``kiln.cli`` imports the CLI, and the CLI
+  reaches the API only through ``kiln.client`` (no HTTP library of its own)."""
 
 from __future__ import annotations
 
@@ -142,3 +145,60 @@ def test_control_worker_api_and_cli_start_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# The doors of kiln/: what users and processes enter through. Everything else in kiln/ is the core,
+# which never imports a door (a door may import the core and, the CLI, the client).
+KILN_EDGES = ("kiln.cli", "kiln.client", "kiln.devstack", "kiln.api_models")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_edge(name: str) -> bool:
+    return any(name == edge or name.startswith(edge + ".") for edge in KILN_EDGES)
+
+
+def _floor_offenders(paths: list[Path]) -> dict[str, list[str]]:
+    offenders = {}
+    for path in paths:
+        if _is_edge(_module_name(path)):
+            continue
+        bad = sorted(name for name in _full_imports(path) if _is_edge(name))
+        if bad:
+            offenders[path.relative_to(ROOT).as_posix()] = bad
+    return offenders
+
+
+def test_the_kiln_core_never_imports_an_edge() -> None:
+    assert _floor_offenders(_modules("kiln")) == {}
+
+
+def _in_cli(name: str) -> bool:
+    return name == "kiln.cli" or name.startswith("kiln.cli.")
+
+
+def test_nothing_but_the_cli_imports_the_cli_and_the_cli_reaches_the_api_through_the_client() -> None:
+    offenders = {}
+    for folder in ("kiln", "api", "activities", "workers", "workflows"):
+        for path in _modules(folder):
+            module = _module_name(path)
+            names = _full_imports(path)
+            in_cli = _in_cli(module)
+            bad = sorted(n for n in names if _in_cli(n) and not in_cli)
+            if in_cli:
+                bad += sorted(names & {"httpx", "requests", "urllib.request", "http.client"})
+            if bad:
+                offenders[path.relative_to(ROOT).as_posix()] = bad
+    assert offenders == {}
+
+
+def test_the_floor_rule_catches_a_planted_upward_import(tmp_path: Path) -> None:
+    planted = ROOT / "kiln" / "rollout" / "_planted_upward_import.py"
+    planted.write_text("from kiln.cli.console import console\n", encoding="utf-8")
+    try:
+        assert _floor_offenders([planted]) == {"kiln/rollout/_planted_upward_import.py": ["kiln.cli.console"]}
+    finally:
+        planted.unlink()

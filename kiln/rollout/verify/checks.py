@@ -13,7 +13,7 @@ from typing import Any
 
 from kiln.canonical import is_digest
 from kiln.jsondiff import same_json  # noqa: F401 - the verifier modules import it from here
-from kiln.errors import KilnError, VerificationFailed
+from kiln.errors import VerificationFailed
 
 SUMMARY_FILE, DATASET_FILE, REPLAY_FILE = "summary", "dataset", "replay"
 

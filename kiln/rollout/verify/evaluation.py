@@ -19,7 +19,8 @@ from typing import Any
 
 from kiln.canonical import canonical_json, file_sha256
 from kiln.evaluation.gate import evidence_and_decision
-from kiln.evaluation.pairing import EnvironmentEvaluationFailed, pair_summaries
+from kiln.errors import EnvironmentEvaluationFailed
+from kiln.evaluation.pairing import pair_summaries
 from kiln.evaluation.receipt import validate_receipt
 from kiln.rollout.verify.checks import Where, fail
 from kiln.rollout.verify.files import parse_json, read_capped
