@@ -92,6 +92,8 @@ class InvalidRequest(KilnError):
 
 
 class InvalidUrl(InvalidRequest):
+    """An environment URL does not parse, or is not an http(s) base URL."""
+
     code = "openenv_invalid_url"
 
 
@@ -102,12 +104,16 @@ class ModelNotServed(InvalidRequest):
 
 
 class RemoteEnvironmentForbidden(KilnError):
+    """An environment host is not loopback and ``KILN_ALLOW_REMOTE_ENVIRONMENTS`` is off."""
+
     code = "openenv_remote_environment_forbidden"
     http_status = 403
     stage = "admission"
 
 
 class InvalidCredential(InvalidRequest):
+    """A ``credential_ids`` entry names no ``KILN_CREDENTIALS`` id, or one bound to another origin."""
+
     code = "openenv_invalid_credential"
 
 
@@ -127,6 +133,9 @@ class EnvironmentProtocolError(KilnError):
 
 
 class EnvironmentCapacityExhausted(KilnError):
+    """The environment stayed full for ``capacity_wait_seconds``; names the group, its size, the most
+    sessions ever granted and the advertised ``max_sessions``."""
+
     code = "environment_capacity_exhausted"
     retryable = True
     http_status = 503
@@ -140,6 +149,9 @@ class InvalidActionSchema(KilnError):
 
 
 class EnvironmentIdentityChanged(KilnError):
+    """Revalidation found an environment's identity changed (schema, metadata, tools); nothing is
+    published."""
+
     code = "environment_identity_changed"
     retryable = True
     stage = "revalidation"
@@ -147,6 +159,9 @@ class EnvironmentIdentityChanged(KilnError):
 
 
 class CollectionFailed(KilnError):
+    """A seed group could not be collected (e.g. candidates saw different resets under
+    ``reset_determinism: strict``)."""
+
     code = "collection_failed"
     retryable = True
     stage = "collection"
@@ -160,16 +175,22 @@ class ExecutorInterrupted(KilnError):
 
 
 class RunInterrupted(KilnError):
+    """A worker died under the run and the request says ``on_interrupt: "fail"``."""
+
     code = "run_interrupted"
     retryable = True
 
 
 class PolicyIdentityChanged(KilnError):
+    """The workers' behaviour policy is not the one the run (or its sealed training contract) names."""
+
     code = "policy_identity_changed"
     stage = "collection"
 
 
 class ModelNotFound(KilnError):
+    """``KILN_MODEL_PATH`` (or a model folder) does not exist or does not load."""
+
     code = "model_not_found"
     http_status = 400
 
@@ -189,6 +210,8 @@ class DeviceUnavailable(KilnError):
 
 
 class AdapterNotFound(KilnError):
+    """The request names an adapter that has never been published."""
+
     code = "adapter_not_found"
     http_status = 404
 
@@ -203,37 +226,51 @@ class EngineUnavailable(KilnError):
 
 
 class ArtifactPublicationFailed(KilnError):
+    """Publishing the run's artifacts failed (a put, a re-verification, the manifest write)."""
+
     code = "artifact_publication_failed"
     stage = "publication"
 
 
 class ArtifactIntegrityFailed(KilnError):
+    """Stored or downloaded bytes do not match the manifest (size, SHA-256, headers)."""
+
     code = "openenv_artifact_integrity_failed"
     http_status = 409
 
 
 class ArtifactNotFound(KilnError):
+    """The run has published no artifacts yet, or none of that name."""
+
     code = "openenv_artifact_not_found"
     http_status = 404
 
 
 class StorageUnavailable(KilnError):
+    """S3 could not be reached or answered an error (retried)."""
+
     code = "storage_unavailable"
     retryable = True
     http_status = 503
 
 
 class RetainedBudgetExceeded(KilnError):
+    """The run's artifacts would exceed ``KILN_RETAINED_BUDGET_BYTES``."""
+
     code = "retained_budget_exceeded"
     stage = "publication"
 
 
 class TrainingFailed(KilnError):
+    """Training could not produce an adapter; ``details.reason`` names why (docs/errors.md lists the reasons)."""
+
     code = "training_failed"
     stage = "training"
 
 
 class TrainingEvidenceInvalid(KilnError):
+    """The trainer's receipt or adapter manifest does not match what was admitted."""
+
     code = "training_evidence_invalid"
     stage = "training"
 
@@ -248,15 +285,21 @@ class RunCapacityFull(KilnError):
 
 
 class RunNotFound(KilnError):
+    """No run has this id."""
+
     code = "openenv_run_not_found"
     http_status = 404
 
 
 class RunCancelled(KilnError):
+    """The run was cancelled; ``cancelled_stage`` names the stage it stopped in."""
+
     code = "cancelled"
 
 
 class InternalError(KilnError):
+    """An unexpected failure; a Python exception's class name appears only in the message, never as the code."""
+
     code = "internal_error"
 
 
