@@ -53,7 +53,7 @@ __all__ = [
 class ErrorEnvelope(BaseModel):
     """The one error shape every route answers."""
 
-    code: str = Field(description="Stable Kiln error code (README, 'Error codes')")
+    code: str = Field(description="Stable Kiln error code (docs/errors.md)")
     message: str
     retryable: bool
     hint: str | None = None

@@ -37,7 +37,7 @@ done
 kiln openenv inspect --environment "http://127.0.0.1:$ENV_PORT"
 set +e
 # The demo trains at the training defaults (AdamW 3e-4, CISPO, no KL, ECHO λ 0.05) for 4 online
-# collect→train iterations. README "The demo's settings" has the measurements behind that choice.
+# collect→train iterations. bench/README.md "The demo's settings" has the measurements behind that choice.
 kiln openenv train \
   --environment "http://127.0.0.1:$ENV_PORT" \
   --groups 8 --group-size 4 --max-steps 6 --max-action-tokens 48 \

@@ -5,7 +5,7 @@ latencies have four digits), a completed rollout (not evaluated), a failed run a
 run; the API is served over real HTTP with a bearer token, the browser authenticates once with
 ``?token=``. Every chart's y-axis labels lie inside their SVG, with round tick values.
 Takes a screenshot of the run page; with KILN_UPDATE_SCREENSHOT=1 it becomes docs/run-page.png (the
-README's screenshot), otherwise it goes to the test's temporary folder.
+screenshot in docs/operations.md), otherwise it goes to the test's temporary folder.
 """
 
 from __future__ import annotations

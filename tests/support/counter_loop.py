@@ -73,7 +73,7 @@ def outcome(documents: list[dict[str, Any]]) -> Outcome:
 
 # A one-pass setting: TrainingConfig's defaults at 1e-3, which moves the tiny model far in a single
 # collection round (held-out after one round on seed ranges 0 / 200 / 400: 3.100 / 2.175 / 5.425,
-# base 2.700; README "The demo's settings"). Tests that need a visible change from one training use
+# base 2.700; bench/README.md "The demo's settings"). Tests that need a visible change from one training use
 # it; the demo, the benchmark against TRL and the learning test train at the defaults.
 ONE_PASS_TRAINING: dict[str, Any] = {"learning_rate": 1e-3}
 
