@@ -145,13 +145,14 @@ def runs_cmd(
 ) -> None:
     """List runs, newest first (short ids and times; --wide for full ones)."""
     try:
-        runs = api_client().runs(state.value if state is not None else None)
+        listing = api_client().runs(state.value if state is not None else None)
     except KilnError as error:
         fail(error)
         return
-    if as_json:
-        print_json(runs)
+    if as_json:  # the API's own document: {"schema": ..., "runs": [...]}
+        print_json(listing)
         return
+    runs = listing.runs
     if not runs:
         console.print("no runs")
         return

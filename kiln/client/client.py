@@ -27,12 +27,6 @@ def _view(answer: Any) -> RunView:
     return answer if isinstance(answer, RunView) else RunView.model_validate(answer)
 
 
-def _listing(answer: Any) -> RunList:
-    if isinstance(answer, RunList):
-        return answer
-    return RunList.model_validate({"runs": answer} if isinstance(answer, list) else answer)
-
-
 def _request(kind: str, environments: str | list[str], fields: dict[str, Any]) -> RunRequest:
     urls = [environments] if isinstance(environments, str) else list(environments)
     config = fields.get("training_config")
@@ -129,7 +123,7 @@ class Client:
 
     def runs(self, state: str | None = None) -> RunList:
         """Runs newest first, optionally only those ``running|completed|failed|cancelled``."""
-        return _listing(self._api.runs(state))
+        return self._api.runs(state)
 
     def follow(self, run_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None) -> Iterator[RunEvent]:
         """Events of run ``run_id`` until it ends (the last one is ``RunEnded``). A status query

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from kiln.errors import ApiUnavailable, KilnError, error_from_dict
-from kiln.run_view import RunList, RunSummary, RunView
+from kiln.run_view import RunList, RunView
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
@@ -181,9 +181,10 @@ class ApiClient:
     def status(self, run_id: str) -> RunView:
         return RunView.model_validate(self._call("GET", run_path(run_id))[1])
 
-    def runs(self, state: str | None = None) -> list[RunSummary]:
+    def runs(self, state: str | None = None) -> RunList:
+        """``GET /v1/openenv/runs``: ``{"schema", "runs": [...]}``, newest first."""
         params = {"state": state} if state else None
-        return RunList.model_validate(self._call("GET", "/v1/openenv/runs", params=params)[1]).runs
+        return RunList.model_validate(self._call("GET", "/v1/openenv/runs", params=params)[1])
 
     def cancel(self, run_id: str) -> RunView:
         return RunView.model_validate(self._call("POST", run_path(run_id, "cancel"))[1])

@@ -78,7 +78,9 @@ async def test_follow_completed_run_exits_0(kiln_settings: Any, counter_env_url:
 
             listed = await cli(url, "runs", "--state", "completed", "--json")
             assert listed.exit_code == 0
-            runs = json.loads(listed.output)
+            document = json.loads(listed.output)  # the API's own shape, as GET /v1/openenv/runs answers
+            assert sorted(document) == ["runs", "schema"] and document["schema"] == "kiln.openenv-run-list.v1"
+            runs = document["runs"]
             assert run_id in [r["run_id"] for r in runs]
             assert {r["state"] for r in runs} == {"completed"}
             plain = await cli(url, "runs")
