@@ -54,7 +54,7 @@
     var all = [];
     series.forEach(function (s) { s.points.forEach(function (p) { if (p[1] !== null && isFinite(p[1])) all.push(p); }); });
     if (!all.length) {
-      note(svg, W, H, "no data yet");
+      note(svg, W, H, (opts && opts.empty) || "no data yet");  // empty: what an ended run says instead
       return box;
     }
     var xs = all.map(function (p) { return p[0]; }), ys = all.map(function (p) { return p[1]; });

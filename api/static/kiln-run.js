@@ -89,27 +89,30 @@
   function curves(events, status) {
     var groups = events.filter(function (e) { return e.kind === "group" && e.label === "group"; });
     var steps = events.filter(function (e) { return e.kind === "train_step"; });
+    // An ended run's missing figures will never come: say so instead of "no data yet".
+    var empty = status.state === "running" ? null : "none: the run " + status.state + " without one";
+    function opts(extra) { var o = extra || {}; o.empty = empty; return o; }
     var reward = document.getElementById("reward-charts");
     reward.textContent = "";
     function gseries(name, field, color) {
       return { name: name, color: color, points: groups.map(function (e) { return [e.group_index, e[field]]; }) };
     }
-    KilnCharts.lineChart(reward, "mean return", [gseries("mean return", "mean_return", "#0b63ce")], "group").id = "chart-reward";
-    KilnCharts.lineChart(reward, "invalid-action rate", [gseries("invalid-action rate", "invalid_action_rate", "#c0392b")], "group");
-    KilnCharts.lineChart(reward, "episode latency (ms)", [gseries("episode latency", "episode_latency_ms", "#7d5ba6")], "group").id = "chart-latency";
+    KilnCharts.lineChart(reward, "mean return", [gseries("mean return", "mean_return", "#0b63ce")], "group", opts()).id = "chart-reward";
+    KilnCharts.lineChart(reward, "invalid-action rate", [gseries("invalid-action rate", "invalid_action_rate", "#c0392b")], "group", opts());
+    KilnCharts.lineChart(reward, "episode latency (ms)", [gseries("episode latency", "episode_latency_ms", "#7d5ba6")], "group", opts()).id = "chart-latency";
     var train = document.getElementById("train-charts");
     train.textContent = "";
     function sseries(name, field, color) {
       return { name: name, color: color, points: steps.map(function (e) { return [e.step, e[field]]; }) };
     }
-    KilnCharts.lineChart(train, "loss", [sseries("loss", "loss", "#0b63ce"), sseries("policy loss", "policy_loss", "#e67e22")], "step").id = "chart-loss";
+    KilnCharts.lineChart(train, "loss", [sseries("loss", "loss", "#0b63ce"), sseries("policy loss", "policy_loss", "#e67e22")], "step", opts()).id = "chart-loss";
     // A feature that is off reports null on every step: say so instead of drawing zeros.
     function off(field, message) {
       return steps.length && steps.every(function (e) { return e[field] === null || e[field] === undefined; }) ? message : null;
     }
-    KilnCharts.lineChart(train, "KL", [sseries("KL", "kl", "#16a085")], "step", { off: off("kl", "KL off") }).id = "chart-kl";
-    KilnCharts.lineChart(train, "env-CE (ECHO)", [sseries("env-CE", "env_ce", "#8e44ad")], "step", { off: off("env_ce", "ECHO off") }).id = "chart-env-ce";
-    KilnCharts.lineChart(train, "grad norm", [sseries("grad norm", "grad_norm", "#34495e")], "step");
+    KilnCharts.lineChart(train, "KL", [sseries("KL", "kl", "#16a085")], "step", opts({ off: off("kl", "KL off") })).id = "chart-kl";
+    KilnCharts.lineChart(train, "env-CE (ECHO)", [sseries("env-CE", "env_ce", "#8e44ad")], "step", opts({ off: off("env_ce", "ECHO off") })).id = "chart-env-ce";
+    KilnCharts.lineChart(train, "grad norm", [sseries("grad norm", "grad_norm", "#34495e")], "step", opts());
     text("train-note", steps.length ? steps.length + " step(s)" : (status.kind === "train" ? "no training step yet" : "a rollout run does not train"));
   }
 
@@ -161,7 +164,8 @@
   function episodes(status) {
     var tbody = document.querySelector("#episodes tbody");
     if (!status.manifest) {
-      text("episodes-note", "episodes appear when the run has published its artifacts");
+      text("episodes-note", status.state === "running" ? "episodes appear when the run has published its artifacts"
+        : "no episodes: the run " + status.state + " without publishing any");
       document.getElementById("prev").disabled = document.getElementById("next").disabled = true;
       return;
     }

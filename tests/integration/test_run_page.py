@@ -230,6 +230,11 @@ async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: 
                 assert await page.text_content("#state") == "failed"
                 assert "environment_unavailable at discovery" in (await page.text_content("#failure") or "")
                 assert await page.get_attribute("#timeline li.failed", "data-stage") == "discovery"
+                # Figures that will never come are not "no data yet" on an ended run.
+                body = await page.text_content("body") or ""
+                assert "no data yet" not in body and "appear when" not in body
+                assert "none: the run failed without one" in (await page.text_content("#chart-reward") or "")
+                assert await page.text_content("#episodes-note") == "no episodes: the run failed without publishing any"
                 await page.goto(f"{base}/runs/{hung['run_id']}")
                 await page.wait_for_selector("body[data-loaded=true]")
                 assert await page.text_content("#state") == "cancelled"
