@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from kiln.policy.engine import DEFAULT_DECODE_TILE
+from kiln.policy.faults import model_forward
 
 U64 = 1 << 64
 
@@ -102,7 +103,8 @@ def _prefill(model, prompt: list[int], device):
     """One unpadded forward over ``prompt`` (batch of 1): ``(cache, last_logits)``."""
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     positions = torch.arange(len(prompt), dtype=torch.long, device=device).unsqueeze(0)
-    out = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1)
+    with model_forward(model):
+        out = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1)
     return _out_cache(out), out.logits[:, -1, :]
 
 
@@ -220,11 +222,12 @@ def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None
             return
         tokens = [row.ids[-1] if row is not None else 0 for row in slots]
         positions = [len(row.spec.prompt) + len(row.ids) - 1 if row is not None else 0 for row in slots]
-        logits = rows_forward(
-            model, cache, kw,
-            torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
-            torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
-        ).logits[:, -1, :]
+        with model_forward(model):
+            logits = rows_forward(
+                model, cache, kw,
+                torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
+                torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
+            ).logits[:, -1, :]
         feed.stepped([slots[s].key for s in live])
         for s in live:
             row = slots[s]
@@ -324,13 +327,14 @@ def completion_logprobs(
     mask = torch.ones_like(ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     n = len(completion_ids)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=False,
-        logits_to_keep=n + 1,
-    )
+    with model_forward(model):
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=n + 1,
+        )
     logits = out.logits[0, :-1, :]
     if constraint is not None:
         masks = []
