@@ -91,6 +91,15 @@ class HfEngine:
         self.batching = {"forwards": 0, "rows": 0, "forwards_with_several_calls": 0,
                          "forwards_with_several_tags": 0}
 
+    @property
+    def batch_invariant(self) -> bool:
+        """A row's ids and log-probs do not depend on which rows share its tile, for this model
+        (:func:`kiln.policy.row_attention.batch_invariant`); at a fixed tile, on one machine and
+        configuration. Not part of the identity (it follows from the engine, tile and model)."""
+        from kiln.policy.row_attention import batch_invariant
+
+        return batch_invariant(self._runtime.model.config)
+
     def identity(self) -> dict[str, Any]:
         import kiln
 

@@ -161,6 +161,40 @@ class RowCache:
         return torch.cat([o if o is not None else zeros for o in out])
 
 
+# The transformers cache layer classes whose per-row state the tile keeps (everything the model
+# calls on them goes through RowCache's methods above).
+_ROW_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "LinearAttentionLayer",
+               "LinearAttentionAndFullAttentionLayer", "LinearAttentionAndSlidingWindowAttentionLayer",
+               "DummyLayer")
+
+
+def unsupported_layer_kinds(config: Any) -> list[str]:
+    """The cache layer kinds of ``config`` (its ``layer_types``, as transformers' ``DynamicCache``
+    dispatches them) whose per-row state the tiled decode cannot keep, e.g. ``indexed_attention``
+    (DeepSeek-V3.2's indexer keys) or key/value layers shared between layers; empty when the hf
+    engine can serve the model. Pure config reading: a preflight can refuse with it."""
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True)
+    kinds, _ = get_layer_types_and_kwargs(text)
+    out: list[str] = []
+    if getattr(text, "kv_sharing_modes", None) and any(m == "reuse" for m in text.kv_sharing_modes):
+        out.append("shared key/value layers")
+    for kind in kinds:
+        cls = DYNAMIC_LAYER_TYPE_MAPPING.get(kind)
+        if (cls is None or cls.__name__ not in _ROW_LAYERS) and kind not in out:
+            out.append(kind)
+    return out
+
+
+def batch_invariant(config: Any) -> bool:
+    """Whether the hf engine's rows of a model of ``config`` are batch-invariant: a row's ids and
+    log-probs bit-identical whichever rows share its tile (at a fixed tile size, on one machine
+    and configuration). True for every model the tile serves (dense, sliding-window, hybrid
+    linear-attention / Mamba / convolution layers, mixtures of experts run token by token)."""
+    return not unsupported_layer_kinds(config)
+
+
 class UnsupportedCacheLayer(RuntimeError):
     """A cache layer kind the tiled decode does not know how to keep per row."""
 
@@ -273,4 +307,5 @@ def _register() -> None:
         _registered = True
 
 
-__all__ = ["IMPLEMENTATION", "RowCache", "RowKV", "rows_forward"]
+__all__ = ["IMPLEMENTATION", "RowCache", "RowKV", "UnsupportedCacheLayer", "batch_invariant", "rows_forward",
+           "unsupported_layer_kinds"]

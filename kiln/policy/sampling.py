@@ -11,7 +11,9 @@ calls joining through a :class:`RowFeed`):
   tokens per step, ``position_ids`` continuing each row's prompt. A row takes a free slot with its
   prefilled cache and frees it when it ends; idle slots compute a dummy token nobody reads, so
   every decode forward has exactly ``tile`` rows;
-* attention runs per row on the row's own keys and values (:mod:`kiln.policy.row_attention`).
+* attention runs per row on the row's own keys and values, every other layer kind (linear
+  attention, Mamba, convolution) keeps each row's own states, and a mixture-of-experts layer runs
+  each row's token alone (:mod:`kiln.policy.row_attention`).
 
 Batched matrix kernels round a row differently for different row counts, but with the count fixed
 a row's result depends only on the row, not on its tile-mates or its slot. So a row's bytes depend

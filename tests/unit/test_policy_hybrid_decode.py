@@ -69,3 +69,62 @@ def test_a_row_is_bit_identical_beside_any_tile_mates(family: str) -> None:
     assert together == alone == backwards
     assert together[0] != together[3]  # same prompt, other seed: another sample
     assert all(len(ids) == STEPS for ids, _ in together)  # the random models never stop early here
+
+
+@pytest.mark.timeout(60)
+def test_which_layer_kinds_the_tile_keeps_per_row() -> None:
+    """Every family here is served (and batch-invariant); DeepSeek-V3.2's indexed attention (indexer
+    keys the tile does not keep) is named, from its real config class."""
+    from transformers import DeepseekV32Config, Gemma3TextConfig
+
+    from kiln.policy.row_attention import batch_invariant, unsupported_layer_kinds
+    from tests.support.hybrid_models import hybrid_config
+
+    for family in FAMILIES:
+        assert unsupported_layer_kinds(hybrid_config(family)) == [] and batch_invariant(hybrid_config(family))
+    assert unsupported_layer_kinds(Gemma3TextConfig(num_hidden_layers=2)) == []
+    assert unsupported_layer_kinds(DeepseekV32Config(num_hidden_layers=2)) == ["indexed_attention"]
+    assert batch_invariant(DeepseekV32Config(num_hidden_layers=2)) is False
+
+
+@pytest.mark.timeout(60)
+def test_a_config_that_does_not_match_its_layers_is_a_model_fault() -> None:
+    """A qwen3_5 model whose config calls its full-attention layer ``linear_attention`` fails inside
+    transformers' own forward: a non-retryable model_fault naming the family and where, no Python
+    exception class name."""
+    from kiln.errors import ModelFault
+    from kiln.policy.sampling import sample_batch
+
+    model = hybrid_model("qwen3_5")
+    model.config.layer_types = ["linear_attention"] * 4  # the 4th layer is full attention in the model
+    with pytest.raises(ModelFault) as info:
+        sample_batch(model, [PROMPTS[0]], [1], max_new_tokens=3, temperature=1.0, stop_id=2, tile=2)
+    assert info.value.code == "model_fault" and info.value.retryable is False
+    assert info.value.details["model_type"] == "qwen3_5_text"  # Qwen3_5TextConfig's own model_type
+    assert "cache_utils.py" in info.value.details["where"]
+    assert "Error" not in info.value.message and "Traceback" not in info.value.message
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tests.support.models import shared_tiny_model
+
+    return shared_tiny_model(tmp_path_factory)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_moe"])
+def test_the_runtime_serves_the_family_batch_invariantly(family: str, tiny_dir, tmp_path) -> None:
+    """A saved model folder of the family loads in the PolicyRuntime; its engine says its rows are
+    batch-invariant, and a group sampled in one call equals its rows sampled one by one."""
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.support.hybrid_models import hybrid_model_dir
+
+    rt = PolicyRuntime.load(hybrid_model_dir(family, tmp_path / family, tiny_dir), decode_tile=4)
+    assert rt.engine.batch_invariant is True
+    prompt = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=True)
+    longer = rt.encode_prompt([{"role": "user", "content": "Count is 3. Target is 10. Reply."}], thinking=True)
+    prompts, seeds = [prompt, longer, prompt], [7, 8, 9]
+    group = [_bits(s) for s in rt.sample(prompts, seeds, max_new_tokens=10, temperature=1.0)]
+    singles = [_bits(rt.sample([p], [s], max_new_tokens=10, temperature=1.0)[0]) for p, s in zip(prompts, seeds)]
+    assert group == singles and group[0] != group[2]
