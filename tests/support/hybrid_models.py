@@ -3,7 +3,7 @@
 Each builder makes a transformers config of the family's own config class with its real layer
 pattern (Gated DeltaNet ``linear_attention`` layers beside a ``full_attention`` one for qwen3_5 and
 qwen3_next, Mamba beside attention for granitemoehybrid, short ``conv`` layers for lfm2, routed
-experts for qwen3_moe), a tiny hidden size and the tiny model's vocabulary (1024), and seeds the
+experts for qwen3_moe, sliding-window attention with sinks and experts for gpt_oss), a tiny hidden size and the tiny model's vocabulary (1024), and seeds the
 random init. :func:`hybrid_model` returns the model in memory (sampler tests);
 :func:`hybrid_model_dir` saves it beside a copy of the tiny model's tokenizer and chat template
 (a folder :class:`kiln.policy.runtime.PolicyRuntime` loads). :func:`reference_decode` is the
@@ -19,7 +19,7 @@ from typing import Any
 
 VOCAB = 1024  # the tiny model's tokenizer (kiln.policy.tiny.VOCAB_SIZE)
 
-FAMILIES = ("qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2", "qwen3_moe")
+FAMILIES = ("qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2", "qwen3_moe", "gpt_oss")
 HYBRID = ("qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2")
 
 
@@ -56,6 +56,9 @@ def hybrid_config(family: str, *, vocab_size: int = VOCAB, eos: int = 2, pad: in
     if family == "qwen3_moe":
         return tf.Qwen3MoeConfig(**ids, **attention, intermediate_size=64, num_hidden_layers=2, num_experts=8,
                                  num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    if family == "gpt_oss":  # sliding + full attention with sinks, 4 experts; a window shorter than a prompt
+        return tf.GptOssConfig(**ids, **attention, intermediate_size=32, num_hidden_layers=2, num_local_experts=4,
+                               num_experts_per_tok=2, sliding_window=4)
     raise ValueError(f"unknown family {family!r}")
 
 
@@ -70,7 +73,9 @@ def hybrid_model(family: str, *, seed: int = 5, overrides: dict[str, Any] | None
         setattr(config, name, value)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        # gpt-oss's attention sinks have no sdpa implementation: eager, as it is served
+        attention = "eager" if family == "gpt_oss" else "sdpa"
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     model.eval()
     model.requires_grad_(False)
     return model

@@ -28,7 +28,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18, 19, 20, 21, 2
 SEEDS = [1, 2, 3, 4]
 STEPS = 14  # more than every conv kernel: rows run on their cached conv windows, not the prefill's
 ALL_EXPERTS = {"qwen3_next": {"num_experts_per_tok": 4}, "granitemoehybrid": {"num_experts_per_tok": 4},
-               "qwen3_moe": {"num_experts_per_tok": 8}}
+               "qwen3_moe": {"num_experts_per_tok": 8}, "gpt_oss": {"num_experts_per_tok": 4}}
 
 
 def _sample(model, prompts, seeds, tile):
