@@ -128,3 +128,33 @@ def test_the_runtime_serves_the_family_batch_invariantly(family: str, tiny_dir, 
     group = [_bits(s) for s in rt.sample(prompts, seeds, max_new_tokens=10, temperature=1.0)]
     singles = [_bits(rt.sample([p], [s], max_new_tokens=10, temperature=1.0)[0]) for p, s in zip(prompts, seeds)]
     assert group == singles and group[0] != group[2]
+
+
+@pytest.mark.timeout(180)
+def test_a_three_turn_episode_equals_re_prefilling_each_turn(tiny_dir, tmp_path) -> None:
+    """Multi-turn on qwen3_5: each turn's prompt is the whole context so far (the previous actions
+    and the observation turns appended as ids). Two candidates decoded together, turn after turn,
+    give per turn the ids and log-probs of a batch-of-one decode re-prefilling that whole context
+    through transformers' own cache (within TOLERANCE), and the teacher-forced log-probs the trainer
+    recomputes (``logprobs_of``). The engine re-prefills each turn: hybrid layers' recurrent state
+    is not kept across turns (docs/models.md)."""
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.support.hybrid_models import hybrid_model_dir
+
+    rt = PolicyRuntime.load(hybrid_model_dir("qwen3_5", tmp_path / "qwen3_5", tiny_dir), decode_tile=4)
+    first = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=False)
+    contexts = [list(first), list(first)]
+    for turn in range(3):
+        seeds = [100 + turn, 200 + turn]
+        rows = rt.sample(contexts, seeds, max_new_tokens=6, temperature=1.0, thinking=False)
+        for context, seed, row in zip(contexts, seeds, rows):
+            ids, lps = reference_decode(rt.model, context, seed, 6, stop_id=rt.stop_id)
+            assert row.ids == ids
+            assert max(abs(a - b) for a, b in zip(row.logprobs, lps)) <= TOLERANCE
+            forced = rt.logprobs_of(context, row.ids, temperature=1.0)
+            assert max(abs(a - b) for a, b in zip(row.logprobs, forced)) <= TOLERANCE
+        for context, row in zip(contexts, rows):
+            before, content, after = rt.encode_observation_turn(f"Count is {turn + 1}.", thinking=False)
+            ended = row.ids if row.finished else row.ids + [rt.stop_id]
+            context.extend(ended + before + content + after)
+    assert len(contexts[0]) > len(first) + 3 * 6 and contexts[0] != contexts[1]
