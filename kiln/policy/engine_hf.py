@@ -78,11 +78,19 @@ class HfEngine:
     name = "hf"
     concurrent = True  # concurrent calls join one decode loop (see the module docstring)
 
-    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE) -> None:
+    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE,
+                 prefill_chunk: int | None = None, kept_states: int | None = None) -> None:
+        from kiln.policy.prefix_states import KEPT_STATES, PREFILL_CHUNK, is_hybrid
+
         if decode_tile < 1:
             raise ValueError("decode_tile must be at least 1")
         self._runtime = runtime
         self.decode_tile = decode_tile
+        # A hybrid model is prefilled in canonical chunks, and each adapter's row states at chunk
+        # boundaries are kept for the next turn (kiln.policy.prefix_states); None for dense models.
+        self.prefill_chunk = (prefill_chunk or PREFILL_CHUNK) if is_hybrid(runtime.model) else None
+        self.kept_states = KEPT_STATES if kept_states is None else kept_states  # per adapter; speed only
+        self._states: dict[str | None, Any] = {}
         self._cond = threading.Condition()
         self._waiting: deque[_Call] = deque()
         self._driving = False
@@ -103,7 +111,30 @@ class HfEngine:
     def identity(self) -> dict[str, Any]:
         import kiln
 
-        return {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
+        fields: dict[str, Any] = {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
+        if self.prefill_chunk is not None:
+            fields["prefill_chunk"] = self.prefill_chunk  # a hybrid model's bytes depend on it
+        return fields
+
+    @property
+    def prefill_figures(self) -> dict[str, int]:
+        """Prompt tokens prefilled so far, and those taken from kept row states instead (hybrid
+        models: multi-turn state reuse); zeros for a dense model."""
+        out = {"prefill_tokens": 0, "prefill_tokens_reused": 0}
+        for states in self._states.values():
+            for key in out:
+                out[key] += states.figures[key]
+        return out
+
+    def _states_for(self, adapter: AdapterHandle | None) -> Any:
+        from kiln.policy.prefix_states import PrefixStates
+
+        if self.prefill_chunk is None:
+            return None
+        key = adapter.sha256 if adapter is not None else None
+        if key not in self._states:
+            self._states[key] = PrefixStates(self.kept_states)
+        return self._states[key]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         by_loop: dict[tuple[AdapterHandle | None, int], list[int]] = {}
@@ -136,7 +167,8 @@ class HfEngine:
             rt = self._runtime
             adapter, tile = call.loop
             with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
-                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device)
+                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device,
+                            prefill_chunk=self.prefill_chunk, states=self._states_for(adapter))
         except BaseException as exc:
             with self._cond:  # the calls whose rows were in the loop fail with it; queued ones wait on
                 for failed in [c for c in self._waiting if c is call or (c.loop == call.loop and c.taken)]:
@@ -155,6 +187,7 @@ class HfEngine:
 
     def unload_adapter(self, sha256: str) -> None:
         self._runtime._forget_adapter(sha256)
+        self._states.pop(sha256, None)
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:

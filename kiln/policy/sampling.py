@@ -187,17 +187,31 @@ def _step(row: _Row, device: str) -> Sample | None:
 
 
 @torch.inference_mode()
-def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None:
+def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu", prefill_chunk: int | None = None,
+                states: Any = None) -> None:
     """Decode every row ``feed`` gives, in the slots of one tile: one ``(tile, 1)`` forward per step.
 
     A row enters a free slot with its prefilled cache (consecutive rows with the same prompt share
     one prefill) and leaves it when it ends; the next waiting row takes the slot, so rows the feed
     receives while others decode join them. Idle slots compute a dummy token nobody reads.
     Returns when no row is live and the feed has none waiting.
+
+    A hybrid model (linear-attention, Mamba or convolution layers) is prefilled in canonical chunks
+    of ``prefill_chunk`` tokens (default :data:`kiln.policy.prefix_states.PREFILL_CHUNK`), starting
+    from the longest prefix kept in ``states`` (a :class:`kiln.policy.prefix_states.PrefixStates`);
+    the bytes are the same with or without ``states``.
     """
+    from kiln.policy.prefix_states import PREFILL_CHUNK, chunked_prefill, is_hybrid
     from kiln.policy.row_attention import RowCache, rows_forward
 
     kw = cache_kwarg(model)
+    chunk = (prefill_chunk or PREFILL_CHUNK) if is_hybrid(model) else None
+
+    def prefill(prompt: tuple[int, ...]):
+        if chunk is None:
+            return _prefill(model, list(prompt), device)
+        return chunked_prefill(model, prompt, device, chunk, states, kw)
+
     slots: list[_Row | None] = [None] * tile
     cache = RowCache(model, tile)
     shared: tuple[tuple[int, ...], tuple] | None = None  # the last prompt's prefill
@@ -209,7 +223,7 @@ def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None
                     feed.row_done(key, Sample(ids=[], logprobs=[], finished=False))
                     continue
                 if shared is None or shared[0] != spec.prompt:
-                    shared = (spec.prompt, _prefill(model, list(spec.prompt), device))
+                    shared = (spec.prompt, prefill(spec.prompt))
                 prefilled, logits = shared[1]
                 uniforms = _row_uniforms(spec.seed, spec.max_new_tokens, device) if spec.temperature > 0 else None
                 row = _Row(key, spec, uniforms, logits, [], [])

@@ -130,31 +130,64 @@ def test_the_runtime_serves_the_family_batch_invariantly(family: str, tiny_dir, 
     assert group == singles and group[0] != group[2]
 
 
-@pytest.mark.timeout(180)
-def test_a_three_turn_episode_equals_re_prefilling_each_turn(tiny_dir, tmp_path) -> None:
-    """Multi-turn on qwen3_5: each turn's prompt is the whole context so far (the previous actions
-    and the observation turns appended as ids). Two candidates decoded together, turn after turn,
-    give per turn the ids and log-probs of a batch-of-one decode re-prefilling that whole context
-    through transformers' own cache (within TOLERANCE), and the teacher-forced log-probs the trainer
-    recomputes (``logprobs_of``). The engine re-prefills each turn: hybrid layers' recurrent state
-    is not kept across turns (docs/models.md)."""
+def _episode(rt, first, turns: int) -> tuple[list, list[list[int]]]:
+    """Two candidates, ``turns`` turns, decoded together; each turn's prompt is the whole context so
+    far (actions and observation turns appended as ids)."""
+    contexts, turns_out = [list(first), list(first)], []
+    for turn in range(turns):
+        seeds = [100 + turn, 200 + turn]
+        rows = rt.sample([list(c) for c in contexts], seeds, max_new_tokens=6, temperature=1.0, thinking=False)
+        turns_out.append([(list(c), s, r) for c, s, r in zip(contexts, seeds, rows)])
+        for context, row in zip(contexts, rows):
+            before, content, after = rt.encode_observation_turn(f"Count is {turn + 1}.", thinking=False)
+            context.extend((row.ids if row.finished else row.ids + [rt.stop_id]) + before + content + after)
+    return turns_out, contexts
+
+
+def _reuse_by_brute_force(prompts: list[list[int]], chunk: int) -> int:
+    """Tokens taken from kept states when ``prompts`` are prefilled in order: each prefilled prompt
+    keeps its last chunk boundary below its end; a later prompt starts from the longest kept one
+    it extends (shorter than itself)."""
+    kept: list[list[int]] = []
+    reused = 0
+    for prompt in prompts:
+        reused += max([len(k) for k in kept if len(k) < len(prompt) and prompt[: len(k)] == k], default=0)
+        boundary = ((len(prompt) - 1) // chunk) * chunk
+        if boundary > 0:
+            kept.append(prompt[:boundary])
+    return reused
+
+
+@pytest.mark.timeout(240)
+def test_a_three_turn_episode_keeps_state_and_equals_re_prefilling_each_turn(tiny_dir, tmp_path) -> None:
+    """Multi-turn keep-state on qwen3_5 (prefill chunks of 16 here): later turns start from the
+    kept row states and prefill only what was appended (plus less than a chunk). The ids and
+    log-probs equal, bitwise, those of the same episode on an engine that keeps no state (every
+    turn re-prefills its whole context), and per turn a batch-of-one decode of the whole context
+    through transformers' own cache (within TOLERANCE) and the trainer's teacher-forced log-probs."""
+    from kiln.policy.engine_hf import HfEngine
     from kiln.policy.runtime import PolicyRuntime
     from tests.support.hybrid_models import hybrid_model_dir
 
     rt = PolicyRuntime.load(hybrid_model_dir("qwen3_5", tmp_path / "qwen3_5", tiny_dir), decode_tile=4)
+    rt.use_engine(HfEngine(rt, 4, prefill_chunk=16))
+    assert rt.engine.identity()["prefill_chunk"] == 16
     first = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=False)
-    contexts = [list(first), list(first)]
-    for turn in range(3):
-        seeds = [100 + turn, 200 + turn]
-        rows = rt.sample(contexts, seeds, max_new_tokens=6, temperature=1.0, thinking=False)
-        for context, seed, row in zip(contexts, seeds, rows):
+    kept, contexts = _episode(rt, first, 3)
+    figures = rt.engine.prefill_figures
+    rt.use_engine(HfEngine(rt, 4, prefill_chunk=16, kept_states=0))
+    forgot, _ = _episode(rt, first, 3)
+    assert [[(c, _bits(r)) for c, _, r in turn] for turn in kept] == [[(c, _bits(r)) for c, _, r in turn] for turn in forgot]
+    prefilled = [first] + [context for turn in kept[1:] for context, _, _ in turn]  # turn 1's prompt once
+    assert rt.engine.prefill_figures == {"prefill_tokens": sum(len(p) for p in prefilled), "prefill_tokens_reused": 0}
+    reused = _reuse_by_brute_force(prefilled, 16)
+    assert figures == {"prefill_tokens": sum(len(p) for p in prefilled) - reused, "prefill_tokens_reused": reused}
+    assert reused >= 2 * 2 * 16  # turns 2 and 3 of both candidates start past their first chunk
+    for turn in kept:
+        for context, seed, row in turn:
             ids, lps = reference_decode(rt.model, context, seed, 6, stop_id=rt.stop_id)
             assert row.ids == ids
             assert max(abs(a - b) for a, b in zip(row.logprobs, lps)) <= TOLERANCE
             forced = rt.logprobs_of(context, row.ids, temperature=1.0)
             assert max(abs(a - b) for a, b in zip(row.logprobs, forced)) <= TOLERANCE
-        for context, row in zip(contexts, rows):
-            before, content, after = rt.encode_observation_turn(f"Count is {turn + 1}.", thinking=False)
-            ended = row.ids if row.finished else row.ids + [rt.stop_id]
-            context.extend(ended + before + content + after)
     assert len(contexts[0]) > len(first) + 3 * 6 and contexts[0] != contexts[1]
