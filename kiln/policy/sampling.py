@@ -289,9 +289,11 @@ def sample_batch(
     device: str = "cpu",
     constraints: list | None = None,
     tile: int = DEFAULT_DECODE_TILE,
+    prefill_chunk: int | None = None,
+    states: Any = None,
 ) -> list[Sample]:
     """Sample every prompt, ``tile`` rows per decode forward (batch-invariant); see the module
-    docstring."""
+    docstring (``prefill_chunk`` / ``states``: a hybrid model's prefill, :func:`decode_rows`)."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
@@ -300,7 +302,7 @@ def sample_batch(
                 constraints[i] if constraints is not None else None)
         for i, (prompt, seed) in enumerate(zip(prompts, seeds))
     ])
-    decode_rows(model, feed, tile=tile, device=device)
+    decode_rows(model, feed, tile=tile, device=device, prefill_chunk=prefill_chunk, states=states)
     return [s for s in feed.samples if s is not None]
 
 
