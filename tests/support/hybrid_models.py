@@ -3,8 +3,8 @@
 Each builder makes a transformers config of the family's own config class with its real layer
 pattern (Gated DeltaNet ``linear_attention`` layers beside a ``full_attention`` one for qwen3_5 and
 qwen3_next, Mamba beside attention for granitemoehybrid, short ``conv`` layers for lfm2, routed
-experts for qwen3_moe, sliding-window attention with sinks and experts for gpt_oss), a tiny hidden size and the tiny model's vocabulary (1024), and seeds the
-random init. :func:`hybrid_model` returns the model in memory (sampler tests);
+experts for qwen3_moe, sliding-window attention with sinks and experts for gpt_oss), a tiny
+hidden size and the tiny model's vocabulary (1024), and seeds the random init. :func:`hybrid_model` returns the model in memory (sampler tests);
 :func:`hybrid_model_dir` saves it beside a copy of the tiny model's tokenizer and chat template
 (a folder :class:`kiln.policy.runtime.PolicyRuntime` loads). :func:`reference_decode` is the
 brute-force batch-of-one decode the tiled sampler is checked against: transformers' own

@@ -7,14 +7,18 @@ What is asserted, per family:
   transformers' own ``DynamicCache``, one row, the model's own attention and kernels): at a tile of
   1 and of 4, every row's ids are equal and every log-prob is within ``TOLERANCE``. The tiled
   decode runs the projections on ``tile`` rows at once, so its bits differ from a batch of one's by
-  float rounding (measured: at most 1.2e-5 here). A routed mixture of experts (top-k of the
+  float rounding (measured on this CPU, largest per family at a tile of 4: qwen3_next 3.5e-5,
+  qwen3_5 8.1e-6, granitemoehybrid, lfm2 3.8e-6, gpt_oss 2.4e-6, qwen3_moe 1.9e-6; at a tile of 1
+  at most 9.5e-7). A routed mixture of experts (top-k of the
   router's scores) can pick another expert on a near tie when the rounding differs: measured on
   qwen3_next routing 2 of 4 experts, 8.9e-4 at one step at a tile of 2. So the reference check of
   a routed family runs with every expert selected (routing weights still computed), and the
   tile size is part of the behaviour identity;
 * **batch invariance at a fixed tile**: a row's ids and log-probs are bit-identical alone, beside
   other rows, in any slot, for every family here, routed ones included (experts run token by token
-  in the tile, :mod:`kiln.policy.row_attention`).
+  in the tile, :mod:`kiln.policy.row_attention`);
+* **multi-turn keep-state** (qwen3_5): an episode whose later turns start from kept row states
+  gives bitwise the bytes of one re-prefilling every turn (:mod:`kiln.policy.prefix_states`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pytest
 
 from tests.support.hybrid_models import FAMILIES, hybrid_model, reference_decode
 
-TOLERANCE = 5e-5
+TOLERANCE = 1e-4  # about 3x the largest difference measured (qwen3_next, random weights of scale 0.2)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18, 19, 20, 21, 22], [5, 6, 7, 8, 9, 10, 11]]
 SEEDS = [1, 2, 3, 4]
 STEPS = 14  # more than every conv kernel: rows run on their cached conv windows, not the prefill's
@@ -177,7 +181,10 @@ def test_a_three_turn_episode_keeps_state_and_equals_re_prefilling_each_turn(tin
     figures = rt.engine.prefill_figures
     rt.use_engine(HfEngine(rt, 4, prefill_chunk=16, kept_states=0))
     forgot, _ = _episode(rt, first, 3)
-    assert [[(c, _bits(r)) for c, _, r in turn] for turn in kept] == [[(c, _bits(r)) for c, _, r in turn] for turn in forgot]
+    def bytes_of(episode):
+        return [[(context, _bits(row)) for context, _, row in turn] for turn in episode]
+
+    assert bytes_of(kept) == bytes_of(forgot)
     prefilled = [first] + [context for turn in kept[1:] for context, _, _ in turn]  # turn 1's prompt once
     assert rt.engine.prefill_figures == {"prefill_tokens": sum(len(p) for p in prefilled), "prefill_tokens_reused": 0}
     reused = _reuse_by_brute_force(prefilled, 16)
