@@ -11,6 +11,12 @@ changes. One thread drives the loop at a time, under the runtime's lock with the
 must not hold the runtime's lock itself while another thread may drive). A request may name its
 tile (a run is served at the tile its behaviour identity names), else the engine's own. This is
 the reference engine: byte-reproducible on one machine and configuration.
+
+A hybrid model (linear-attention, Mamba or convolution layers) is prefilled in canonical chunks
+and each adapter's row states at chunk boundaries are kept, so a multi-turn episode's later turns
+prefill only what was appended (:mod:`kiln.policy.prefix_states`; ``prefill_chunk`` joins the
+identity, ``prefill_figures`` counts the tokens). An exception from inside the model's forward is
+a non-retryable ``model_fault`` (:mod:`kiln.policy.faults`).
 """
 
 from __future__ import annotations

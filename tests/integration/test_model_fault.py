@@ -33,6 +33,7 @@ def _broken_model(tiny_model_dir: Path, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_model_that_fails_in_its_forward_ends_the_run_at_once(
     kiln_settings: Any, counter_env_url: str, tiny_model_dir: Path, tmp_path: Path
