@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -237,8 +238,9 @@ def rows_forward(model: Any, cache: RowCache, cache_kwarg: str, input_ids: torch
             config._experts_implementation = experts
 
 
-class _InnerExperts:
-    """The experts implementation the model ran under before the tile's decode forward."""
+class _InnerExperts(threading.local):
+    """The experts implementation the model ran under before the tile's decode forward (per
+    thread: the forward runs in the thread that called :func:`rows_forward`)."""
 
     name: str | None = None
 
