@@ -542,3 +542,23 @@ def error_from_dict(data: dict[str, Any]) -> KilnError:
         stage=data.get("stage"),
         details=data.get("details") or None,
     )
+
+
+class TrackerUnavailable(KilnError):
+    """The run's ``report_to`` tracker cannot start on the gpu worker (package missing)."""
+
+    code = "tracker_unavailable"
+    http_status = 400
+    stage = "training"
+
+
+# --- hybrid (issue 37): deterministic model faults ---------------------------------------------
+class ModelFault(KilnError):
+    """The policy model itself fails inside its forward pass (a layer kind the engine cannot
+    serve, a config that does not match its architecture). It fails the same way on every
+    attempt, so it is never retried: the run ends at once with this code, the model's family and
+    architecture, and the cause."""
+
+    code = "model_fault"
+    retryable = False
+    http_status = 500

@@ -171,6 +171,8 @@ class CollectGroupResult(ActivityResult):
     capacity: dict[str, Any] | None = None
     # Under reset_determinism: warn, the reset fields this group's candidates saw differently.
     reset_differences: list[str] = Field(default_factory=list)
+    # Every completion ended inside <think> (kiln.unfinished_thinking): a warning in run status.
+    unfinished_thinking: bool = False
 
 
 class CollectionPlan(Record):
@@ -211,6 +213,7 @@ class GroupOutcome(Record):
     interruption_code: str | None = None
     capacity: dict[str, Any] | None = None
     reset_differences: list[str] = Field(default_factory=list)  # reset_determinism: warn
+    unfinished_thinking: bool = False  # every completion ended inside <think>
 
 
 class ChunkResult(Record):

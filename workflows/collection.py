@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from kiln.run_plan import CHUNK_GROUPS, GroupSlot, chunks
     from kiln.run_status import Interruption, Progress, RunStatus, reset_warning
+    from kiln.unfinished_thinking import unfinished_thinking_message
     from workflows import ui
     from kiln.openenv.capacity import merge_capacity
     from workflows.capacity import capacity_failure, capacity_refusals, capacity_wait_for
@@ -160,6 +161,7 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
                 interruption_code=result.interruption_code,
                 capacity=result.capacity,
                 reset_differences=result.reset_differences,
+                unfinished_thinking=result.unfinished_thinking,
             )
         )
 
@@ -178,6 +180,8 @@ def fold_outcome(
         )
     if outcome.reset_differences:
         status.warn(reset_warning(label, outcome.group_index, outcome.reset_differences))
+    if outcome.unfinished_thinking:
+        status.warn(unfinished_thinking_message(f"{label} {outcome.group_index}"))
     if outcome.attempt > 1:
         status.record_interruption(
             Interruption(

@@ -143,7 +143,8 @@ def engine_identity_fields(engine: Engine, decode_tile: int | None = None) -> di
         return {"engine": fields}
     if decode_tile is not None:
         fields["decode_tile"] = decode_tile
-    return {} if fields.get("decode_tile") == 1 else {"engine": fields}
+    # (a hybrid model's ``prefill_chunk`` is kept at a tile of 1 too: its identities are new)
+    return {} if fields.get("decode_tile") == 1 and "prefill_chunk" not in fields else {"engine": fields}
 
 
 def decode_tile_of(identity: Mapping[str, Any] | None) -> int | None:

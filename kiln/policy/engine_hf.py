@@ -11,6 +11,12 @@ changes. One thread drives the loop at a time, under the runtime's lock with the
 must not hold the runtime's lock itself while another thread may drive). A request may name its
 tile (a run is served at the tile its behaviour identity names), else the engine's own. This is
 the reference engine: byte-reproducible on one machine and configuration.
+
+A hybrid model (linear-attention, Mamba or convolution layers) is prefilled in canonical chunks
+and each adapter's row states at chunk boundaries are kept, so a multi-turn episode's later turns
+prefill only what was appended (:mod:`kiln.policy.prefix_states`; ``prefill_chunk`` joins the
+identity, ``prefill_figures`` counts the tokens). An exception from inside the model's forward is
+a non-retryable ``model_fault`` (:mod:`kiln.policy.faults`).
 """
 
 from __future__ import annotations
@@ -78,11 +84,19 @@ class HfEngine:
     name = "hf"
     concurrent = True  # concurrent calls join one decode loop (see the module docstring)
 
-    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE) -> None:
+    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE,
+                 prefill_chunk: int | None = None, kept_states: int | None = None) -> None:
+        from kiln.policy.prefix_states import KEPT_STATES, PREFILL_CHUNK, is_hybrid
+
         if decode_tile < 1:
             raise ValueError("decode_tile must be at least 1")
         self._runtime = runtime
         self.decode_tile = decode_tile
+        # A hybrid model is prefilled in canonical chunks, and each adapter's row states at chunk
+        # boundaries are kept for the next turn (kiln.policy.prefix_states); None for dense models.
+        self.prefill_chunk = (prefill_chunk or PREFILL_CHUNK) if is_hybrid(runtime.model) else None
+        self.kept_states = KEPT_STATES if kept_states is None else kept_states  # per adapter; speed only
+        self._states: dict[str | None, Any] = {}
         self._cond = threading.Condition()
         self._waiting: deque[_Call] = deque()
         self._driving = False
@@ -91,10 +105,42 @@ class HfEngine:
         self.batching = {"forwards": 0, "rows": 0, "forwards_with_several_calls": 0,
                          "forwards_with_several_tags": 0}
 
+    @property
+    def batch_invariant(self) -> bool:
+        """A row's ids and log-probs do not depend on which rows share its tile, for this model
+        (:func:`kiln.policy.row_attention.batch_invariant`); at a fixed tile, on one machine and
+        configuration. Not part of the identity (it follows from the engine, tile and model)."""
+        from kiln.policy.row_attention import batch_invariant
+
+        return batch_invariant(self._runtime.model.config)
+
     def identity(self) -> dict[str, Any]:
         import kiln
 
-        return {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
+        fields: dict[str, Any] = {"name": self.name, "version": kiln.__version__, "decode_tile": self.decode_tile}
+        if self.prefill_chunk is not None:
+            fields["prefill_chunk"] = self.prefill_chunk  # a hybrid model's bytes depend on it
+        return fields
+
+    @property
+    def prefill_figures(self) -> dict[str, int]:
+        """Prompt tokens prefilled so far, and those taken from kept row states instead (hybrid
+        models: multi-turn state reuse); zeros for a dense model."""
+        out = {"prefill_tokens": 0, "prefill_tokens_reused": 0}
+        for states in self._states.values():
+            for key in out:
+                out[key] += states.figures[key]
+        return out
+
+    def _states_for(self, adapter: AdapterHandle | None) -> Any:
+        from kiln.policy.prefix_states import PrefixStates
+
+        if self.prefill_chunk is None:
+            return None
+        key = adapter.sha256 if adapter is not None else None
+        if key not in self._states:
+            self._states[key] = PrefixStates(self.kept_states)
+        return self._states[key]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         by_loop: dict[tuple[AdapterHandle | None, int], list[int]] = {}
@@ -127,7 +173,8 @@ class HfEngine:
             rt = self._runtime
             adapter, tile = call.loop
             with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
-                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device)
+                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device,
+                            prefill_chunk=self.prefill_chunk, states=self._states_for(adapter))
         except BaseException as exc:
             with self._cond:  # the calls whose rows were in the loop fail with it; queued ones wait on
                 for failed in [c for c in self._waiting if c is call or (c.loop == call.loop and c.taken)]:
@@ -146,6 +193,7 @@ class HfEngine:
 
     def unload_adapter(self, sha256: str) -> None:
         self._runtime._forget_adapter(sha256)
+        self._states.pop(sha256, None)
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:

@@ -11,7 +11,9 @@ calls joining through a :class:`RowFeed`):
   tokens per step, ``position_ids`` continuing each row's prompt. A row takes a free slot with its
   prefilled cache and frees it when it ends; idle slots compute a dummy token nobody reads, so
   every decode forward has exactly ``tile`` rows;
-* attention runs per row on the row's own keys and values (:mod:`kiln.policy.row_attention`).
+* attention runs per row on the row's own keys and values, every other layer kind (linear
+  attention, Mamba, convolution) keeps each row's own states, and a mixture-of-experts layer runs
+  each row's token alone (:mod:`kiln.policy.row_attention`).
 
 Batched matrix kernels round a row differently for different row counts, but with the count fixed
 a row's result depends only on the row, not on its tile-mates or its slot. So a row's bytes depend
@@ -40,6 +42,7 @@ from typing import Any, Protocol
 import torch
 
 from kiln.policy.engine import DEFAULT_DECODE_TILE
+from kiln.policy.faults import model_forward
 
 U64 = 1 << 64
 
@@ -102,7 +105,8 @@ def _prefill(model, prompt: list[int], device):
     """One unpadded forward over ``prompt`` (batch of 1): ``(cache, last_logits)``."""
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     positions = torch.arange(len(prompt), dtype=torch.long, device=device).unsqueeze(0)
-    out = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1)
+    with model_forward(model):
+        out = model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1)
     return _out_cache(out), out.logits[:, -1, :]
 
 
@@ -183,17 +187,31 @@ def _step(row: _Row, device: str) -> Sample | None:
 
 
 @torch.inference_mode()
-def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None:
+def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu", prefill_chunk: int | None = None,
+                states: Any = None) -> None:
     """Decode every row ``feed`` gives, in the slots of one tile: one ``(tile, 1)`` forward per step.
 
     A row enters a free slot with its prefilled cache (consecutive rows with the same prompt share
     one prefill) and leaves it when it ends; the next waiting row takes the slot, so rows the feed
     receives while others decode join them. Idle slots compute a dummy token nobody reads.
     Returns when no row is live and the feed has none waiting.
+
+    A hybrid model (linear-attention, Mamba or convolution layers) is prefilled in canonical chunks
+    of ``prefill_chunk`` tokens (default :data:`kiln.policy.prefix_states.PREFILL_CHUNK`), starting
+    from the longest prefix kept in ``states`` (a :class:`kiln.policy.prefix_states.PrefixStates`);
+    the bytes are the same with or without ``states``.
     """
+    from kiln.policy.prefix_states import PREFILL_CHUNK, chunked_prefill, is_hybrid
     from kiln.policy.row_attention import RowCache, rows_forward
 
     kw = cache_kwarg(model)
+    chunk = (prefill_chunk or PREFILL_CHUNK) if is_hybrid(model) else None
+
+    def prefill(prompt: tuple[int, ...]):
+        if chunk is None:
+            return _prefill(model, list(prompt), device)
+        return chunked_prefill(model, prompt, device, chunk, states, kw)
+
     slots: list[_Row | None] = [None] * tile
     cache = RowCache(model, tile)
     shared: tuple[tuple[int, ...], tuple] | None = None  # the last prompt's prefill
@@ -205,7 +223,7 @@ def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None
                     feed.row_done(key, Sample(ids=[], logprobs=[], finished=False))
                     continue
                 if shared is None or shared[0] != spec.prompt:
-                    shared = (spec.prompt, _prefill(model, list(spec.prompt), device))
+                    shared = (spec.prompt, prefill(spec.prompt))
                 prefilled, logits = shared[1]
                 uniforms = _row_uniforms(spec.seed, spec.max_new_tokens, device) if spec.temperature > 0 else None
                 row = _Row(key, spec, uniforms, logits, [], [])
@@ -220,11 +238,12 @@ def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu") -> None
             return
         tokens = [row.ids[-1] if row is not None else 0 for row in slots]
         positions = [len(row.spec.prompt) + len(row.ids) - 1 if row is not None else 0 for row in slots]
-        logits = rows_forward(
-            model, cache, kw,
-            torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
-            torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
-        ).logits[:, -1, :]
+        with model_forward(model):
+            logits = rows_forward(
+                model, cache, kw,
+                torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
+                torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
+            ).logits[:, -1, :]
         feed.stepped([slots[s].key for s in live])
         for s in live:
             row = slots[s]
@@ -270,9 +289,11 @@ def sample_batch(
     device: str = "cpu",
     constraints: list | None = None,
     tile: int = DEFAULT_DECODE_TILE,
+    prefill_chunk: int | None = None,
+    states: Any = None,
 ) -> list[Sample]:
     """Sample every prompt, ``tile`` rows per decode forward (batch-invariant); see the module
-    docstring."""
+    docstring (``prefill_chunk`` / ``states``: a hybrid model's prefill, :func:`decode_rows`)."""
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
@@ -281,7 +302,7 @@ def sample_batch(
                 constraints[i] if constraints is not None else None)
         for i, (prompt, seed) in enumerate(zip(prompts, seeds))
     ])
-    decode_rows(model, feed, tile=tile, device=device)
+    decode_rows(model, feed, tile=tile, device=device, prefill_chunk=prefill_chunk, states=states)
     return [s for s in feed.samples if s is not None]
 
 
@@ -324,13 +345,14 @@ def completion_logprobs(
     mask = torch.ones_like(ids)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     n = len(completion_ids)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=False,
-        logits_to_keep=n + 1,
-    )
+    with model_forward(model):
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=n + 1,
+        )
     logits = out.logits[0, :-1, :]
     if constraint is not None:
         masks = []

@@ -17,6 +17,7 @@ from kiln.openenv.capacity import ATTEMPT_CAPACITY_WAIT_S
 from kiln.openenv.credential_config import resolve_bearer_token
 from kiln.policy.engine import decode_tile_of
 from kiln.policy.identity import with_inference
+from kiln.unfinished_thinking import group_ended_inside_thinking
 
 
 def behavior_policy_of(
@@ -117,4 +118,5 @@ async def collect(
         capacity=collector.capacity_observed(),
         reset_differences=sorted(collector.nondeterministic_fields)[:64],
         interruption_code="executor_interrupted" if attempt > 1 else None,
+        unfinished_thinking=group_ended_inside_thinking(document["line"]["completions"]),
     )

@@ -19,6 +19,7 @@ from kiln.artifacts.selections import brief_selection, store_selection
 from kiln.train.checkpoints import pack_folder, unpack_folder
 from kiln.train.selection import select_groups
 from kiln.train.trainer import train_grpo
+from kiln.unfinished_thinking import FIX, groups_named, unfinished_thinking_groups, unfinished_thinking_message
 
 
 def load_group_lines(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
@@ -45,17 +46,22 @@ def train(
     lines = load_group_lines(store, inp.groups)
     config = inp.training_config
     kept, selection = select_groups(lines, config.on_no_output)  # once: train_grpo reuses it
+    # The cause first when it is thinking that never finished (the fix is the user's to make).
+    unfinished = unfinished_thinking_groups(lines) if not kept else []
+    cause = [unfinished_thinking_message(groups_named(unfinished, len(lines)))] if unfinished else []
     if not kept and not inp.allow_empty_training:
         raise TrainingFailed(
             "every seed group was skipped before training, so no adapter was trained: "
-            + "; ".join(selection.get("warnings", [])[:8]),
-            hint="groups need reward variation and final model actions; collect more or larger "
-            "groups, or set allow_empty_training: true to let such a run complete without an adapter",
+            + "; ".join(cause + selection.get("warnings", [])[:8]),
+            hint=(FIX + "; " if unfinished else "") + "groups need reward variation and final model actions; "
+            "collect more or larger groups, or set allow_empty_training: true to let such a run complete "
+            "without an adapter",
             retryable=False,
-            details={"reason": "zero_groups", "groups_submitted": selection.get("groups_submitted")},
+            details={"reason": "zero_groups", "groups_submitted": selection.get("groups_submitted"),
+                     **({"unfinished_thinking_groups": unfinished[:64]} if unfinished else {})},
         )
     if not kept:
-        warnings = selection.get("warnings", [])
+        warnings = cause + selection.get("warnings", [])
         more = f"; and {len(warnings) - 8} more" if len(warnings) > 8 else ""
         return TrainResult(
             trained=False,

@@ -224,7 +224,12 @@ def _bits(samples) -> list[tuple[list[int], bytes, bool]]:
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_sampling_is_batch_invariant(rt, temperature: float) -> None:
     """A row's ids and log-probs are bit-identical whichever rows share the call (a wave of 1 on a
-    1-session server, a whole group, other prompts of other lengths, any order)."""
+    1-session server, a whole group, other prompts of other lengths, any order).
+
+    Scope: the hf engine, at a fixed decode tile, on one machine and configuration; this model is
+    dense attention. Hybrid (linear-attention, Mamba, convolution) and mixture-of-experts families
+    are checked the same way in tests/unit/test_policy_hybrid_decode.py; the vllm engine makes no
+    such claim (``HfEngine.batch_invariant``)."""
     prompt = rt.encode_prompt(MESSAGES, thinking=True)
     longer = rt.encode_prompt(
         [{"role": "system", "content": "A much longer system text " * 6}, MESSAGES[1]], thinking=True
