@@ -14,7 +14,7 @@ from kiln.served_models import model_task_queue, require_served, served_models
 def _model(root: Path, name: str) -> Path:
     folder = root / name
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
     return folder
 
 
