@@ -98,6 +98,17 @@ def test_the_hub_layout_loads_its_language_model_only(folders: dict[str, Path]) 
     assert model_part_of({"runtime": {"kiln": "0"}}) == "whole" == model_part_of(None)
 
 
+@pytest.mark.timeout(120)
+def test_the_behaviour_identity_records_the_language_model_only_choice(tmp_path: Path) -> None:
+    from kiln.policy.runtime import PolicyRuntime
+
+    hub = PolicyRuntime.load(build_family_folder("qwen3_5", tmp_path / "hub", template="qwen3"), device="cpu")
+    text = PolicyRuntime.load(build_family_folder("qwen3_5_text", tmp_path / "text", template="qwen3"), device="cpu")
+    assert hub.identity()["runtime"]["model_part"] == "language_model"
+    assert model_part_of(hub.identity()) == "language_model"
+    assert "model_part" not in text.identity()["runtime"] and model_part_of(text.identity()) == "whole"
+
+
 def _unknown_folder(root: Path, config: dict) -> Path:
     root.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps(config))
