@@ -18,7 +18,7 @@ tower is ever in memory. :func:`load_identity_fields` records that choice in the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -147,7 +147,6 @@ FAMILIES: dict[str, Family] = {entry.name: entry for entry in _ENTRIES}
 _BY_MODEL_TYPE: dict[str, Family] = {
     model_type: entry for entry in _ENTRIES for model_type in (entry.name, *entry.aliases)
 }
-ENGINES = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,6 @@ class ModelShape:
     model_type: str
     architecture: str
     composite: bool = False  # a vision-language checkpoint, served as its language model
-    extras: Mapping[str, Any] = field(default_factory=dict)
 
 
 def family_named(model_type: str) -> Family:
@@ -256,7 +254,7 @@ def load_identity_fields(model_dir: Path) -> dict[str, Any]:
 
 
 __all__ = [
-    "ENGINES", "EXPERT_PARAMETERS", "FAMILIES", "Family", "ModelShape", "Serving", "family_named", "family_of",
+    "EXPERT_PARAMETERS", "FAMILIES", "Family", "ModelShape", "Serving", "family_named", "family_of",
     "load_identity_fields", "read_config", "require_servable", "shape_of",
     "supported_names",
 ]
