@@ -188,11 +188,17 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _unsupported(where: str, architecture: str, missing: str, details: dict[str, Any]) -> ModelUnsupported:
-    supported = supported_names()
+def _unsupported(where: str, architecture: str, missing: str, details: dict[str, Any], *,
+                 engine: str | None = None, cpu: bool | None = None) -> ModelUnsupported:
+    """The refusal; ``supported`` lists the table's families, or those ``engine`` serves."""
+    if engine is None:
+        supported, label = supported_names(), "supported families"
+    else:
+        supported = [name for name in supported_names() if _serving(FAMILIES[name], engine).why_not(cpu=cpu) is None]
+        label = f"families the {engine} engine serves"
     return ModelUnsupported(
         f"the model at {where} is {architecture}, which Kiln cannot serve: {missing}; "
-        f"supported families: {', '.join(supported)}",
+        f"{label}: {', '.join(supported)}",
         hint="use a model of a supported family (docs/models.md lists them and how to add one)",
         details={"architecture": architecture, "missing": missing, "supported": supported, **details},
     )
@@ -230,14 +236,18 @@ def require_servable(model_dir: Path, engine: str, *, cpu: bool | None = None) -
     """The folder's shape, or ``model_unsupported`` when the table does not know its architecture
     or ``engine`` cannot serve its family (on a CPU placement when ``cpu``; None = unknown yet)."""
     shape = family_of(model_dir)
-    serving = shape.family.hf if engine == "hf" else shape.family.vllm
-    missing = serving.why_not(cpu=cpu)
+    missing = _serving(shape.family, engine).why_not(cpu=cpu)
     if missing:
         raise _unsupported(
             str(model_dir), shape.architecture, f"the {engine} engine cannot serve {shape.family.name}: {missing}",
             {"model_type": shape.model_type, "family": shape.family.name, "engine": engine, "path": str(model_dir)},
+            engine=engine, cpu=cpu,
         )
     return shape
+
+
+def _serving(family: Family, engine: str) -> Serving:
+    return family.hf if engine == "hf" else family.vllm
 
 
 def load_identity_fields(model_dir: Path) -> dict[str, Any]:

@@ -75,7 +75,7 @@ async def test_worker_start_refuses_an_unknown_architecture_and_an_unservable_fa
         assert out.returncode == 1, out.stdout + out.stderr
         lines = [line for line in out.stderr.splitlines() if line.strip() and "Warning" not in line]
         assert lines[-1].startswith("error: model_unsupported: "), out.stderr
-        assert architecture in lines[-1] and "supported families: " in lines[-1]
+        assert architecture in lines[-1] and "families" in lines[-1] and "qwen3_moe" in lines[-1]
         assert "Traceback" not in out.stderr and "polling" not in out.stdout
     assert "the hf engine cannot serve qwen3_5" in lines[-1] and "keeps only keys and values per row" in lines[-1]
 
@@ -105,10 +105,15 @@ async def test_submit_and_preflight_refuse_a_named_unsupported_model_and_queue_n
         assert result.exit_code == 2, result.output
         error = json.loads(result.stdout)["error"]
         assert error["code"] == "model_unsupported" and error["exit_code"] == 2
-        assert error["details"]["supported"] == sorted(FAMILIES)
         assert str(models_dir / model) in error["message"]
-    assert json.loads(outcomes["made-up"].stdout)["error"]["details"]["architecture"].startswith("MadeUpForCausalLM")
-    assert json.loads(outcomes["qwen3.5-hub"].stdout)["error"]["details"]["engine"] == "hf"
+    made_up = json.loads(outcomes["made-up"].stdout)["error"]
+    assert made_up["details"]["architecture"].startswith("MadeUpForCausalLM")
+    assert made_up["details"]["supported"] == sorted(FAMILIES) and "supported families: gemma3, " in made_up["message"]
+    hub = json.loads(outcomes["qwen3.5-hub"].stdout)["error"]
+    assert hub["details"]["engine"] == "hf" and hub["details"]["family"] == "qwen3_5"
+    # The hf engine's list: the table's families less the four hybrids it cannot serve yet.
+    assert hub["details"]["supported"] == sorted(set(FAMILIES) - {"qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2"})
+    assert "families the hf engine serves: gemma3, gpt_oss, llama" in hub["message"]
     assert preflight.exit_code == 2 and json.loads(preflight.stdout)["error"]["code"] == "model_unsupported"
     assert await _queued(client, settings.control_task_queue) == 0
 
