@@ -182,3 +182,12 @@ def test_gpt_oss_loads_eager_samples_and_trains_one_step(tmp_path: Path) -> None
         torch.optim.SGD(params, lr=0.1).step()
         changed = sum(int(not torch.equal(a, p.detach())) for a, p in zip(before, params))
         assert changed == len(params) // 2  # every LoRA B moved (A's gradient is zero at B = 0)
+        save_adapter(peft_model, tmp_path / "adapter")
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["target_parameters"] == ["experts.down_proj", "experts.gate_up_proj"]
+    # The runtime samples with the trained adapter (experts' LoRA included): another distribution.
+    tuned = runtime.sample([prompt], [1], max_new_tokens=6, temperature=1.0, thinking=False,
+                           adapter_dir=tmp_path / "adapter")[0]
+    scored = runtime.logprobs_of(prompt, samples[0].ids, temperature=1.0, thinking=False,
+                                 adapter_dir=tmp_path / "adapter")
+    assert scored != samples[0].logprobs and len(tuned.ids) == len(tuned.logprobs) > 0
