@@ -104,3 +104,25 @@ def test_the_qwen3_5_hub_layout_is_written_and_served_as_its_language_model(qwen
     assert runtime.model.get_input_embeddings().weight.shape[0] == 248320
     assert runtime.identity()["runtime"]["model_part"] == "language_model"
     assert (runtime.stop_id, runtime.pad_id, runtime.supports_thinking) == (151645, 151643, True)
+
+
+@pytest.mark.timeout(120)
+def test_the_moe_shapes_have_their_published_parameter_counts() -> None:
+    """Built on the meta device (no memory): Qwen3-30B-A3B has 30.5B parameters and gpt-oss-20b 20.9B
+    (their model cards' totals); the Qwen3.5 composites carry their vision tower."""
+    import torch
+    import transformers
+
+    from kiln.policy.random_model import SHAPES
+
+    def count(shape: str) -> tuple[float, float]:
+        with torch.device("meta"):
+            model = getattr(transformers, SHAPES[shape].model_class)(shape_config(shape))
+        total = sum(p.numel() for p in model.parameters())
+        vision = sum(p.numel() for n, p in model.named_parameters() if "visual" in n)
+        return total / 1e9, vision / 1e6
+
+    assert round(count("qwen3-30b-a3b")[0], 1) == 30.5
+    assert round(count("gpt-oss-20b")[0], 1) == 20.9
+    small, small_vision = count("qwen3.5-0.8b")
+    assert 0.8 < small < 0.9 and small_vision > 50
