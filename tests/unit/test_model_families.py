@@ -191,3 +191,14 @@ def test_gpt_oss_loads_eager_samples_and_trains_one_step(tmp_path: Path) -> None
     scored = runtime.logprobs_of(prompt, samples[0].ids, temperature=1.0, thinking=False,
                                  adapter_dir=tmp_path / "adapter")
     assert scored != samples[0].logprobs and len(tuned.ids) == len(tuned.logprobs) > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_family_target_that_matches_nothing_fails_instead_of_a_smaller_adapter(folders: dict[str, Path]) -> None:
+    model = load_causal_lm(folders["llama"], CPU)
+    model.config.model_type = "phi3"  # a model whose modules are not its entry's: no fused qkv/gate_up
+    with pytest.raises(ModelUnsupported) as info:
+        attach_lora(model, rank=2, alpha=4.0, seed=3, base_adapter_dir=None)
+    assert info.value.details["family"] == "phi3"
+    assert info.value.details["missing"] == ["gate_up_proj", "qkv_proj"]
+    assert info.value.details["adapted"] == ["down_proj", "o_proj"]
