@@ -58,7 +58,8 @@ class ControlActivities:
     @kiln_errors
     async def admit_run(self, inp: AdmissionInput) -> AdmissionResult:
         request = parse_run_request(inp.submission)
-        require_served(request.model, self.settings.models_dir)  # model_not_served lists the served ones
+        # model_not_served lists the served ones; model_unsupported names an architecture Kiln cannot serve
+        require_served(request.model, self.settings.models_dir, engine=self.settings.engine)
         for url in request.environment_urls:
             require_allowed_host(
                 normalize_url(url), allow_remote=self.settings.allow_remote_environments

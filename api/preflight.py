@@ -68,7 +68,7 @@ async def resolve_behavior_policy(
     client: Client, settings: Settings, adapter: str | None, model: str | None = None
 ) -> dict[str, Any]:
     """Run ``PreflightWorkflow`` on ``model``'s gpu queue and return its behaviour-policy identity."""
-    require_served(model, settings.models_dir, default=settings.default_model_path.name)
+    require_served(model, settings.models_dir, default=settings.default_model_path.name, engine=settings.engine)
     gpu_task_queue = model_task_queue(settings.gpu_task_queue, model)
     try:
         result: PreflightResult = await client.execute_workflow(

@@ -45,7 +45,8 @@ async def create_run(
     A ``model`` the workers do not serve is refused (400 ``model_not_served``, naming the served
     models and the default), and so is an environment that does not answer ``/health`` (502
     ``environment_unavailable``), before anything is queued."""
-    require_served(request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name)
+    require_served(request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name,
+                   engine=svc.settings.engine)
     urls = [normalize_url(text) for text in request.environment_urls]
     for url in urls:
         require_allowed_host(url, allow_remote=svc.settings.allow_remote_environments)

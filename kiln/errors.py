@@ -196,8 +196,10 @@ class ModelNotFound(KilnError):
 
 
 class ModelUnsupported(ModelNotFound):
-    """The model folder loads but cannot serve as a chat policy (no chat template, no end-of-turn
-    token, no thinking mode where one was asked for)."""
+    """The model folder cannot serve as a chat policy: an architecture the model family table does
+    not know, a family the engine cannot serve (details name ``architecture``, ``missing`` and the
+    ``supported`` families), no chat template, no end-of-turn token, no thinking mode where one
+    was asked for."""
 
     code = "model_unsupported"
 

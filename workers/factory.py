@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from kiln.artifacts.store import S3Store
-from kiln.served_models import model_task_queue, served_models
+from kiln.served_models import model_task_queue, servable_split, served_models
 from kiln.settings import Settings
 from workers.sandbox import workflow_runner
 from workflows.chunk import CollectChunkWorkflow
@@ -56,6 +56,18 @@ def build_workers(
     return workers
 
 
+def _on_cpu(device: str) -> bool | None:
+    """Whether ``KILN_DEVICE`` places models on the CPU (None: a device this machine lacks; the
+    first task reports ``device_unavailable``)."""
+    from kiln.errors import DeviceUnavailable
+    from kiln.policy.device import resolve_device
+
+    try:
+        return resolve_device(device) == "cpu"
+    except DeviceUnavailable:
+        return None
+
+
 def _gpu_workers(
     client: Client,
     settings: Settings,
@@ -64,11 +76,20 @@ def _gpu_workers(
     gpu_factory: Callable[[Settings, S3Store, Path], Any] | None,
 ) -> list[Worker]:
     """One worker per served model, each on its model's queue with its own lazily loaded runtime:
-    the default model on the gpu task queue, every ``KILN_MODELS_DIR`` model on ``<queue>.<name>``."""
+    the default model on the gpu task queue, every ``KILN_MODELS_DIR`` model on ``<queue>.<name>``.
+
+    A default model whose family the engine cannot serve refuses the start (``model_unsupported``);
+    a ``KILN_MODELS_DIR`` model that cannot be served gets no worker (one warning line; a run naming
+    it is refused at submit and admission)."""
     from activities.gpu import GpuActivities
 
     models: dict[str | None, Path] = {None: model_path or settings.default_model_path}
     models.update(served_models(settings.models_dir))
+    models, refused = servable_split(models, settings.engine, cpu=_on_cpu(settings.device))
+    if None in refused:
+        raise refused[None]
+    for name, error in refused.items():
+        print(f"warning: not serving model {name}: {error}", flush=True)
     return [
         Worker(
             client,

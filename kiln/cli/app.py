@@ -79,18 +79,29 @@ def model_tiny(directory: Path = typer.Argument(..., help="Folder to write the t
 @model_app.command("random")
 def model_random(
     directory: Path = typer.Argument(..., help="Folder to write the model into."),
-    shape: str = typer.Option("qwen3-0.6b", help="Architecture: qwen3-0.6b, qwen3-4b or tiny."),
-    layers: Optional[int] = typer.Option(None, min=1, help="Fewer layers than the real shape (e.g. 2)."),
+    shape: str = typer.Option(
+        "qwen3-0.6b", help="Architecture: qwen3-0.6b, qwen3-4b, qwen3.5-0.8b, qwen3.5-4b, qwen3-30b-a3b, "
+        "gpt-oss-20b, tiny or qwen3.5-tiny (docs/models.md).",
+    ),
+    layers: Optional[int] = typer.Option(
+        None, min=1, help="Fewer layers than the real shape, keeping its layer pattern (a multiple of "
+        "4 for qwen3.5, of 2 for gpt-oss).",
+    ),
     dtype: str = typer.Option("bfloat16", help="Weights dtype on disk: bfloat16, float16 or float32."),
     seed: int = typer.Option(0, min=0, help="Initialisation seed (same seed, same bytes)."),
 ) -> None:
-    """Random-init model of a real architecture with Qwen's real tokenizer and Qwen3 chat template
-    (weights random: for throughput/memory/scale tests). Needs qwen.tiktoken from scripts/setup.sh."""
-    from kiln.policy.random_model import SHAPES, build_random_model
+    """Random-init model of a real architecture (the hub's folder layout: Qwen3.5 as its
+    vision-language checkpoint) with Qwen's real tokenizer and Qwen3 chat template (weights
+    random: for throughput/memory/scale tests). Needs qwen.tiktoken from scripts/setup.sh."""
+    from kiln.policy.random_model import SHAPES, build_random_model, shape_config
 
     if shape not in SHAPES or dtype not in ("bfloat16", "float16", "float32"):
         _fail(KilnError(f"unknown shape {shape!r} or dtype {dtype!r}", code="openenv_invalid_request",
                         hint=f"shapes: {', '.join(SHAPES)}; dtypes: bfloat16, float16, float32"))
+    try:
+        shape_config(shape, layers=layers)
+    except ValueError as exc:
+        _fail(KilnError(f"--layers {layers}: {exc}", code="openenv_invalid_request", details={"field": "layers"}))
     try:
         path = build_random_model(directory, shape=shape, layers=layers, dtype=dtype, seed=seed)
     except KilnError as error:

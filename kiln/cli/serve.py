@@ -38,7 +38,8 @@ WORKER_ROLES = ("control", "gpu")  # the roles of ``python -m workers``, one pro
 
 
 def ensure_model(settings: Settings, console: Console) -> Path:
-    """``KILN_MODEL_PATH`` if set (must exist), else the demo's tiny model (built on first use)."""
+    """``KILN_MODEL_PATH`` if set (must exist, of a model family the engine serves:
+    ``model_unsupported`` otherwise), else the demo's tiny model (built on first use)."""
     if settings.model_path is not None:
         path = Path(settings.model_path)
         if not (path / "config.json").is_file():
@@ -49,6 +50,9 @@ def ensure_model(settings: Settings, console: Console) -> Path:
                 hint="point KILN_MODEL_PATH at a folder saved with save_pretrained, or unset it "
                 "to use the tiny demo model",
             )
+        from kiln.policy.families import require_servable
+
+        require_servable(path, settings.engine, cpu=True if settings.device == "cpu" else None)
         return path.resolve()
     path = settings.default_model_path
     if not (path / "config.json").is_file():

@@ -13,6 +13,9 @@ changes the digest; modification times and directory order do not.
 key order; ``inference_config_sha256`` is its ``digest_json``. A behaviour-policy identity carries
 both (:func:`with_inference`), so the trainer scores actions under the distribution that sampled them
 and the on-policy proof fails when the sampling settings differ.
+
+``model_part_of``: which part of a checkpoint the policy ran (``whole``, or ``language_model`` for a
+vision-language checkpoint served as text).
 """
 
 from __future__ import annotations
@@ -113,7 +116,18 @@ def sampling_of(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return dict(config)
 
 
+def model_part_of(identity: Mapping[str, Any] | None) -> str:
+    """Which part of its checkpoint a behaviour identity's policy ran: ``language_model`` for a
+    vision-language checkpoint served as text (``runtime.model_part``, written by
+    :func:`kiln.policy.families.load_identity_fields`); ``whole`` by default, which is also what an
+    identity recorded before the field existed means (old payloads and histories stay valid)."""
+    runtime = (identity or {}).get("runtime")
+    if isinstance(runtime, Mapping) and runtime.get("model_part"):
+        return str(runtime["model_part"])
+    return "whole"
+
+
 __all__ = [
     "adapter_content_sha256", "file_sha256", "inference_config", "inference_config_sha256",
-    "model_content_sha256", "sampling_of", "with_inference",
+    "model_content_sha256", "model_part_of", "sampling_of", "with_inference",
 ]

@@ -1,9 +1,13 @@
 """Load a local Hugging Face model folder on a resolved placement (one loader for policy and trainer).
 
-Never downloads (``local_files_only`` and ``HF_HUB_OFFLINE=1``); SDPA attention; the weights are
-loaded directly in the placement's dtype and moved to its device once. Any folder with a
-``config.json`` a transformers causal LM understands is accepted, so a user with real weights just
-points at the folder (or at one folder under a models directory).
+Never downloads (``local_files_only`` and ``HF_HUB_OFFLINE=1``); the weights are loaded directly in
+the placement's dtype and moved to its device once. The folder's model family
+(:mod:`kiln.policy.families`, read from its ``config.json``) decides the attention implementation
+(``sdpa``, or ``eager`` for gpt-oss's attention sinks) and, for a vision-language checkpoint, that
+only its language model loads (the family's text-only causal LM class: no vision tower in memory).
+An architecture the family table does not know is refused with ``model_unsupported`` before any
+weight is read. A user with real weights just points at the folder (or at one folder under a
+models directory).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from kiln.errors import ModelNotFound
 from kiln.policy.device import Placement
+from kiln.policy.families import family_of
 
 MODEL_HINT = (
     "point KILN_MODEL_PATH at a local Hugging Face model directory, or build one with "
@@ -45,15 +50,25 @@ def load_tokenizer(path: Path) -> Any:
         ) from exc
 
 
-def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFound) -> Any:
-    """The causal LM at ``path`` in eval mode on ``placement`` (SDPA attention)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModelForCausalLM
+def _model_class(shape: Any) -> Any:
+    """``AutoModelForCausalLM``, or the family's text-only class for a composite checkpoint."""
+    import transformers
 
+    if shape.composite:
+        return getattr(transformers, shape.family.composite_text_class)
+    return transformers.AutoModelForCausalLM
+
+
+def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFound) -> Any:
+    """The causal LM at ``path`` in eval mode on ``placement``, with its family's attention
+    implementation (``model_unsupported`` for an architecture the family table does not know)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
     path = check_model_dir(path)
+    shape = family_of(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), local_files_only=True, dtype=placement.torch_dtype, attn_implementation="sdpa"
+        model = _model_class(shape).from_pretrained(
+            str(path), local_files_only=True, dtype=placement.torch_dtype,
+            attn_implementation=shape.family.attn_implementation,
         )
     except (OSError, ValueError) as exc:
         raise error(f"could not load the model at {path}: {exc}", hint=MODEL_HINT, details={"path": str(path)}) from exc

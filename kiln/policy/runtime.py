@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from kiln.errors import AdapterNotFound, ModelUnsupported  # noqa: E402
 from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking  # noqa: E402
 from kiln.policy.device import resolve_placement  # noqa: E402
+from kiln.policy.families import load_identity_fields  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402
 from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402
 from kiln.policy.engine import (  # noqa: E402
@@ -61,6 +62,7 @@ class PolicyRuntime:
         self.dtype = dtype
         self.max_adapters = max(1, int(max_adapters))
         self.base_model_sha256 = model_content_sha256(self.model_path)
+        self.load_fields = load_identity_fields(self.model_path)  # {"model_part": …} for a composite
         self.lock = threading.RLock()  # sampling, scoring and training leases are serialised
         self._peft = None
         # The rollout engine (:mod:`kiln.policy.engine`): hf by default; :meth:`use_engine` swaps it.
@@ -143,6 +145,7 @@ class PolicyRuntime:
             "transformers": transformers.__version__,
             "device": self.device,
             "dtype": self.dtype,
+            **self.load_fields,
             **engine_identity_fields(self.engine, decode_tile),
         }
 

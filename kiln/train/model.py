@@ -1,4 +1,10 @@
-"""Policy model for training: load the base, attach (or warm-start) LoRA, save and hash adapters."""
+"""Policy model for training: load the base, attach (or warm-start) LoRA, save and hash adapters.
+
+The LoRA targets are the model family's (:mod:`kiln.policy.families`): its ``nn.Linear`` names as
+peft ``target_modules`` and its 3-D expert weights as ``target_parameters``. What was actually
+adapted is resolved against the wrapped model (:func:`adapted_targets`): a family target that should
+match and matches nothing is ``model_unsupported``, never a silently smaller adapter, and
+``adapter_config.json`` (:func:`save_adapter`) and the train receipt name the resolved set only."""
 
 from __future__ import annotations
 
@@ -10,11 +16,12 @@ from typing import Any
 import torch
 
 from kiln.canonical import pretty_json
-from kiln.errors import TrainingFailed
+from kiln.errors import ModelUnsupported, TrainingFailed
+from kiln.policy.families import FAMILIES, Family, family_named
 from kiln.policy.identity import adapter_content_sha256, model_content_sha256  # noqa: F401 - one home
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
+# The qwen3 family's targets (the benches build qwen3-shaped peft models by hand).
+LORA_TARGETS = list(FAMILIES["qwen3"].lora_modules)
 
 TRAIN_ADAPTER = "default"
 
@@ -28,17 +35,67 @@ def load_base_model(model_path: Path, device: torch.device | str, dtype: str = "
     return load_causal_lm(Path(model_path), Placement(str(device), dtype), error=TrainingFailed)
 
 
-def _lora_config(rank: int, alpha: float):
+def model_family(model: Any) -> Family:
+    """The family of a loaded (or peft-wrapped) model, from its config's ``model_type``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return family_named(str(getattr(base.config, "model_type", "")))
+
+
+def _lora_config(rank: int, alpha: float, family: Family):
     from peft import LoraConfig
 
     return LoraConfig(
         r=rank,
         lora_alpha=alpha,
-        target_modules=list(LORA_TARGETS),
+        target_modules=list(family.lora_modules),
+        target_parameters=list(family.lora_parameters) or None,
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def _owner(name: str) -> str:
+    """A LoRA layer's own module name (peft nests a second parameter's wrapper as ``base_layer``)."""
+    parts = name.split(".")
+    while parts and parts[-1] == "base_layer":
+        parts.pop()
+    return parts[-1] if parts else name
+
+
+def adapted_targets(model: Any, adapter: str = "default") -> dict[str, list[str]]:
+    """What ``adapter`` actually adapts in ``model``: ``modules`` (leaf names of the LoRA-wrapped
+    modules) and ``parameters`` (``<module>.<parameter>`` of LoRA-wrapped 3-D weights), sorted."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import ParamWrapper
+
+    modules: set[str] = set()
+    parameters: set[str] = set()
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
+            continue
+        if isinstance(module, ParamWrapper):
+            parameters.add(f"{_owner(name)}.{module.parameter_name}")
+        else:
+            modules.add(_owner(name))
+    return {"modules": sorted(modules), "parameters": sorted(parameters)}
+
+
+def check_coverage(model: Any, adapter: str = "default") -> dict[str, list[str]]:
+    """:func:`adapted_targets`, or ``model_unsupported`` naming the family targets that matched
+    nothing (a fresh adapter must cover every non-optional target of its family)."""
+    family = model_family(model)
+    adapted = adapted_targets(model, adapter)
+    found = set(adapted["modules"]) | set(adapted["parameters"])
+    missing = sorted(set(family.lora_targets) - set(family.lora_optional) - found)
+    if missing:
+        raise ModelUnsupported(
+            f"LoRA for the {family.name} family matched no {', '.join(missing)} in this model "
+            f"(adapted: {', '.join(sorted(found)) or 'nothing'})",
+            hint="the model's modules differ from its family entry: fix the entry in kiln/policy/families.py",
+            details={"family": family.name, "missing": missing, "adapted": sorted(found)},
+        )
+    return adapted
 
 
 def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_dir: Path | None):
@@ -57,9 +114,11 @@ def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_
             if base_adapter_dir is not None:
                 model.load_adapter(str(base_adapter_dir), adapter_name=TRAIN_ADAPTER, is_trainable=True)
             else:
-                model.add_adapter(TRAIN_ADAPTER, _lora_config(rank, alpha))
+                model.add_adapter(TRAIN_ADAPTER, _lora_config(rank, alpha, model_family(model)))
         except (OSError, ValueError) as exc:
             raise TrainingFailed(f"cannot load base adapter {base_adapter_dir}: {exc}") from exc
+        if base_adapter_dir is None:
+            check_coverage(model, TRAIN_ADAPTER)
         model.set_adapter(TRAIN_ADAPTER)
         model.eval()
         return model
@@ -69,7 +128,8 @@ def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_
         except (OSError, ValueError) as exc:
             raise TrainingFailed(f"cannot load base adapter {base_adapter_dir}: {exc}") from exc
     else:
-        peft_model = get_peft_model(model, _lora_config(rank, alpha))
+        peft_model = get_peft_model(model, _lora_config(rank, alpha, model_family(model)))
+        check_coverage(peft_model, TRAIN_ADAPTER)
     peft_model.eval()  # deterministic: no dropout anywhere
     return peft_model
 
@@ -98,16 +158,19 @@ def save_adapter(model: Any, adapter_dir: Path) -> str:
     """Write a standard PEFT adapter and return its content digest.
 
     ``adapter_config.json`` is rewritten in canonical pretty form with ``base_model_name_or_path``
-    set to null, so the bytes do not depend on where the base model lives on this machine.
+    set to null, so the bytes do not depend on where the base model lives on this machine, and
+    with ``target_modules`` / ``target_parameters`` the names actually adapted (sorted; a
+    requested name that matched nothing is not listed).
     """
     adapter_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(adapter_dir))
     config_path = adapter_dir / "adapter_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = None
-    if isinstance(config.get("target_modules"), list):
-        # peft writes a set in hash order (PYTHONHASHSEED-dependent): sort for stable bytes.
-        config["target_modules"] = sorted(config["target_modules"])
+    adapted = adapted_targets(model, TRAIN_ADAPTER)
+    config["target_modules"] = adapted["modules"]
+    if config.get("target_parameters") or adapted["parameters"]:
+        config["target_parameters"] = adapted["parameters"]
     config_path.write_bytes(pretty_json(config))
     readme = adapter_dir / "README.md"
     if readme.exists():

@@ -67,6 +67,8 @@ from kiln.train.checkpoints import (
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
 from kiln.train.drift import base_logprobs, policy_drift
 from kiln.train.model import (
+    TRAIN_ADAPTER,
+    adapted_targets,
     adapter_content_sha256,
     attach_lora,
     lora_delta_norms,
@@ -469,6 +471,7 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         extra={**online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
                                final_state_sha256=final_state_sha),
                "policy_drift": drift, "early_stop": loop.early_stop,
+               "lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER),
                **({"engine_mismatch": mismatch} if mismatch is not None else {})},
     )
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -122,3 +122,14 @@ def test_a_start_that_fails_later_stops_everything_it_started(tmp_path: Path, ti
             if home in cmdline:
                 left.append(cmdline)
     assert left == []
+
+
+@pytest.mark.timeout(180)
+def test_a_model_of_an_unknown_architecture_starts_nothing(tmp_path: Path) -> None:
+    model = tmp_path / "made-up"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "kiln_made_up", "architectures": ["MadeUpForCausalLM"]}')
+    env = _env(tmp_path, model)
+    line = _one_line_refusal(_serve(env), "model_unsupported")
+    assert "MadeUpForCausalLM" in line and str(model) in line and "supported families: gemma3, gpt_oss" in line
+    _nothing_started(env)

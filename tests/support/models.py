@@ -83,6 +83,18 @@ def family_corpus(family: str) -> list[str]:
     return corpus
 
 
+def family_tokenizer(family: str) -> tuple[Any, dict[str, int]]:
+    """The in-process BPE tokenizer of template family ``family`` (its special tokens and chat
+    template) and its ``eos_token_id`` / ``pad_token_id``."""
+    from kiln.policy.templates import FAMILIES
+    from kiln.policy.tokenizer import train_bpe, wrap_fast
+
+    spec = FAMILIES[family]
+    raw = train_bpe(family_corpus(family), 600, spec.special_tokens, spec.added_tokens)
+    tok = wrap_fast(raw, chat_template=spec.template, eos=spec.eos, pad=spec.pad, bos=spec.bos)
+    return tok, {"eos_token_id": tok.convert_tokens_to_ids(spec.eos), "pad_token_id": tok.convert_tokens_to_ids(spec.pad)}
+
+
 def build_family_model(family: str, out_dir: Path) -> Path:
     """A tiny random model whose tokenizer and chat template are those of ``family``
     (``qwen3``, ``llama3``, ``gemma``): in-process BPE with the family's special tokens,
@@ -90,17 +102,12 @@ def build_family_model(family: str, out_dir: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM
 
-    from kiln.policy.templates import FAMILIES
     from kiln.policy.tiny import tiny_qwen3_config
-    from kiln.policy.tokenizer import train_bpe, wrap_fast
 
-    spec = FAMILIES[family]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw = train_bpe(family_corpus(family), 600, spec.special_tokens, spec.added_tokens)
-    tok = wrap_fast(raw, chat_template=spec.template, eos=spec.eos, pad=spec.pad, bos=spec.bos)
+    tok, ids = family_tokenizer(family)
     tok.save_pretrained(str(out_dir))
-    ids = {"eos_token_id": tok.convert_tokens_to_ids(spec.eos), "pad_token_id": tok.convert_tokens_to_ids(spec.pad)}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(11)
         if family == "llama3":

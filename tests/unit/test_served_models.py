@@ -14,7 +14,7 @@ from kiln.served_models import model_task_queue, require_served, served_models
 def _model(root: Path, name: str) -> Path:
     folder = root / name
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
     return folder
 
 
@@ -59,3 +59,33 @@ def test_unset_model_keeps_the_request_digest_of_a_default_request() -> None:
     assert "model" not in plain.model_dump(exclude_none=True)
     assert request_digest(plain) != request_digest(named)
     assert request_digest(plain) == request_digest(parse_run_request({**base, "model": None}))
+
+
+@pytest.mark.timeout(30)
+def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits_its_models(tmp_path: Path) -> None:
+    from kiln.errors import ModelUnsupported
+    from kiln.served_models import servable_split
+
+    qwen = _model(tmp_path, "qwen")
+    made_up = _model(tmp_path, "made-up")
+    (made_up / "config.json").write_text('{"model_type": "kiln_made_up", "architectures": ["MadeUpForCausalLM"]}')
+    moe = _model(tmp_path, "moe")
+    (moe / "config.json").write_text('{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}')
+    hybrid = _model(tmp_path, "hybrid")
+    (hybrid / "config.json").write_text('{"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"]}')
+    require_served("qwen", tmp_path, engine="hf")
+    require_served("moe", tmp_path, engine="vllm")  # the placement is the gpu worker's to judge
+    for name, engine in (("made-up", None), ("made-up", "vllm"), ("hybrid", "hf")):
+        with pytest.raises(ModelUnsupported) as error:
+            require_served(name, tmp_path, engine=engine)
+        assert error.value.code == "model_unsupported" and error.value.http_status == 400
+        assert str(tmp_path / name) in error.value.message
+    require_served("hybrid", tmp_path)  # without an engine only the architecture is judged
+
+    models = {None: qwen, "made-up": made_up, "moe": moe, "hybrid": hybrid, "absent": tmp_path / "absent"}
+    kept, refused = servable_split(models, "vllm", cpu=True)
+    assert set(kept) == {None, "hybrid", "absent"} and set(refused) == {"made-up", "moe"}
+    assert refused["moe"].details["engine"] == "vllm" and "Triton" in refused["moe"].details["missing"]
+    kept, refused = servable_split(models, "hf", cpu=True)
+    assert set(kept) == {None, "moe", "absent"} and set(refused) == {"made-up", "hybrid"}
+    assert refused["made-up"].details["architecture"].startswith("MadeUpForCausalLM")
