@@ -29,10 +29,6 @@ GATED_MLP = ("gate_proj", "up_proj", "down_proj")
 # Experts stored as 3-D parameters (one tensor for all experts): peft's ``target_parameters``.
 EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
 
-_HYBRID_HF = (
-    "the hf engine's tiled decode keeps only keys and values per row; this family's "
-    "{layers} layers keep convolution and recurrent states"
-)
 _MOE_LORA_CPU = "vLLM's LoRA kernel for MoE layers needs Triton, which the CPU build lacks"
 
 
@@ -86,36 +82,32 @@ class Family:
         return self.lora_modules + self.lora_parameters
 
 
-def _hybrid(layers: str) -> Serving:
-    return Serving(missing=_HYBRID_HF.format(layers=layers))
-
-
 _ENTRIES = (
     Family("qwen3", ("Qwen3ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "chatml-think"),
     Family(
         "qwen3_5", ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
         ("linear_attention", "attention"),
         ATTENTION + GATED_MLP + ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
-        "chatml-think", aliases=("qwen3_5_text",), composite_text_class="Qwen3_5ForCausalLM", hf=_hybrid("Gated DeltaNet"),
+        "chatml-think", aliases=("qwen3_5_text",), composite_text_class="Qwen3_5ForCausalLM",
         vllm=Serving(options=("--language-model-only",)),
         notes="the hub ships a vision-language checkpoint: Kiln loads its language model only",
     ),
     Family(
         "qwen3_next", ("Qwen3NextForCausalLM",), ("linear_attention", "attention", "moe"),
         ATTENTION + ("in_proj_qkvz", "in_proj_ba", "out_proj"), "chatml-think",
-        lora_parameters=EXPERT_PARAMETERS, batch_invariant=False, hf=_hybrid("Gated DeltaNet"),
+        lora_parameters=EXPERT_PARAMETERS,
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="the shared expert is not adapted: peft 0.21 rewrites gate/up/down_proj targets of this "
         "family into the routed experts' fused parameters",
     ),
     Family(
         "qwen3_moe", ("Qwen3MoeForCausalLM",), ("attention", "moe"), ATTENTION, "chatml-think",
-        lora_parameters=EXPERT_PARAMETERS, batch_invariant=False, vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
+        lora_parameters=EXPERT_PARAMETERS, vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="experts through target_parameters (peft would rewrite gate/up/down_proj into them)",
     ),
     Family(
         "gpt_oss", ("GptOssForCausalLM",), ("attention", "moe"), ATTENTION, "harmony",
-        lora_parameters=EXPERT_PARAMETERS, attn_implementation="eager", batch_invariant=False,
+        lora_parameters=EXPERT_PARAMETERS, attn_implementation="eager",
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="attention sinks: sdpa is refused by transformers, eager loads",
     ),
@@ -130,15 +122,13 @@ _ENTRIES = (
     Family(
         "granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("mamba", "attention", "moe"),
         ATTENTION + ("in_proj", "out_proj", "input_linear", "output_linear"), "granite",
-        lora_parameters=EXPERT_PARAMETERS, lora_optional=EXPERT_PARAMETERS, batch_invariant=False,
-        hf=_hybrid("Mamba2"),
+        lora_parameters=EXPERT_PARAMETERS, lora_optional=EXPERT_PARAMETERS,
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="input_linear/output_linear are the shared MLP's; experts where the config has them",
     ),
     Family(
         "lfm2", ("Lfm2ForCausalLM",), ("conv", "attention"),
         ("q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"), "chatml",
-        hf=_hybrid("short convolution"),
         notes="out_proj is both the attention output and the conv block's; w1/w3/w2 the MLP",
     ),
 )

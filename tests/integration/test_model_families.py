@@ -1,14 +1,13 @@
 """Model families on real parts: Temporal dev server, SeaweedFS, the counter env, tiny random models.
 
-- An architecture the family table does not know (a made-up ``model_type``), and a family the hf
-  engine cannot serve yet (the hybrid Qwen3.5 hub layout), are refused with ``model_unsupported``:
+- An architecture the family table does not know (a made-up ``model_type``), and a vision-language
+  checkpoint of a family with no text-only class (Gemma 3's composite layout), are refused with ``model_unsupported``:
   when the gpu worker starts (one line, exit 1, before polling), at submit and at preflight for a
   run naming it (the CLI exits 2, nothing is queued), and at admission for a workflow started
   directly.
 - MoE (qwen3_moe) and gpt-oss (eager attention) collect a rollout and train one iteration on the
   hf engine; the receipt's ``lora_targets`` are the family's, and so is ``adapter_config.json``;
-  the bundle verifies offline. (The hybrid families cannot sample on the hf engine yet: they are
-  refused there, above; their loading, LoRA coverage and training backward are unit-tested.)
+  the bundle verifies offline. (The hybrid families' runs are in ``test_hybrid_runs.py``.)
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ from workflows.options import WORKFLOW_NAME
 pytestmark = pytest.mark.asyncio
 
 MADE_UP = {"model_type": "kiln_made_up", "architectures": ["MadeUpForCausalLM"], "hidden_size": 8}
+GEMMA3_VL = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+             "text_config": {"model_type": "gemma3_text"}, "vision_config": {"model_type": "siglip_vision_model"}}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("family-models")
     (root / "made-up").mkdir()
     (root / "made-up" / "config.json").write_text(json.dumps(MADE_UP))
-    build_family_folder("qwen3_5", root / "qwen3.5-hub")
+    (root / "gemma3-vl").mkdir()
+    (root / "gemma3-vl" / "config.json").write_text(json.dumps(GEMMA3_VL))
     return root
 
 
@@ -60,7 +62,7 @@ async def test_worker_start_refuses_an_unknown_architecture_and_an_unservable_fa
     kiln_settings: Any, models_dir: Path, tmp_path: Path
 ) -> None:
     settings = kiln_settings()
-    for name, architecture in (("made-up", "MadeUpForCausalLM"), ("qwen3.5-hub", "Qwen3_5ForConditionalGeneration")):
+    for name, architecture in (("made-up", "MadeUpForCausalLM"), ("gemma3-vl", "Gemma3ForConditionalGeneration")):
         env = child_env({
             "KILN_TEMPORAL_ADDRESS": settings.temporal_address, "KILN_HOME": str(tmp_path / "home"),
             "KILN_S3_ENDPOINT": settings.s3_endpoint, "KILN_S3_ACCESS_KEY": settings.s3_access_key,
@@ -77,7 +79,7 @@ async def test_worker_start_refuses_an_unknown_architecture_and_an_unservable_fa
         assert lines[-1].startswith("error: model_unsupported: "), out.stderr
         assert architecture in lines[-1] and "families" in lines[-1] and "qwen3_moe" in lines[-1]
         assert "Traceback" not in out.stderr and "polling" not in out.stdout
-    assert "the hf engine cannot serve qwen3_5" in lines[-1] and "keeps only keys and values per row" in lines[-1]
+    assert "vision-language checkpoint of gemma3" in lines[-1]
 
 
 @pytest.mark.timeout(240)
@@ -93,7 +95,7 @@ async def test_submit_and_preflight_refuse_a_named_unsupported_model_and_queue_n
     client = await connect_client(settings)
     outcomes = {}
     with serve_api(settings) as url:
-        for model in ("made-up", "qwen3.5-hub"):
+        for model in ("made-up", "gemma3-vl"):
             args = ["openenv", "rollout", "--environment", counter_env_url, "--groups", "1", "--group-size", "2",
                     "--model", model, "--no-follow", "--json"]
             outcomes[model] = await asyncio.to_thread(CliRunner().invoke, cli_app, args, env={"KILN_API_URL": url})
@@ -109,11 +111,9 @@ async def test_submit_and_preflight_refuse_a_named_unsupported_model_and_queue_n
     made_up = json.loads(outcomes["made-up"].stdout)["error"]
     assert made_up["details"]["architecture"].startswith("MadeUpForCausalLM")
     assert made_up["details"]["supported"] == sorted(FAMILIES) and "supported families: gemma3, " in made_up["message"]
-    hub = json.loads(outcomes["qwen3.5-hub"].stdout)["error"]
-    assert hub["details"]["engine"] == "hf" and hub["details"]["family"] == "qwen3_5"
-    # The hf engine's list: the table's families less the four hybrids it cannot serve yet.
-    assert hub["details"]["supported"] == sorted(set(FAMILIES) - {"qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2"})
-    assert "families the hf engine serves: gemma3, gpt_oss, llama" in hub["message"]
+    composite = json.loads(outcomes["gemma3-vl"].stdout)["error"]
+    assert composite["details"]["architecture"].startswith("Gemma3ForConditionalGeneration")
+    assert "vision-language checkpoint of gemma3" in composite["message"]
     assert preflight.exit_code == 2 and json.loads(preflight.stdout)["error"]["code"] == "model_unsupported"
     assert await _queued(client, settings.control_task_queue) == 0
 

@@ -75,7 +75,7 @@ def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits
     (hybrid / "config.json").write_text('{"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"]}')
     require_served("qwen", tmp_path, engine="hf")
     require_served("moe", tmp_path, engine="vllm")  # the placement is the gpu worker's to judge
-    for name, engine in (("made-up", None), ("made-up", "vllm"), ("hybrid", "hf")):
+    for name, engine in (("made-up", None), ("made-up", "vllm"), ("made-up", "hf")):
         with pytest.raises(ModelUnsupported) as error:
             require_served(name, tmp_path, engine=engine)
         assert error.value.code == "model_unsupported" and error.value.http_status == 400
@@ -86,6 +86,7 @@ def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits
     kept, refused = servable_split(models, "vllm", cpu=True)
     assert set(kept) == {None, "hybrid", "absent"} and set(refused) == {"made-up", "moe"}
     assert refused["moe"].details["engine"] == "vllm" and "Triton" in refused["moe"].details["missing"]
+    require_served("hybrid", tmp_path, engine="hf")  # the hf engine keeps conv and recurrent states per row
     kept, refused = servable_split(models, "hf", cpu=True)
-    assert set(kept) == {None, "moe", "absent"} and set(refused) == {"made-up", "hybrid"}
+    assert set(kept) == {None, "moe", "hybrid", "absent"} and set(refused) == {"made-up"}
     assert refused["made-up"].details["architecture"].startswith("MadeUpForCausalLM")
