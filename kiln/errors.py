@@ -341,3 +341,12 @@ class TrackerUnavailable(KilnError):
     code = "tracker_unavailable"
     http_status = 400
     stage = "training"
+
+
+# --- openenv (issue 41): the command line's own parse errors ---------------------------------
+class CliUsageError(KilnError):
+    """The command line did not parse (an unknown option or command, a bad choice or type, a
+    missing argument); nothing ran. Under ``--json`` it is printed as the usual error envelope."""
+
+    code = "cli_usage_error"
+    http_status = 400
