@@ -506,6 +506,12 @@ def rollout_cmd(
     exit_code = follow_and_download(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
+    if exit_code == 0 and output is not None and replay_output is not None and summary_output is not None:
+        from kiln.rollout.verify.files import verify_command
+
+        command = verify_command(summary_output, output, replay_output)
+        if command is not None:  # names the summary does not pair with by itself
+            out.print(f"verify with: {command}", markup=False, highlight=False)
     if as_json:  # --output does not turn --json off: the final status, then the exit code
         print_json(api.status(run_id))
     raise typer.Exit(exit_code)

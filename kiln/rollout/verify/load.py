@@ -24,7 +24,7 @@ from kiln.rollout.verify.checks import (
     same_float,
     same_json,
 )
-from kiln.rollout.verify.files import Bundle, default_paths, parse_dataset, parse_pretty, read_capped
+from kiln.rollout.verify.files import Bundle, bundle_paths, parse_dataset, parse_pretty, read_capped
 from kiln.rollout.verify.replay import (
     check_replay_candidate,
     check_replay_group,
@@ -125,14 +125,13 @@ def _load_bundle(
     summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None
 ) -> Bundle:
     summary_path = Path(summary_path)
-    default_dataset, default_replay = default_paths(summary_path)
-    dataset_path = Path(dataset_path) if dataset_path is not None else default_dataset
-    replay_path = Path(replay_path) if replay_path is not None else default_replay
+    summary_raw = read_capped(summary_path, SUMMARY_FILE)
+    dataset_path, replay_path = bundle_paths(summary_path, dataset_path, replay_path)
     resolved = {p.resolve() for p in (summary_path, dataset_path, replay_path)}
     if len(resolved) != 3:
         raise fail(Where(SUMMARY_FILE), "path", "summary, dataset and replay paths must all differ")
 
-    summary = parse_pretty(read_capped(summary_path, SUMMARY_FILE), SUMMARY_FILE)
+    summary = parse_pretty(summary_raw, SUMMARY_FILE)
     check_summary(summary)
     dataset_raw = read_capped(dataset_path, DATASET_FILE)
     replay_raw = read_capped(replay_path, REPLAY_FILE)
