@@ -350,3 +350,12 @@ class CliUsageError(KilnError):
 
     code = "cli_usage_error"
     http_status = 400
+
+
+class HarnessUnsupported(KilnError):
+    """The server is an OpenEnv agent harness (RFC 005: its action is one user message to an agent
+    that runs its own model); Kiln trains the policy that acts, so it does not collect from it."""
+
+    code = "openenv_harness_unsupported"
+    http_status = 400
+    stage = "discovery"
