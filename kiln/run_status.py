@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.rollout.context import context_warning
+
 STATUS_SCHEMA = "kiln.run-status.v1"
 
 # Stages of a live run, in order, then those of a dataset-training run.
@@ -301,8 +303,6 @@ class RunStatus(_Status):
 
     def warn_context(self, stats: dict[str, Any] | None) -> None:
         """Warn when most of the run's episodes ended at the model's context (once per figure)."""
-        from kiln.rollout.context import context_warning
-
         message = context_warning(stats or {})
         if message is not None and message not in self.warnings:
             self.warn(message)

@@ -22,18 +22,27 @@ TERMINATION = "context_exhausted"
 WARN_SHARE = 0.5
 
 
-def served_context(policy: Any) -> int | None:
-    """The context of the model ``policy`` serves: the smaller of its config's
-    ``max_position_embeddings`` and the engine's ``max_model_len`` (None when neither is known)."""
+def model_context(model: Any, engine: Any) -> int | None:
+    """The smaller of ``model.config.max_position_embeddings`` and ``engine.config.max_model_len``
+    (None when neither is known)."""
     limits = []
-    config = getattr(getattr(policy, "model", None), "config", None)
     for value in (
-        getattr(config, "max_position_embeddings", None),
-        getattr(getattr(getattr(policy, "engine", None), "config", None), "max_model_len", None),
+        getattr(getattr(model, "config", None), "max_position_embeddings", None),
+        getattr(getattr(engine, "config", None), "max_model_len", None),
     ):
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             limits.append(value)
     return min(limits) if limits else None
+
+
+def served_context(policy: Any) -> int | None:
+    """The context of the model ``policy`` serves: its ``context_tokens()`` when it has one (the
+    policy runtime, also behind a wrapper), else read from its ``model`` and ``engine``."""
+    getter = getattr(policy, "context_tokens", None)
+    if callable(getter):
+        value = getter()
+        return value if isinstance(value, int) and value > 0 else None
+    return model_context(getattr(policy, "model", None), getattr(policy, "engine", None))
 
 
 def has_room(tokens: int, max_action_tokens: int, limit: int | None) -> bool:

@@ -90,11 +90,17 @@ def _collect(model_dir: Path, url: str, policy: str) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def bundles(tiny_model_dir: Path, growing_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def small_model(tiny_model_dir: Path, growing_url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The tiny model with a context that fits the prompt, two actions and the first short turns,
+    never step 2's 120-word log."""
     prompt = _prompt_tokens(tiny_model_dir, growing_url)
-    # room for the prompt, two actions and the first (short) turns, never for step 2's 120-word log
     limit = prompt + 3 * MAX_ACTION + 80
-    model = _small_context_model(tiny_model_dir, tmp_path_factory.mktemp("ctx") / "model", limit)
+    return _small_context_model(tiny_model_dir, tmp_path_factory.mktemp("ctx") / "model", limit), limit
+
+
+@pytest.fixture(scope="module")
+def bundles(small_model: tuple[Path, int], growing_url: str) -> dict[str, Any]:
+    model, limit = small_model
     return {"limit": limit, "end": _collect(model, growing_url, "end"),
             "end_penalised": _collect(model, growing_url, "end_penalised")}
 
@@ -179,3 +185,38 @@ def test_verify_catches_context_tampering(bundles: dict, tmp_path: Path) -> None
     with pytest.raises(VerificationFailed) as caught:
         verify_bundle(write_bundle(tmp_path / "b", reseal(lines, replay, summary)))
     assert "nothing had to end" in caught.value.message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.asyncio
+async def test_a_run_warns_in_status_and_its_bundle_keeps_inside_the_context(
+    kiln_settings: Any, small_model: tuple[Path, int], growing_url: str, tmp_path: Path
+) -> None:
+    """A real run (Temporal, SeaweedFS, workers) on the growing server: status counts the episodes
+    that hit the context and warns; the published bundle verifies with no id past the context."""
+    from api.runs import RunService
+    from kiln.contracts import parse_run_request
+    from tests.integration.test_real_shape_run import _fetch
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    model, limit = small_model
+    settings = kiln_settings(model_path=model)
+    request = parse_run_request({"kind": "rollout", "environment_urls": [growing_url], "groups": 2, "group_size": 2, "seed_start": 300,
+                                 "max_steps": 6, "max_action_tokens": MAX_ACTION, "thinking": True})
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(request)
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=500)
+    assert final["state"] == "completed", final.get("failure")
+    stats = final["rollout_stats"]
+    assert stats["context_tokens"] == limit and stats["context_exhausted_count"] * 2 > stats["rollouts"] == 4
+    warning = [w for w in final["warnings"] if "CONTEXT_EXHAUSTED" in w]
+    assert len(warning) == 1 and f"{stats['context_exhausted_count']} of 4 episodes" in warning[0]
+    assert "--max-steps" in warning[0]
+    artifacts = {a["name"]: a for a in final["artifacts"]}
+    files = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
+    assert verify_bundle(write_bundle(tmp_path / "run", files))["rollouts"] == 4
+    for line in parse(files)[0]:
+        for completion in line["completions"]:
+            assert _pieces_total(completion) + MAX_ACTION <= limit

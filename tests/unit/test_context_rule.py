@@ -19,6 +19,8 @@ def test_served_context_is_the_smaller_of_config_and_engine() -> None:
     engine = SimpleNamespace(config=SimpleNamespace(max_model_len=2048))
     assert served_context(SimpleNamespace(model=model, engine=engine)) == 2048
     assert served_context(SimpleNamespace()) is None
+    # a wrapper that forwards calls (the gpu worker's locked policy) asks the runtime
+    assert served_context(SimpleNamespace(context_tokens=lambda: 1024, model=lambda: None)) == 1024
 
 
 def _episode(prompt: int, limit: int, action: int = 10) -> CandidateEpisode:
