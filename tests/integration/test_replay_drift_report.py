@@ -121,3 +121,37 @@ def test_a_random_reset_drift_says_the_reset_is_random(runtime: Any, tmp_path: P
     assert info.value.details["field"] == "reset_observation.observation.draw"
     assert "its reset is random rather than seeded" in info.value.hint
     assert "environment 0 answers two resets with the same payload differently" in info.value.hint
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_train_runs_bundle_replays_after_the_fact(
+    kiln_settings: Any, volatile_url: str, tmp_path: Path
+) -> None:
+    """A train run (Temporal, SeaweedFS, workers) on the volatile server sealed no ignore: its
+    published bundle drifts in the nonces, and replays after the fact with one --ignore wildcard."""
+    from api.runs import RunService
+    from kiln.contracts import parse_run_request
+    from tests.integration.test_real_shape_run import _fetch
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    settings = kiln_settings()
+    request = parse_run_request({
+        "kind": "train", "environment_urls": [volatile_url], "groups": 2, "group_size": 2, "max_steps": 3,
+        "max_action_tokens": 48, "output_adapter": "volatile-a", "allow_empty_training": True,
+        "training_config": {"epochs": 1, "lora_rank": 4, "lora_alpha": 8},
+    })
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(request)
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=500)
+    assert final["state"] == "completed", final.get("failure")
+    artifacts = {a["name"]: a for a in final["artifacts"]}
+    files = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
+    summary = write_bundle(tmp_path / "train", files)
+    assert "replay_ignore" not in json.loads(files["summary.json"])
+    with pytest.raises(ReplayDrift) as info:
+        await replay_bundle(summary, concurrency=2)
+    assert {f["field"] for f in info.value.details["fields"]} <= set(FIELDS_BY_STEP.values())
+    report = await replay_bundle(summary, concurrency=2, ignore=[NONCE])
+    assert report["rollouts"] == 4 and report["replay_ignore"]["replay_time"] == [NONCE]
