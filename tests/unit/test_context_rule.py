@@ -58,3 +58,19 @@ def test_the_warning_needs_more_than_half() -> None:
     assert message is not None and message.startswith("3 of 4 episodes ended at the model's context (512 tokens")
     assert "--max-steps" in message and "max_position_embeddings" in message
     assert context_warning({"rollouts": 0}) is None
+
+
+def test_the_outcome_line_counts_context_exhausted_episodes() -> None:
+    import io
+
+    from rich.console import Console
+
+    from kiln.cli.follow import print_outcome
+    from kiln.run_view import RunView
+
+    stats = {"rollouts": 4, "mean_episode_return": 1.0, "min_episode_return": 0.0, "max_episode_return": 2.0,
+             "done_count": 0, "invalid_model_action_count": 1, "context_exhausted_count": 3, "context_tokens": 409}
+    status = RunView.model_validate({"run_id": "r1", "state": "completed", "phase": "completed", "rollout_stats": stats})
+    out = io.StringIO()
+    print_outcome(status, Console(file=out, width=300))
+    assert "invalid actions 1  context exhausted 3 (of 409 tokens)" in out.getvalue()
