@@ -136,8 +136,14 @@ def test_episodes_end_at_the_context_and_no_recorded_id_lies_past_it(bundles: di
                 # the left-out turn is text in the trajectory, never ids in the pieces
                 assert completion["trajectory"][-1]["kind"] == "observation"
                 assert completion["tokens"]["pieces"][-1]["kind"] == "action"
-    report = verify_bundle(write_bundle(tmp_path / "end", bundles["end"]))
+    summary_path = write_bundle(tmp_path / "end", bundles["end"])
+    report = verify_bundle(summary_path)
     assert report["rollouts"] == GROUPS * GROUP_SIZE
+    # live replay sends every recorded exchange (the left-out turns' included) and matches
+    from kiln.rollout.replay_live import replay_bundle
+
+    replayed = asyncio.run(replay_bundle(summary_path, concurrency=2))
+    assert replayed["environment_exchanges"] == report["environment_exchanges"]
 
     # training: end leaves every such episode out; end_penalised keeps them with the penalty
     _kept, selection = select_groups([dict(line) for line in lines])
