@@ -47,7 +47,13 @@ from kiln.openenv.session import (
     open_session_and_reset,
 )
 from kiln.openenv.urls import normalize_url
-from kiln.rollout.replay_drift import Difference, ReplayDrift, drift_error, leaf_differences, shown
+from kiln.rollout.replay_drift import (  # noqa: F401  (ReplayDrift re-exported: callers catch it here)
+    Difference,
+    ReplayDrift,
+    drift_error,
+    leaf_differences,
+    shown,
+)
 from kiln.rollout.replay_ignore import STATE_PREFIX, STEP_PREFIX, check_paths, of, without_matching
 from kiln.rollout.verify import Bundle, load_bundle
 
