@@ -322,6 +322,12 @@ class EpisodeFields(StrictModel):
         description="strict: a group whose candidates saw different resets fails; warn: it is "
         "collected anyway and the difference recorded.",
     )
+    context_policy: Literal["end", "end_penalised"] = Field(
+        default="end",
+        description="At the model's context (a prompt with no room for max_action_tokens): end the "
+        "episode with CONTEXT_EXHAUSTED and leave it out of training (end), or end it and train on it "
+        "with protocol_error_reward added (end_penalised).",
+    )
     replay_ignore: list[str] = Field(
         default_factory=list, max_length=64,
         description="Step and state fields live replay must not compare: dotted paths as a replay "

@@ -564,3 +564,19 @@ class ModelFault(KilnError):
     code = "model_fault"
     retryable = False
     http_status = 500
+# --- openenv (issue 41): the command line's own parse errors ---------------------------------
+class CliUsageError(KilnError):
+    """The command line did not parse (an unknown option or command, a bad choice or type, a
+    missing argument); nothing ran. Under ``--json`` it is printed as the usual error envelope."""
+
+    code = "cli_usage_error"
+    http_status = 400
+
+
+class HarnessUnsupported(KilnError):
+    """The server is an OpenEnv agent harness (RFC 005: its action is one user message to an agent
+    that runs its own model); Kiln trains the policy that acts, so it does not collect from it."""
+
+    code = "openenv_harness_unsupported"
+    http_status = 400
+    stage = "discovery"

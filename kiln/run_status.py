@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.rollout.context import context_warning
+
 STATUS_SCHEMA = "kiln.run-status.v1"
 
 # Stages of a live run, in order, then those of a dataset-training run.
@@ -299,6 +301,12 @@ class RunStatus(_Status):
         self.warnings.extend(messages)
         del self.warnings[MAX_WARNINGS:]
 
+    def warn_context(self, stats: dict[str, Any] | None) -> None:
+        """Warn when most of the run's episodes ended at the model's context (once per figure)."""
+        message = context_warning(stats or {})
+        if message is not None and message not in self.warnings:
+            self.warn(message)
+
     def record_interruption(self, interruption: Interruption) -> None:
         """A retried activity (bounded: the most recent ``MAX_INTERRUPTION_RECORDS``)."""
         self.interruptions.append(interruption)
@@ -326,6 +334,7 @@ class RunStatus(_Status):
         self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)
         self.artifacts = [ArtifactStatus.model_validate(a.model_dump()) for a in published.artifacts]
         self.rollout_stats = published.stats
+        self.warn_context(published.stats)
         self.promoted = False
         self.warn(
             f"the run failed ({code}) after collection: its collected episodes are published as evidence "
@@ -333,6 +342,7 @@ class RunStatus(_Status):
         )
 
     def record_publication(self, published: Any, *, promoted: bool) -> None:
+        self.warn_context(published.stats)
         self.manifest = ManifestStatus(uri=published.manifest_uri, sha256=published.manifest_sha256)
         self.artifacts = [ArtifactStatus.model_validate(a.model_dump()) for a in published.artifacts]
         self.promoted = promoted

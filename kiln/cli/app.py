@@ -222,6 +222,7 @@ def _request_from_flags(
     model: Optional[str] = None,
     reset_determinism: str = default(RunRequest, "reset_determinism"),
     replay_ignore: Optional[list[str]] = None,
+    context_policy: Any = default(RunRequest, "context_policy"),
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "kind": kind,
@@ -246,6 +247,9 @@ def _request_from_flags(
         request["reset_determinism"] = str(reset_determinism.value if isinstance(reset_determinism, enum.Enum) else reset_determinism)
     if replay_ignore:
         request["replay_ignore"] = list(replay_ignore)
+    policy = str(context_policy.value if isinstance(context_policy, enum.Enum) else context_policy)
+    if policy != default(RunRequest, "context_policy"):
+        request["context_policy"] = policy
     if output_adapter is not None:
         request["output_adapter"] = output_adapter
     if idempotency_key is not None:
@@ -296,6 +300,11 @@ ResetDeterminism = literal_choices("ResetDeterminism", RunRequest, "reset_determ
 RESET_DETERMINISM_OPT = typer.Option(
     ResetDeterminism(default(RunRequest, "reset_determinism")), "--reset-determinism",
     rich_help_panel=COLLECTION, help=describe(RunRequest, "reset_determinism"),
+)
+ContextPolicy = literal_choices("ContextPolicy", RunRequest, "context_policy")
+CONTEXT_POLICY_OPT = typer.Option(
+    ContextPolicy(default(RunRequest, "context_policy")), "--context-policy",
+    rich_help_panel=COLLECTION, help=describe(RunRequest, "context_policy"),
 )
 REPLAY_IGNORE_OPT = typer.Option(
     default(RunRequest, "replay_ignore"), "--replay-ignore", rich_help_panel=COLLECTION,
@@ -394,6 +403,7 @@ def train_cmd(
     constrained_actions: bool = CONSTRAINED_OPT,
     reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
     replay_ignore: list[str] = REPLAY_IGNORE_OPT,
+    context_policy: ContextPolicy = CONTEXT_POLICY_OPT,
     report_to: ReportTo = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON."),
@@ -404,7 +414,7 @@ def train_cmd(
         "train", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
-        reset_determinism, replay_ignore,
+        reset_determinism, replay_ignore, context_policy,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -466,6 +476,7 @@ def rollout_cmd(
     constrained_actions: bool = CONSTRAINED_OPT,
     reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
     replay_ignore: list[str] = REPLAY_IGNORE_OPT,
+    context_policy: ContextPolicy = CONTEXT_POLICY_OPT,
     output: Optional[Path] = typer.Option(None, "--output", rich_help_panel=OUTPUT, help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
     replay_output: Optional[Path] = typer.Option(None, "--replay-output", rich_help_panel=OUTPUT, help="Write the replay transcript here (X.replay.json)."),
     summary_output: Optional[Path] = typer.Option(None, "--summary-output", rich_help_panel=OUTPUT, help="Write the summary here (X.rollout-summary.json)."),
@@ -484,7 +495,7 @@ def rollout_cmd(
         "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
         max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
         idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
-        reset_determinism, replay_ignore,
+        reset_determinism, replay_ignore, context_policy,
     )
     _check_flags(request)
     if output is None and replay_output is None and summary_output is None:
@@ -506,6 +517,12 @@ def rollout_cmd(
     exit_code = follow_and_download(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
+    if exit_code == 0 and output is not None and replay_output is not None and summary_output is not None:
+        from kiln.rollout.verify.files import verify_command
+
+        command = verify_command(summary_output, output, replay_output)
+        if command is not None:  # names the summary does not pair with by itself
+            out.print(f"verify with: {command}", markup=False, highlight=False)
     if as_json:  # --output does not turn --json off: the final status, then the exit code
         print_json(api.status(run_id))
     raise typer.Exit(exit_code)

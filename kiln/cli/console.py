@@ -19,12 +19,19 @@ import os
 import sys
 from typing import Any, NoReturn
 
+import click
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
 from kiln.errors import KilnError
+
+try:  # Typer vendors its own Click: its parse errors are not click's classes
+    from typer._click.exceptions import UsageError as _VendoredUsageError
+except ImportError:  # pragma: no cover - a Typer that uses the installed Click
+    _VendoredUsageError = click.UsageError
+USAGE_ERRORS = (click.UsageError, _VendoredUsageError)
 
 
 
@@ -110,8 +117,43 @@ def fail(error: KilnError, exit_code: int = 2) -> NoReturn:
     raise typer.Exit(exit_code)
 
 
+def usage_error(error: Any, argv: list[str]) -> None:
+    """A Click parse error (``click.UsageError``): pydantic's ``Value error,`` prefix removed from
+    its message, and, when ``--json`` was typed, one ``{"error": …}`` envelope (code
+    ``cli_usage_error``, exit status 2) on stdout; Click still prints its usage on stderr."""
+    from kiln.errors import CliUsageError
+
+    error.message = str(error.message).replace("Value error, ", "")
+    if getattr(error, "_kiln_reported", False) or "--json" not in argv:
+        return
+    error._kiln_reported = True
+    command = getattr(getattr(error, "ctx", None), "command_path", None) or "kiln"
+    param = getattr(error, "param", None)
+    name = param.opts[0] if getattr(param, "opts", None) else getattr(error, "option_name", None)
+    details = {"parameter": name} if name else None
+    envelope = CliUsageError(error.format_message(), hint=f"see `{command} --help`", details=details)
+    print_json({"error": {**envelope.to_dict(), "exit_code": getattr(error, "exit_code", 2)}})
+
+
 class JsonAwareGroup(TyperGroup):
-    """A command group whose commands switch JSON mode from their ``as_json`` parameter."""
+    """A command group whose commands switch JSON mode from their ``as_json`` parameter, and whose
+    parse errors honour ``--json`` (:func:`usage_error`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            ctx.meta["kiln_argv"] = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except USAGE_ERRORS as error:
+            usage_error(error, list(args))
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except USAGE_ERRORS as error:
+            usage_error(error, ctx.meta.get("kiln_argv", []))
+            raise
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)

@@ -101,7 +101,11 @@ def _line(columns: tuple[tuple[str, int], ...], values: list[str]) -> str:
 
 
 def promotion_label(run: RunSummary) -> str:
-    """yes / no; ``not evaluated`` for a completed run published without an evaluation; ``-`` else."""
+    """yes / no, as status's ``promoted`` says (a promoted run is ``yes`` with or without an
+    evaluation); ``not evaluated`` for a completed, unpromoted run published without an evaluation;
+    ``-`` else."""
+    if run.promoted is True:
+        return "yes"
     if run.evaluated is False and run.state == "completed":
         return "not evaluated"
     return "-" if run.promoted is None else ("yes" if run.promoted else "no")

@@ -35,8 +35,12 @@ _FLAG_OF_PATH = {
     "post_eval.suite": "--post-eval-suite",
     "post_eval.min_accuracy": "--post-eval-min-accuracy",
 }
-# Field names in model-level messages: snake_case paths, and the two plain-word fields.
-_IDENTIFIER = re.compile(r"\b(?:[a-z]+(?:_[a-z0-9]+)+(?:\.[a-z_]+)*|groups|iterations)\b")
+# Words in a message that may name a request field (snake_case, dotted); quoted spans are the
+# user's own values and never rewritten.
+_WORD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*(?:\.[a-z][a-z0-9_]*)*\b")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+# A plain word (``groups``) names its field only beside an operator ("groups >= 20", "groups ×").
+_OPERATORS = "×+-*<>="
 
 
 def literal_enum(name: str, literal: Any) -> type[enum.Enum]:
@@ -63,21 +67,58 @@ def flag_for(path: str) -> str:
     return "--" + last.replace("_", "-")
 
 
-def _in_flags(message: str) -> str:
-    """Field names in a model-level message replaced by their flags."""
-    return _IDENTIFIER.sub(lambda m: flag_for(m.group(0)), message)
+def field_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every request field path of ``model`` (nested models through Optional/list, dotted), under
+    both its name and its alias."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        for key in {name, info.alias or name}:
+            path = f"{prefix}{key}"
+            out.add(path)
+            for arg in (info.annotation, *typing.get_args(info.annotation)):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    out |= field_paths(arg, path + ".")
+    return out
 
 
-def flag_message(error: ValidationError) -> str:
+def _in_flags(message: str, fields: set[str], scope: str = "") -> str:
+    """Request field names in a message replaced by their flags: only names of real fields (of
+    ``scope``'s model first), never inside a quoted value, a plain word only beside an operator."""
+
+    def swap(match: re.Match[str], text: str) -> str:
+        word = match.group(0)
+        path = next((p for p in (f"{scope}.{word}" if scope else None, word) if p and p in fields), None)
+        if path is None:
+            return word
+        if "_" not in word and "." not in word:
+            before, after = text[: match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
+            if not (before and before in _OPERATORS) and not (after and after in _OPERATORS):
+                return word
+        return flag_for(path)
+
+    pieces, last = [], 0
+    for quoted in _QUOTED.finditer(message):
+        plain = message[last: quoted.start()]
+        pieces.append(_WORD.sub(lambda m, t=plain: swap(m, t), plain))
+        pieces.append(quoted.group(0))
+        last = quoted.end()
+    tail = message[last:]
+    pieces.append(_WORD.sub(lambda m: swap(m, tail), tail))
+    return "".join(pieces)
+
+
+def flag_message(error: ValidationError, model: type[BaseModel] | None = None) -> str:
     """``--flag: reason`` per problem (model-level problems: the reason with fields as flags)."""
+    fields = field_paths(model) if model is not None else set()
     parts = []
     for item in error.errors():
         loc = [str(p) for p in item.get("loc", ()) if not isinstance(p, int)]
         reason = str(item.get("msg", "invalid")).removeprefix("Value error, ")
         if loc:
-            parts.append(f"{flag_for('.'.join(loc))}: {_in_flags(reason)}")
+            scope = ".".join(loc)
+            parts.append(f"{flag_for(scope)}: {_in_flags(reason, fields, scope)}")
         else:
-            parts.append(_in_flags(reason))
+            parts.append(_in_flags(reason, fields))
     return "; ".join(parts)
 
 
@@ -87,6 +128,6 @@ def check_request(model: type[BaseModel], request: dict[str, Any]) -> None:
         model.model_validate(request)
     except ValidationError as exc:
         raise InvalidRequest(
-            f"invalid flags: {flag_message(exc)}",
+            f"invalid flags: {flag_message(exc, model)}",
             hint="see --help for each flag's bounds and default",
         ) from None

@@ -200,6 +200,8 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
             f"episodes {stats['rollouts']}  mean return {num(stats['mean_episode_return'])}  "
             f"min {num(stats['min_episode_return'])}  max {num(stats['max_episode_return'])}  "
             f"done {stats['done_count']}  invalid actions {stats['invalid_model_action_count']}"
+            + (f"  context exhausted {stats['context_exhausted_count']} (of {stats.get('context_tokens')} tokens)"
+               if stats.get("context_exhausted_count") else "")
         )
     elif status.mean_return is not None:
         console.print(f"mean return so far {num(status.mean_return)}")

@@ -127,6 +127,14 @@ def register(openenv_app: typer.Typer) -> None:
     @openenv_app.command("replay")
     def replay_cmd(
         summary: Path = typer.Option(..., "--summary", help="Rollout summary JSON of the bundle to replay."),
+        dataset: Optional[Path] = typer.Option(None, "--dataset", help="Dataset JSONL (default: beside the summary)."),
+        replay: Optional[Path] = typer.Option(None, "--replay", help="Replay JSON (default: beside the summary)."),
+        ignore: list[str] = typer.Option(
+            [], "--ignore",
+            help="A step or state field not to compare in this replay (result.observation.X or "
+            "final_state.X; * one segment, ** any number). Repeatable; reported apart from the "
+            "bundle's own replay_ignore.",
+        ),
         concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Candidates replayed at once."),
         credential_id: list[str] = typer.Option(
             [], "--credential-id",
@@ -143,7 +151,7 @@ def register(openenv_app: typer.Typer) -> None:
         from kiln.settings import load_settings
 
         try:
-            bundle = load_bundle(summary)
+            bundle = load_bundle(summary, dataset_path=dataset, replay_path=replay)
             allow_remote = load_settings().allow_remote_environments
             for inspection in bundle.summary["environments"]:
                 require_allowed_host(
@@ -161,7 +169,8 @@ def register(openenv_app: typer.Typer) -> None:
             else:
                 names = parse_credential_env_args(credential_env, len(environments))
                 tokens = [None if name is None else read_token_from_env(name) for name in names]
-            report = asyncio.run(replay_bundle(summary, concurrency=concurrency, credentials=tokens))
+            report = asyncio.run(replay_bundle(summary, dataset_path=dataset, replay_path=replay,
+                                               concurrency=concurrency, credentials=tokens, ignore=ignore))
         except KilnError as error:
             _fail(error)
             return

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from kiln.canonical import canonical_json, digest_json
-from kiln.errors import EnvironmentProtocolError, KilnError
+from kiln.errors import EnvironmentProtocolError, HarnessUnsupported, KilnError
 from kiln.openenv.credentials import authentication_label, prepare_token
 from kiln.openenv.httpio import check_health, make_client, request_json
 from kiln.openenv.mcp_tools import list_tools
@@ -129,6 +129,21 @@ def build_identity(
     return identity
 
 
+def refuse_harness(action_schema: dict, base_url: str) -> None:
+    """An OpenEnv agent harness (RFC 005; its action schema is openenv's ``HarnessAction``: one
+    ``message`` string) is refused: its turns are run by the harness's own agent and model, so
+    there is no policy action for Kiln to sample, record or train (docs/openenv.md)."""
+    if action_schema.get("title") == "HarnessAction" and "message" in (action_schema.get("required") or []):
+        raise HarnessUnsupported(
+            f"{base_url} is an OpenEnv agent harness (its action is HarnessAction, one message to an "
+            "agent that runs its own model): Kiln trains the policy that chooses the actions, so it "
+            "cannot collect from a harness",
+            hint="serve the environment the harness wraps (its tools as an MCP environment, or its "
+            "actions as a plain OpenEnv environment) and point Kiln at that",
+            details={"environment_url": base_url},
+        )
+
+
 async def inspect_environment(
     url: str | EnvironmentUrl,
     *,
@@ -186,6 +201,7 @@ async def inspect_environment(
     environments = [] if env_status == 404 else check_environments(
         environments, env_url.route("/list_environments")
     )
+    refuse_harness(schema["action"], env_url.base_url)
     ActionValidator.compile(schema["action"])
     identity = build_identity(
         env_url,

@@ -155,6 +155,13 @@ class PolicyRuntime:
         if old is not engine:
             old.close()
 
+    def context_tokens(self) -> int | None:
+        """The served context: the smaller of the config's ``max_position_embeddings`` and the
+        engine's ``max_model_len`` (:func:`kiln.rollout.context.model_context`)."""
+        from kiln.rollout.context import model_context
+
+        return model_context(self.model, self.engine)
+
     def identity(self, adapter_dir: Path | None = None, decode_tile: int | None = None) -> dict:
         """The behaviour-policy identity of actions sampled with ``adapter_dir`` (None = base), at
         the hf engine's ``decode_tile`` (default its own)."""

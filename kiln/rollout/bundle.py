@@ -64,11 +64,27 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "invalid_model_action_count": terminations.count("invalid_model_action"),
         "truncated_action_count": sum(1 for r in records if r.get("harness_code") == "MODEL_ACTION_TRUNCATED"),
         "protocol_error_count": terminations.count("protocol_error"),
+        "context_exhausted_count": terminations.count("context_exhausted"),
         "recoverable_protocol_error_count": sum(r["recoverable_protocol_errors"] for r in records),
         "capacity_retry_count": sum(r["capacity_retries"] for r in records),
         "total_environment_steps": sum(r["steps"] for r in records),
         "total_model_tokens": sum(r["model_tokens"] for r in records),
     }
+
+
+def context_fields(groups: list[dict[str, Any]], context_policy: str) -> dict[str, Any]:
+    """The summary's ``context_tokens`` (the served model's context every group was checked
+    against) and ``context_policy``; absent when the policy named no context."""
+    limits = sorted({doc["replay"]["context_tokens"] for doc in groups if "context_tokens" in doc["replay"]})
+    if not limits:
+        return {}
+    return {"context_tokens": limits[0], "context_policy": context_policy}
+
+
+def context_stats(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """``context_tokens`` in the stats (where status shows them), when the groups recorded one."""
+    fields = context_fields(groups, "end")
+    return {"context_tokens": fields["context_tokens"]} if fields else {}
 
 
 def summary_document(
@@ -111,12 +127,13 @@ def summary_document(
             else {}
         ),
         **({"replay_ignore": list(settings.replay_ignore)} if settings.replay_ignore else {}),
+        **context_fields(groups, settings.context_policy),
         "reset_plan_sha256": reset_plan_sha256,
         "dataset_sha256": sha256_bytes(dataset),
         "dataset_bytes": len(dataset),
         "replay_sha256": sha256_bytes(replay),
         "replay_bytes": len(replay),
-        "stats": rollout_stats(records),
+        "stats": {**rollout_stats(records), **context_stats(groups)},
         "rollouts": records,
     }
     if training_selection is not None:

@@ -13,6 +13,8 @@ from typing import Any
 
 from kiln.errors import EnvironmentProtocolError
 from kiln.openenv.session import RECOVERABLE_CODES
+from kiln.rollout.context import TERMINATION as CONTEXT_TERMINATION
+from kiln.rollout.context import context_record, has_room
 from kiln.rollout.exchange import (
     action_segment,
     exchange_segment,
@@ -47,10 +49,29 @@ class CandidateEpisode:
     protocol_error_code: str | None = None
     harness_code: str | None = None
     final_state: dict[str, Any] | None = None
+    context_limit: int | None = None  # the served model's context (None: unknown, unchecked)
+    max_action_tokens: int = 0
+    penalise_context: bool = False  # context_policy end_penalised
+    omitted_turn_tokens: int = 0  # ids of a final turn left out for want of context
 
     def __post_init__(self) -> None:
         self.pieces.append({"kind": "context", "ids": list(self.prompt_ids)})
         self.context_ids = list(self.prompt_ids)
+
+    # ----------------------------------------------------------------- context
+    def check_context(self) -> bool:
+        """Before sampling: end the episode (``context_exhausted``) unless its prompt leaves room
+        for a whole action; returns whether it may sample."""
+        if self.live and not has_room(len(self.context_ids), self.max_action_tokens, self.context_limit):
+            self.termination = CONTEXT_TERMINATION
+        return self.live
+
+    @property
+    def context_exhausted(self) -> dict[str, Any] | None:
+        """The replay record of an episode that hit the context (None when it did not)."""
+        if self.context_limit is None or (self.termination != CONTEXT_TERMINATION and not self.omitted_turn_tokens):
+            return None
+        return context_record(self.context_limit, len(self.context_ids), self.omitted_turn_tokens)
 
     @property
     def live(self) -> bool:
@@ -68,6 +89,13 @@ class CandidateEpisode:
         self, turn: tuple[list[int], list[int], list[int]], *, warning: bool
     ) -> None:
         before, content, after = turn
+        size = len(before) + len(content) + len(after)
+        if not has_room(len(self.context_ids) + size, self.max_action_tokens, self.context_limit):
+            # The policy never sees this turn: its ids are left out, and a live episode ends here.
+            self.omitted_turn_tokens = size
+            if self.live:
+                self.termination = CONTEXT_TERMINATION
+            return
         self.pieces.append({"kind": "context", "ids": list(before)})
         self.pieces.append({"kind": "observation", "ids": list(content), "warning": warning})
         self.pieces.append({"kind": "context", "ids": list(after)})
@@ -127,7 +155,9 @@ class CandidateEpisode:
         for value in self.step_values:
             total += value
         total += self.protocol_error_reward * self.protocol_errors
-        if self.termination == "invalid_model_action":
+        if self.termination == "invalid_model_action" or (
+            self.termination == CONTEXT_TERMINATION and self.penalise_context
+        ):
             total += self.protocol_error_reward
         return total
 

@@ -23,6 +23,7 @@ from kiln.jsondiff import differing_paths
 from kiln.openenv.tool_calls import action_contract
 from kiln.openenv.session import TERMINAL_CODES, EnvSession
 from kiln.openenv.urls import normalize_url
+from kiln.rollout.context import served_context
 from kiln.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
 from kiln.rollout.exchange import NO_OUTPUT, judge_answer, truncation_outcome
 from kiln.rollout.policy_port import PolicyPort
@@ -97,6 +98,7 @@ class GroupCollector:
             heartbeat=self.heartbeat,
             holder=task.run_id,
         )
+        self.context_limit = served_context(policy)  # None: the policy does not say (unchecked)
         self.nondeterministic_fields: set[str] = set()
         self.own_resets: dict[int, dict[str, Any]] = {}
         self.waves = 0
@@ -187,6 +189,9 @@ class GroupCollector:
             protocol_error_reward=self.settings.protocol_error_reward,
             max_recoverable_errors=self.settings.max_recoverable_errors,
             capacity_retries=retries,
+            context_limit=self.context_limit,
+            max_action_tokens=self.settings.max_action_tokens,
+            penalise_context=self.settings.context_policy == "end_penalised",
         )
 
     def _reset_differs(self, index: int, wire: dict[str, Any]) -> None:
@@ -218,7 +223,7 @@ class GroupCollector:
     async def _run_turns(self, episodes: list[CandidateEpisode], sessions: dict[int, EnvSession]) -> None:
         settings = self.settings
         for step in range(settings.max_steps):
-            live = [ep for ep in episodes if ep.live]
+            live = [ep for ep in episodes if ep.check_context()]
             if not live:
                 return
             self._check_cancel()
@@ -340,6 +345,7 @@ class GroupCollector:
             termination=ep.termination,
             protocol_error_code=ep.protocol_error_code,
             behavior_policy=self.task.behavior_policy,
+            context_policy=self.settings.context_policy,
         )
 
     def _document(self) -> dict[str, Any]:
@@ -370,6 +376,8 @@ class GroupCollector:
             }
             if ep.final_state is not None:
                 candidate["final_state"] = ep.final_state
+            if ep.context_exhausted is not None:
+                candidate["context"] = ep.context_exhausted
             if ep.candidate_index in self.own_resets:
                 candidate["reset_observation"] = self.own_resets[ep.candidate_index]
             replay_candidates.append(candidate)
@@ -397,6 +405,8 @@ class GroupCollector:
             "reset_observation": self.reset_wire,
             "candidates": replay_candidates,
         }
+        if self.context_limit is not None:
+            replay["context_tokens"] = self.context_limit
         if self.nondeterministic_fields:
             replay["reset_nondeterministic_fields"] = sorted(self.nondeterministic_fields)
         return {

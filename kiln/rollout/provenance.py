@@ -32,8 +32,10 @@ def provenance_of(
     termination: str | None,
     protocol_error_code: str | None,
     behavior_policy: dict[str, Any],
+    context_policy: str = "end",
 ) -> dict[str, Any]:
-    """``openenv`` provenance of one rollout (``protocol_error_code`` only when it ended so)."""
+    """``openenv`` provenance of one rollout (``protocol_error_code`` only when it ended so; the
+    run's ``context_policy`` only when it ended at the model's context, which training reads)."""
     identity = inspection["identity"]
     out: dict[str, Any] = {
         "schema": ROLLOUT_SCHEMA,
@@ -53,6 +55,8 @@ def provenance_of(
     }
     if termination == "protocol_error":
         out["protocol_error_code"] = protocol_error_code
+    if termination == "context_exhausted":
+        out["context_policy"] = context_policy
     return out
 
 

@@ -6,7 +6,12 @@ figure) or ``final_state.…`` for a field of the state read after the episode. 
 step's ``metadata`` twice (beside the observation and inside it), so a
 ``result.observation.metadata.…`` path covers both copies. A run records its
 paths in the rollout summary, so ``kiln openenv replay`` leaves them out without being told again,
-and lists every one in its report.
+and lists every one in its report. ``kiln openenv replay --ignore PATH`` adds paths at replay time
+(reported apart from the sealed ones).
+
+Wildcards: a segment ``*`` matches exactly one segment, ``**`` any number of segments (none
+included), so ``result.observation.**.execution_time`` covers ``execution_time`` at any depth of
+a step observation, both metadata copies included.
 """
 
 from __future__ import annotations
@@ -28,9 +33,37 @@ def path_error(path: Any) -> str | None:
     prefix = next((p for p in (STEP_PREFIX, STATE_PREFIX) if path.startswith(p + ".")), None)
     if prefix is None:
         return f"{path!r} must start with {STEP_PREFIX}. (a step observation field) or {STATE_PREFIX}. (a final state field)"
-    if not all(_SEGMENT.fullmatch(part) for part in path[len(prefix) + 1:].split(".")):
+    parts = path[len(prefix) + 1:].split(".")
+    if not all(_SEGMENT.fullmatch(part) for part in parts):
         return f"{path!r} has an empty or blank segment"
+    if any("*" in part and part not in ("*", "**") for part in parts):
+        return f"{path!r}: a wildcard is a whole segment, * (one segment) or ** (any number)"
     return None
+
+
+def matches(pattern: str, path: str) -> bool:
+    """Whether dotted ``path`` is covered by ``pattern`` (``*``: one segment, ``**``: any number)."""
+    return _match(pattern.split("."), path.split("."))
+
+
+def _match(pattern: list[str], path: list[str]) -> bool:
+    if not pattern:
+        return not path
+    head = pattern[0]
+    if head == "**":
+        return any(_match(pattern[1:], path[cut:]) for cut in range(len(path) + 1))
+    return bool(path) and (head == "*" or head == path[0]) and _match(pattern[1:], path[1:])
+
+
+def without_matching(value: Any, patterns: list[str], prefix: str) -> Any:
+    """A copy of ``value`` without the keys whose dotted path (from ``prefix``) a pattern covers."""
+    if not isinstance(value, dict) or not patterns:
+        return value
+    return {
+        key: without_matching(item, patterns, f"{prefix}.{key}")
+        for key, item in value.items()
+        if not any(matches(pattern, f"{prefix}.{key}") for pattern in patterns)
+    }
 
 
 def check_paths(paths: list[str]) -> list[str]:

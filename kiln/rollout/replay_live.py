@@ -9,18 +9,22 @@ errors by their whole error object, code and message first), and compare ``final
 ``state`` request. Candidates that ended ``invalid_model_action`` replay only their environment
 prefix (their last action never reached the environment) and are counted as prefix-only.
 
-The first mismatch raises :class:`ReplayDrift` (``openenv_replay_drift``) with
-``details = {group_index, candidate_index, step_index, field}``; "first" is deterministic under
-concurrency: the lowest ``(group, candidate)`` that drifts is reported (candidates are started in
-order and later ones are skipped once an earlier one has drifted). ``step_index`` is ``None`` for
-the reset observation and the final state.
+Every candidate is replayed to its end whatever drifts, and every differing leaf is collected:
+one :class:`~kiln.rollout.replay_drift.ReplayDrift` (``openenv_replay_drift``) then lists every
+field with its count and the recorded and live values (bounded, tokens redacted) and a hint
+(:mod:`kiln.rollout.replay_drift`); its ``details`` keep the first occurrence's
+``group_index``/``candidate_index``/``step_index``/``field`` (lowest group, candidate, step).
+``step_index`` is ``None`` for the reset observation and the final state.
 
 Per-session identifiers (issue 12): many environments put a fresh random ``episode_id`` (or
 similar) into their state on every reset. Before replaying, each environment is reset twice with
 the same payload and its state read: the fields that differ are per-session identifiers, excluded
 from the ``final_state`` comparison and listed in the report (``excluded_fields``), never
 silently. Fields the run recorded in its summary's ``replay_ignore`` (a wall-clock figure in a
-step observation, say) are left out too, and listed. Ordinary capacity refusals are retried
+step observation, say) are left out too, and listed; so are the patterns given to this replay
+(``--ignore``), listed apart as replay-time ignores. The two same-payload resets also tell a
+random-reset environment (its reset observations differ), which a reset drift's hint then names.
+Ordinary capacity refusals are retried
 quietly and counted (``capacity_retries``).
 """
 
@@ -28,16 +32,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.errors import (
-    EnvironmentIdentityChanged,
-    InvalidRequest,
-    ReplayDrift,
-    RunCancelled,
-)
+from kiln.errors import EnvironmentIdentityChanged, InvalidRequest, RunCancelled
 from kiln.jsondiff import differing_paths, without_paths
 from kiln.openenv.discovery import identity_differences, inspect_environment
 from kiln.openenv.session import (
@@ -47,65 +47,60 @@ from kiln.openenv.session import (
     open_session_and_reset,
 )
 from kiln.openenv.urls import normalize_url
-from kiln.rollout.replay_ignore import STATE_PREFIX, STEP_PREFIX, of
+from kiln.rollout.replay_drift import (  # noqa: F401  (ReplayDrift re-exported: callers catch it here)
+    Difference,
+    ReplayDrift,
+    drift_error,
+    leaf_differences,
+    shown,
+)
+from kiln.rollout.replay_ignore import STATE_PREFIX, STEP_PREFIX, check_paths, of, without_matching
 from kiln.rollout.verify import Bundle, load_bundle
 
 REPLAY_RUN_SCHEMA = "kiln.openenv-replay-run.v1"
-
-
-def drift(group: int, candidate: int, step: int | None, field: str, reason: str) -> ReplayDrift:
-    where = f"group {group} candidate {candidate}" + (f" step {step}" if step is not None else "")
-    return ReplayDrift(
-        f"replay drift at {where}, field {field}: {reason}",
-        details={"group_index": group, "candidate_index": candidate, "step_index": step, "field": field},
-    )
 
 
 def _same(a: Any, b: Any) -> bool:
     return canonical_json(a) == canonical_json(b)
 
 
-def first_difference(recorded: Any, live: Any, prefix: str) -> str:
-    """A dotted path to the first differing key of two JSON values (for drift messages)."""
-    if isinstance(recorded, dict) and isinstance(live, dict):
-        for key in sorted(set(recorded) | set(live)):
-            if key not in recorded or key not in live or not _same(recorded[key], live[key]):
-                return first_difference(recorded.get(key), live.get(key), f"{prefix}.{key}")
-    return prefix
+@dataclass
+class Comparer:
+    """Collects every :class:`Difference` of one candidate's replies (values shown redacted)."""
 
+    group: int
+    candidate: int
+    environment: int = 0
+    secrets: list[str | None] = field(default_factory=list)
+    found: list[Difference] = field(default_factory=list)
 
-def compare_result(
-    recorded: dict, live: StepResult, group: int, candidate: int, step: int | None, ignore: list[str] | None = None
-) -> None:
-    """Compare one live reply with its recorded ``result`` (or reset observation when step is None);
-    ``ignore``: ``result.observation.…`` paths left out of a step observation (``replay_ignore``)."""
-    if step is None:
-        if live.kind != "observation":
-            code = (live.error or {}).get("code")
-            raise drift(group, candidate, None, "reset_observation", f"reset answered protocol error {code}")
-        if not _same(recorded, live.observation):
-            field = first_difference(recorded, live.observation, "reset_observation")
-            raise drift(group, candidate, None, field, "the reset observation differs from the recording")
-        return
-    if recorded["kind"] != live.kind:
-        raise drift(
-            group, candidate, step, "result.kind",
-            f"recorded {recorded['kind']}, the environment answered {live.kind}",
-        )
-    if live.kind == "observation":
-        mine = without_paths(recorded["observation"], ignore or [], STEP_PREFIX)
-        theirs = without_paths(live.observation, ignore or [], STEP_PREFIX)
-        if not _same(mine, theirs):
-            field = first_difference(mine, theirs, STEP_PREFIX)
-            raise drift(group, candidate, step, field, "the step observation differs from the recording")
-        return
-    error = live.error or {}
-    for key in ("code", "message"):
-        if recorded["error"].get(key) != error.get(key):
-            raise drift(group, candidate, step, f"result.error.{key}", "the protocol error differs from the recording")
-    if not _same(recorded["error"], error):
-        field = first_difference(recorded["error"], error, "result.error")
-        raise drift(group, candidate, step, field, "the protocol error differs from the recording")
+    def values(self, recorded: Any, live: Any, prefix: str, step: int | None) -> None:
+        for path, mine, theirs in leaf_differences(recorded, live, prefix):
+            self.add(step, path, mine, theirs)
+
+    def add(self, step: int | None, path: str, recorded: Any, live: Any) -> None:
+        self.found.append(Difference(self.group, self.candidate, step, path, shown(recorded, self.secrets),
+                                     shown(live, self.secrets), self.environment))
+
+    def result(self, recorded: dict, live: StepResult, step: int | None, ignore: list[str] | None = None) -> None:
+        """Compare one live reply with its recorded ``result`` (the reset observation when step is
+        None); ``ignore``: ``result.observation.…`` patterns left out of a step observation."""
+        if step is None:
+            if live.kind != "observation":
+                self.add(None, "reset_observation", recorded, {"protocol_error": (live.error or {}).get("code")})
+            else:
+                self.values(recorded, live.observation, "reset_observation", None)
+            return
+        if recorded["kind"] != live.kind:
+            self.add(step, "result.kind", recorded["kind"], live.kind)
+            return
+        if live.kind == "observation":
+            patterns = ignore or []
+            mine = without_matching(recorded["observation"], patterns, STEP_PREFIX)
+            theirs = without_matching(live.observation, patterns, STEP_PREFIX)
+            self.values(mine, theirs, STEP_PREFIX, step)
+            return
+        self.values(recorded["error"], live.error or {}, "result.error", step)
 
 
 async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
@@ -124,21 +119,25 @@ async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
 async def session_identifiers(
     base_url: str, payload: dict, *, bearer_token: str | None, capacity_wait_s: float,
     should_cancel: Callable[[], bool] | None,
-) -> tuple[list[str], int]:
-    """Fields of ``state`` that differ between two sessions reset with the same payload."""
+) -> tuple[list[str], list[str], int]:
+    """``(state fields, reset observation fields, capacity retries)``: what differs between two
+    sessions reset with the same payload (per-session identifiers; a random reset)."""
     states: list[dict] = []
+    resets: list[Any] = []
     retries_total = 0
     for _ in range(2):
-        session, _reset, retries = await open_session_and_reset(
+        session, reset, retries = await open_session_and_reset(
             normalize_url(base_url), payload, capacity_wait_s=capacity_wait_s,
             bearer_token=bearer_token, should_cancel=should_cancel,
         )
         retries_total += retries
+        resets.append(reset.observation if reset.kind == "observation" else reset.error)
         try:
             states.append(await session.state())
         finally:
             await session.close()
-    return differing_paths(states[0], states[1], "final_state"), retries_total
+    return (differing_paths(states[0], states[1], "final_state"),
+            differing_paths(resets[0], resets[1], "reset_observation"), retries_total)
 
 
 async def replay_candidate(
@@ -151,13 +150,16 @@ async def replay_candidate(
     should_cancel: Callable[[], bool] | None,
     excluded: list[str] | None = None,
     ignore: list[str] | None = None,
-) -> int:
-    """Replay one candidate; return its capacity retries. Raises ``ReplayDrift`` on a mismatch.
+    environment_index: int = 0,
+) -> tuple[int, list[Difference]]:
+    """Replay one candidate; return its capacity retries and every difference found (all its steps
+    are replayed whatever drifts).
 
     ``excluded``: ``final_state.*`` paths of per-session identifiers, left out of the comparison;
-    ``ignore``: the recorded ``replay_ignore`` paths (step observation and final state fields).
+    ``ignore``: ``replay_ignore`` patterns (step observation and final state fields).
     """
     g, c = group["group_index"], candidate["candidate_index"]
+    compare = Comparer(g, c, environment_index, [bearer_token])
     session: EnvSession
     session, reset, retries = await open_session_and_reset(
         normalize_url(base_url),
@@ -172,26 +174,25 @@ async def replay_candidate(
         recorded_reset = without_paths(candidate.get("reset_observation", group["reset_observation"]), loose, "reset_observation")
         if loose and reset.kind == "observation":
             reset = StepResult(kind="observation", observation=without_paths(reset.observation, loose, "reset_observation"))
-        compare_result(recorded_reset, reset, g, c, None)
+        compare.result(recorded_reset, reset, None)
         for exchange in candidate["exchanges"]:
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
             live = await session.step(exchange["action"])
-            compare_result(exchange["result"], live, g, c, exchange["step_index"], of(ignore or [], STEP_PREFIX))
+            compare.result(exchange["result"], live, exchange["step_index"], of(ignore or [], STEP_PREFIX))
         last = candidate["exchanges"][-1]["result"] if candidate["exchanges"] else None
         ended_terminal = (
             last is not None and last["kind"] == "protocol_error" and last["error"].get("code") in TERMINAL_CODES
         )
         if not ended_terminal:
-            skip = list(excluded or []) + of(ignore or [], STATE_PREFIX)
-            state = without_paths(await session.state(), skip, "final_state")
-            recorded = without_paths(candidate.get("final_state"), skip, "final_state")
-            if not _same(recorded, state):
-                field = first_difference(recorded, state, "final_state")
-                raise drift(g, c, None, field, "the final state differs from the recording")
+            skip = of(ignore or [], STATE_PREFIX)
+            state = without_matching(without_paths(await session.state(), excluded or [], "final_state"), skip, "final_state")
+            recorded = without_matching(
+                without_paths(candidate.get("final_state"), excluded or [], "final_state"), skip, "final_state")
+            compare.values(recorded, state, "final_state", None)
     finally:
         await session.close()
-    return retries
+    return retries, compare.found
 
 
 async def replay_bundle(
@@ -202,15 +203,23 @@ async def replay_bundle(
     concurrency: int = 4,
     credentials: list[str | None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    ignore: list[str] | None = None,
 ) -> dict:
     """Verify offline, then replay every candidate live; return a ``kiln.openenv-replay-run.v1`` report.
 
     ``credentials`` holds one bearer token (or None) per environment position; the recorded
-    ``authentication`` must match (a rotated token value is fine). Raises ``VerificationFailed``,
-    ``EnvironmentIdentityChanged``, ``ReplayDrift``, ``RunCancelled`` or a transport ``KilnError``.
+    ``authentication`` must match (a rotated token value is fine). ``ignore``: patterns given at
+    replay time (``--ignore``), left out like the sealed ``replay_ignore`` and reported apart.
+    Every candidate is replayed; all their differences raise one ``ReplayDrift``. Raises
+    ``VerificationFailed``, ``EnvironmentIdentityChanged``, ``ReplayDrift``, ``RunCancelled`` or a
+    transport ``KilnError``.
     """
     if not 1 <= concurrency <= 256:
         raise InvalidRequest("replay concurrency must be in 1..256")
+    try:
+        extra = check_paths(list(ignore or []))
+    except ValueError as exc:
+        raise InvalidRequest(f"--ignore: {exc}", hint="paths start with result.observation. or final_state.") from None
     bundle = load_bundle(Path(summary_path), dataset_path=dataset_path, replay_path=replay_path)
     environments = bundle.summary["environments"]
     tokens = list(credentials) if credentials else [None] * len(environments)
@@ -220,54 +229,52 @@ async def replay_bundle(
         )
     await reinspect(bundle, tokens)
     capacity_wait_s = float(bundle.summary["capacity_wait_seconds"])
-    ignore = list(bundle.summary.get("replay_ignore") or [])  # recorded by the run (verified)
+    sealed = list(bundle.summary.get("replay_ignore") or [])  # recorded by the run (verified)
     retries_total = 0
     excluded: dict[int, list[str]] = {}
+    random_resets: dict[int, list[str]] = {}
     for group in bundle.replay["groups"]:
         index = group["environment_index"]
         if index not in excluded:
-            excluded[index], retries = await session_identifiers(
+            excluded[index], reset_fields, retries = await session_identifiers(
                 environments[index]["identity"]["base_url"], group["reset_payload"],
                 bearer_token=tokens[index], capacity_wait_s=capacity_wait_s, should_cancel=should_cancel,
             )
+            if reset_fields:
+                random_resets[index] = reset_fields
             retries_total += retries
 
-    work = [
-        (group, candidate)
-        for group in bundle.replay["groups"]
-        for candidate in group["candidates"]
-    ]
+    work = [(group, candidate) for group in bundle.replay["groups"] for candidate in group["candidates"]]
     semaphore = asyncio.Semaphore(concurrency)
-    failures: dict[tuple[int, int], BaseException] = {}
+    found: list[Difference] = []
 
     async def run_one(group: dict, candidate: dict) -> None:
         nonlocal retries_total
-        key = (group["group_index"], candidate["candidate_index"])
         async with semaphore:
-            if any(other < key for other in failures):
-                return  # an earlier candidate already drifted; it is the one reported
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
-            try:
-                retries_total += await replay_candidate(
-                    group,
-                    candidate,
-                    base_url=environments[group["environment_index"]]["identity"]["base_url"],
-                    bearer_token=tokens[group["environment_index"]],
-                    capacity_wait_s=capacity_wait_s,
-                    should_cancel=should_cancel,
-                    excluded=excluded[group["environment_index"]],
-                    ignore=ignore,
-                )
-            except ReplayDrift as exc:
-                failures[key] = exc
+            index = group["environment_index"]
+            retries, differences = await replay_candidate(
+                group, candidate,
+                base_url=environments[index]["identity"]["base_url"], bearer_token=tokens[index],
+                capacity_wait_s=capacity_wait_s, should_cancel=should_cancel,
+                excluded=excluded[index], ignore=sealed + extra, environment_index=index,
+            )
+            retries_total += retries
+            found.extend(differences)
 
     results = await asyncio.gather(*(run_one(g, c) for g, c in work), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    if failures:
-        raise failures[min(failures)]
+    if found:
+        raise drift_error(found, random_resets)
+    return _report(bundle, work, retries_total, excluded, sealed, extra)
+
+
+def _report(bundle: Bundle, work: list, retries: int, excluded: dict[int, list[str]], sealed: list[str],
+            extra: list[str]) -> dict:
+    environments = bundle.summary["environments"]
     prefix_only = sum(1 for _, c in work if c["termination"] == "invalid_model_action")
     return {
         "schema": REPLAY_RUN_SCHEMA,
@@ -276,8 +283,9 @@ async def replay_bundle(
         "groups": len(bundle.replay["groups"]),
         "rollouts": len(work),
         "environment_exchanges": bundle.report["environment_exchanges"],
-        "capacity_retries": retries_total,
+        "capacity_retries": retries,
         "environment_prefix_only_rollouts": prefix_only,
+        "replay_ignore": {"sealed": sealed, "replay_time": extra},
         # Per-session identifiers found by two same-payload resets: not compared, always listed.
         "excluded_fields": [
             {"environment_index": index, "field": field, "reason": "differs between two resets with the same payload"}
@@ -293,6 +301,11 @@ async def replay_bundle(
         + [
             {"environment_index": index, "field": field, "reason": "recorded in the summary's replay_ignore"}
             for index in range(len(environments))
-            for field in ignore
+            for field in sealed
+        ]
+        + [
+            {"environment_index": index, "field": field, "reason": "given to this replay (--ignore), not sealed in the bundle"}
+            for index in range(len(environments))
+            for field in extra
         ],
     }

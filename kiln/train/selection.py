@@ -7,6 +7,8 @@ Artifacts keep every completion; only the trainer's view is filtered:
   ``TrainingConfig`` default) keeps it with its recorded reward, which includes the harness penalty
   for a missing action (``protocol_error_reward``, −1 by default), so training pushes back on it;
   ``zero_reward`` keeps it with reward 0.0; ``drop`` removes it from its group;
+- a completion that ended at the model's context under ``context_policy: end`` is left out
+  (:func:`kiln.rollout.context.trained_on`);
 - a group with no completion left is skipped ("produced no final model actions");
 - a group whose remaining rewards are all exactly equal is skipped (no reward variation: its
   group-normalised advantages are all zero, so training on it is zero-gradient work);
@@ -16,6 +18,8 @@ Artifacts keep every completion; only the trainer's view is filtered:
 from __future__ import annotations
 
 from typing import Any
+
+from kiln.rollout.context import trained_on
 
 NO_OUTPUT_CODE = "MODEL_ACTION_NO_OUTPUT"
 
@@ -44,9 +48,13 @@ def select_groups(
     discarded = 0
     no_usable = 0
     no_gradient = 0
+    context_excluded = 0
     for number, group in enumerate(groups):
         completions = list(group.get("completions") or [])
         rollouts += len(completions)
+        inside = [c for c in completions if trained_on(c)]
+        context_excluded += len(completions) - len(inside)
+        completions = inside
         usable = _no_output_view(completions, on_no_output)
         dropped = len(completions) - len(usable)
         discarded += dropped
@@ -76,4 +84,6 @@ def select_groups(
         "no_reward_gradient_groups_skipped": no_gradient,
         "warnings": warnings,
     }
+    if context_excluded:
+        selection["context_exhausted_rollouts_excluded"] = context_excluded
     return kept, selection

@@ -69,6 +69,7 @@ def test_replay_passes_against_the_same_environment(bundle: dict[str, bytes], po
             r["termination"] == "invalid_model_action" for r in json.loads(bundle["summary.json"])["rollouts"]
         ),
         "excluded_fields": [],  # the counter's episode_id is seed-derived: nothing excluded
+        "replay_ignore": {"sealed": [], "replay_time": []},
     }
     assert report["environment_exchanges"] >= 4
 
@@ -101,13 +102,18 @@ def test_step_drift_is_reported_at_its_exact_location(bundle: dict[str, bytes], 
         with pytest.raises(ReplayDrift) as info:
             _replay(write_bundle(tmp_path, bundle), concurrency=4)
     assert info.value.code == "openenv_replay_drift"
-    assert info.value.details == {
+    details = info.value.details
+    assert {k: details[k] for k in ("group_index", "candidate_index", "step_index", "field")} == {
         "group_index": group,
         "candidate_index": candidate,
         "step_index": 1,
         "field": "result.observation.reward",
     }
-    assert f"group {group} candidate {candidate} step 1, field result.observation.reward" in info.value.message
+    # every candidate with a step 1 drifted there (all replayed in one pass), live reward 0.5
+    with_step_1 = sum(len(c["exchanges"]) >= 2 for g in replay["groups"] for c in g["candidates"])
+    assert details["fields"] == [{"field": "result.observation.reward", "count": with_step_1}]
+    assert details["drifts"][0]["live"] == "0.5" and details["drifts"][0]["recorded"] in ("0.0", "1.0")
+    assert f"first at group {group} candidate {candidate} step 1" in info.value.message
 
 
 def test_reward_type_tampering_passes_offline_but_not_live(bundle: dict[str, bytes], port: int, tmp_path: Path) -> None:
@@ -121,9 +127,10 @@ def test_reward_type_tampering_passes_offline_but_not_live(bundle: dict[str, byt
     with counter_on(port):
         with pytest.raises(ReplayDrift) as info:
             _replay(summary_path)
-    assert info.value.details == {
+    assert {k: info.value.details[k] for k in ("group_index", "candidate_index", "step_index", "field")} == {
         "group_index": group, "candidate_index": candidate, "step_index": 0, "field": "result.observation.reward",
     }
+    assert info.value.details["drifts"][0]["recorded"] == "1" and info.value.details["drifts"][0]["live"] == "1.0"
 
 
 def test_identity_drift_names_the_changed_fields(bundle: dict[str, bytes], port: int, tmp_path: Path) -> None:

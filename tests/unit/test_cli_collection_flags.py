@@ -56,3 +56,15 @@ def test_a_replay_ignore_path_outside_steps_and_state_is_refused_naming_the_fiel
         parse_run_request({"environment_urls": ["http://127.0.0.1:9"], "replay_ignore": ["metadata.execution_time"]})
     assert info.value.code == "openenv_invalid_request"
     assert "replay_ignore" in info.value.message and "result.observation." in info.value.message
+
+
+@pytest.mark.parametrize("command", [ROLLOUT, TRAIN], ids=["rollout", "train"])
+def test_context_policy_reaches_the_request(monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    plain = _submitted(monkeypatch, command)
+    assert "context_policy" not in plain and parse_run_request(plain).context_policy == "end"
+    asked = _submitted(monkeypatch, command + ["--context-policy", "end_penalised"])
+    assert asked["context_policy"] == "end_penalised"
+    assert parse_run_request(asked).episode_settings(False).context_policy == "end_penalised"
+    assert [c.value for c in cli.ContextPolicy] == ["end", "end_penalised"]
+    refused = CliRunner().invoke(cli.app, command + ["--context-policy", "window"])
+    assert refused.exit_code == 2 and "window" in refused.output

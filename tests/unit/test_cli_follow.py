@@ -77,7 +77,9 @@ def test_runs_table_fits_80_columns_and_wide_shows_everything() -> None:
     assert row.split() == ["0123abcd", "completed", "train", "counter-age…", "2.667", "yes", "12-01", "07:55"]
     running = runs_row(RunSummary(run_id="1" * 36, state="running", kind="rollout", phase="post_evaluating"))
     assert running.split()[:4] == ["1" * 8, "post_evaluating", "rollout", "-"]
-    unevaluated = runs_row(done.model_copy(update={"evaluated": False}))
+    # promoted without an evaluation: status says promoted, so does the column (issue 41)
+    assert runs_row(done.model_copy(update={"evaluated": False})).split()[5] == "yes"
+    unevaluated = runs_row(done.model_copy(update={"evaluated": False, "promoted": False}))
     assert unevaluated.split()[5:7] == ["no", "eval"]
     failed = RunSummary(run_id="2" * 36, state="failed", kind="rollout", failure_code="environment_unavailable",
                         started_at="2026-12-01T07:55:03+00:00")

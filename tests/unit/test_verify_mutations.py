@@ -121,7 +121,7 @@ def test_unbound_settings_are_exactly_the_documented_ones(bundle: dict[str, byte
         ("temperature", 0.5, -1.0),
         ("capacity_wait_seconds", 60, 0),
         ("max_recoverable_errors", 5, 65),
-        ("max_action_tokens", 4096, 0),
+        ("max_action_tokens", 64, 0),  # (a value past the recorded context fails the context rule)
     ):
         assert key in UNBOUND_SUMMARY_FIELDS
         ok = _outcome(tmp_path, {**bundle, "summary.json": pretty_json({**summary, key: inside})})

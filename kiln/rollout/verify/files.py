@@ -16,19 +16,67 @@ from kiln.rollout.bundle import MAX_ARTIFACT_BYTES
 from kiln.rollout.verify.checks import DATASET_FILE, Where, fail, need_dict
 
 
-def default_paths(summary_path: Path) -> tuple[Path, Path]:
-    """``(dataset, replay)`` beside ``summary_path``.
+_STEMMED = (".rollout-summary.json", ".summary.json")
 
-    ``X.rollout-summary.json`` pairs with ``X.rollouts.jsonl`` and ``X.replay.json`` (the CLI
-    naming); any other summary name pairs with ``rollouts.jsonl`` and ``replay.json`` beside it
-    (the server's run-folder naming). See docs/verify.md.
-    """
+
+def paired_paths(summary_path: Path) -> tuple[list[Path], list[Path]]:
+    """Where a bundle's dataset and replay may lie, in the order they are looked for: beside the
+    summary, ``X.rollout-summary.json`` / ``X.summary.json`` pair with ``X.rollouts.jsonl`` and
+    ``X.replay.json`` (the CLI naming), and every summary with ``rollouts.jsonl`` and
+    ``replay.json`` (the run-folder naming). See docs/verify.md."""
     name = summary_path.name
-    suffix = ".rollout-summary.json"
-    if name.endswith(suffix) and len(name) > len(suffix):
-        stem = name[: -len(suffix)]
-        return summary_path.with_name(f"{stem}.rollouts.jsonl"), summary_path.with_name(f"{stem}.replay.json")
-    return summary_path.with_name("rollouts.jsonl"), summary_path.with_name("replay.json")
+    datasets: list[Path] = []
+    replays: list[Path] = []
+    for suffix in _STEMMED:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            stem = name[: -len(suffix)]
+            datasets.append(summary_path.with_name(f"{stem}.rollouts.jsonl"))
+            replays.append(summary_path.with_name(f"{stem}.replay.json"))
+            break
+    datasets.append(summary_path.with_name("rollouts.jsonl"))
+    replays.append(summary_path.with_name("replay.json"))
+    return datasets, replays
+
+
+def default_paths(summary_path: Path) -> tuple[Path, Path]:
+    """``(dataset, replay)`` the summary pairs with: the first of :func:`paired_paths` that exists
+    (the first named when none does)."""
+    datasets, replays = paired_paths(summary_path)
+    return (next((p for p in datasets if p.is_file()), datasets[0]),
+            next((p for p in replays if p.is_file()), replays[0]))
+
+
+def bundle_paths(summary_path: Path, dataset_path: Path | None, replay_path: Path | None) -> tuple[Path, Path]:
+    """The dataset and replay of the bundle ``summary_path`` heads: the explicit paths, else the
+    paired ones beside it. A paired file that is missing (renamed after collection) fails naming
+    the file it expected and the option that names it."""
+    datasets, replays = paired_paths(summary_path)
+    out = []
+    for given, candidates, file, option in ((dataset_path, datasets, DATASET_FILE, "--dataset"),
+                                            (replay_path, replays, "replay", "--replay")):
+        if given is not None:
+            out.append(Path(given))
+            continue
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            expected = " or ".join(p.name for p in candidates)
+            raise fail(Where(file), "path", f"the {file} of {summary_path.name} is not beside it: expected "
+                       f"{expected} in {summary_path.parent}; a renamed file is named with {option} FILE "
+                       "(kiln openenv verify and replay)")
+        out.append(found)
+    return out[0], out[1]
+
+
+def verify_command(summary: Path, dataset: Path, replay: Path) -> str | None:
+    """The ``kiln openenv verify`` command line for files written under these names: None when the
+    summary pairs with them by itself, else one naming them with ``--dataset``/``--replay``."""
+    datasets, replays = paired_paths(summary)
+    options = ""
+    if Path(dataset).resolve() != datasets[0].resolve():
+        options += f" --dataset {dataset}"
+    if Path(replay).resolve() != replays[0].resolve():
+        options += f" --replay {replay}"
+    return f"kiln openenv verify --summary {summary}{options}" if options else None
 
 
 def read_capped(path: Path, file: str) -> bytes:

@@ -24,7 +24,7 @@ from kiln.rollout.verify.checks import (
     same_float,
     same_json,
 )
-from kiln.rollout.verify.files import Bundle, default_paths, parse_dataset, parse_pretty, read_capped
+from kiln.rollout.verify.files import Bundle, bundle_paths, parse_dataset, parse_pretty, read_capped
 from kiln.rollout.verify.replay import (
     check_replay_candidate,
     check_replay_group,
@@ -68,6 +68,8 @@ def check_group(
             max_steps=summary["max_steps"],
             penalty=summary["protocol_error_reward"],
             max_recoverable=summary["max_recoverable_errors"],
+            context_limit=summary.get("context_tokens"),
+            penalise_context=summary.get("context_policy") == "end_penalised",
         )
         exchanges += len(facts.exchanges)
         cwhere = dwhere.at(candidate=c)
@@ -77,7 +79,7 @@ def check_group(
             raise fail(cwhere, "reward", "is not bit-identical to the replay's episode_return")
         check_provenance(
             completion["openenv"], cwhere, inspection=inspection, group=group, facts=facts,
-            behavior_policy=summary["behavior_policy"],
+            behavior_policy=summary["behavior_policy"], context_policy=summary.get("context_policy", "end"),
         )
         if completion["harness_code"] is not None and completion["harness_code"] not in HARNESS_CODES:
             raise fail(cwhere, "harness_code", f"must be null or one of {sorted(HARNESS_CODES)}")
@@ -88,6 +90,7 @@ def check_group(
         check_pieces(
             completion, facts, cwhere,
             model_tokens=candidate["model_tokens"], max_action_tokens=summary["max_action_tokens"],
+            context_limit=summary.get("context_tokens"),
         )
         record_index = g * summary["group_size"] + c
         check_record(
@@ -122,14 +125,13 @@ def _load_bundle(
     summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None
 ) -> Bundle:
     summary_path = Path(summary_path)
-    default_dataset, default_replay = default_paths(summary_path)
-    dataset_path = Path(dataset_path) if dataset_path is not None else default_dataset
-    replay_path = Path(replay_path) if replay_path is not None else default_replay
+    summary_raw = read_capped(summary_path, SUMMARY_FILE)
+    dataset_path, replay_path = bundle_paths(summary_path, dataset_path, replay_path)
     resolved = {p.resolve() for p in (summary_path, dataset_path, replay_path)}
     if len(resolved) != 3:
         raise fail(Where(SUMMARY_FILE), "path", "summary, dataset and replay paths must all differ")
 
-    summary = parse_pretty(read_capped(summary_path, SUMMARY_FILE), SUMMARY_FILE)
+    summary = parse_pretty(summary_raw, SUMMARY_FILE)
     check_summary(summary)
     dataset_raw = read_capped(dataset_path, DATASET_FILE)
     replay_raw = read_capped(replay_path, REPLAY_FILE)
@@ -159,7 +161,12 @@ def _load_bundle(
     plan = rebuild_reset_plan(replay["groups"], len(summary["environments"]))
     if digest_json(plan) != summary["reset_plan_sha256"]:
         raise fail(Where(SUMMARY_FILE), "reset_plan_sha256", "does not match the reset plan rebuilt from the replay")
-    if not same_json(rollout_stats(summary["rollouts"]), summary["stats"]):
+    stats = rollout_stats(summary["rollouts"])
+    if "context_exhausted_count" not in summary["stats"] and not stats["context_exhausted_count"]:
+        del stats["context_exhausted_count"]  # bundles written before the count existed
+    if "context_tokens" in summary:
+        stats["context_tokens"] = summary["context_tokens"]
+    if not same_json(stats, summary["stats"]):
         raise fail(Where(SUMMARY_FILE), "stats", "differ from the stats recomputed from the rollout records")
 
     report = {

@@ -37,7 +37,8 @@ _CANDIDATE_KEYS = frozenset(
      "recoverable_protocol_errors", "capacity_retries", "model_tokens"}
 )
 _EXCHANGE_KEYS = frozenset({"step_index", "action", "result"})
-_TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error"})
+_TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error", "context_exhausted"})
+_CONTEXT_KEYS = frozenset({"code", "limit_tokens", "tokens", "omitted_turn_tokens"})
 
 
 def check_replay_header(replay: dict, summary: dict, dataset_sha256: str) -> None:
@@ -82,6 +83,7 @@ class CandidateFacts:
     episode_return: float
     termination: str
     protocol_error_code: str | None
+    context: dict | None = None  # the candidate's context record (it hit the model's context)
 
 
 def recompute_return(values: list[float], protocol_errors: int, penalty: float, invalid: bool) -> float:
@@ -159,6 +161,8 @@ def _check_termination(candidate: dict, where: Where, walk: _Walk, exchanges: in
             raise fail(where, "termination", f"max_steps needs exactly {max_steps} exchanges, found {exchanges}")
         if termination == "invalid_model_action" and exchanges >= max_steps:
             raise fail(where, "termination", "invalid_model_action after max_steps exchanges")
+        if termination == "context_exhausted" and exchanges > max_steps:
+            raise fail(where, "termination", "context_exhausted after more than max_steps exchanges")
         if termination in ("done", "protocol_error"):
             raise fail(where, "termination", f"{termination!r} does not match the last exchange's result")
     if need_bool(candidate, "terminal_done", where) != (termination == "done"):
@@ -166,13 +170,33 @@ def _check_termination(candidate: dict, where: Where, walk: _Walk, exchanges: in
     return termination
 
 
+def _check_context(candidate: dict, where: Where, termination: str, limit: int | None) -> dict | None:
+    """A candidate's ``context`` record: present exactly when it hit the group's recorded context."""
+    if "context" not in candidate:
+        if termination == "context_exhausted":
+            raise fail(where, "context", "is missing (required when termination is context_exhausted)")
+        return None
+    record = need_dict(candidate["context"], where, "context")
+    need_keys(record, _CONTEXT_KEYS, where, "context")
+    if record["code"] != "CONTEXT_EXHAUSTED":
+        raise fail(where, "context.code", "must be 'CONTEXT_EXHAUSTED'")
+    if limit is None or record["limit_tokens"] != limit:
+        raise fail(where, "context.limit_tokens", f"must be the group's context_tokens ({limit})")
+    for key in ("tokens", "omitted_turn_tokens"):
+        need_int(record, key, where, 0)
+    if termination != "context_exhausted" and record["omitted_turn_tokens"] == 0:
+        raise fail(where, "context", "only a context_exhausted episode or a left-out final turn has one")
+    return record
+
+
 def check_replay_candidate(
-    candidate: Any, index: int, where: Where, *, max_steps: int, penalty: float, max_recoverable: int
+    candidate: Any, index: int, where: Where, *, max_steps: int, penalty: float, max_recoverable: int,
+    context_limit: int | None = None, penalise_context: bool = False,
 ) -> CandidateFacts:
     """Manifest rules for one candidate."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
-    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation"}))
+    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation", "context"}))
     if candidate["candidate_index"] != index or not _is_int(candidate["candidate_index"]):
         raise fail(where, "candidate_index", f"must be {index} (contiguous candidate indices)")
     exchanges = need_list(candidate["exchanges"], where, "exchanges")
@@ -182,6 +206,7 @@ def check_replay_candidate(
     for step, exchange in enumerate(exchanges):
         _check_exchange(exchange, step, where.at(step=step), walk, max_recoverable)
     termination = _check_termination(candidate, where, walk, len(exchanges), max_steps)
+    context = _check_context(candidate, where, termination, context_limit)
     if need_int(candidate, "recoverable_protocol_errors", where) != walk.recoverable:
         raise fail(
             where, "recoverable_protocol_errors", f"must be {walk.recoverable} (recoverable errors in the exchanges)"
@@ -190,7 +215,8 @@ def check_replay_candidate(
     need_int(candidate, "model_tokens", where)
     returned = need_float(candidate, "episode_return", where)
     expected_return = recompute_return(
-        walk.values, walk.protocol_errors, penalty, termination == "invalid_model_action"
+        walk.values, walk.protocol_errors, penalty,
+        termination == "invalid_model_action" or (termination == "context_exhausted" and penalise_context),
     )
     if not same_float(returned, expected_return):
         raise fail(
@@ -204,7 +230,7 @@ def check_replay_candidate(
         if "final_state" not in candidate:
             raise fail(where, "final_state", "is missing (required unless the episode ended on a terminal-code error)")
         need_dict(candidate["final_state"], where, "final_state")
-    return CandidateFacts(exchanges, returned, termination, walk.code)
+    return CandidateFacts(exchanges, returned, termination, walk.code, context)
 
 
 def check_reset_determinism(group: dict, summary: dict, where: Where) -> None:
@@ -225,7 +251,9 @@ def check_replay_group(g: int, group: Any, summary: dict) -> tuple[dict, dict]:
     Returns ``(group, reset observation)``."""
     rwhere = Where(REPLAY_FILE, group=g)
     group = need_dict(group, rwhere, "group")
-    need_keys(group, _GROUP_KEYS, rwhere, "", frozenset({"reset_nondeterministic_fields"}))
+    need_keys(group, _GROUP_KEYS, rwhere, "", frozenset({"reset_nondeterministic_fields", "context_tokens"}))
+    if group.get("context_tokens") != summary.get("context_tokens"):
+        raise fail(rwhere, "context_tokens", f"must be the summary's context_tokens ({summary.get('context_tokens')})")
     check_reset_determinism(group, summary, rwhere)
     environments = summary["environments"]
     if group["group_index"] != g or not _is_int(group["group_index"]):

@@ -26,7 +26,8 @@ from kiln.rollout.verify.checks import (
     need_match,
 )
 
-#: Summary settings that nothing else in the bundle records: only their type/range is checked.
+#: Summary settings that nothing else in the bundle records: only their type/range is checked
+#: (``max_action_tokens`` is also held to the context rule when the summary records ``context_tokens``).
 UNBOUND_SUMMARY_FIELDS = (
     "concurrency",
     "temperature",
@@ -47,7 +48,9 @@ _SUMMARY_KEYS = frozenset(
         "stats", "rollouts",
     }
 )
-_SUMMARY_OPTIONAL = frozenset({"training_selection", "reset_determinism", "replay_ignore"})
+_SUMMARY_OPTIONAL = frozenset(
+    {"training_selection", "reset_determinism", "replay_ignore", "context_tokens", "context_policy"}
+)
 
 
 def check_summary(summary: dict) -> None:
@@ -101,6 +104,12 @@ def check_summary(summary: dict) -> None:
     records = need_list(summary["rollouts"], where, "rollouts")
     if len(records) != groups * group_size:
         raise fail(where, "rollouts", "must hold rollout_count records")
+    if ("context_tokens" in summary) != ("context_policy" in summary):
+        raise fail(where, "context_policy", "context_tokens and context_policy come together")
+    if "context_tokens" in summary:
+        need_int(summary, "context_tokens", where, 1)
+        if summary["context_policy"] not in ("end", "end_penalised"):
+            raise fail(where, "context_policy", "must be 'end' or 'end_penalised'")
     if "training_selection" in summary:
         need_dict(summary["training_selection"], where, "training_selection")
     if "replay_ignore" in summary:

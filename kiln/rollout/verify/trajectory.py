@@ -119,9 +119,11 @@ def _check_tool_segment(trajectory: list, step: int, at: Where, expected: dict, 
 
 
 def check_pieces(
-    completion: dict, facts: CandidateFacts, where: Where, *, model_tokens: int, max_action_tokens: int
+    completion: dict, facts: CandidateFacts, where: Where, *, model_tokens: int, max_action_tokens: int,
+    context_limit: int | None = None,
 ) -> None:
-    """Token pieces: context, then per turn action [+ context, observation, context]."""
+    """Token pieces: context, then per turn action [+ context, observation, context] (the final
+    turn left out when the candidate's context record says so), inside the recorded context."""
     tokens = need_dict(completion["tokens"], where, "tokens")
     need_keys(tokens, frozenset({"pieces"}), where, "tokens")
     pieces = need_list(tokens["pieces"], where, "tokens.pieces")
@@ -133,6 +135,10 @@ def check_pieces(
         layout.append(("action", None))
         if completion["harness_code"] != NO_OUTPUT:
             layout += [("context", None), ("observation", True), ("context", None)]
+    if facts.context is not None and facts.context["omitted_turn_tokens"] > 0:
+        if layout[-1][0] != "context":
+            raise fail(where, "context.omitted_turn_tokens", "the episode has no final turn to leave out")
+        del layout[-3:]
     if len(pieces) != len(layout):
         raise fail(where, "tokens.pieces", f"holds {len(pieces)} pieces, expected {len(layout)}")
     total = 0
@@ -161,11 +167,44 @@ def check_pieces(
             total += len(ids)
     if total != model_tokens:
         raise fail(where, "model_tokens", f"must be {total} (the action token ids)")
+    if context_limit is not None:
+        check_context(pieces, facts, where, context_limit, max_action_tokens)
+
+
+def check_context(pieces: list, facts: CandidateFacts, where: Where, limit: int, max_action_tokens: int) -> None:
+    """The collector's context rule (:mod:`kiln.rollout.context`), re-checked from piece lengths:
+    every action was sampled from a prompt with room for ``max_action_tokens``, every appended turn
+    left that room, and a context record's figures are the ones the pieces add up to."""
+    seen = len(pieces[0]["ids"])
+    index = 1
+    while index < len(pieces):
+        piece = pieces[index]
+        if piece["kind"] == "action":
+            if seen + max_action_tokens > limit:
+                raise fail(where, f"tokens.pieces[{index}]", f"was sampled from {seen} ids, past the context "
+                           f"({limit}) less max_action_tokens ({max_action_tokens})")
+            seen += len(piece["ids"])
+            index += 1
+            continue
+        seen += sum(len(p["ids"]) for p in pieces[index : index + 3])
+        if seen + max_action_tokens > limit:
+            raise fail(where, f"tokens.pieces[{index + 1}]", f"the turn brings the prompt to {seen} ids, past "
+                       f"the context ({limit}) less max_action_tokens ({max_action_tokens})")
+        index += 3
+    record = facts.context
+    if record is None:
+        return
+    if record["tokens"] != seen:
+        raise fail(where, "context.tokens", f"must be {seen} (the ids of the pieces)")
+    omitted = record["omitted_turn_tokens"]
+    if seen + omitted + max_action_tokens <= limit:
+        raise fail(where, "context", f"{seen} + {omitted} ids leave room for an action in {limit}: "
+                   "nothing had to end")
 
 
 def check_provenance(
     provenance: Any, where: Where, *, inspection: dict, group: dict, facts: CandidateFacts,
-    behavior_policy: dict,
+    behavior_policy: dict, context_policy: str = "end",
 ) -> None:
     """``openenv`` provenance, rebuilt by the collector's builder from the inspection, the
     replay and the summary."""
@@ -178,5 +217,6 @@ def check_provenance(
         termination=facts.termination,
         protocol_error_code=facts.protocol_error_code,
         behavior_policy=behavior_policy,
+        context_policy=context_policy,
     )
     need_match(provenance, expected, where, "openenv", "the replay / inspection / summary")
