@@ -546,14 +546,6 @@ def error_from_dict(data: dict[str, Any]) -> KilnError:
     )
 
 
-class TrackerUnavailable(KilnError):
-    """The run's ``report_to`` tracker cannot start on the gpu worker (package missing)."""
-
-    code = "tracker_unavailable"
-    http_status = 400
-    stage = "training"
-
-
 # --- hybrid (issue 37): deterministic model faults ---------------------------------------------
 class ModelFault(KilnError):
     """The policy model itself fails inside its forward pass (a layer kind the engine cannot

@@ -29,19 +29,19 @@ from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after HF_HUB_OFFLINE is set above
 
-from kiln.errors import AdapterNotFound, ModelUnsupported  # noqa: E402
-from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking  # noqa: E402
-from kiln.policy.device import resolve_placement  # noqa: E402
-from kiln.policy.families import load_identity_fields  # noqa: E402
-from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402
-from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402
-from kiln.policy.engine import (  # noqa: E402
+from kiln.errors import AdapterNotFound, ModelUnsupported  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.device import resolve_placement  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.families import load_identity_fields  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.engine import (  # noqa: E402 - after HF_HUB_OFFLINE is set above
     DEFAULT_DECODE_TILE, AdapterHandle, Engine, GenerationRequest, engine_identity_fields,
 )
-from kiln.policy.engine_hf import HfEngine  # noqa: E402
-from kiln.policy.sampling import Sample, completion_logprobs  # noqa: E402
+from kiln.policy.engine_hf import HfEngine  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.sampling import Sample, completion_logprobs  # noqa: E402 - after HF_HUB_OFFLINE is set above
 
 __all__ = ["PolicyRuntime", "Sample"]
 

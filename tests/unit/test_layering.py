@@ -52,6 +52,7 @@ WORKFLOW_KILN_MODULES = {
     "kiln.openenv.urls",
     "kiln.run_status",
     "kiln.search_attributes",
+    "kiln.unfinished_thinking",
 }
 WORKFLOW_ACTIVITY_MODULES = {"activities.control", "activities.gpu"}
 

@@ -28,7 +28,6 @@ PENDING = {
     "kiln/cli/flags.py": 2,
     "kiln/cli/verify_cmds.py": 1,
     "kiln/openenv/discovery.py": 1,
-    "kiln/policy/runtime.py": 9,
     "kiln/policy/vllm_cpu_wait.py": 1,
     "kiln/rollout/verify/checks.py": 1,
     "kiln/rollout/verify/replay.py": 1,
