@@ -52,6 +52,19 @@ def _split(model: Any) -> tuple[Any, Any]:
     return lm.get_decoder(), lm.get_output_embeddings()
 
 
+def output_head(model: Any) -> Any:
+    """The output head (hidden state → vocabulary logits) of a causal LM, PEFT-wrapped or not."""
+    return _split(model)[1]
+
+
+def sequence_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The backbone's last hidden states at positions ``0 … T−2`` (each predicts the next token),
+    ``(B, T-1, d)``: what :func:`sequence_logprobs` feeds the output head."""
+    backbone, _ = _split(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return hidden.last_hidden_state[:, :-1, :]
+
+
 def sequence_logprobs(
     model: Any,
     input_ids: torch.Tensor,
@@ -60,17 +73,19 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+    hidden: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token ``log p(labels | prefix)`` at temperature ``T``, shape ``(B, T-1)``, float32.
 
-    One backbone forward, then the output head over chunks of positions. With gradients on, each
+    One backbone forward (skipped when ``hidden``, :func:`sequence_hidden`'s output, is given),
+    then the output head over chunks of positions. With gradients on, each
     chunk runs under activation checkpointing, so only the hidden states are kept for backward and
     the logits of one chunk are alive at a time (peak logits memory ``chunk_elements`` floats
     instead of ``B·T·V``). Values are identical to :func:`token_logprobs` on the full logits.
     """
-    backbone, head = _split(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1, :]
+    head = output_head(model)
+    if hidden is None:
+        hidden = sequence_hidden(model, input_ids, attention_mask)
     t = _scoring_temperature(temperature)
     rows, length = labels.shape
     vocab = int(head.weight.shape[0])
@@ -86,6 +101,29 @@ def sequence_logprobs(
         else:
             parts.append(_chunk_logprobs(head, h, y, t))
     return torch.cat(parts, dim=1)
+
+
+@torch.no_grad()
+def exact_kls(head: Any, hidden_p: torch.Tensor, hidden_qs: list[torch.Tensor], *, temperature: float = 1.0,
+              chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> list[torch.Tensor]:
+    """Per position, the exact ``KL(p ‖ q) = Σ_v p(v)·(log p(v) − log q(v))`` over the whole
+    vocabulary, for each ``q`` in ``hidden_qs``: ``p = softmax(head(hidden_p)/T)``, ``q`` likewise
+    from its hidden states (all ``(N, d)``, the same N positions). Returns one ``(N,)`` float64
+    tensor per ``q`` (the fp32 logits are taken to float64 first). Positions are taken in chunks so that the logits alive at a time stay within
+    ``chunk_elements`` floats (as :func:`sequence_logprobs`); no ``(N, V)`` tensor is ever built."""
+    t = _scoring_temperature(temperature)
+    vocab = int(head.weight.shape[0])
+    step = max(1, chunk_elements // max(1, 2 * vocab * (1 + len(hidden_qs))))  # float64: 2 floats each
+    out: list[list[torch.Tensor]] = [[] for _ in hidden_qs]
+    for start in range(0, int(hidden_p.shape[0]), step):
+        # float64 from the fp32 logits: a policy that barely moved gets a KL near 0, not fp32 noise
+        log_p = F.log_softmax(head(hidden_p[start : start + step]).float().double() / t, dim=-1)
+        p = torch.exp(log_p)
+        for i, hidden_q in enumerate(hidden_qs):
+            log_q = F.log_softmax(head(hidden_q[start : start + step]).float().double() / t, dim=-1)
+            out[i].append((p * (log_p - log_q)).sum(dim=-1).clamp(min=0.0))
+    empty = hidden_p.new_zeros((0,), dtype=torch.float64)
+    return [torch.cat(parts) if parts else empty for parts in out]
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ from kiln.train.checkpoints import (
     save_checkpoint,
 )
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
-from kiln.train.drift import base_logprobs, policy_drift
+from kiln.train.drift import final_pass
 from kiln.train.model import (
     adapter_content_sha256,
     attach_lora,
@@ -87,7 +87,7 @@ from kiln.train.receipt import (
     write_receipt,
 )
 from kiln.train.staleness import score_behavior, stale_origin
-from kiln.train.step import LogprobCache, score_old_logprobs, score_rows, train_step
+from kiln.train.step import LogprobCache, score_old_logprobs, train_step
 
 
 @dataclass
@@ -176,7 +176,7 @@ class Loop:
     initial_eval: dict[str, Any]
     optimizer_info: dict[str, Any]
     base_adapter_sha: str | None = None
-    start_is_base: bool = False  # no base adapter: the policy training starts from is the base model
+    start_adapter_dir: Path | None = None  # the adapter training starts from (None: the base model)
     start_step: int = 0
     resumed_from: int | None = None
     continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
@@ -301,7 +301,7 @@ def prepare_training(
     optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
-                base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale,
+                base_adapter_sha=base_adapter_sha, start_adapter_dir=base_adapter_dir, staleness=stale,
                 engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
@@ -425,12 +425,9 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
             keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
     """Final evaluation, adapter, continuation state, receipt."""
     flat = [row for group in loop.rows for row in group]
-    with torch.random.fork_rng(devices=[]):
-        final = score_rows(loop.model, flat, plan.settings, dev)
+    final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
-    base = base_logprobs(loop.model, flat, loop.cache, plan.settings, dev, start_is_base=loop.start_is_base)
-    drift = policy_drift(loop.rows, loop.cache.old, final, base)
     mismatch = engine_mismatch(loop, plan)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():

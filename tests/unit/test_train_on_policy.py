@@ -150,14 +150,16 @@ def _independent_logprobs(model_path: Path, adapter_dir: Path | None, groups) ->
         for group in groups:
             batch = build_group_batch(group, warning_filter=True, vocab_size=300)
             logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels)
-            out.append([(logprobs[b], batch.action_mask[b], batch.env_mask[b], batch.obs_lengths[b])
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, :]
+            out.append([(logprobs[b], batch.action_mask[b], batch.env_mask[b], batch.obs_lengths[b], logits[b])
                         for b in range(logprobs.shape[0])])
     return out
 
 
 def test_drift_and_evaluation_figures_match_an_independent_computation(model_path, tmp_path):
-    """The receipt's KL to the previous policy and to the base, and its initial and final
-    evaluation figures, equal the same estimates computed here from freshly loaded models: for a
+    """The receipt's KL to the previous policy and to the base (exact, over the whole vocabulary),
+    and its initial and final evaluation figures, equal the same figures computed here from freshly
+    loaded models' full logits with a plain softmax: for a
     training from the base model (whose starting policy is the base) and for one continuing from
     an adapter (where the two KLs differ)."""
     import math
@@ -169,24 +171,26 @@ def test_drift_and_evaluation_figures_match_an_independent_computation(model_pat
     after_first = _independent_logprobs(model_path, first.adapter_dir, bandit_groups(4))
     after_second = _independent_logprobs(model_path, second.adapter_dir, bandit_groups(4))
 
-    def drift(new, start):
+    def drift(new, start):  # exact KL over the whole vocabulary, from the full logits
         to_previous = to_base = tokens = 0.0
         rows = zip(*(sum(side, []) for side in (new, start, base)))
-        for (lp_new, mask, _, _), (lp_start, _, _, _), (lp_base, _, _, _) in rows:
-            r = torch.exp(lp_new - lp_start)
-            to_previous += float(((r * (lp_new - lp_start) - r + 1.0) * mask).sum())
-            rho = torch.exp(lp_base - lp_new)
-            to_base += float((r * (rho - 1.0 - torch.log(rho)) * mask).sum())
+        for (_, mask, _, _, z_new), (_, _, _, _, z_start), (_, _, _, _, z_base) in rows:
+            p = torch.softmax(z_new.double(), dim=-1)
+            on = mask > 0
+            kl_start = (p * (torch.log(p) - torch.log(torch.softmax(z_start.double(), dim=-1)))).sum(-1)
+            kl_base = (p * (torch.log(p) - torch.log(torch.softmax(z_base.double(), dim=-1)))).sum(-1)
+            to_previous += float(kl_start[on].sum())
+            to_base += float(kl_base[on].sum())
             tokens += float(mask.sum())
         return to_previous / tokens, to_base / tokens
 
     def figures(scored):  # mean over groups of the env CE per observed row; action log-prob mean
         ce_groups, lp, count = [], 0.0, 0.0
         for group in scored:
-            ces = [float(-(l * env).sum()) / float(n) for l, _, env, n in group if float(n) > 0]
+            ces = [float(-(l * env).sum()) / float(n) for l, _, env, n, _ in group if float(n) > 0]
             ce_groups.append(sum(ces) / max(1, len(ces)))
-            lp += sum(float((l * mask).sum()) for l, mask, _, _ in group)
-            count += sum(float(mask.sum()) for _, mask, _, _ in group)
+            lp += sum(float((l * mask).sum()) for l, mask, _, _, _ in group)
+            count += sum(float(mask.sum()) for _, mask, _, _, _ in group)
         return sum(ce_groups) / len(ce_groups), lp / count
 
     for result, start, new in ((first, base, after_first), (second, after_first, after_second)):
