@@ -70,15 +70,18 @@ class GroupBatch:
 
 
 def group_rows(
-    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None
+    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None,
+    env_mask_mode: str = "env_only",
 ) -> list[Row]:
-    """Tokenise and mask every completion of ``group``; attach the group-normalised advantages."""
+    """Tokenise and mask every completion of ``group`` (ECHO targets per ``env_mask_mode``,
+    :mod:`kiln.train.tokens`); attach the group-normalised advantages."""
     completions = group["completions"]
     rewards = [float(c["reward"]) for c in completions]
     advantages = group_advantages(rewards)
     rows = []
     for index, completion in enumerate(completions):
-        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size)
+        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size,
+                                 env_mask_mode=env_mask_mode)
         ids = tc.ids if len(tc.ids) >= 2 else tc.ids + [0] * (2 - len(tc.ids))
         pad = len(ids) - len(tc.ids)
         action = torch.tensor(tc.is_action + [False] * pad, dtype=torch.float32)[1:]

@@ -162,7 +162,8 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     engine = engine_of(_identity_of(groups, expected))
     uncorrected = engine_correction(engine, recorded, staleness, sampling)
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
-    token_counts = count_tokens(kept, warning_filter=warning_filter)
+    token_counts = count_tokens(kept, warning_filter=warning_filter,
+                                env_mask_mode="env_only" if config.echo is None else config.echo.env_mask_mode)
     echo = _echo_block(config, token_counts)
     gspo = config.is_level == "sequence"
     settings = StepSettings(

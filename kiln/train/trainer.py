@@ -282,7 +282,8 @@ def prepare_training(
     model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
-    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
+    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab,
+                       env_mask_mode=plan.echo["env_mask_mode"])
             for i, g in enumerate(plan.kept)]
     if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
         raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
