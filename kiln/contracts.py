@@ -606,6 +606,15 @@ class RunRequest(EpisodeFields):
             return self.training_contract.effective_config
         return self.training_config or TrainingConfig()
 
+    def lr_horizon_steps(self) -> int:
+        """The learning-rate schedule's horizon over the whole run, fixed by its plan: iterations ×
+        the optimizer steps one iteration plans (``epochs × ⌈groups / groups_per_step⌉``). An
+        iteration whose groups were dropped (no reward variation) takes fewer steps; the schedule's
+        curve stays the same."""
+        config = self.effective_training_config()
+        per_epoch = -(-self.groups // config.groups_per_step)
+        return self.iterations * config.epochs * per_epoch
+
     def behavior_adapter(self) -> str | None:
         return normalize_adapter(self.adapter)
 

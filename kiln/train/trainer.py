@@ -261,13 +261,16 @@ def prepare_training(
     selected: tuple[list[dict], dict[str, Any]] | None = None,
     iteration: int | None = None,
     iterations_total: int | None = None,
+    lr_horizon_steps: int | None = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
     The optimizer starts fresh, from ``init_state`` (a continuation state, see
     :mod:`kiln.train.continuation`) or — a retried attempt — from its own checkpoint
     ``resume_from``, which already holds what ``init_state`` started it with. ``iteration`` (1-based,
-    online runs) seeds the epoch order; ``iterations_total`` sets the learning-rate schedule's horizon.
+    online runs) seeds the epoch order; ``lr_horizon_steps`` (the run's planned optimizer steps) is the
+    learning-rate schedule's horizon, else (older runs) ``iterations_total`` estimates it from this
+    training's own step count.
     Refuses float16 (:func:`refuse_float16`)."""
     refuse_float16(dtype)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
@@ -306,8 +309,11 @@ def prepare_training(
                 engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
-    if iterations_total is not None and iteration is not None:
+    if lr_horizon_steps is not None:
+        loop.horizon_steps = lr_horizon_steps
+    elif iterations_total is not None and iteration is not None:
         loop.horizon_steps = loop.steps_before + len(plan.schedule) * max(1, iterations_total - iteration + 1)
+    loop.optimizer_info["schedule_horizon_steps"] = loop.horizon_steps or loop.steps_before + len(plan.schedule)
     if resume_from is not None:
         state = read_checkpoint_state(Path(resume_from))
         for key in [*plan.identity, *(k for k in ONLINE_IDENTITY_KEYS if k not in plan.identity)]:
@@ -364,6 +370,7 @@ def train_grpo(
     staleness: int = 0,
     iteration: int | None = None,
     iterations_total: int | None = None,
+    lr_horizon_steps: int | None = None,
 ) -> TrainedAdapter:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -387,7 +394,7 @@ def train_grpo(
         base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
         staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
-        iteration=iteration, iterations_total=iterations_total)
+        iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,

@@ -78,6 +78,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
                                     base_adapter_dir=adapter, init_state=state, keep_state=k < iterations,
                                     expected_behavior_policy=identity, iteration=k if iterations > 1 else None,
                                     iterations_total=iterations if iterations > 1 else None,
+                                    lr_horizon_steps=iterations * config.epochs * -(-groups // config.groups_per_step),
                                     device=runtime.device, dtype=runtime.dtype, shared_base=lease)
         except TrainingFailed as exc:
             run.iterations.append(IterationFigures(k, sum(rewards) / len(rewards), {}, time.perf_counter() - t0,

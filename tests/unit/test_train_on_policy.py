@@ -271,3 +271,34 @@ def test_one_learning_rate_schedule_over_the_iterations(model_path, tmp_path):
                     init_state=first.final_state, iteration=2, iterations_total=2)
     lrs = [h["lr"] for h in first.receipt["steps"] + second.receipt["steps"]]
     assert lrs == pytest.approx([2e-2 * min(1.0, s / 6) for s in range(1, 9)], rel=1e-12)
+
+
+def test_cosine_horizon_is_the_runs_plan_and_dropped_groups_do_not_bend_it(model_path, tmp_path):
+    """The horizon comes from the run's plan (iterations × planned steps, RunRequest.lr_horizon_steps)
+    and is recorded; iteration 2 lost a group (3 steps instead of 4) and its learning rates still lie
+    on the same cosine curve, where the per-iteration estimate (no lr_horizon_steps) bent it."""
+    import math
+
+    from kiln.contracts import RunRequest
+
+    request = RunRequest.model_validate({"kind": "train", "output_adapter": "a", "environment_urls": ["http://127.0.0.1:9"], "groups": 4, "iterations": 2,
+                                         "training_config": {"epochs": 1, "groups_per_step": 1}})
+    assert request.lr_horizon_steps() == 8
+    wide = RunRequest.model_validate({"kind": "train", "output_adapter": "a", "environment_urls": ["http://127.0.0.1:9"], "groups": 5, "iterations": 3,
+                                      "training_config": {"epochs": 2, "groups_per_step": 2}})
+    assert wide.lr_horizon_steps() == 3 * 2 * 3
+    config = _config(lr_schedule="cosine")
+    curve = [2e-2 * 0.5 * (1 + math.cos(math.pi * (s - 1) / 8)) for s in range(1, 8)]
+    lrs = {}
+    for name, horizon in (("fixed", 8), ("estimated", None)):
+        first = _train(model_path, tmp_path / f"{name}1", config, keep_state=True, iteration=1, iterations_total=2,
+                       lr_horizon_steps=horizon)
+        second = _train(model_path, tmp_path / f"{name}2", config, groups=bandit_groups(3),
+                        base_adapter_dir=first.adapter_dir, init_state=first.final_state, iteration=2,
+                        iterations_total=2, lr_horizon_steps=horizon)
+        lrs[name] = [h["lr"] for h in first.receipt["steps"] + second.receipt["steps"]]
+        if horizon is not None:
+            assert [r.receipt["grpo"]["optimizer"]["schedule_horizon_steps"] for r in (first, second)] == [8, 8]
+    assert lrs["fixed"] == pytest.approx(curve, rel=1e-12)
+    assert lrs["estimated"][:4] == pytest.approx(curve[:4], rel=1e-12)
+    assert lrs["estimated"][4] < 0.8 * curve[4]  # the old estimate (horizon 4 + 3): bent at the boundary
