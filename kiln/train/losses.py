@@ -33,6 +33,15 @@ def _chunk_logprobs(head: Any, hidden: torch.Tensor, labels: torch.Tensor, tempe
     return flat.view(labels.shape)
 
 
+def _chunk_logprobs_entropy(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float):
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_p = F.log_softmax(logits, dim=-1)
+    picked = log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked, -(torch.exp(log_p) * log_p).sum(dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``log softmax(logits/T)[labels]`` from full ``logits[:, :-1]``; shape ``(B, T-1)``, float32.
 
@@ -74,7 +83,8 @@ def sequence_logprobs(
     temperature: float = 1.0,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
     hidden: torch.Tensor | None = None,
-) -> torch.Tensor:
+    with_entropy: bool = False,
+) -> Any:
     """Per-token ``log p(labels | prefix)`` at temperature ``T``, shape ``(B, T-1)``, float32.
 
     One backbone forward (skipped when ``hidden``, :func:`sequence_hidden`'s output, is given),
@@ -82,6 +92,8 @@ def sequence_logprobs(
     chunk runs under activation checkpointing, so only the hidden states are kept for backward and
     the logits of one chunk are alive at a time (peak logits memory ``chunk_elements`` floats
     instead of ``B·T·V``). Values are identical to :func:`token_logprobs` on the full logits.
+    ``with_entropy``: returns ``(logprobs, entropy)``, the second the per-position entropy of the
+    tempered next-token distribution (``(B, T-1)``, with gradient), from the same chunks.
     """
     head = output_head(model)
     if hidden is None:
@@ -90,16 +102,19 @@ def sequence_logprobs(
     rows, length = labels.shape
     vocab = int(head.weight.shape[0])
     step = max(1, chunk_elements // max(1, rows * vocab))
+    chunk = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     if step >= length:
-        return _chunk_logprobs(head, hidden, labels, t)
+        return chunk(head, hidden, labels, t)
     parts = []
     for start in range(0, length, step):
         h = hidden[:, start : start + step, :]
         y = labels[:, start : start + step]
         if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logprobs, head, h, y, t, use_reentrant=False))
+            parts.append(checkpoint(chunk, head, h, y, t, use_reentrant=False))
         else:
-            parts.append(_chunk_logprobs(head, h, y, t))
+            parts.append(chunk(head, h, y, t))
+    if with_entropy:
+        return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
     return torch.cat(parts, dim=1)
 
 
@@ -164,6 +179,9 @@ def policy_loss(
     - ``cispo``: ``−sg(min(r, cispo_max_weight))·A·logp`` (the IS weight is a constant; every
       token keeps a gradient, large ratios are truncated rather than zeroed).
 
+    For ``token`` and ``cispo``, ``denominator`` may be a per-row ``(B, 1)`` tensor: each row's
+    terms are divided by their own normaliser (``loss_normaliser: sequences``).
+
     ``is_weights`` (``(B, T-1)``, no gradient), when given, multiplies each token's term: the
     truncated behaviour importance weight of a stale batch (:func:`truncated_is_weights`).
 
@@ -193,7 +211,10 @@ def policy_loss(
         per_token = per_token * is_weights.detach()
     if denominator is None:
         denominator = action_mask.sum().clamp(min=1.0)
-    loss = (per_token * action_mask).sum() / denominator
+    if isinstance(denominator, torch.Tensor) and denominator.dim() > 0:  # per row (B, 1): sequence means
+        loss = (per_token * action_mask / denominator).sum()
+    else:
+        loss = (per_token * action_mask).sum() / denominator
     with torch.no_grad():
         clipped_count = float((clipped_mask.float() * action_mask).sum().item())
         deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())

@@ -286,7 +286,7 @@ def prepare_training(
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
     rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab,
-                       env_mask_mode=plan.echo["env_mask_mode"])
+                       env_mask_mode=plan.echo["env_mask_mode"], shaping=plan.shaping)
             for i, g in enumerate(plan.kept)]
     if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
         raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",

@@ -1,8 +1,8 @@
 """Every per-step figure a train receipt reports equals a brute-force computation.
 
 A step's figures (``loss``, ``policy_loss``, ``env_ce``, ``kl``, ``approx_kl``, ``clip_fraction``,
-``max_ratio_deviation``, ``grad_norm``, ``tokens`` and, for stale data, ``is_ratio_max``,
-``is_weight_max``, ``is_truncated_fraction``) are recomputed here from the tiny model's full logits
+``max_ratio_deviation``, ``grad_norm``, ``tokens``, with an entropy bonus ``entropy`` and, for stale
+data, ``is_ratio_max``, ``is_weight_max``, ``is_truncated_fraction``), under each loss normaliser, are recomputed here from the tiny model's full logits
 (one padded forward of all rows, ``model(...).logits`` and a plain ``log_softmax``), the objective
 written out from its definition in docs/training.md, and the gradient norm from ``autograd.grad``
 of that one-batch loss; the trainer's step runs in several micro-batches. The receipt's
@@ -80,16 +80,23 @@ def _brute(model, params, rows, settings: StepSettings, old: torch.Tensor, behav
         weights = torch.clamp(ratio, max=settings.stale_is_max_weight)
         figures.update(is_ratio_max=float(ratio[on].max()), is_weight_max=float(weights[on].max()),
                        is_truncated_fraction=float((ratio[on] > settings.stale_is_max_weight).sum()) / n_action)
+    def normalised(term):  # loss_normaliser
+        if settings.loss_normaliser == "sequences":  # each row's token mean, averaged over rows
+            return sum(term[i][on[i]].sum() / on[i].sum() for i in range(len(rows))) / len(rows)
+        if settings.loss_normaliser == "constant":
+            return term[on].sum() / (len(rows) * settings.loss_constant_tokens)
+        return term[on].sum() / n_action
+
     if settings.is_level == "cispo":
         term = -torch.clamp(r, max=settings.cispo_max_weight).detach() * adv * lp * weights
         clipped = (r > settings.cispo_max_weight) & on
-        p_loss = term[on].sum() / n_action
+        p_loss = normalised(term)
     elif settings.is_level == "token":
         a = r * adv
         b = torch.clamp(r, 1 - eps, 1 + high) * adv
         term = -torch.minimum(a, b) * weights
         clipped = (b < a) & on
-        p_loss = term[on].sum() / n_action
+        p_loss = normalised(term)
     else:  # sequence (GSPO): one ratio per sequence, averaged over sequences
         count = mask.sum(-1)
         s = torch.exp(((lp - old) * mask).sum(-1) / count)
@@ -101,6 +108,11 @@ def _brute(model, params, rows, settings: StepSettings, old: torch.Tensor, behav
     obs = batch.obs_lengths
     env = sum(-(lp[i] * batch.env_mask[i]).sum() / obs[i] for i in range(len(rows))) / len(rows)
     total = p_loss + settings.echo_lambda * env
+    if settings.entropy_coeff > 0:  # the tempered distribution's entropy, from the full logits
+        log_all = torch.log_softmax(logits / t, dim=-1)
+        entropy = -(log_all.exp() * log_all).sum(-1)[on].sum() / n_action
+        total = total - settings.entropy_coeff * entropy
+        figures["entropy"] = float(entropy)
     if not settings.kl_on:  # no KL term: the step reports 0
         kl = torch.zeros(())
     elif settings.kl_estimator == "k1":
@@ -126,6 +138,10 @@ CASES = [
     dict(is_level="cispo", kl_estimator="k3", kl_coeff=0.5, cispo_max_weight=1.5),
     dict(is_level="sequence", kl_estimator="k3", kl_coeff=0.1, clip_epsilon=0.01),
     dict(is_level="token", kl_estimator="k1", kl_coeff=0.0, stale_is_max_weight=1.3, temperature=0.8),
+    dict(is_level="cispo", kl_estimator="none", kl_coeff=0.0, cispo_max_weight=1.2, loss_normaliser="sequences",
+         entropy_coeff=0.05, temperature=0.7),
+    dict(is_level="token", kl_estimator="k3", kl_coeff=0.1, loss_normaliser="constant", loss_constant_tokens=16.0,
+         entropy_coeff=0.2),
 ]
 
 

@@ -22,7 +22,10 @@ from safetensors.torch import load_file  # noqa: E402
 
 from kiln.contracts import EchoConfig, TrainingConfig  # noqa: E402
 from kiln.train.trainer import train_grpo  # noqa: E402
-from tests.unit.test_train_support import BEHAVIOR, X_TOKEN, Y_TOKEN, bandit_groups, build_tiny_qwen3, completion  # noqa: E402
+from kiln.policy.identity import with_inference  # noqa: E402
+from tests.unit.test_train_support import (  # noqa: E402
+    BEHAVIOR, END_TOKEN, X_TOKEN, Y_TOKEN, bandit_groups, build_tiny_qwen3, completion,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -32,6 +35,8 @@ BASE = {"seed": 3, "epochs": 2, "optimizer": "adamw", "learning_rate": 3e-2, "kl
 # Settings that select other tokens: the receipt's token counts differ between their values
 # (on_no_output: drop selects fewer; zero_reward and penalty keep the same tokens at other rewards).
 SELECTING = {"on_no_output", "echo.env_mask_mode", "echo.warning_filter"}
+# overlong mask selects other action tokens (the receipt's token counts are of the kept completions).
+MASKING = {"overlong"}
 SAME_TRAINING = {"gradient_checkpointing"}
 
 
@@ -49,11 +54,20 @@ def _choices(model: type, prefix: str = "") -> dict[str, list]:
 OPTIONS = {**_choices(TrainingConfig), **_choices(EchoConfig, "echo.")}
 
 
+IDENTITY = with_inference(BEHAVIOR, {"max_action_tokens": 3})
+
+
 def _groups() -> list[dict]:
-    groups = bandit_groups(2, warning=True)
+    """Each group's first completion has an action that reached max_action_tokens (3): overlong."""
+    groups = bandit_groups(2, warning=True, behavior=IDENTITY)
     groups.append({"messages": [], "completions": [
-        completion(2, X_TOKEN, reward=1.0, warning=True), completion(2, Y_TOKEN, reward=0.0),
-        completion(2, X_TOKEN, reward=-1.0, harness_code=NO_OUT)]})
+        completion(2, X_TOKEN, reward=1.0, warning=True, behavior=IDENTITY),
+        completion(2, Y_TOKEN, reward=0.0, behavior=IDENTITY),
+        completion(2, X_TOKEN, reward=-1.0, harness_code=NO_OUT, behavior=IDENTITY)]})
+    for group in groups:
+        piece = next(p for p in group["completions"][0]["tokens"]["pieces"] if p["kind"] == "action")
+        piece["ids"].append(END_TOKEN)
+        piece["logprobs"].append(-0.25)
     return groups
 
 
@@ -83,7 +97,8 @@ def _config(setting: str, value) -> TrainingConfig:
 
 def test_every_option_is_covered():
     assert set(OPTIONS) >= {"optimizer", "lr_schedule", "is_level", "kl_estimator", "behavior_policy",
-                            "on_no_output", "echo.env_mask_mode", "echo.warning_filter", "gradient_checkpointing"}
+                            "on_no_output", "echo.env_mask_mode", "echo.warning_filter", "gradient_checkpointing",
+                            "advantage_norm", "loss_normaliser", "overlong"}
 
 
 @pytest.mark.parametrize("setting", sorted(OPTIONS))
@@ -106,3 +121,6 @@ def test_each_value_trains_differently(model_path, warm, tmp_path, setting):
                 assert gap > 1e-4, (setting, a, b, gap)
             if setting in SELECTING and (setting != "on_no_output" or "drop" in (a, b)):  # the others reweight
                 assert results[a].receipt["token_counts"] != results[b].receipt["token_counts"], (setting, a, b)
+            if setting in MASKING and "mask" in (a, b):  # the masked completions' actions are not trained
+                trained = {v: results[v].receipt["steps"] for v in (a, b)}
+                assert sum(s["action_tokens"] for s in trained[a]) != sum(s["action_tokens"] for s in trained[b])
