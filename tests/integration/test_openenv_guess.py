@@ -85,3 +85,35 @@ async def test_errors_are_recoverable_and_forgetting_the_interval_loses(guess_ur
     rewards, seen = await _play(guess_url, 5, lambda s: errors.pop() if errors else bisect(s))
     assert seen[1]["feedback"] == "out_of_range" and seen[-1]["feedback"] == "correct"
     assert rewards[-1] == 1.0 + (MAX_STEPS - len(rewards)) / MAX_STEPS and sum(rewards[:-1]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kiln_collects_and_trains_on_guess(guess_url, tiny_model_dir, tmp_path):
+    """Kiln's collector plays the guess env with the tiny demo model (8-step episodes) and trains
+    one epoch on the groups: the receipt's token counts are the collected pieces', and the drift
+    KL is positive (the policy moved)."""
+    torch = pytest.importorskip("torch")
+    from kiln.contracts import TrainingConfig
+    from kiln.policy.runtime import PolicyRuntime
+    from kiln.train.trainer import train_grpo
+    from tests.support.counter_loop import collect
+
+    torch.set_num_threads(1)
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    documents = collect(runtime, guess_url, [0, 1, 2, 3], group_size=3, max_steps=MAX_STEPS, max_action_tokens=24)
+    lines = [d["line"] for d in documents]
+    completions = [c for line in lines for c in line["completions"]]
+    assert len(completions) == 12
+    for c in completions:
+        actions = [p for p in c["tokens"]["pieces"] if p["kind"] == "action"]
+        assert 1 <= len(actions) <= MAX_STEPS
+    # Make every group trainable whatever the tiny model played: distinct rewards per completion.
+    for line in lines:
+        for i, c in enumerate(line["completions"]):
+            c["reward"] = float(c["reward"]) + 0.1 * i
+    result = train_grpo(model_path=tiny_model_dir, groups=lines,
+                        config=TrainingConfig(epochs=1, learning_rate=1e-3, seed=0), output_dir=tmp_path / "out")
+    pieces = [p for c in completions for p in c["tokens"]["pieces"]]
+    assert result.receipt["token_counts"]["action_tokens"] == sum(len(p["ids"]) for p in pieces if p["kind"] == "action")
+    assert result.steps == 4 and result.kl_to_previous > 0
