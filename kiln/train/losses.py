@@ -5,6 +5,8 @@ enter by multiplication, so a masked position contributes an exactly-zero gradie
 divide by a caller-given ``denominator`` (the action-token count, or the number of sequences with
 observations, of the whole optimizer step), so summing the terms of several micro-batches gives
 exactly the loss of the step in one batch: results do not depend on the micro-batch size.
+:func:`exact_kls` gives the exact full-vocabulary KL between two policies' next-token
+distributions from their hidden states, in position chunks (the drift figures).
 """
 
 from __future__ import annotations

@@ -17,7 +17,12 @@ corrects the gap between the engine's numbers and the trainer's (:mod:`kiln.trai
 Reference log-probs (KL) come from the same model with the adapter disabled, computed once per row
 and cached (the base never changes). Every loss term is divided by totals of the whole step (action
 tokens, sequences with observations), so accumulating micro-batches gives the gradient of the
-step in one batch up to float rounding, whatever ``max_tokens_per_microbatch`` is.
+step in one batch up to float rounding, whatever ``max_tokens_per_microbatch`` is. The policy
+term's divisor follows ``loss_normaliser``: the step's action tokens (``tokens``), each row's action
+tokens times the step's sequences (``sequences``: a mean of per-sequence token means) or the step's
+sequences times the sampler's ``max_action_tokens`` (``constant``, Dr. GRPO). With
+``entropy_coeff`` > 0 the loss also gets ``− entropy_coeff · mean entropy`` over the step's action
+tokens, from the same chunked log-prob pass, and the step records ``entropy``.
 """
 
 from __future__ import annotations

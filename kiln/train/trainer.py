@@ -36,8 +36,8 @@ is weighted by ``min(π_trainer / π_engine, engine_is_max_weight)`` on the engi
 log-probs, and the receipt's ``engine_mismatch`` block records the gap (:mod:`kiln.train.mismatch`;
 not corrected, with the reason, for ``recorded``, stale or constrained data).
 
-Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records KL(π_new ‖
-π_start) and KL(π_new ‖ π_base) on the training's action tokens; ``target_kl`` ends the training
+Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records the exact
+(full-vocabulary) KL(π_new ‖ π_start) and KL(π_new ‖ π_base) at the training's action tokens; ``target_kl`` ends the training
 at the first step whose approximate KL(π_start ‖ π) exceeds it (``early_stop`` in the receipt).
 
 Determinism: the LoRA init is seeded with ``config.seed``, there is no dropout, data order is
