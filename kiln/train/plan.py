@@ -15,7 +15,6 @@ from kiln.train.selection import select_groups
 from kiln.train.step import StepSettings
 from kiln.train.tokens import count_tokens
 
-
 # Identity keys present only for an online run's training (continuation state, stale data): a
 # checkpoint must agree on them too, present or absent.
 ONLINE_IDENTITY_KEYS = ("init_state_sha256", "staleness", "behavior_adapter_sha256")

@@ -18,10 +18,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.train.batches import collate, group_rows  # noqa: E402
-from kiln.train.model import attach_lora, load_base_model, trainable_parameters  # noqa: E402
-from kiln.train.step import LogprobCache, StepSettings, score_old_logprobs, score_reference, train_step  # noqa: E402
-from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, build_tiny_qwen3, completion  # noqa: E402
+from kiln.train.batches import collate, group_rows
+from kiln.train.model import attach_lora, load_base_model, trainable_parameters
+from kiln.train.step import (
+    LogprobCache,
+    StepSettings,
+    score_old_logprobs,
+    train_step,
+)
+from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, build_tiny_qwen3, completion
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,14 +139,14 @@ def _brute(model, params, rows, settings: StepSettings, old: torch.Tensor, behav
 
 
 CASES = [
-    dict(is_level="token", kl_estimator="k1", kl_coeff=0.2, clip_epsilon=0.2, clip_eps_high=0.28),
-    dict(is_level="cispo", kl_estimator="k3", kl_coeff=0.5, cispo_max_weight=1.5),
-    dict(is_level="sequence", kl_estimator="k3", kl_coeff=0.1, clip_epsilon=0.01),
-    dict(is_level="token", kl_estimator="k1", kl_coeff=0.0, stale_is_max_weight=1.3, temperature=0.8),
-    dict(is_level="cispo", kl_estimator="none", kl_coeff=0.0, cispo_max_weight=1.2, loss_normaliser="sequences",
-         entropy_coeff=0.05, temperature=0.7),
-    dict(is_level="token", kl_estimator="k3", kl_coeff=0.1, loss_normaliser="constant", loss_constant_tokens=16.0,
-         entropy_coeff=0.2),
+    {"is_level": "token", "kl_estimator": "k1", "kl_coeff": 0.2, "clip_epsilon": 0.2, "clip_eps_high": 0.28},
+    {"is_level": "cispo", "kl_estimator": "k3", "kl_coeff": 0.5, "cispo_max_weight": 1.5},
+    {"is_level": "sequence", "kl_estimator": "k3", "kl_coeff": 0.1, "clip_epsilon": 0.01},
+    {"is_level": "token", "kl_estimator": "k1", "kl_coeff": 0.0, "stale_is_max_weight": 1.3, "temperature": 0.8},
+    {"is_level": "cispo", "kl_estimator": "none", "kl_coeff": 0.0, "cispo_max_weight": 1.2, "loss_normaliser": "sequences",
+         "entropy_coeff": 0.05, "temperature": 0.7},
+    {"is_level": "token", "kl_estimator": "k3", "kl_coeff": 0.1, "loss_normaliser": "constant", "loss_constant_tokens": 16.0,
+         "entropy_coeff": 0.2},
 ]
 
 
@@ -176,7 +181,7 @@ def test_lora_delta_norm_is_the_merged_weight_change(model_path, tmp_path):
     """``lora_delta_norm`` (and each module's) = Frobenius norm of (merged − base) weights."""
     from kiln.train.model import lora_delta_norms
 
-    model, params, _, _ = _moved_model(model_path)
+    model, _params, _, _ = _moved_model(model_path)
     total, norms = lora_delta_norms(model)
     base = load_base_model(model_path, "cpu").state_dict()
     merged = model.merge_and_unload().state_dict()

@@ -18,13 +18,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from kiln.contracts import EchoConfig, TrainingConfig  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
-from kiln.policy.identity import with_inference  # noqa: E402
-from tests.unit.test_train_support import (  # noqa: E402
-    BEHAVIOR, END_TOKEN, X_TOKEN, Y_TOKEN, bandit_groups, build_tiny_qwen3, completion,
+from kiln.contracts import EchoConfig, TrainingConfig
+from kiln.policy.identity import with_inference
+from kiln.train.trainer import train_grpo
+from tests.unit.test_train_support import (
+    BEHAVIOR,
+    END_TOKEN,
+    X_TOKEN,
+    Y_TOKEN,
+    bandit_groups,
+    build_tiny_qwen3,
+    completion,
 )
 
 pytestmark = pytest.mark.timeout(600)

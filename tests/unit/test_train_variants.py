@@ -7,15 +7,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pydantic import ValidationError  # noqa: E402
+from pydantic import ValidationError
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import TrainingFailed  # noqa: E402
-from kiln.policy.identity import with_inference  # noqa: E402
-from kiln.train.advantages import group_advantages  # noqa: E402
-from kiln.train.batches import RowShaping, group_rows  # noqa: E402
-from kiln.train.plan import LATER_SETTINGS, plan_training  # noqa: E402
-from tests.unit.test_train_support import BEHAVIOR, END_TOKEN, X_TOKEN, Y_TOKEN, completion  # noqa: E402
+from kiln.contracts import TrainingConfig
+from kiln.errors import TrainingFailed
+from kiln.policy.identity import with_inference
+from kiln.train.advantages import group_advantages
+from kiln.train.batches import RowShaping, group_rows
+from kiln.train.plan import LATER_SETTINGS, plan_training
+from tests.unit.test_train_support import (
+    BEHAVIOR,
+    END_TOKEN,
+    X_TOKEN,
+    Y_TOKEN,
+    completion,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

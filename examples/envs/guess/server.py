@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from openenv.core.env_server.types import (
+    Action,
+    EnvironmentMetadata,
+    Observation,
+    State,
+)
 from pydantic import Field
 
 LOW, HIGH = 1, 64
@@ -43,7 +48,7 @@ class GuessObservation(Observation):
 class GuessState(State):
     secret: int = 0
     guesses: list[int] = Field(default_factory=list)
-    seed: Optional[int] = None
+    seed: int | None = None
 
 
 _TEXT = {
@@ -71,7 +76,7 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, GuessState]):
             author="kiln",
         )
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
+    def reset(self, seed: int | None = None, episode_id: str | None = None,
               **kwargs: Any) -> GuessObservation:
         self._state = GuessState(
             episode_id=episode_id or (f"seed-{seed}" if seed is not None else str(uuid.uuid4())),
@@ -79,7 +84,7 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, GuessState]):
         text = f"I picked a number from {LOW} to {HIGH}. You have {MAX_STEPS} guesses."
         return GuessObservation(feedback="start", guesses_left=MAX_STEPS, input_text=text, reward=None)
 
-    def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
+    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:
         state = self._state
         state.step_count += 1
         left = MAX_STEPS - state.step_count
