@@ -47,7 +47,10 @@ TRL's own vLLM mode is not a side: its server mode sends weights over NCCL (CUDA
 
 ``--env guess`` runs the same comparison on ``examples/envs/guess`` (guess a number from 1 to 64 in
 up to 8 guesses, told only "too low" / "too high"; the reward comes only at the end, out-of-range
-and repeated guesses lose a turn): both sides play 8-step episodes there.
+and repeated guesses lose a turn): both sides play 8-step episodes there. The tiny demo model's
+format warm-up teaches it only the counter's ``{"amount": N}`` (``kiln.policy.tiny``), so on the
+guess env every one of its actions is a protocol error (base held-out −1.000, measured) and the
+Kiln side stops at ``zero_groups``: that comparison needs a model that writes ``{"guess": N}``.
 
 Run: ``python -m bench.vs_trl [--env counter|guess] [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]
 [--learning-rate 3e-4] [--echo-lambda 0.05] [--sides both|kiln|trl] [--kiln-engines hf [vllm]]
