@@ -1,4 +1,4 @@
-"""TRL side of ``bench/vs_trl.py``: GRPOTrainer + ``rollout_func`` on the real counter server.
+"""TRL side of ``bench/vs_trl.py``: GRPOTrainer + ``rollout_func`` on the real counter (or guess) server.
 
 Runs in the TRL venv (``.venv-trl``, ``bench/requirements-trl.txt``), never in Kiln's: it imports
 nothing from Kiln. ``bench/vs_trl.py`` launches it as ``PYTHON bench/trl_side.py CONFIG.json`` and
@@ -17,6 +17,7 @@ prompt and observation text Kiln does (the system prompt is rendered by Kiln and
 config), and plays all episodes of the generation batch in lock-step: one batched
 ``model.generate`` per turn (temperature 1, no top-k/top-p, as Kiln samples), the action parsed
 and validated as Kiln does (text after ``</think>``, one JSON object, ``amount`` an integer 1-5;
+for the guess env ``guess`` an integer, the config's ``action_spec``;
 anything else ends the episode with the protocol-error reward), then one ``step`` per live
 episode. The completion is every token after the prompt: the actions (loss mask 1) and the
 observation turns between them (``env_mask`` 0). The episode return (sum of step rewards, plus
@@ -76,8 +77,15 @@ def observation_text(wire: dict[str, Any]) -> str:
     return json.dumps(wire, separators=(",", ":"), sort_keys=True)
 
 
-def parse_action(answer: str | None) -> dict[str, Any] | None:
-    """The counter action of the policy's answer, or None when Kiln would reject it."""
+COUNTER_ACTION = {"field": "amount", "minimum": 1, "maximum": 5}
+
+
+def parse_action(answer: str | None, spec: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The action of the policy's answer, or None when Kiln would reject it. ``spec``: the action's
+    one integer field and its bounds (None: unbounded), as the environment's schema says (default:
+    the counter's ``amount`` 1-5; the guess env's is ``guess`` with no bounds)."""
+    spec = spec or COUNTER_ACTION
+    name = spec["field"]
     if answer is None:
         return None
     body = answer.strip()
@@ -91,10 +99,13 @@ def parse_action(answer: str | None) -> dict[str, Any] | None:
         value = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(value, dict) or not set(value) <= {"amount", "metadata"}:
+    if not isinstance(value, dict) or not set(value) <= {name, "metadata"}:
         return None
-    amount = value.get("amount")
-    if isinstance(amount, bool) or not isinstance(amount, int) or not 1 <= amount <= 5:
+    number = value.get(name)
+    if isinstance(number, bool) or not isinstance(number, int):
+        return None
+    if (spec.get("minimum") is not None and number < spec["minimum"]) or (
+            spec.get("maximum") is not None and number > spec["maximum"]):
         return None
     if "metadata" in value and not isinstance(value["metadata"], dict):
         return None
@@ -205,7 +216,8 @@ def play(model: Any, seeds: list[int], glue: Glue, cfg: dict[str, Any]) -> list[
                 ep.completion_ids += ids
                 ep.logprobs += logps
                 ep.env_mask += [1] * len(ids)
-                action = parse_action(glue.answer(ids)) if ids and ids[-1] == glue.eos_id else None
+                action = (parse_action(glue.answer(ids), cfg.get("action_spec"))
+                          if ids and ids[-1] == glue.eos_id else None)
                 if action is None:
                     ep.episode_return += cfg["protocol_error_reward"]
                     ep.live = False

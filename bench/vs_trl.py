@@ -45,7 +45,14 @@ engine than hf gets. Its adapters are evaluated by the same hf evaluator. vLLM's
 model is built with heads of 32 (``--head-dim``; the same recipe, a different model) for every side.
 TRL's own vLLM mode is not a side: its server mode sends weights over NCCL (CUDA only).
 
-Run: ``python -m bench.vs_trl [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]
+``--env guess`` runs the same comparison on ``examples/envs/guess`` (guess a number from 1 to 64 in
+up to 8 guesses, told only "too low" / "too high"; the reward comes only at the end, out-of-range
+and repeated guesses lose a turn): both sides play 8-step episodes there. The tiny demo model's
+format warm-up teaches it only the counter's ``{"amount": N}`` (``kiln.policy.tiny``), so on the
+guess env every one of its actions is a protocol error (base held-out −1.000, measured) and the
+Kiln side stops at ``zero_groups``: that comparison needs a model that writes ``{"guess": N}``.
+
+Run: ``python -m bench.vs_trl [--env counter|guess] [--ranges 0 200 400] [--iterations 4] [--groups 8] [--group-size 4]
 [--learning-rate 3e-4] [--echo-lambda 0.05] [--sides both|kiln|trl] [--kiln-engines hf [vllm]]
 [--head-dim N] [--trl-python .venv-trl/bin/python] [--out vs_trl.json]``. Needs the TRL venv for the
 TRL side (``python3 -m venv .venv-trl && .venv-trl/bin/pip install -r bench/requirements-trl.txt``);
@@ -102,6 +109,13 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
+# Per environment: the episode settings over the demo's (DEMO_SETTINGS) and the TRL side's action check.
+ENVS: dict[str, dict[str, Any]] = {
+    "counter": {"episode": {}, "action_spec": {"field": "amount", "minimum": 1, "maximum": 5}},
+    "guess": {"episode": {"max_steps": 8}, "action_spec": {"field": "guess", "minimum": None, "maximum": None}},
+}
+
+
 def training_config(args: argparse.Namespace) -> Any:
     from kiln.contracts import TrainingConfig
 
@@ -140,7 +154,8 @@ def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path,
         "max_grad_norm": training.max_grad_norm, "clip_epsilon": training.clip_epsilon,
         "loss_type": "cispo", "epsilon_high": training.cispo_max_weight, "lora_rank": training.lora_rank,
         "lora_alpha": training.lora_alpha, "lora_targets": list(LORA_TARGETS),
-        "max_completion_length": 4096, "output_dir": str(out), **DEMO_SETTINGS,
+        "max_completion_length": 4096, "output_dir": str(out), **DEMO_SETTINGS, **ENVS[args.env]["episode"],
+        "action_spec": ENVS[args.env]["action_spec"],
     }
     config_path = work / f"trl-config-{start}.json"
     config_path.write_text(json.dumps(config))
@@ -176,7 +191,7 @@ def run_kiln(args: argparse.Namespace, runtime: Any, env_url: str, model_dir: Pa
     online = run_online(runtime, env_url, model_dir, work / f"{side}-{start}", config=training_config(args),
                         seed_start=start, iterations=args.iterations, groups=args.groups,
                         group_size=args.group_size, base_held_out=base, progress=show, evaluator=evaluator,
-                        concurrency=concurrency)
+                        concurrency=concurrency, episode=ENVS[args.env]["episode"])
     run = SideRun(held_out=[f.held_out_mean for f in online.iterations if not f.failed],
                   walls_s=[f.wall_s for f in online.iterations if not f.failed])
     failed = [f for f in online.iterations if f.failed]
@@ -222,6 +237,8 @@ def report(args: argparse.Namespace, base: float, runs: dict[int, dict[str, Side
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranges", type=int, nargs="+", default=[0, 200, 400], help="seed starts")
+    parser.add_argument("--env", choices=sorted(ENVS), default="counter",
+                        help="the environment: counter, or guess (8 guesses, the reward only at the end)")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--iterations", type=int, default=4)
@@ -314,9 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         if served is not None:
             stack.callback(served.engine.close)  # the engine process never outlives the bench
         sessions = max(8, args.groups * args.group_size)
-        argv = lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions)  # noqa: E731
+        argv = lambda port: example_env_argv(args.env, port, max_concurrent_envs=sessions)  # noqa: E731
+        episode = ENVS[args.env]["episode"]
         with serve_app_process(argv, startup_timeout_s=300) as url:
-            base_seeds = held_out(runtime, url, None)
+            base_seeds = held_out(runtime, url, None, episode=episode)
             base = sum(base_seeds.values()) / len(base_seeds)
             print(f"base held-out {base:.3f}", flush=True)
             for start in args.ranges:
@@ -324,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[start] = {}
                 if args.sides != "kiln":
                     runs[start]["trl"] = run_trl(args, url, model_dir, work, start,
-                                                 lambda adapter: held_out(runtime, url, adapter))
+                                                 lambda adapter: held_out(runtime, url, adapter, episode=episode))
                 if "hf" in engines:
                     runs[start]["kiln"] = run_kiln(args, runtime, url, model_dir, work, start, base_seeds)
                 if served is not None:

@@ -195,6 +195,39 @@ class TrainingConfig(StrictModel):
     echo: EchoConfig | None = Field(
         default_factory=EchoConfig, description="ECHO world-model loss; null turns it off."
     )
+    advantage_norm: Literal["group_std", "none"] = Field(
+        default="group_std",
+        description="group_std: (reward - group mean) / group std; none: reward - group mean only "
+        "(Dr. GRPO: no division by the std).",
+    )
+    loss_normaliser: Literal["tokens", "sequences", "constant"] = Field(
+        default="tokens",
+        description="What the policy term of a step is divided by: tokens (its action tokens), sequences "
+        "(each completion's token mean, averaged over completions: the original GRPO) or constant "
+        "(completions x max_action_tokens, whatever the lengths: Dr. GRPO). Not with is_level sequence.",
+    )
+    overlong: Literal["keep", "mask", "soft_penalty"] = Field(
+        default="keep",
+        description="Completions with an action that reached max_action_tokens: keep trains them as "
+        "they are; mask leaves their action tokens out of the policy loss; soft_penalty lowers their "
+        "reward by up to overlong_penalty (DAPO), linearly over the last overlong_buffer_tokens.",
+    )
+    overlong_buffer_tokens: int = Field(
+        default=0, ge=0,
+        description="soft_penalty: the ramp's length before max_action_tokens (0: only actions that reached it).",
+    )
+    overlong_penalty: float = Field(default=1.0, gt=0.0, description="soft_penalty: the largest reward penalty.")
+    entropy_coeff: float = Field(
+        default=0.0, ge=0.0,
+        description="Entropy bonus: subtract this times the mean policy entropy over action tokens from the loss (0 = off).",
+    )
+
+    @model_validator(mode="after")
+    def _normaliser_fits_the_objective(self) -> "TrainingConfig":
+        if self.is_level == "sequence" and self.loss_normaliser != "tokens":
+            raise ValueError("loss_normaliser applies to is_level token and cispo; GSPO (is_level sequence) "
+                             "averages over sequences already: leave loss_normaliser at tokens")
+        return self
 
     def resolved_learning_rate(self) -> float:
         """``learning_rate``, or the optimizer's default when it is null."""
@@ -611,6 +644,15 @@ class RunRequest(EpisodeFields):
         if self.training_contract is not None:
             return self.training_contract.effective_config
         return self.training_config or TrainingConfig()
+
+    def lr_horizon_steps(self) -> int:
+        """The learning-rate schedule's horizon over the whole run, fixed by its plan: iterations ×
+        the optimizer steps one iteration plans (``epochs × ⌈groups / groups_per_step⌉``). An
+        iteration whose groups were dropped (no reward variation) takes fewer steps; the schedule's
+        curve stays the same."""
+        config = self.effective_training_config()
+        per_epoch = -(-self.groups // config.groups_per_step)
+        return self.iterations * config.epochs * per_epoch
 
     def behavior_adapter(self) -> str | None:
         return normalize_adapter(self.adapter)

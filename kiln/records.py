@@ -227,6 +227,9 @@ class TrainInput(Record):
     run_id: str
     iteration: int | None = None  # online RL: which iteration trains (live metrics key steps by it)
     iterations_total: int | None = None  # online RL: the run's iterations (the LR schedule's horizon)
+    # The LR schedule's horizon in optimizer steps, fixed from the run's plan (RunRequest.lr_horizon_steps);
+    # None (runs admitted before it existed): estimated from each iteration's own step count.
+    lr_horizon_steps: int | None = None
     groups: GroupSet
     training_config: TrainingConfig
     output_adapter: str

@@ -55,6 +55,9 @@ with workflow.unsafe.imports_passed_through():
 
 # Patch id: a run that fails after collecting publishes the collected bundle (not promoted) first.
 KEEP_EVIDENCE_PATCH = "keep-failed-run-evidence"
+# The cosine schedule's horizon fixed from the run's plan (TrainInput.lr_horizon_steps); runs started
+# before it replay without the field (their trainings estimate the horizon per iteration).
+RUN_LR_HORIZON_PATCH = "run-lr-horizon"
 
 
 class RunStages(StatusKeeper):
@@ -259,6 +262,7 @@ class RunStages(StatusKeeper):
                 run_id=ctx.run_id,
                 iteration=k if multi else None,
                 iterations_total=request.iterations if multi else None,
+                lr_horizon_steps=request.lr_horizon_steps() if workflow.patched(RUN_LR_HORIZON_PATCH) else None,
                 groups=groups,
                 training_config=request.effective_training_config(),
                 allow_empty_training=request.allow_empty_training,

@@ -11,6 +11,7 @@ from typing import Any
 EXAMPLE_ENVS = {
     "counter": "examples.envs.counter.server",
     "taskbank": "examples.envs.taskbank.server",
+    "guess": "examples.envs.guess.server",
 }
 
 

@@ -124,6 +124,7 @@ def train(
         staleness=inp.staleness,
         iteration=inp.iteration,
         iterations_total=inp.iterations_total,
+        lr_horizon_steps=inp.lr_horizon_steps,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter

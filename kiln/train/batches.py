@@ -34,6 +34,29 @@ class Row:
         return int(self.ids.shape[0])
 
 
+@dataclass(frozen=True)
+class RowShaping:
+    """How :func:`group_rows` turns rewards into advantages and what it trains of overlong
+    completions (those with an action piece of at least ``max_action_tokens`` ids)."""
+
+    advantage_norm: str = "group_std"  # group_std | none
+    overlong: str = "keep"  # keep | mask | soft_penalty
+    max_action_tokens: int | None = None
+    buffer_tokens: int = 0
+    penalty: float = 1.0
+
+    def ramp(self, completion: dict[str, Any]) -> float:
+        """0 … 1: 1 when the longest action piece reached ``max_action_tokens``, linear over the
+        ``buffer_tokens`` before it, else 0."""
+        if self.max_action_tokens is None:
+            return 0.0
+        longest = max((len(p["ids"]) for p in completion["tokens"]["pieces"] if p["kind"] == "action"), default=0)
+        if longest >= self.max_action_tokens:
+            return 1.0
+        start = self.max_action_tokens - self.buffer_tokens
+        return (longest - start) / self.buffer_tokens if self.buffer_tokens and longest > start else 0.0
+
+
 @dataclass
 class GroupBatch:
     input_ids: torch.Tensor  # (B, T) long
@@ -70,18 +93,29 @@ class GroupBatch:
 
 
 def group_rows(
-    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None
+    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None,
+    env_mask_mode: str = "env_only", shaping: RowShaping | None = None,
 ) -> list[Row]:
-    """Tokenise and mask every completion of ``group``; attach the group-normalised advantages."""
+    """Tokenise and mask every completion of ``group`` (ECHO targets per ``env_mask_mode``,
+    :mod:`kiln.train.tokens`); attach the group-normalised advantages. ``shaping``: the advantage
+    normalisation and overlong handling (``soft_penalty`` lowers the reward before the advantages;
+    ``mask`` zeroes the action mask of a completion that reached the cap, its reward still counts in
+    its group's advantages)."""
+    shaping = shaping or RowShaping()
     completions = group["completions"]
-    rewards = [float(c["reward"]) for c in completions]
-    advantages = group_advantages(rewards)
+    ramps = [shaping.ramp(c) if shaping.overlong != "keep" else 0.0 for c in completions]
+    rewards = [float(c["reward"]) - (shaping.penalty * ramp if shaping.overlong == "soft_penalty" else 0.0)
+               for c, ramp in zip(completions, ramps)]
+    advantages = group_advantages(rewards, shaping.advantage_norm)
     rows = []
     for index, completion in enumerate(completions):
-        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size)
+        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size,
+                                 env_mask_mode=env_mask_mode)
         ids = tc.ids if len(tc.ids) >= 2 else tc.ids + [0] * (2 - len(tc.ids))
         pad = len(ids) - len(tc.ids)
         action = torch.tensor(tc.is_action + [False] * pad, dtype=torch.float32)[1:]
+        if shaping.overlong == "mask" and ramps[index] >= 1.0:
+            action = torch.zeros_like(action)
         env = torch.tensor(tc.is_env_target + [False] * pad, dtype=torch.float32)[1:]
         behavior = None
         if tc.behavior_logprobs is not None:

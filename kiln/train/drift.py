@@ -1,77 +1,100 @@
-"""How far a training moved the policy: KL to the policy it started from and KL to the base model.
+"""How far a training moved the policy: the exact KL to the policy it started from and to the base.
 
-Measured once after the last step, on the training's own rows (every kept completion, sampled by
-the starting policy π_start), over action tokens only, per token and averaged over all of them:
+Measured once after the last step, on the training's own rows (every kept completion), at every
+action token's position, per position over the **whole vocabulary** and averaged over all of them:
 
-- ``kl_to_previous`` = KL(π_new ‖ π_start): with ``r = π_new / π_start`` on tokens sampled from
-  π_start, ``E[r·log r − r + 1]`` (non-negative per token; its expectation is the KL). π_start's
-  log-probs are the pre-update pass's (:func:`kiln.train.step.score_old_logprobs`); in an online
-  run π_start is the previous iteration's adapter, so this is KL(π_k ‖ π_{k−1}).
-- ``kl_to_base`` = KL(π_new ‖ π_base): ``E[r·(ρ − 1 − log ρ)]`` with ``ρ = π_base / π_new``,
-  importance-weighted by the same ``r`` (the tokens were sampled from π_start, not π_new).
+- ``kl_to_previous`` = mean over action positions of KL(π_new ‖ π_start) =
+  ``Σ_v π_new(v)·(log π_new(v) − log π_start(v))``. In an online run π_start is the previous
+  iteration's adapter, so this is KL(π_k ‖ π_{k−1}).
+- ``kl_to_base`` = the same with π_base (the base model, every adapter disabled).
 
-Both are token-level estimates (per-token ratios, not of whole sequences), at the sampling
-temperature, with no gradient. π_new's log-probs come from the trainer's one no-grad pass after the
-last step (which also gives the final evaluation). π_base's are the pre-update pass's when the
-training started from the base model itself (a fresh LoRA's B is zero, so it adds exactly nothing),
-else one more pass with every adapter disabled (:func:`base_logprobs`).
+Both are exact per position (no sampling estimate), at the sampling temperature, with no gradient.
+They are computed inside the trainer's post-update scoring pass (:func:`final_pass`, which also gives
+the final evaluation's log-probs): per micro-batch, one backbone forward under the trained adapter,
+one under π_start and (when π_start is not the base) one with every adapter disabled; the hidden
+states of the action positions go through the output head in chunks of positions
+(:func:`kiln.train.losses.exact_kls`), so no full-vocabulary tensor of a batch is ever built.
+π_start is the base model itself for a training from the base (a fresh LoRA's B is zero, so it
+adds exactly nothing), else ``base_adapter_dir`` loaded next to the trained adapter, frozen, and
+removed afterwards.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from kiln.train.batches import Row
-from kiln.train.step import LogprobCache, StepSettings, score_reference
+from kiln.errors import TrainingFailed
+from kiln.train.batches import Row, collate, pack_microbatches
+from kiln.train.losses import exact_kls, output_head, sequence_hidden, sequence_logprobs
+from kiln.train.model import TRAIN_ADAPTER
+from kiln.train.step import StepSettings
 
-DRIFT_ESTIMATOR = "token_mean_importance_weighted_k3"
-
-
-def drift_terms(new: torch.Tensor, start: torch.Tensor, base: torch.Tensor,
-                mask: torch.Tensor) -> tuple[float, float, float]:
-    """Sums over ``mask``ed tokens of the two per-token estimates, and the token count."""
-    log_r = new - start
-    r = torch.exp(log_r)
-    to_previous = r * log_r - r + 1.0
-    log_rho = base - new
-    to_base = r * (torch.exp(log_rho) - 1.0 - log_rho)
-    return (float((to_previous * mask).sum().item()), float((to_base * mask).sum().item()),
-            float(mask.sum().item()))
+DRIFT_ESTIMATOR = "exact_full_vocabulary"
+START_ADAPTER = "kiln-start"
 
 
-def base_logprobs(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
-                  device: torch.device, *, start_is_base: bool) -> dict[tuple[int, int], torch.Tensor]:
-    """π_base's log-probs of ``rows``: the pre-update pass's (``cache.old``) when the training
-    started from the base model (``start_is_base``: no base adapter, so the fresh LoRA adds exact
-    zeros), else the KL reference's (``cache.ref``) and a pass with every adapter disabled for the
-    rest. Leaves the RNG as it was."""
-    if start_is_base:
-        return cache.old
-    missing = [row for row in rows if row.key not in cache.ref]
-    if not missing:
-        return cache.ref
+def _hidden_under(model: Any, adapter: str | None, batch: Any) -> torch.Tensor:
+    """Hidden states of ``batch`` under ``adapter`` (None: every adapter disabled)."""
+    if adapter is None:
+        with model.disable_adapter():
+            return sequence_hidden(model, batch.input_ids, batch.attention_mask)
+    model.set_adapter(adapter)
+    try:
+        return sequence_hidden(model, batch.input_ids, batch.attention_mask)
+    finally:
+        model.set_adapter(TRAIN_ADAPTER)
+
+
+def _score(model: Any, rows: list[Row], settings: StepSettings, device: torch.device,
+           start: str | None) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    head = output_head(model)
+    scored: dict[tuple[int, int], torch.Tensor] = {}
+    to_previous: list[float] = []
+    to_base: list[float] = []
+    tokens = 0
+    for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
+        batch = collate(micro).to(device)
+        hidden_new = sequence_hidden(model, batch.input_ids, batch.attention_mask)
+        logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels,
+                                     temperature=settings.temperature, hidden=hidden_new)
+        for b, row in enumerate(micro):
+            scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
+        on = batch.action_mask > 0
+        hiddens = [_hidden_under(model, start, batch)[on]]
+        if start is not None:
+            hiddens.append(_hidden_under(model, None, batch)[on])
+        kls = exact_kls(head, hidden_new[on], hiddens, temperature=settings.temperature)
+        to_previous.append(float(kls[0].double().sum().item()))
+        to_base.append(float(kls[-1].double().sum().item()))
+        tokens += int(on.sum().item())
+    figures = {"kl_to_previous": math.fsum(to_previous) / tokens if tokens else None,
+               "kl_to_base": math.fsum(to_base) / tokens if tokens else None,
+               "action_tokens": tokens, "estimator": DRIFT_ESTIMATOR}
+    return scored, figures
+
+
+@torch.no_grad()
+def final_pass(model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *,
+               start_adapter_dir: Path | None) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    """The post-update pass: every row's log-probs under the trained adapter (as
+    :func:`kiln.train.step.score_rows`) and the receipt's ``policy_drift`` block
+    ``{kl_to_previous, kl_to_base, action_tokens, estimator}`` (see the module docstring).
+    ``start_adapter_dir``: the adapter training started from (None: the base model). Leaves the
+    model with only its trained adapter, active, and the torch RNG untouched."""
     with torch.random.fork_rng(devices=[]):
-        return {**cache.ref, **score_reference(model, missing, settings, device)}
-
-
-def policy_drift(rows: list[list[Row]], start: dict[tuple[int, int], torch.Tensor],
-                 new: dict[tuple[int, int], torch.Tensor],
-                 base: dict[tuple[int, int], torch.Tensor]) -> dict[str, Any]:
-    """The receipt's ``policy_drift`` block (see the module docstring) over the action tokens of
-    every row that has all three log-probs: π_start's, π_new's and π_base's."""
-    flat = [row for group in rows for row in group if row.key in start and row.key in new and row.key in base]
-    to_previous = to_base = tokens = 0.0
-    parts_previous, parts_base = [], []
-    for row in flat:
-        a, b, n = drift_terms(new[row.key], start[row.key], base[row.key], row.action)
-        parts_previous.append(a)
-        parts_base.append(b)
-        tokens += n
-    if tokens:
-        to_previous = math.fsum(parts_previous) / tokens
-        to_base = math.fsum(parts_base) / tokens
-    return {"kl_to_previous": to_previous if tokens else None, "kl_to_base": to_base if tokens else None,
-            "action_tokens": int(tokens), "estimator": DRIFT_ESTIMATOR}
+        if start_adapter_dir is None:
+            return _score(model, rows, settings, device, None)
+        try:
+            model.load_adapter(str(start_adapter_dir), adapter_name=START_ADAPTER, is_trainable=False)
+        except (OSError, ValueError) as exc:
+            raise TrainingFailed(f"cannot load the starting adapter {start_adapter_dir}: {exc}",
+                                 code="adapter_load_failed") from exc
+        try:
+            return _score(model, rows, settings, device, START_ADAPTER)
+        finally:
+            model.set_adapter(TRAIN_ADAPTER)
+            model.delete_adapter(START_ADAPTER)

@@ -5,6 +5,8 @@ enter by multiplication, so a masked position contributes an exactly-zero gradie
 divide by a caller-given ``denominator`` (the action-token count, or the number of sequences with
 observations, of the whole optimizer step), so summing the terms of several micro-batches gives
 exactly the loss of the step in one batch: results do not depend on the micro-batch size.
+:func:`exact_kls` gives the exact full-vocabulary KL between two policies' next-token
+distributions from their hidden states, in position chunks (the drift figures).
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def _chunk_logprobs(head: Any, hidden: torch.Tensor, labels: torch.Tensor, tempe
     return flat.view(labels.shape)
 
 
+def _chunk_logprobs_entropy(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float):
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_p = F.log_softmax(logits, dim=-1)
+    picked = log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked, -(torch.exp(log_p) * log_p).sum(dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``log softmax(logits/T)[labels]`` from full ``logits[:, :-1]``; shape ``(B, T-1)``, float32.
 
@@ -52,6 +63,19 @@ def _split(model: Any) -> tuple[Any, Any]:
     return lm.get_decoder(), lm.get_output_embeddings()
 
 
+def output_head(model: Any) -> Any:
+    """The output head (hidden state → vocabulary logits) of a causal LM, PEFT-wrapped or not."""
+    return _split(model)[1]
+
+
+def sequence_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The backbone's last hidden states at positions ``0 … T−2`` (each predicts the next token),
+    ``(B, T-1, d)``: what :func:`sequence_logprobs` feeds the output head."""
+    backbone, _ = _split(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return hidden.last_hidden_state[:, :-1, :]
+
+
 def sequence_logprobs(
     model: Any,
     input_ids: torch.Tensor,
@@ -60,32 +84,63 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
-) -> torch.Tensor:
+    hidden: torch.Tensor | None = None,
+    with_entropy: bool = False,
+) -> Any:
     """Per-token ``log p(labels | prefix)`` at temperature ``T``, shape ``(B, T-1)``, float32.
 
-    One backbone forward, then the output head over chunks of positions. With gradients on, each
+    One backbone forward (skipped when ``hidden``, :func:`sequence_hidden`'s output, is given),
+    then the output head over chunks of positions. With gradients on, each
     chunk runs under activation checkpointing, so only the hidden states are kept for backward and
     the logits of one chunk are alive at a time (peak logits memory ``chunk_elements`` floats
     instead of ``B·T·V``). Values are identical to :func:`token_logprobs` on the full logits.
+    ``with_entropy``: returns ``(logprobs, entropy)``, the second the per-position entropy of the
+    tempered next-token distribution (``(B, T-1)``, with gradient), from the same chunks.
     """
-    backbone, head = _split(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1, :]
+    head = output_head(model)
+    if hidden is None:
+        hidden = sequence_hidden(model, input_ids, attention_mask)
     t = _scoring_temperature(temperature)
     rows, length = labels.shape
     vocab = int(head.weight.shape[0])
     step = max(1, chunk_elements // max(1, rows * vocab))
+    chunk = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     if step >= length:
-        return _chunk_logprobs(head, hidden, labels, t)
+        return chunk(head, hidden, labels, t)
     parts = []
     for start in range(0, length, step):
         h = hidden[:, start : start + step, :]
         y = labels[:, start : start + step]
         if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logprobs, head, h, y, t, use_reentrant=False))
+            parts.append(checkpoint(chunk, head, h, y, t, use_reentrant=False))
         else:
-            parts.append(_chunk_logprobs(head, h, y, t))
+            parts.append(chunk(head, h, y, t))
+    if with_entropy:
+        return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
     return torch.cat(parts, dim=1)
+
+
+@torch.no_grad()
+def exact_kls(head: Any, hidden_p: torch.Tensor, hidden_qs: list[torch.Tensor], *, temperature: float = 1.0,
+              chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> list[torch.Tensor]:
+    """Per position, the exact ``KL(p ‖ q) = Σ_v p(v)·(log p(v) − log q(v))`` over the whole
+    vocabulary, for each ``q`` in ``hidden_qs``: ``p = softmax(head(hidden_p)/T)``, ``q`` likewise
+    from its hidden states (all ``(N, d)``, the same N positions). Returns one ``(N,)`` float64
+    tensor per ``q`` (the fp32 logits are taken to float64 first). Positions are taken in chunks so that the logits alive at a time stay within
+    ``chunk_elements`` floats (as :func:`sequence_logprobs`); no ``(N, V)`` tensor is ever built."""
+    t = _scoring_temperature(temperature)
+    vocab = int(head.weight.shape[0])
+    step = max(1, chunk_elements // max(1, 2 * vocab * (1 + len(hidden_qs))))  # float64: 2 floats each
+    out: list[list[torch.Tensor]] = [[] for _ in hidden_qs]
+    for start in range(0, int(hidden_p.shape[0]), step):
+        # float64 from the fp32 logits: a policy that barely moved gets a KL near 0, not fp32 noise
+        log_p = F.log_softmax(head(hidden_p[start : start + step]).float().double() / t, dim=-1)
+        p = torch.exp(log_p)
+        for i, hidden_q in enumerate(hidden_qs):
+            log_q = F.log_softmax(head(hidden_q[start : start + step]).float().double() / t, dim=-1)
+            out[i].append((p * (log_p - log_q)).sum(dim=-1).clamp(min=0.0))
+    empty = hidden_p.new_zeros((0,), dtype=torch.float64)
+    return [torch.cat(parts) if parts else empty for parts in out]
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:
@@ -126,6 +181,9 @@ def policy_loss(
     - ``cispo``: ``−sg(min(r, cispo_max_weight))·A·logp`` (the IS weight is a constant; every
       token keeps a gradient, large ratios are truncated rather than zeroed).
 
+    For ``token`` and ``cispo``, ``denominator`` may be a per-row ``(B, 1)`` tensor: each row's
+    terms are divided by their own normaliser (``loss_normaliser: sequences``).
+
     ``is_weights`` (``(B, T-1)``, no gradient), when given, multiplies each token's term: the
     truncated behaviour importance weight of a stale batch (:func:`truncated_is_weights`).
 
@@ -155,7 +213,10 @@ def policy_loss(
         per_token = per_token * is_weights.detach()
     if denominator is None:
         denominator = action_mask.sum().clamp(min=1.0)
-    loss = (per_token * action_mask).sum() / denominator
+    if isinstance(denominator, torch.Tensor) and denominator.dim() > 0:  # per row (B, 1): sequence means
+        loss = (per_token * action_mask / denominator).sum()
+    else:
+        loss = (per_token * action_mask).sum() / denominator
     with torch.no_grad():
         clipped_count = float((clipped_mask.float() * action_mask).sum().item())
         deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())

@@ -10,10 +10,10 @@ from typing import Any
 from kiln.canonical import digest_json
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import sampling_of
+from kiln.train.batches import RowShaping
 from kiln.train.selection import select_groups
 from kiln.train.step import StepSettings
 from kiln.train.tokens import count_tokens
-
 
 # Identity keys present only for an online run's training (continuation state, stale data): a
 # checkpoint must agree on them too, present or absent.
@@ -35,6 +35,29 @@ class Plan:
     effective_config: dict[str, Any]
     identity: dict[str, Any]
     schedule: list[tuple[int, list[int]]] = field(default_factory=list)
+    shaping: RowShaping = field(default_factory=RowShaping)
+
+
+# Training settings added after receipts and checkpoints existed: left out of the effective config
+# (so of the config digest a checkpoint must match) while at their defaults.
+LATER_SETTINGS = {"advantage_norm": "group_std", "loss_normaliser": "tokens", "overlong": "keep",
+                  "overlong_buffer_tokens": 0, "overlong_penalty": 1.0, "entropy_coeff": 0.0}
+
+
+def _cap(config: Any, sampling: dict[str, Any] | None) -> int | None:
+    """The sampler's ``max_action_tokens`` when a setting needs it (overlong handling, the constant
+    normaliser); refused when the data's behaviour identity does not record it."""
+    if config.overlong == "keep" and config.loss_normaliser != "constant":
+        return None
+    cap = (sampling or {}).get("max_action_tokens")
+    if not cap:
+        needs = f"overlong {config.overlong!r}" if config.overlong != "keep" else "loss_normaliser 'constant'"
+        raise TrainingFailed(
+            f"training_config {needs} needs the sampler's max_action_tokens, which this data's behaviour "
+            "identity does not record", code="invalid_training_data",
+            hint="collect the data again with this Kiln version, or leave overlong at 'keep' and "
+            "loss_normaliser at 'tokens'")
+    return int(cap)
 
 
 def epoch_order(n_groups: int, seed: int, epoch: int, iteration: int | None = None) -> list[int]:
@@ -162,8 +185,12 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     engine = engine_of(_identity_of(groups, expected))
     uncorrected = engine_correction(engine, recorded, staleness, sampling)
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
-    token_counts = count_tokens(kept, warning_filter=warning_filter)
+    token_counts = count_tokens(kept, warning_filter=warning_filter,
+                                env_mask_mode="env_only" if config.echo is None else config.echo.env_mask_mode)
     echo = _echo_block(config, token_counts)
+    cap = _cap(config, sampling)
+    shaping = RowShaping(advantage_norm=config.advantage_norm, overlong=config.overlong, max_action_tokens=cap,
+                         buffer_tokens=int(config.overlong_buffer_tokens), penalty=float(config.overlong_penalty))
     gspo = config.is_level == "sequence"
     settings = StepSettings(
         clip_epsilon=float(config.sequence_clip_epsilon if gspo else config.clip_epsilon),
@@ -177,8 +204,14 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         stale_is_max_weight=float(config.stale_is_max_weight) if staleness > 0 else None,
         target_kl=float(config.target_kl) if config.target_kl is not None else None,
         engine_is_max_weight=float(config.engine_is_max_weight) if uncorrected is None else None,
+        loss_normaliser=config.loss_normaliser,
+        loss_constant_tokens=float(cap) if config.loss_normaliser == "constant" else None,
+        entropy_coeff=float(config.entropy_coeff),
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
+    for key, default in LATER_SETTINGS.items():
+        if effective_config.get(key) == default:
+            effective_config.pop(key)
     if staleness == 0:
         effective_config.pop("stale_is_max_weight", None)
     if engine == "hf":
@@ -195,4 +228,4 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, engine=engine,
                 engine_uncorrected=uncorrected, echo=echo,
                 token_counts=token_counts, effective_config=effective_config, identity=identity,
-                schedule=schedule)
+                schedule=schedule, shaping=shaping)

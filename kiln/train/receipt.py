@@ -98,10 +98,20 @@ def runtime_block(device: Any, dtype: str) -> dict[str, Any]:
 def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:
     """The receipt's ``grpo`` block: what the objective and the schedule were."""
     s = plan.settings
+    extra: dict[str, Any] = {}
+    if plan.shaping.overlong != "keep":
+        extra["overlong"] = {"mode": plan.shaping.overlong, "max_action_tokens": plan.shaping.max_action_tokens,
+                             "buffer_tokens": plan.shaping.buffer_tokens, "penalty": plan.shaping.penalty}
+    if s.entropy_coeff > 0:
+        extra["entropy_coeff"] = s.entropy_coeff
     return {
-        "advantage": "group_normalised_population_std",
+        **extra,
+        "advantage": {"group_std": "group_normalised_population_std", "none": "group_centred"}[plan.shaping.advantage_norm],
         "advantage_eps": ADVANTAGE_EPS,
-        "loss_aggregation": "token_mean_per_step",
+        "loss_aggregation": {"tokens": "token_mean_per_step", "sequences": "sequence_mean_per_step",
+                             "constant": "constant_per_step"}[s.loss_normaliser] if s.is_level != "sequence"
+        else "sequence_mean_per_step",
+        **({"loss_constant_tokens": s.loss_constant_tokens} if s.loss_normaliser == "constant" else {}),
         "importance": "recorded" if s.recorded else "pre_update_logprobs",
         "is_level": s.is_level,
         "clip_epsilon": s.clip_epsilon,

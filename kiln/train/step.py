@@ -17,7 +17,12 @@ corrects the gap between the engine's numbers and the trainer's (:mod:`kiln.trai
 Reference log-probs (KL) come from the same model with the adapter disabled, computed once per row
 and cached (the base never changes). Every loss term is divided by totals of the whole step (action
 tokens, sequences with observations), so accumulating micro-batches gives the gradient of the
-step in one batch up to float rounding, whatever ``max_tokens_per_microbatch`` is.
+step in one batch up to float rounding, whatever ``max_tokens_per_microbatch`` is. The policy
+term's divisor follows ``loss_normaliser``: the step's action tokens (``tokens``), each row's action
+tokens times the step's sequences (``sequences``: a mean of per-sequence token means) or the step's
+sequences times the sampler's ``max_action_tokens`` (``constant``, Dr. GRPO). With
+``entropy_coeff`` > 0 the loss also gets ``− entropy_coeff · mean entropy`` over the step's action
+tokens, from the same chunked log-prob pass, and the step records ``entropy``.
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ class StepSettings:
     # Data sampled by another engine (vllm): truncated IS weight cap of min(π_trainer / π_engine, c)
     # on its recorded log-probs; None = no engine correction (hf, or see kiln.train.plan).
     engine_is_max_weight: float | None = None
+    # What the policy term is divided by: tokens (the step's action tokens), sequences (each row's
+    # action tokens × the step's sequences) or constant (the step's sequences × loss_constant_tokens).
+    loss_normaliser: str = "tokens"
+    loss_constant_tokens: float | None = None
+    # Entropy bonus: − entropy_coeff · mean entropy over the step's action tokens (0: off, not computed).
+    entropy_coeff: float = 0.0
 
     @property
     def kl_on(self) -> bool:
@@ -154,7 +165,12 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
     """Forward + backward of one micro-batch; returns its additive contributions."""
     action_total, obs_total, sequence_total = totals
     batch = collate(rows).to(device)
-    logprobs = batch_logprobs(model, batch, settings.temperature)
+    entropy = None
+    if settings.entropy_coeff > 0:
+        logprobs, entropy = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels,
+                                              temperature=settings.temperature, with_entropy=True)
+    else:
+        logprobs = batch_logprobs(model, batch, settings.temperature)
     old = _old_logprobs(rows, batch, logprobs, cache, settings)
     advantages = batch.advantages.unsqueeze(-1).expand_as(logprobs)
     kl = torch.zeros((), device=device)
@@ -176,10 +192,16 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
         logprobs, old, advantages, batch.action_mask,
         clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
         is_level=settings.is_level, cispo_max_weight=settings.cispo_max_weight,
-        denominator=action_total, is_weights=weights, sequence_denominator=sequence_total,
+        denominator=_policy_denominator(batch, settings, action_total, sequence_total), is_weights=weights,
+        sequence_denominator=sequence_total,
     )
     env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths, denominator=obs_total)
     total = p_loss
+    extra = {}
+    if entropy is not None:
+        mean_entropy = (entropy * batch.action_mask).sum() / action_total
+        total = total - settings.entropy_coeff * mean_entropy
+        extra["entropy"] = float(mean_entropy.detach().item())
     if settings.kl_on and settings.kl_estimator == "k3":
         total = total + settings.kl_coeff * kl
     if settings.echo_lambda > 0:
@@ -198,7 +220,18 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
         "max_ratio_deviation": stats["max_ratio_deviation"],
         "tokens": float(batch.tokens),
         **is_stats,
+        **extra,
     }
+
+
+def _policy_denominator(batch: GroupBatch, settings: StepSettings, action_total: float,
+                        sequence_total: float) -> float | torch.Tensor:
+    """The policy term's normaliser (``loss_normaliser``): a scalar, or per row ``(B, 1)``."""
+    if settings.loss_normaliser == "sequences":
+        return batch.action_mask.sum(dim=-1, keepdim=True).clamp(min=1.0) * sequence_total
+    if settings.loss_normaliser == "constant":
+        return sequence_total * float(settings.loss_constant_tokens or 1.0)
+    return action_total
 
 
 _PEAKS = ("max_ratio_deviation", "is_ratio_max", "is_weight_max")
@@ -254,6 +287,8 @@ def train_step(
     for key, value in values.items():
         if not math.isfinite(value):
             raise TrainingFailed(f"non-finite {key} ({value})", code="non_finite_loss")
+    if "entropy" in sums:
+        values["entropy"] = sums["entropy"]
     if "is_weight_max" in peaks:  # stale or other-engine data: its truncated importance weights
         values.update(is_ratio_max=peaks["is_ratio_max"], is_weight_max=peaks["is_weight_max"],
                       is_truncated_fraction=sums["is_truncated_tokens"] / action_total)

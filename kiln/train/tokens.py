@@ -7,10 +7,17 @@ A completion's ``tokens.pieces`` concatenate to the exact ids the policy saw and
 - ``observation`` pieces (environment text) are the ECHO targets, except ``warning`` pieces
   (harness/protocol-error text) when the echo warning filter is on.
 
-``env_mask_mode`` (``env_only`` | ``full_obs``): the collector already splits template wrapping into
-context pieces, so at token level both modes select the same observation tokens; the mode is
-recorded in the receipt. All observation tokens (warning or not) form the "full observation length"
-that normalises a sequence's ECHO cross-entropy.
+``env_mask_mode`` picks the ECHO targets:
+
+- ``env_only`` (default): the ``observation`` pieces (what the environment wrote);
+- ``full_obs``: the whole observation turn, i.e. also the template wrapping around it, which the
+  collector splits into ``context`` pieces: every context piece after the first action piece is
+  then an ECHO target and part of the observation span (the prompt before the first action never
+  is).
+
+Either way warning pieces are left out when the warning filter is on, and the sequence's ECHO
+cross-entropy is normalised by its whole observation span (all observation tokens, warning or not,
+plus the wrapping in ``full_obs``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 from kiln.errors import TrainingFailed
 
 PIECE_KINDS = ("context", "action", "observation")
+ENV_MASK_MODES = ("env_only", "full_obs")
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,12 @@ def _bad(message: str) -> TrainingFailed:
 
 
 def tokenize_completion(
-    completion: dict[str, Any], *, warning_filter: bool, vocab_size: int | None = None
+    completion: dict[str, Any], *, warning_filter: bool, vocab_size: int | None = None,
+    env_mask_mode: str = "env_only",
 ) -> TokenizedCompletion:
     """Flatten ``completion['tokens']['pieces']`` and validate it."""
+    if env_mask_mode not in ENV_MASK_MODES:
+        raise ValueError(f"env_mask_mode must be one of {ENV_MASK_MODES}, got {env_mask_mode!r}")
     tokens = completion.get("tokens")
     pieces = tokens.get("pieces") if isinstance(tokens, dict) else None
     if not isinstance(pieces, list) or not pieces:
@@ -57,6 +68,7 @@ def tokenize_completion(
     is_obs: list[bool] = []
     logprobs: list[float] = []
     have_logprobs = True
+    acted = False  # an action piece came before: a later context piece wraps an observation
     for index, piece in enumerate(pieces):
         kind = piece.get("kind")
         if kind not in PIECE_KINDS:
@@ -71,7 +83,8 @@ def tokenize_completion(
         n = len(piece_ids)
         ids.extend(piece_ids)
         action = kind == "action"
-        observation = kind == "observation"
+        observation = kind == "observation" or (env_mask_mode == "full_obs" and kind == "context" and acted)
+        acted = acted or action
         target = observation and not (warning_filter and bool(piece.get("warning", False)))
         is_action.extend([action] * n)
         is_obs.extend([observation] * n)
@@ -94,16 +107,29 @@ def tokenize_completion(
     )
 
 
-def count_tokens(groups: list[dict[str, Any]], *, warning_filter: bool) -> dict[str, int]:
-    """Receipt token counts over the training groups (each completion counted once)."""
+def _wrapping(pieces: list[dict[str, Any]], env_mask_mode: str) -> list[bool]:
+    """Per piece: a context piece that ``full_obs`` trains as part of an observation turn."""
+    out, acted = [], False
+    for piece in pieces:
+        out.append(env_mask_mode == "full_obs" and piece["kind"] == "context" and acted)
+        acted = acted or piece["kind"] == "action"
+    return out
+
+
+def count_tokens(groups: list[dict[str, Any]], *, warning_filter: bool,
+                 env_mask_mode: str = "env_only") -> dict[str, int]:
+    """Receipt token counts over the training groups (each completion counted once). With
+    ``full_obs`` the observation turns' template wrapping counts as environment tokens (it is
+    trained as such), not as context."""
     action = context = obs = warning = 0
     for group in groups:
         for completion in group["completions"]:
-            for piece in completion["tokens"]["pieces"]:
+            pieces = completion["tokens"]["pieces"]
+            for piece, wrapping in zip(pieces, _wrapping(pieces, env_mask_mode)):
                 n = len(piece["ids"])
                 if piece["kind"] == "action":
                     action += n
-                elif piece["kind"] == "context":
+                elif piece["kind"] == "context" and not wrapping:
                     context += n
                 else:
                     obs += n

@@ -36,8 +36,8 @@ is weighted by ``min(π_trainer / π_engine, engine_is_max_weight)`` on the engi
 log-probs, and the receipt's ``engine_mismatch`` block records the gap (:mod:`kiln.train.mismatch`;
 not corrected, with the reason, for ``recorded``, stale or constrained data).
 
-Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records KL(π_new ‖
-π_start) and KL(π_new ‖ π_base) on the training's action tokens; ``target_kl`` ends the training
+Policy movement (:mod:`kiln.train.drift`): after the last step the receipt records the exact
+(full-vocabulary) KL(π_new ‖ π_start) and KL(π_new ‖ π_base) at the training's action tokens; ``target_kl`` ends the training
 at the first step whose approximate KL(π_start ‖ π) exceeds it (``early_stop`` in the receipt).
 
 Determinism: the LoRA init is seeded with ``config.seed``, there is no dropout, data order is
@@ -65,7 +65,7 @@ from kiln.train.checkpoints import (
     save_checkpoint,
 )
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
-from kiln.train.drift import base_logprobs, policy_drift
+from kiln.train.drift import final_pass
 from kiln.train.model import (
     TRAIN_ADAPTER,
     adapted_targets,
@@ -89,7 +89,7 @@ from kiln.train.receipt import (
     write_receipt,
 )
 from kiln.train.staleness import score_behavior, stale_origin
-from kiln.train.step import LogprobCache, score_old_logprobs, score_rows, train_step
+from kiln.train.step import LogprobCache, score_old_logprobs, train_step
 
 
 @dataclass
@@ -178,7 +178,7 @@ class Loop:
     initial_eval: dict[str, Any]
     optimizer_info: dict[str, Any]
     base_adapter_sha: str | None = None
-    start_is_base: bool = False  # no base adapter: the policy training starts from is the base model
+    start_adapter_dir: Path | None = None  # the adapter training starts from (None: the base model)
     start_step: int = 0
     resumed_from: int | None = None
     continued_from: dict[str, Any] | None = None  # receipt block: the continuation state used
@@ -263,13 +263,16 @@ def prepare_training(
     selected: tuple[list[dict], dict[str, Any]] | None = None,
     iteration: int | None = None,
     iterations_total: int | None = None,
+    lr_horizon_steps: int | None = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
     The optimizer starts fresh, from ``init_state`` (a continuation state, see
     :mod:`kiln.train.continuation`) or — a retried attempt — from its own checkpoint
     ``resume_from``, which already holds what ``init_state`` started it with. ``iteration`` (1-based,
-    online runs) seeds the epoch order; ``iterations_total`` sets the learning-rate schedule's horizon.
+    online runs) seeds the epoch order; ``lr_horizon_steps`` (the run's planned optimizer steps) is the
+    learning-rate schedule's horizon, else (older runs) ``iterations_total`` estimates it from this
+    training's own step count.
     Refuses float16 (:func:`refuse_float16`)."""
     refuse_float16(dtype)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
@@ -284,7 +287,8 @@ def prepare_training(
     model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
-    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
+    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab,
+                       env_mask_mode=plan.echo["env_mask_mode"], shaping=plan.shaping)
             for i, g in enumerate(plan.kept)]
     if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
         raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
@@ -303,12 +307,15 @@ def prepare_training(
     optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
-                base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale,
+                base_adapter_sha=base_adapter_sha, start_adapter_dir=base_adapter_dir, staleness=stale,
                 engine_logprobs=engine_logprobs,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
-    if iterations_total is not None and iteration is not None:
+    if lr_horizon_steps is not None:
+        loop.horizon_steps = lr_horizon_steps
+    elif iterations_total is not None and iteration is not None:
         loop.horizon_steps = loop.steps_before + len(plan.schedule) * max(1, iterations_total - iteration + 1)
+    loop.optimizer_info["schedule_horizon_steps"] = loop.horizon_steps or loop.steps_before + len(plan.schedule)
     if resume_from is not None:
         state = read_checkpoint_state(Path(resume_from))
         for key in [*plan.identity, *(k for k in ONLINE_IDENTITY_KEYS if k not in plan.identity)]:
@@ -365,6 +372,7 @@ def train_grpo(
     staleness: int = 0,
     iteration: int | None = None,
     iterations_total: int | None = None,
+    lr_horizon_steps: int | None = None,
 ) -> TrainedAdapter:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -388,7 +396,7 @@ def train_grpo(
         base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
         staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
-        iteration=iteration, iterations_total=iterations_total)
+        iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
@@ -427,12 +435,9 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
             keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
     """Final evaluation, adapter, continuation state, receipt."""
     flat = [row for group in loop.rows for row in group]
-    with torch.random.fork_rng(devices=[]):
-        final = score_rows(loop.model, flat, plan.settings, dev)
+    final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
-    base = base_logprobs(loop.model, flat, loop.cache, plan.settings, dev, start_is_base=loop.start_is_base)
-    drift = policy_drift(loop.rows, loop.cache.old, final, base)
     mismatch = engine_mismatch(loop, plan)
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():

@@ -42,9 +42,12 @@ class OnlineRun:
     iterations: list[IterationFigures] = field(default_factory=list)
 
 
-def held_out(runtime: Any, url: str, adapter_dir: Path | None, seeds: list[int] | None = None) -> dict[int, float]:
+def held_out(runtime: Any, url: str, adapter_dir: Path | None, seeds: list[int] | None = None,
+             episode: dict[str, Any] | None = None) -> dict[int, float]:
+    """Per held-out seed, the mean return of ``adapter_dir`` (``episode``: settings over the demo's)."""
     seeds = seeds or HELD_OUT_SEEDS
-    documents = collect(runtime, url, seeds, group_size=HELD_OUT_GROUP_SIZE, adapter_dir=adapter_dir)
+    documents = collect(runtime, url, seeds, group_size=HELD_OUT_GROUP_SIZE, adapter_dir=adapter_dir,
+                        **(episode or {}))
     means = [sum(float(c["reward"]) for c in d["line"]["completions"]) / len(d["line"]["completions"])
              for d in documents]
     return dict(zip(seeds, means))
@@ -53,22 +56,26 @@ def held_out(runtime: Any, url: str, adapter_dir: Path | None, seeds: list[int] 
 def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: Any, seed_start: int,
                iterations: int, groups: int = 8, group_size: int = 4,
                base_held_out: dict[int, float] | None = None, progress: Any = None,
-               evaluate_from: int = 1, evaluator: Any = None, concurrency: int | None = None) -> OnlineRun:
+               evaluate_from: int = 1, evaluator: Any = None, concurrency: int | None = None,
+               episode: dict[str, Any] | None = None) -> OnlineRun:
     """``iterations`` collect→train→held-out rounds (see the module docstring); iterations before
-    ``evaluate_from`` skip the held-out play (their ``held_out`` is empty). ``runtime`` collects
+    ``evaluate_from`` skip the held-out play (their ``held_out`` is empty); ``episode`` overrides the
+    demo's episode settings (e.g. ``max_steps``) for collection and held-out play. ``runtime`` collects
     (``concurrency`` groups at once, default a default gpu worker's) and trains; ``evaluator`` (a
     runtime, default ``runtime``) plays the held-out seeds."""
     from kiln.errors import TrainingFailed
     from kiln.train.trainer import train_grpo
 
     evaluator = evaluator or runtime
-    run = OnlineRun(base_held_out=base_held_out if base_held_out is not None else held_out(evaluator, url, None))
+    episode = episode or {}
+    run = OnlineRun(base_held_out=base_held_out if base_held_out is not None
+                    else held_out(evaluator, url, None, episode=episode))
     adapter, state = None, None
     for k in range(1, iterations + 1):
         t0 = time.perf_counter()
         seeds = list(range(seed_start + (k - 1) * groups, seed_start + k * groups))
         documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=adapter,
-                            concurrency=concurrency)
+                            concurrency=concurrency, **episode)
         lines = [d["line"] for d in documents]
         rewards = [float(c["reward"]) for line in lines for c in line["completions"]]
         identity = lines[0]["completions"][0]["openenv"]["behavior_policy"]
@@ -78,6 +85,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
                                     base_adapter_dir=adapter, init_state=state, keep_state=k < iterations,
                                     expected_behavior_policy=identity, iteration=k if iterations > 1 else None,
                                     iterations_total=iterations if iterations > 1 else None,
+                                    lr_horizon_steps=iterations * config.epochs * -(-groups // config.groups_per_step),
                                     device=runtime.device, dtype=runtime.dtype, shared_base=lease)
         except TrainingFailed as exc:
             run.iterations.append(IterationFigures(k, sum(rewards) / len(rewards), {}, time.perf_counter() - t0,
@@ -85,7 +93,7 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
             break
         wall = time.perf_counter() - t0
         adapter, state = result.adapter_dir, result.final_state
-        scores = held_out(evaluator, url, adapter) if k >= evaluate_from else {}
+        scores = held_out(evaluator, url, adapter, episode=episode) if k >= evaluate_from else {}
         figures = IterationFigures(k, sum(rewards) / len(rewards), scores, wall,
                                    kl_to_previous=result.kl_to_previous, kl_to_base=result.kl_to_base,
                                    steps=result.steps)

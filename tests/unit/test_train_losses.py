@@ -250,3 +250,26 @@ def test_sequence_level_has_its_own_small_epsilon():
 
     config = TrainingConfig()
     assert config.sequence_clip_epsilon == 3e-4 and config.clip_epsilon == 0.2
+
+
+@pytest.mark.timeout(60)
+def test_exact_kls_match_a_full_softmax_whatever_the_chunk():
+    """:func:`exact_kls` equals ``Σ p·(log p − log q)`` from full softmaxes, at a temperature,
+    for chunks of one position, of three, and all at once."""
+    from kiln.train.losses import exact_kls
+
+    torch.manual_seed(3)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hp, hq1, hq2 = (torch.randn(7, 8) for _ in range(3))
+    t = 0.7
+
+    def brute(a, b):
+        p = torch.softmax(head(a).double() / t, dim=-1)
+        q = torch.softmax(head(b).double() / t, dim=-1)
+        return (p * (p.log() - q.log())).sum(-1)
+
+    for chunk in (1, 50 * 2 * 3 * 3, 1 << 24):
+        kl1, kl2 = exact_kls(head, hp, [hq1, hq2], temperature=t, chunk_elements=chunk)
+        assert torch.allclose(kl1, brute(hp, hq1), rtol=1e-6, atol=1e-9)
+        assert torch.allclose(kl2, brute(hp, hq2), rtol=1e-6, atol=1e-9)
+    assert float(exact_kls(head, hp, [hp])[0].abs().max()) == 0.0

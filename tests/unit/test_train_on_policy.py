@@ -150,14 +150,16 @@ def _independent_logprobs(model_path: Path, adapter_dir: Path | None, groups) ->
         for group in groups:
             batch = build_group_batch(group, warning_filter=True, vocab_size=300)
             logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels)
-            out.append([(logprobs[b], batch.action_mask[b], batch.env_mask[b], batch.obs_lengths[b])
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, :]
+            out.append([(logprobs[b], batch.action_mask[b], batch.env_mask[b], batch.obs_lengths[b], logits[b])
                         for b in range(logprobs.shape[0])])
     return out
 
 
 def test_drift_and_evaluation_figures_match_an_independent_computation(model_path, tmp_path):
-    """The receipt's KL to the previous policy and to the base, and its initial and final
-    evaluation figures, equal the same estimates computed here from freshly loaded models: for a
+    """The receipt's KL to the previous policy and to the base (exact, over the whole vocabulary),
+    and its initial and final evaluation figures, equal the same figures computed here from freshly
+    loaded models' full logits with a plain softmax: for a
     training from the base model (whose starting policy is the base) and for one continuing from
     an adapter (where the two KLs differ)."""
     import math
@@ -169,24 +171,26 @@ def test_drift_and_evaluation_figures_match_an_independent_computation(model_pat
     after_first = _independent_logprobs(model_path, first.adapter_dir, bandit_groups(4))
     after_second = _independent_logprobs(model_path, second.adapter_dir, bandit_groups(4))
 
-    def drift(new, start):
+    def drift(new, start):  # exact KL over the whole vocabulary, from the full logits
         to_previous = to_base = tokens = 0.0
         rows = zip(*(sum(side, []) for side in (new, start, base)))
-        for (lp_new, mask, _, _), (lp_start, _, _, _), (lp_base, _, _, _) in rows:
-            r = torch.exp(lp_new - lp_start)
-            to_previous += float(((r * (lp_new - lp_start) - r + 1.0) * mask).sum())
-            rho = torch.exp(lp_base - lp_new)
-            to_base += float((r * (rho - 1.0 - torch.log(rho)) * mask).sum())
+        for (_, mask, _, _, z_new), (_, _, _, _, z_start), (_, _, _, _, z_base) in rows:
+            p = torch.softmax(z_new.double(), dim=-1)
+            on = mask > 0
+            kl_start = (p * (torch.log(p) - torch.log(torch.softmax(z_start.double(), dim=-1)))).sum(-1)
+            kl_base = (p * (torch.log(p) - torch.log(torch.softmax(z_base.double(), dim=-1)))).sum(-1)
+            to_previous += float(kl_start[on].sum())
+            to_base += float(kl_base[on].sum())
             tokens += float(mask.sum())
         return to_previous / tokens, to_base / tokens
 
     def figures(scored):  # mean over groups of the env CE per observed row; action log-prob mean
         ce_groups, lp, count = [], 0.0, 0.0
         for group in scored:
-            ces = [float(-(l * env).sum()) / float(n) for l, _, env, n in group if float(n) > 0]
+            ces = [float(-(l * env).sum()) / float(n) for l, _, env, n, _ in group if float(n) > 0]
             ce_groups.append(sum(ces) / max(1, len(ces)))
-            lp += sum(float((l * mask).sum()) for l, mask, _, _ in group)
-            count += sum(float(mask.sum()) for _, mask, _, _ in group)
+            lp += sum(float((l * mask).sum()) for l, mask, _, _, _ in group)
+            count += sum(float(mask.sum()) for _, mask, _, _, _ in group)
         return sum(ce_groups) / len(ce_groups), lp / count
 
     for result, start, new in ((first, base, after_first), (second, after_first, after_second)):
@@ -267,3 +271,34 @@ def test_one_learning_rate_schedule_over_the_iterations(model_path, tmp_path):
                     init_state=first.final_state, iteration=2, iterations_total=2)
     lrs = [h["lr"] for h in first.receipt["steps"] + second.receipt["steps"]]
     assert lrs == pytest.approx([2e-2 * min(1.0, s / 6) for s in range(1, 9)], rel=1e-12)
+
+
+def test_cosine_horizon_is_the_runs_plan_and_dropped_groups_do_not_bend_it(model_path, tmp_path):
+    """The horizon comes from the run's plan (iterations × planned steps, RunRequest.lr_horizon_steps)
+    and is recorded; iteration 2 lost a group (3 steps instead of 4) and its learning rates still lie
+    on the same cosine curve, where the per-iteration estimate (no lr_horizon_steps) bent it."""
+    import math
+
+    from kiln.contracts import RunRequest
+
+    request = RunRequest.model_validate({"kind": "train", "output_adapter": "a", "environment_urls": ["http://127.0.0.1:9"], "groups": 4, "iterations": 2,
+                                         "training_config": {"epochs": 1, "groups_per_step": 1}})
+    assert request.lr_horizon_steps() == 8
+    wide = RunRequest.model_validate({"kind": "train", "output_adapter": "a", "environment_urls": ["http://127.0.0.1:9"], "groups": 5, "iterations": 3,
+                                      "training_config": {"epochs": 2, "groups_per_step": 2}})
+    assert wide.lr_horizon_steps() == 3 * 2 * 3
+    config = _config(lr_schedule="cosine")
+    curve = [2e-2 * 0.5 * (1 + math.cos(math.pi * (s - 1) / 8)) for s in range(1, 8)]
+    lrs = {}
+    for name, horizon in (("fixed", 8), ("estimated", None)):
+        first = _train(model_path, tmp_path / f"{name}1", config, keep_state=True, iteration=1, iterations_total=2,
+                       lr_horizon_steps=horizon)
+        second = _train(model_path, tmp_path / f"{name}2", config, groups=bandit_groups(3),
+                        base_adapter_dir=first.adapter_dir, init_state=first.final_state, iteration=2,
+                        iterations_total=2, lr_horizon_steps=horizon)
+        lrs[name] = [h["lr"] for h in first.receipt["steps"] + second.receipt["steps"]]
+        if horizon is not None:
+            assert [r.receipt["grpo"]["optimizer"]["schedule_horizon_steps"] for r in (first, second)] == [8, 8]
+    assert lrs["fixed"] == pytest.approx(curve, rel=1e-12)
+    assert lrs["estimated"][:4] == pytest.approx(curve[:4], rel=1e-12)
+    assert lrs["estimated"][4] < 0.8 * curve[4]  # the old estimate (horizon 4 + 3): bent at the boundary

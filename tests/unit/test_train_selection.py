@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from kiln.train.advantages import group_advantages
 from kiln.train.selection import select_groups
 from kiln.train.tokens import count_tokens, tokenize_completion
@@ -99,3 +101,27 @@ def test_pure_modules_import_without_torch():
         "kiln.train.tokens; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.timeout(30)
+def test_full_obs_trains_the_observation_turns_wrapping():
+    """``env_mask_mode: full_obs`` adds the template wrapping after the first action (context
+    pieces) to the ECHO targets and to the observation span; the prompt never is a target; warning
+    pieces stay out. ``env_only`` keeps exactly the observation pieces."""
+    from tests.unit.test_train_support import OBS_TOKENS, bandit_groups
+
+    row = completion(0, X_TOKEN, warning=True)  # context(3) [a a obs(3 warn) obs(6) ctx(2)] [a a obs(6) ctx(2)]
+    only = tokenize_completion(row, warning_filter=True)
+    full = tokenize_completion(row, warning_filter=True, env_mask_mode="full_obs")
+    ids = only.ids
+    targets_only = [ids[i] for i, on in enumerate(only.is_env_target) if on]
+    targets_full = [ids[i] for i, on in enumerate(full.is_env_target) if on]
+    assert targets_only == OBS_TOKENS * 2
+    assert targets_full == OBS_TOKENS + [11, 12] + OBS_TOKENS + [11, 12]
+    assert (only.observation_tokens, full.observation_tokens) == (15, 19)
+    assert not any(full.is_env_target[:3]) and full.is_action == only.is_action
+    counts = count_tokens(bandit_groups(1, warning=True), warning_filter=True, env_mask_mode="full_obs")
+    plain = count_tokens(bandit_groups(1, warning=True), warning_filter=True)
+    assert counts["env_tokens"] - plain["env_tokens"] == plain["context_tokens"] - counts["context_tokens"] == 4 * 4
+    with pytest.raises(ValueError):
+        tokenize_completion(row, warning_filter=True, env_mask_mode="everything")
