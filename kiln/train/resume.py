@@ -67,6 +67,13 @@ def resume_refusal(state: dict[str, Any], identity: dict[str, Any],
     return None
 
 
+def checkpoint_extras(effective_config: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's ``state.json`` holds beside the identity: the trainer that wrote it,
+    and the whole-dump ``config_sha256`` by which releases before ``settings_sha256`` match a
+    checkpoint (so rolling back to one keeps checkpoints of unchanged settings usable)."""
+    return {LEGACY_CONFIG_KEY: digest_json(effective_config), "trainer": trainer_version()}
+
+
 @functools.lru_cache(maxsize=1)
 def trainer_version() -> dict[str, Any]:
     """``{"kiln", "train_code_sha256", "commit"}`` of the code running now (commit: None outside

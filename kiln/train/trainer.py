@@ -85,7 +85,7 @@ from kiln.train.receipt import (
     runtime_block,
     write_receipt,
 )
-from kiln.train.resume import trainer_version, try_resume
+from kiln.train.resume import checkpoint_extras, trainer_version, try_resume
 from kiln.train.staleness import score_behavior, stale_origin
 from kiln.train.step import LogprobCache, score_old_logprobs, score_rows, train_step
 
@@ -197,7 +197,7 @@ def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
         shutil.rmtree(folder)
     save_checkpoint(folder, params=loop.named, optimizer=loop.optimizer,
                     state={**plan.identity, "step": step, "history": loop.history,
-                           "initial_eval": loop.initial_eval, "trainer": trainer_version()},
+                           "initial_eval": loop.initial_eval, **checkpoint_extras(plan.effective_config)},
                     logprobs=loop.cache.tensors())
     if sink is not None:
         sink(step, folder)

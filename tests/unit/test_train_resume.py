@@ -132,7 +132,8 @@ def test_a_checkpoint_survives_a_release_that_adds_a_defaulted_setting(model_pat
     state.pop("trainer")
     state_dump = {k: v for k, v in config.model_dump(mode="json", by_alias=True).items()
                   if k not in ("stale_is_max_weight", "engine_is_max_weight")}  # what that release digested
-    state["config_sha256"] = digest_json(state_dump)
+    # This release writes that digest too (so a rollback to such a release can still resume).
+    assert state["config_sha256"] == digest_json(state_dump)
     (legacy / "state.json").write_text(json.dumps(state))
     from_legacy = train_grpo(model_path=model_path, groups=groups, config=config, output_dir=tmp_path / "l",
                              resume_from=legacy)
