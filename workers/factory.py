@@ -36,7 +36,7 @@ def build_workers(
     control_factory: Callable[[Settings, S3Store], ControlActivities] = ControlActivities,
     gpu_factory: Callable[[Settings, S3Store, Path], Any] | None = None,
 ) -> list[Worker]:
-    store = store or S3Store.from_settings(settings)
+    store = store or S3Store.from_settings(settings, outage_wait=True)
     workers: list[Worker] = []
     if "control" in roles:
         control = control_factory(settings, store)
