@@ -3,6 +3,9 @@ reaches Temporal within the gpu worker's 1 s heartbeat throttle, not 0.8 x the h
 timeout), and a frozen S3 during training is waited out without spending an attempt.
 
 Both runs must complete with every artifact byte-identical to the undisturbed reference run.
+(At this stack's 3 s heartbeat timeout the SDK's default throttle is 2.4 s, so the kill case
+holds with it too; tests/integration/test_heartbeat_throttle.py shows the throttle itself at
+the default 30 s timeout, where the SDK default would hold a checkpoint's heartbeat 24 s.)
 """
 
 from __future__ import annotations
