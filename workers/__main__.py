@@ -57,7 +57,7 @@ async def _main(roles: list[str]) -> None:
     client = await _prepared_client(settings, runtime=temporal_metrics.runtime if temporal_metrics else None)
     store = S3Store.from_settings(settings, outage_wait=True)
     try:
-        store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
+        store.impatient().ensure_bucket()  # an external S3 may lack Kiln's bucket (no outage wait here)
     except KilnError as error:
         print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
     if "gpu" in roles:
