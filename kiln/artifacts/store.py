@@ -486,6 +486,21 @@ class S3Store:
         return _fetch_in_order(self.get_key, keys)
 
     @patient
+    def read_head(self, ref: ObjectRef, max_bytes: int) -> tuple[int, bytes]:
+        """``(size, first bytes)`` of the object (at most ``max_bytes`` of it, unverified: a
+        check before a run starts, not a read of the artifact); ArtifactNotFound when absent."""
+        try:
+            resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key, Range=f"bytes=0-{max_bytes - 1}")
+            try:
+                head = resp["Body"].read()
+            finally:
+                resp["Body"].close()
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "get", ref.key) from exc
+        whole = str(resp.get("ContentRange") or "").rpartition("/")[2]
+        return (int(whole) if whole.isdigit() else int(resp.get("ContentLength", len(head)))), head
+
+    @patient
     def get_to_file(self, ref: ObjectRef, path: Path) -> None:
         """Stream the object to ``path``: staged next to it, verified, fsynced, renamed."""
         path = Path(path)
