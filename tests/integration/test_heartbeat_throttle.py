@@ -21,6 +21,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from kiln.settings import Settings
+from tests.support.waiting import workflow_result
 from workers.factory import HEARTBEAT_THROTTLE, build_workers
 
 RELEASE = threading.Event()
@@ -90,7 +91,7 @@ async def test_a_checkpoint_heartbeat_reaches_the_server_within_the_throttle(tem
             await asyncio.sleep(0.1)
         waited = time.monotonic() - first_seen
         RELEASE.set()
-        assert await handle.result() == "done"
+        assert await workflow_result(handle, 30) == "done"
     # The SDK's default would hold the second heartbeat 24 s (0.8 x 30 s); the throttle, 1 s.
     assert waited < 6, waited
     print(f"second heartbeat on the server {waited:.2f}s after the first")
