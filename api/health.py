@@ -1,5 +1,7 @@
 """``GET /healthz``: the API is up (always 200 while it answers), and how each component is.
 
+``components.temporal.exposure`` is ``open_to_local_users`` under ``kiln serve`` with the embedded
+Temporal dev server (no TLS or auth: any local user reaches it), absent otherwise.
 ``components`` holds, under ``kiln serve``, every supervised child as serve last wrote it to
 ``<home>/run/serve.json`` (state, restarts, last exit; the PIDs stay in that 0600 file, since
 ``/healthz`` answers without a token), and always ``temporal`` and ``s3`` as this API
@@ -24,13 +26,18 @@ TEMPORAL_CHECK_BUDGET_S = 2.0  # connecting included: /healthz answers within ~2
 S3_CHECK_S = 1.0  # connect and read timeout of the one HeadBucket (a frozen store: unreachable)
 
 
-def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
-    """The children ``kiln serve`` supervises (``{}`` when this API does not run under serve)."""
+def _serve_state(home: Path) -> dict[str, Any]:
     try:
         found = json.loads((Path(home) / "run" / "serve.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    components = found.get("components") if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
+    """The children ``kiln serve`` supervises (``{}`` when this API does not run under serve)."""
+    found = _serve_state(home)
+    components = found.get("components")
     if not isinstance(components, dict):
         return {}
     return {
@@ -66,6 +73,9 @@ async def health(svc: Services) -> dict[str, Any]:
     reachable, s3 = await asyncio.gather(temporal_reachable(svc), s3_connection(svc))
     temporal = dict(components.get("temporal") or {})
     temporal["connection"] = "reachable" if reachable else "unreachable"
+    exposure = _serve_state(svc.settings.home).get("temporal_exposure")
+    if isinstance(exposure, str):  # the embedded Temporal under serve: who else can reach it
+        temporal["exposure"] = exposure
     components["temporal"] = temporal
     components["s3"] = {"connection": s3}
     healthy = reachable and s3 == "reachable" and all(

@@ -249,8 +249,10 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
     assert f"temporal restarted: pid {before['temporal']} → {after['temporal']} (restart 1" in out
     health = httpx.get(f"{serve.url}/healthz", timeout=10).json()
     assert health["status"] == "ok", health
-    assert {k: health["components"]["temporal"][k] for k in ("state", "restarts", "connection")} == {
-        "state": "running", "restarts": 1, "connection": "reachable"}
+    assert {k: health["components"]["temporal"][k] for k in ("state", "restarts", "connection", "exposure")} == {
+        "state": "running", "restarts": 1, "connection": "reachable", "exposure": "open_to_local_users"}
+    assert health["components"]["s3"] == {"connection": "reachable"}
+    assert out.count("warning: the embedded Temporal and its Web UI answer every local user") == 1
     assert "pid" not in health["components"]["temporal"]
     final = serve.run_completes(counter_env, 120)
     assert final["state"] == "completed", final
