@@ -1,6 +1,7 @@
 """Chaos, in training: a kill -9 redoes at most one checkpoint interval (the checkpoint heartbeat
 reaches Temporal within the gpu worker's 1 s heartbeat throttle, not 0.8 x the heartbeat
-timeout), and a frozen S3 during training is waited out without spending an attempt.
+timeout), and a frozen S3 during training or collection is waited out without spending an
+attempt.
 
 Both runs must complete with every artifact byte-identical to the undisturbed reference run.
 (At this stack's 3 s heartbeat timeout the SDK's default throttle is 2.4 s, so the kill case
@@ -108,3 +109,34 @@ async def test_a_frozen_s3_during_training_is_waited_out_in_the_same_attempt(
     record("S3 frozen 12 s during training", outage_s=OUTAGE_S,
            freeze_to_checkpoint_stored_s=checkpoint["t"] - frozen_at,
            training_attempts=1, run_s=outcome.seconds, artifacts_identical=True)
+
+
+@pytest.mark.timeout(480)
+async def test_s3_frozen_for_a_minute_during_collection_is_waited_out(
+    stack: ChaosStack, reference_train: RunOutcome
+) -> None:
+    """60 s of a frozen S3 while seed groups are in flight: no group is re-collected, nothing is
+    retried, the artifacts equal the undisturbed run's."""
+    hooks = stack.hooks
+    client = await connect(stack)
+    started = time.monotonic()
+    handle = await start_run(client, stack, train_request(stack.env_url))
+    _wait_event(stack, "collect_start", 150, run_id=handle.id)
+    os.killpg(stack.s3.pid, signal.SIGSTOP)
+    frozen_at = time.time()
+    try:
+        time.sleep(60.0)
+    finally:
+        os.killpg(stack.s3.pid, signal.SIGCONT)
+    thawed_at = time.time()
+    state, final = await result_within(handle, 300)
+    assert state == "completed", final
+    outcome = RunOutcome.of(stack, handle.id, final, time.monotonic() - started)
+    reference_train.assert_same_artifacts(outcome, stack)
+    assert final["interruptions"] == [], final["interruptions"]
+    attempts = {(e["group_index"], e["attempt"]) for e in hooks.events("collect_start", run_id=handle.id)}
+    assert {attempt for _, attempt in attempts} == {1}, sorted(attempts)
+    ends = hooks.events("collect_end", run_id=handle.id, outcome="ok")
+    record("S3 frozen 60 s during collection", outage_s=round(thawed_at - frozen_at, 1),
+           groups_recollected=0, last_group_done_after_thaw_s=round(max(e["t"] for e in ends) - thawed_at, 1),
+           run_s=outcome.seconds, artifacts_identical=True)
