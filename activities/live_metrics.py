@@ -29,7 +29,7 @@ def publish_group_figures(store: S3Store, inp: CollectGroupInput, result: Collec
         wall_s=wall_s,
         concurrency=inp.settings.concurrency,
     )
-    put_group(store, inp.run_id, event)
+    put_group(store.impatient(), inp.run_id, event)  # best effort: an outage is not waited out
     prom.EPISODES.inc(len(result.returns))
     prom.ENV_STEPS.inc(result.steps)
     if result.model_latency_ms > 0:
@@ -40,6 +40,7 @@ class LiveTraining:
     """Context manager around one training attempt: streams steps to S3, the tracker and Prometheus."""
 
     def __init__(self, store: S3Store, inp: TrainInput, home: Path) -> None:
+        store = store.impatient()  # best effort: an outage is not waited out
         self.tracker = open_tracker(
             inp.report_to,
             run_id=inp.run_id,

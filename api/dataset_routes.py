@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -21,9 +21,10 @@ from kiln.api_models import DatasetUploaded
 from kiln.artifacts.store import BLOB_PREFIX
 from kiln.canonical import digest_json
 from kiln.contracts import TrainingConfig, check_adapter_name
-from kiln.errors import InvalidDatasetRef, InvalidRequest
+from kiln.errors import ArtifactNotFound, InvalidDatasetRef, InvalidRequest
 from kiln.records import StoredObject, TrainDatasetInput
 from kiln.run_view import RunView
+from kiln.stages.dataset import FIRST_LINE_CHECKED_BYTES, check_first_line
 from workflows.names import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"
@@ -74,6 +75,21 @@ def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
     return StoredObject(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
 
 
+def check_stored_dataset(store: Any, dataset: StoredObject) -> None:
+    """The referenced dataset exists with the size the reference gives, and its first line is a
+    rollouts group (400 otherwise, before any run starts)."""
+    try:
+        size, head = store.read_head(dataset.ref(), FIRST_LINE_CHECKED_BYTES)
+    except ArtifactNotFound:
+        raise InvalidDatasetRef(f"dataset.uri {dataset.uri} names no stored dataset",
+                                hint="upload the JSONL with PUT /v1/datasets (or `kiln train grpo "
+                                "--input`) and send the reference it answers") from None
+    if size != dataset.bytes:
+        raise InvalidDatasetRef(f"dataset.bytes is {dataset.bytes}, but the stored dataset holds {size} bytes",
+                                hint="send the reference PUT /v1/datasets answered, unchanged")
+    check_first_line(head, size)
+
+
 @router.put(
     UPLOAD_PATH,
     status_code=201,
@@ -90,6 +106,7 @@ async def upload_dataset(request: Request, svc: Services = Depends(services)) ->
     body = await request.body()
     if not body:
         raise InvalidRequest("the dataset body is empty: send the rollouts JSONL bytes")
+    check_first_line(body[:FIRST_LINE_CHECKED_BYTES], len(body))
     store = svc.artifacts().store
     ref = await asyncio.to_thread(store.put_blob, body)
     return DatasetUploaded(uri=ref.uri, sha256=ref.sha256, bytes=ref.bytes)
@@ -108,6 +125,7 @@ async def train_from_dataset(body: TrainFromDatasetRequest, svc: Services = Depe
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     dataset = check_dataset_ref(body.dataset, svc.settings.s3_bucket)
+    await asyncio.to_thread(check_stored_dataset, svc.artifacts().store, dataset)
     runs = await svc.runs()
     view, created = await runs.start_once(
         TRAIN_DATASET_WORKFLOW,

@@ -1,10 +1,13 @@
 """``GET /healthz``: the API is up (always 200 while it answers), and how each component is.
 
+``components.temporal.exposure`` is ``open_to_local_users`` under ``kiln serve`` with the embedded
+Temporal dev server (no TLS or auth: any local user reaches it), absent otherwise.
 ``components`` holds, under ``kiln serve``, every supervised child as serve last wrote it to
 ``<home>/run/serve.json`` (state, restarts, last exit; the PIDs stay in that 0600 file, since
-``/healthz`` answers without a token), and always ``temporal`` as this API
-process sees it right now (``connection``: ``reachable`` / ``unreachable``, checked within 2 s). ``status`` is ``ok``
-when every component is running/reachable, else ``degraded``.
+``/healthz`` answers without a token), and always ``temporal`` and ``s3`` as this API
+process sees them right now (``connection``: ``reachable`` / ``unreachable``, each checked by one
+real request within 2 s, concurrently: Temporal's health check, S3's ``HeadBucket``). ``status``
+is ``ok`` when every component is running/reachable, else ``degraded``.
 """
 
 from __future__ import annotations
@@ -16,18 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from api.services import Services
+from kiln.artifacts.outage import probe
 
 TEMPORAL_CHECK = timedelta(seconds=1)
 TEMPORAL_CHECK_BUDGET_S = 2.0  # connecting included: /healthz answers within ~2 s whatever happens
+S3_CHECK_S = 1.0  # connect and read timeout of the one HeadBucket (a frozen store: unreachable)
 
 
-def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
-    """The children ``kiln serve`` supervises (``{}`` when this API does not run under serve)."""
+def _serve_state(home: Path) -> dict[str, Any]:
     try:
         found = json.loads((Path(home) / "run" / "serve.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    components = found.get("components") if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
+    """The children ``kiln serve`` supervises (``{}`` when this API does not run under serve)."""
+    found = _serve_state(home)
+    components = found.get("components")
     if not isinstance(components, dict):
         return {}
     return {
@@ -48,13 +58,27 @@ async def temporal_reachable(svc: Services) -> bool:
         return False
 
 
+async def s3_connection(svc: Services) -> str:
+    """``reachable`` / ``unreachable``: one bounded HeadBucket of the API's store."""
+    try:
+        store = svc.artifacts().store
+        return await asyncio.wait_for(asyncio.to_thread(probe, store, timeout_s=S3_CHECK_S),
+                                      TEMPORAL_CHECK_BUDGET_S)
+    except Exception:  # noqa: BLE001 - no store (bad settings) or no answer in time
+        return "unreachable"
+
+
 async def health(svc: Services) -> dict[str, Any]:
     components: dict[str, dict[str, Any]] = dict(supervised_components(svc.settings.home))
-    reachable = await temporal_reachable(svc)
+    reachable, s3 = await asyncio.gather(temporal_reachable(svc), s3_connection(svc))
     temporal = dict(components.get("temporal") or {})
     temporal["connection"] = "reachable" if reachable else "unreachable"
+    exposure = _serve_state(svc.settings.home).get("temporal_exposure")
+    if isinstance(exposure, str):  # the embedded Temporal under serve: who else can reach it
+        temporal["exposure"] = exposure
     components["temporal"] = temporal
-    healthy = reachable and all(
+    components["s3"] = {"connection": s3}
+    healthy = reachable and s3 == "reachable" and all(
         item.get("state", "running") == "running" for item in components.values()
     )
     return {"status": "ok" if healthy else "degraded", "components": components}

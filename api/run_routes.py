@@ -23,6 +23,12 @@ router = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
 
 ERRORS = {**ERROR_RESPONSES, 404: {**ERROR_RESPONSES[404], "description": "run not found"}}
 BINARY = {"schema": {"type": "string", "format": "binary"}}
+# What an artifact body is, per manifest media type: JSON artifacts are JSON objects, JSONL ones text.
+ARTIFACT_CONTENT = {
+    "application/octet-stream": BINARY,
+    "application/json": {"schema": {"type": "object"}},
+    "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON document per line"}},
+}
 
 
 @router.post(
@@ -121,8 +127,7 @@ async def get_manifest(run_id: str, svc: Services = Depends(services)) -> Respon
     "/{run_id}/artifacts/{name:path}",
     response_class=StreamingResponse,
     responses={200: {"description": "the artifact's bytes (media type from the manifest)",
-                     "content": {"application/octet-stream": BINARY, "application/json": BINARY,
-                                 "application/x-ndjson": BINARY}},
+                     "content": ARTIFACT_CONTENT},
                **ERRORS},
 )
 async def get_artifact(run_id: str, name: str, svc: Services = Depends(services)) -> StreamingResponse:

@@ -25,7 +25,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.contracts import RunRequest, request_digest
-from kiln.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound
+from kiln.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound, RunTerminated
 from kiln.run_labels import start_details, start_summary
 from kiln.run_status import Failure, RunStatus
 from kiln.run_view import (
@@ -254,6 +254,8 @@ class RunService:
         view.state = state  # type: ignore[assignment]  # one of RunState's literals (_STATE_OF)
         if state in TERMINAL_STATES:
             view.phase = state
+        if description.status == WorkflowExecutionStatus.TERMINATED:  # the workflow recorded no failure
+            view.failure = await self._termination(run_id)
         view.run_id = run_id
         if view.request_sha256 is None:
             view.request_sha256 = (await description.memo()).get("request_sha256")
@@ -267,6 +269,30 @@ class RunService:
                 view.training_progress = TrainingProgress.model_validate(training.details)
             await self._merge_live(run_id, view)
         return view
+
+    async def _termination(self, run_id: str) -> Failure:
+        """A terminated run's failure (``run_terminated``): who terminated it and why, from the
+        last event of its history (read newest first: one event)."""
+        from temporalio.api.common.v1 import WorkflowExecution
+        from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+
+        who, why = "an unknown identity", "no reason given"
+        try:
+            page = await self.client.workflow_service.get_workflow_execution_history_reverse(
+                GetWorkflowExecutionHistoryReverseRequest(
+                    namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=run_id),
+                    maximum_page_size=1))
+            for event in page.history.events:
+                if event.HasField("workflow_execution_terminated_event_attributes"):
+                    attributes = event.workflow_execution_terminated_event_attributes
+                    who, why = attributes.identity or who, attributes.reason or why
+        except RPCError:
+            pass
+        error = RunTerminated(f"the run was terminated through Temporal by {who}: {why}",
+                              hint="terminating skips what Kiln's cancel does; stop a run with "
+                              "`kiln openenv cancel RUN_ID`")
+        return Failure(code=error.code, message=error.message, stage="orchestration", hint=error.hint,
+                       details={"terminated_by": who, "reason": why})
 
     async def _merge_live(self, run_id: str, view: RunView) -> None:
         """The latest training step the gpu worker wrote to S3 (fresher than heartbeats)."""

@@ -572,3 +572,15 @@ class HarnessUnsupported(KilnError):
     code = "openenv_harness_unsupported"
     http_status = 400
     stage = "discovery"
+    stage = "training"
+
+
+# --- rel (issue 42): reliability -----------------------------------------------------------------
+
+
+class RunTerminated(KilnError):
+    """The run's workflow was terminated through Temporal (``temporal workflow terminate``), not
+    cancelled through Kiln: the message names who terminated it and why, as Temporal recorded."""
+
+    code = "run_terminated"
+    stage = "orchestration"

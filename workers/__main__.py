@@ -55,9 +55,9 @@ async def _main(roles: list[str]) -> None:
         server = MetricsServer(settings.metrics_host, settings.metrics_port, temporal_metrics)
         print(f"kiln worker metrics on http://{settings.metrics_host}:{server.port}/metrics", flush=True)
     client = await _prepared_client(settings, runtime=temporal_metrics.runtime if temporal_metrics else None)
-    store = S3Store.from_settings(settings)
+    store = S3Store.from_settings(settings, outage_wait=True)
     try:
-        store.ensure_bucket()  # an external S3 (compose, cloud) may start without Kiln's bucket
+        store.impatient().ensure_bucket()  # an external S3 may lack Kiln's bucket (no outage wait here)
     except KilnError as error:
         print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
     if "gpu" in roles:

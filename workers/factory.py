@@ -23,6 +23,7 @@ from workflows.preflight import PreflightWorkflow
 from workflows.train_dataset import TrainDatasetWorkflow
 
 ROLES = ("control", "gpu")
+HEARTBEAT_THROTTLE = timedelta(seconds=1)  # gpu workers: the most a heartbeat waits to be sent
 
 
 def build_workers(
@@ -36,7 +37,7 @@ def build_workers(
     control_factory: Callable[[Settings, S3Store], ControlActivities] = ControlActivities,
     gpu_factory: Callable[[Settings, S3Store, Path], Any] | None = None,
 ) -> list[Worker]:
-    store = store or S3Store.from_settings(settings)
+    store = store or S3Store.from_settings(settings, outage_wait=True)
     workers: list[Worker] = []
     if "control" in roles:
         control = control_factory(settings, store)
@@ -97,6 +98,10 @@ def _gpu_workers(
             activities=(gpu_factory or GpuActivities)(settings, store, path).all(),
             activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
             max_concurrent_activities=settings.gpu_concurrency,
+            # A training checkpoint reaches the server within HEARTBEAT_THROTTLE of its heartbeat
+            # (the SDK's default holds heartbeats for 0.8 x the heartbeat timeout): docs/durability.md.
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         )
         for name, path in models.items()
     ]

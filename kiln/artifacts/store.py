@@ -8,7 +8,11 @@ This module owns how bytes get into and out of S3-compatible storage (SeaweedFS,
   mismatch raises :class:`~kiln.errors.ArtifactIntegrityFailed`;
 - conditional publication (``If-None-Match: *``) for manifests and other write-once keys;
 - error mapping: connection failures and 5xx become retryable
-  :class:`~kiln.errors.StorageUnavailable` naming the endpoint (never the secret key).
+  :class:`~kiln.errors.StorageUnavailable` naming the endpoint (never the secret key);
+- bounded calls: every request has a connect and a read timeout (:data:`CONNECT_TIMEOUT_S`,
+  :data:`READ_TIMEOUT_S`) and botocore tries it :data:`TRIES` times, so a frozen store (accepting
+  connections, answering nothing) gives ``storage_unavailable`` within about 30 s; a worker's
+  store then rides the outage out (:mod:`kiln.artifacts.outage`).
 
 Only :class:`ObjectRef` (``uri``, ``sha256``, ``bytes``) crosses Temporal; it is tiny.
 """
@@ -16,6 +20,7 @@ Only :class:`ObjectRef` (``uri``, ``sha256``, ``bytes``) crosses Temporal; it is
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import os
 import uuid
@@ -29,6 +34,7 @@ import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
+from kiln.artifacts.outage import OUTAGE_WAIT_S, patient
 from kiln.canonical import hex_of, is_digest, sha256_bytes
 from kiln.telemetry.prometheus import S3_BYTES_WRITTEN
 from kiln.errors import (
@@ -47,6 +53,9 @@ BLOB_PREFIX = "blobs/sha256/"
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
 _READ_CHUNK = 1024 * 1024
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0  # the longest one request waits for a byte (a 16 MiB part's answer included)
+TRIES = 2  # botocore's tries of one request (total, not retries)
 
 
 def blob_key(digest: str) -> str:
@@ -104,19 +113,25 @@ class S3Store:
         secret_key: str,
         bucket: str,
         region: str = "us-east-1",
-        connect_timeout_s: float = 5,
-        read_timeout_s: float = 60,
-        max_attempts: int = 3,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_attempts: int = TRIES,
+        outage_wait_s: float = 0,
     ) -> None:
+        """``outage_wait_s`` > 0: every call rides a retryable outage out for that long
+        (:func:`kiln.artifacts.outage.ride_out`)."""
         self.endpoint = endpoint
         self.bucket = bucket
         self.region = region
+        self.outage_wait_s = float(outage_wait_s)
+        self._credentials = (access_key, secret_key)
+        self._probe_client: Any = None
         config = Config(
             region_name=region,
             s3={"addressing_style": "path"},
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
+            retries={"total_max_attempts": max_attempts, "mode": "standard"},  # tries, not retries
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             signature_version="s3v4",
@@ -134,7 +149,9 @@ class S3Store:
         return f"S3Store(endpoint={self.endpoint!r}, bucket={self.bucket!r})"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> S3Store:
+    def from_settings(cls, settings: Settings, *, outage_wait: bool = False) -> S3Store:
+        """The configured store; ``outage_wait`` (workers): calls wait out an outage for
+        :data:`~kiln.artifacts.outage.OUTAGE_WAIT_S`; without it (the API) they fail at once."""
         access_key, secret_key = settings.s3_key_pair()
         return cls(
             endpoint=settings.effective_s3_endpoint,
@@ -142,7 +159,28 @@ class S3Store:
             secret_key=secret_key,
             bucket=settings.s3_bucket,
             region=settings.s3_region,
+            outage_wait_s=OUTAGE_WAIT_S if outage_wait else 0,
         )
+
+    def impatient(self) -> S3Store:
+        """This store (same client) with calls that never wait out an outage: best-effort writes."""
+        if self.outage_wait_s <= 0:
+            return self
+        view = copy.copy(self)
+        view.outage_wait_s = 0
+        return view
+
+    def probe_client(self, timeout_s: float) -> Any:
+        """A client of this endpoint for one bounded probe (1 try, ``timeout_s`` to connect and
+        to read), made once."""
+        if self._probe_client is None:
+            config = Config(region_name=self.region, s3={"addressing_style": "path"},
+                            connect_timeout=timeout_s, read_timeout=timeout_s,
+                            retries={"total_max_attempts": 1, "mode": "standard"}, signature_version="s3v4")
+            self._probe_client = boto3.session.Session().client(
+                "s3", endpoint_url=self.endpoint, aws_access_key_id=self._credentials[0],
+                aws_secret_access_key=self._credentials[1], config=config)
+        return self._probe_client
 
     @property
     def client(self) -> Any:
@@ -210,6 +248,7 @@ class S3Store:
 
     # ------------------------------------------------------------------------------------ bucket
 
+    @patient
     def ensure_bucket(self) -> None:
         """Create the bucket when it does not exist (idempotent, tolerant of a concurrent create)."""
         try:
@@ -234,6 +273,7 @@ class S3Store:
 
     # ------------------------------------------------------------------------------------ writes
 
+    @patient
     def put_blob(self, data: bytes) -> ObjectRef:
         """Store ``data`` under its content address; idempotent (same key, same bytes)."""
         data = bytes(data)
@@ -242,6 +282,7 @@ class S3Store:
         self.put_key(key, data, action="put blob")
         return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=len(data))
 
+    @patient
     def put_key(self, key: str, data: bytes, *, action: str = "put") -> None:
         """Write ``data`` at ``key`` (overwriting), with a SHA-256 checksum the server verifies.
 
@@ -259,6 +300,7 @@ class S3Store:
             raise self._map(exc, action, key) from exc
         S3_BYTES_WRITTEN.inc(len(data))
 
+    @patient
     def put_file(
         self,
         path: Path,
@@ -342,6 +384,7 @@ class S3Store:
                 details={"uri": self.uri_for(key)},
             )
 
+    @patient
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if it does not exist (``If-None-Match: *``).
 
@@ -379,6 +422,7 @@ class S3Store:
 
     # ------------------------------------------------------------------------------------- reads
 
+    @patient
     def _open(self, ref: ObjectRef) -> tuple[Any, int]:
         try:
             resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key)
@@ -423,6 +467,7 @@ class S3Store:
                 details={"uri": ref.uri, "expected": ref.sha256, "actual": actual},
             )
 
+    @patient
     def get_bytes(self, ref: ObjectRef, *, max_bytes: int = 256 * 1024 * 1024) -> bytes:
         """The object's bytes, verified against ``ref`` (size and SHA-256)."""
         if ref.bytes > max_bytes:
@@ -440,6 +485,22 @@ class S3Store:
         """``get_key`` of every key, in the order given, fetched like ``get_many``."""
         return _fetch_in_order(self.get_key, keys)
 
+    @patient
+    def read_head(self, ref: ObjectRef, max_bytes: int) -> tuple[int, bytes]:
+        """``(size, first bytes)`` of the object (at most ``max_bytes`` of it, unverified: a
+        check before a run starts, not a read of the artifact); ArtifactNotFound when absent."""
+        try:
+            resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key, Range=f"bytes=0-{max_bytes - 1}")
+            try:
+                head = resp["Body"].read()
+            finally:
+                resp["Body"].close()
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "get", ref.key) from exc
+        whole = str(resp.get("ContentRange") or "").rpartition("/")[2]
+        return (int(whole) if whole.isdigit() else int(resp.get("ContentLength", len(head)))), head
+
+    @patient
     def get_to_file(self, ref: ObjectRef, path: Path) -> None:
         """Stream the object to ``path``: staged next to it, verified, fsynced, renamed."""
         path = Path(path)
@@ -456,6 +517,7 @@ class S3Store:
             if staged.exists():
                 staged.unlink()
 
+    @patient
     def get_key(self, key: str) -> bytes | None:
         """The raw bytes at ``key`` in this bucket, or None when absent (unverified)."""
         try:
@@ -471,6 +533,7 @@ class S3Store:
                 return None
             raise self._map(exc, "get", key) from exc
 
+    @patient
     def exists(self, key: str) -> bool:
         try:
             self._client.head_object(Bucket=self.bucket, Key=key)
@@ -482,6 +545,7 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, "head", key) from exc
 
+    @patient
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, sorted."""
         keys: list[str] = []

@@ -108,6 +108,12 @@ def _api_child(settings: Settings, *, logs: Path, env: dict[str, str]) -> Callab
     return start
 
 
+# The embedded dev server has no TLS or auth, and loopback ports are shared by every local user.
+TEMPORAL_OPEN = "open_to_local_users"
+TEMPORAL_OPEN_LINE = ("warning: the embedded Temporal and its Web UI answer every local user (the dev server "
+                      "has no TLS or auth); docs/durability.md names the closed set-up")
+
+
 def serve(settings: Settings, console: Console, *, ready_file: Path | None = None) -> None:
     """Run and supervise the stack until Ctrl-C/SIGTERM (see :mod:`kiln.devstack.supervisor`).
 
@@ -171,6 +177,7 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
             "temporal_ui": stack.temporal_ui_url or None,
             "s3_endpoint": stack.s3_endpoint,
             "model_path": str(model_path),
+            **({"temporal_exposure": TEMPORAL_OPEN} if settings.temporal_address is None else {}),
         })
         publish()
         console.print(f"kiln api      {api_url}")
@@ -181,6 +188,8 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
         console.print(f"model         {model_path}")
         console.print(f"logs          {logs}")
         console.print(f"supervising   {', '.join(child.name for child in supervisor.children)}")
+        if settings.temporal_address is None:
+            console.print(f"[yellow]{TEMPORAL_OPEN_LINE}[/]")
         console.print("ready — Ctrl-C stops everything this command started")
         if ready_file is not None:
             ready_file.write_text(json.dumps(info))

@@ -10,6 +10,11 @@ a second. Rules:
   failed) the delay doubles per consecutive fast failure, up to ``max_backoff_s``;
 - ``give_up_after`` consecutive fast failures of one child raise :class:`SupervisorGaveUp`, whose
   message is one line naming the child, the count and its log;
+- an incident counts once: the failed starts of one outage (the child cannot come up until what
+  it needs is back) are one fast failure, however many retries the outage takes; they double the
+  backoff and end in :class:`SupervisorGaveUp` after ``give_up_after`` failed starts in a row, but
+  a death after the child came up again starts counting from that one fast failure, not from the
+  outage's retries;
 - a restart of one child never touches the others (each runs in its own process group);
 - every state change is reported through ``on_event`` (one human line) and kept in
   :meth:`Supervisor.snapshot` (what ``/healthz`` and ``<home>/run/serve.json`` show).
@@ -59,6 +64,7 @@ class Child:
     log_path: Path | None = None
     restarts: int = 0
     fast_failures: int = 0
+    failed_starts: int = 0  # consecutive failed starts: one outage, counted once in fast_failures
     state: str = "starting"  # running | restarting | failed | stopped
     last_exit: str | None = None
     started_at: float = field(default_factory=time.monotonic)
@@ -113,20 +119,23 @@ class Supervisor:
         raise KeyError(name)
 
     def _backoff(self, child: Child) -> float:
-        if child.fast_failures == 0:
+        failures = child.fast_failures + max(0, child.failed_starts - 1)  # an outage's retries double it too
+        if failures == 0:
             return self.first_backoff_s
-        return min(self.first_backoff_s * 2 ** (child.fast_failures - 1), self.max_backoff_s)
+        return min(self.first_backoff_s * 2 ** (failures - 1), self.max_backoff_s)
 
-    def _failed(self, child: Child, reason: str, now: float) -> None:
+    def _failed(self, child: Child, reason: str, now: float, *, start_failed: bool = False) -> None:
         """Record a death (or a failed start) and schedule the restart, or give up."""
         fast = now - child.started_at < self.stable_after_s
-        child.fast_failures = child.fast_failures + 1 if fast else 0
+        if not (start_failed and child.failed_starts > 0):  # an outage's later retries: same incident
+            child.fast_failures = child.fast_failures + 1 if fast else 0
+        child.failed_starts = child.failed_starts + 1 if start_failed else 0
         child.last_exit = reason
-        if child.fast_failures >= self.give_up_after:
+        if max(child.fast_failures, child.failed_starts) >= self.give_up_after:
             child.state = "failed"
             self.on_change()
             raise SupervisorGaveUp(
-                f"{child.name} failed {child.fast_failures} times in a row, each within "
+                f"{child.name} failed {max(child.fast_failures, child.failed_starts)} times in a row, each within "
                 f"{self.stable_after_s:g}s of starting (last: {reason}); gave up — see {child.log_path}"
             )
         wait = self._backoff(child)
@@ -144,8 +153,9 @@ class Supervisor:
             process = child.start()
         except Exception as exc:  # noqa: BLE001 - any failed start (port taken, not ready) is retried
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self._failed(child, f"did not start ({reason})", time.monotonic())
+            self._failed(child, f"did not start ({reason})", time.monotonic(), start_failed=True)
             return
+        child.failed_starts = 0
         child.process = process
         child.log_path = process.log_path
         child.restarts += 1

@@ -31,27 +31,46 @@ def read_training_lines(data: bytes) -> list[dict[str, Any]]:
     """The AgenticGroup lines of a rollouts JSONL, with the fields training relies on checked."""
     if not data.endswith(b"\n"):
         raise DatasetInvalid("the rollouts file must end with a newline (one JSON group per line)")
-    lines: list[dict[str, Any]] = []
-    for index, raw in enumerate(data.split(b"\n")[:-1]):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            raise _line_error(index, "not JSON") from None
-        if not isinstance(line, dict) or not isinstance(line.get("completions"), list) or not line["completions"]:
-            raise _line_error(index, "not an AgenticGroup with completions")
-        for position, completion in enumerate(line["completions"]):
-            pieces = (completion.get("tokens") or {}).get("pieces") if isinstance(completion, dict) else None
-            if not isinstance(pieces, list) or not pieces:
-                raise _line_error(index, f"completion {position} has no token pieces")
-            provenance = completion.get("openenv")
-            if not isinstance(provenance, dict) or not isinstance(provenance.get("behavior_policy"), dict):
-                raise _line_error(index, f"completion {position} has no OpenEnv behaviour policy")
-            if completion.get("reward") != provenance.get("episode_return"):
-                raise _line_error(index, f"completion {position}: reward differs from episode_return")
-        lines.append(line)
+    lines = [_checked_line(index, raw) for index, raw in enumerate(data.split(b"\n")[:-1])]
     if not lines:
         raise DatasetInvalid("the rollouts file holds no groups")
     return lines
+
+
+def _checked_line(index: int, raw: bytes) -> dict[str, Any]:
+    """One rollouts line, parsed, with the fields training relies on checked."""
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        raise _line_error(index, "not JSON") from None
+    if not isinstance(line, dict) or not isinstance(line.get("completions"), list) or not line["completions"]:
+        raise _line_error(index, "not an AgenticGroup with completions")
+    for position, completion in enumerate(line["completions"]):
+        pieces = (completion.get("tokens") or {}).get("pieces") if isinstance(completion, dict) else None
+        if not isinstance(pieces, list) or not pieces:
+            raise _line_error(index, f"completion {position} has no token pieces")
+        provenance = completion.get("openenv")
+        if not isinstance(provenance, dict) or not isinstance(provenance.get("behavior_policy"), dict):
+            raise _line_error(index, f"completion {position} has no OpenEnv behaviour policy")
+        if completion.get("reward") != provenance.get("episode_return"):
+            raise _line_error(index, f"completion {position}: reward differs from episode_return")
+    return line
+
+
+FIRST_LINE_CHECKED_BYTES = 8 * 1024 * 1024  # a first line longer than this is checked at training
+
+
+def check_first_line(head: bytes, total_bytes: int) -> None:
+    """Refuse (``training_invalid_dataset``) a dataset whose first line (within ``head``, the
+    file's first bytes; ``total_bytes`` its size) is not a rollouts group: what the API checks at
+    upload and at submit, before a run is started on it."""
+    end = head.find(b"\n")
+    if end < 0 and len(head) >= total_bytes:
+        raise DatasetInvalid("the rollouts file must end with a newline (one JSON group per line)")
+    if end >= 0:
+        _checked_line(0, head[:end])
+    elif not head.lstrip().startswith(b"{"):
+        raise _line_error(0, "not JSON")
 
 
 def corpus_behavior_policy(lines: list[dict[str, Any]]) -> dict[str, Any]:

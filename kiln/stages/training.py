@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from kiln.artifacts.store import S3Store
 from kiln.canonical import pretty_json
-from kiln.errors import PolicyIdentityChanged, TrainingFailed
+from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import model_content_sha256
 from kiln.artifacts.group_sets import read_group_documents
 from kiln.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
@@ -81,9 +81,12 @@ def train(
     if inp.init_state is not None:
         init_state = work_dir / "init_state.tar"
         init_state.write_bytes(store.get_bytes(inp.init_state.ref()))
-    resume_dir = None
+    resume_dir, resume_refused = None, None
     if resume_checkpoint is not None:
-        resume_dir = unpack_folder(store.get_bytes(resume_checkpoint.ref()), work_dir / "resume")
+        try:  # an outage is waited out by the store; a checkpoint gone or damaged restarts training
+            resume_dir = unpack_folder(store.get_bytes(resume_checkpoint.ref()), work_dir / "resume")
+        except (ArtifactNotFound, ArtifactIntegrityFailed, TrainingFailed) as exc:
+            resume_refused = f"the checkpoint could not be fetched: {exc.message}"
 
     # Until this attempt writes its own checkpoint, keep naming the one it resumed from, so an
     # attempt that dies early does not make the next one start over from step 0.
@@ -125,6 +128,7 @@ def train(
         iteration=inp.iteration,
         iterations_total=inp.iterations_total,
         lr_horizon_steps=inp.lr_horizon_steps,
+        resume_refused=resume_refused,
     )
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter

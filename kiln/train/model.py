@@ -178,18 +178,18 @@ def save_adapter(model: Any, adapter_dir: Path) -> str:
     return adapter_content_sha256(adapter_dir)
 
 
-def lora_delta_norms(model: Any) -> tuple[float, dict[str, float]]:
-    """Frobenius norm of each module's ``scale·B@A`` and the root-sum-square total."""
+def lora_delta_norms(model: Any, adapter: str = TRAIN_ADAPTER) -> tuple[float, dict[str, float]]:
+    """Frobenius norm of each module's ``scale·B@A`` of the trained ``adapter`` (not of other
+    adapters a shared base model holds) and the root-sum-square total."""
     from peft.tuners.lora import LoraLayer
 
     norms: dict[str, float] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, LoraLayer):
+        if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
             continue
-        for adapter in module.lora_A:
-            a = module.lora_A[adapter].weight.detach().float()
-            b = module.lora_B[adapter].weight.detach().float()
-            delta = (b @ a) * float(module.scaling[adapter])
-            norms[f"{name}.{adapter}"] = float(torch.linalg.matrix_norm(delta).item())
+        a = module.lora_A[adapter].weight.detach().float()
+        b = module.lora_B[adapter].weight.detach().float()
+        delta = (b @ a) * float(module.scaling[adapter])
+        norms[f"{name}.{adapter}"] = float(torch.linalg.matrix_norm(delta).item())
     total = math.sqrt(math.fsum(v * v for v in norms.values()))
     return total, norms

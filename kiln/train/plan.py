@@ -11,13 +11,10 @@ from kiln.canonical import digest_json
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import sampling_of
 from kiln.train.batches import RowShaping
+from kiln.train.resume import ONLINE_IDENTITY_KEYS, settings_digest  # noqa: F401 (re-exported)
 from kiln.train.selection import select_groups
 from kiln.train.step import StepSettings
 from kiln.train.tokens import count_tokens
-
-# Identity keys present only for an online run's training (continuation state, stale data): a
-# checkpoint must agree on them too, present or absent.
-ONLINE_IDENTITY_KEYS = ("init_state_sha256", "staleness", "behavior_adapter_sha256")
 
 
 @dataclass
@@ -212,14 +209,14 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     for key, default in LATER_SETTINGS.items():
         if effective_config.get(key) == default:
             effective_config.pop(key)
-    if staleness == 0:
-        effective_config.pop("stale_is_max_weight", None)
-    if engine == "hf":
-        effective_config.pop("engine_is_max_weight", None)
+    idle = [*(["stale_is_max_weight"] if staleness == 0 else []),
+            *(["engine_is_max_weight"] if engine == "hf" else [])]
+    for key in idle:
+        effective_config.pop(key, None)
     schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step, iteration)
     identity = {
         "training_data_sha256": digest_json(groups),
-        "config_sha256": digest_json(effective_config),
+        "settings_sha256": settings_digest(config, idle),  # kiln.train.resume: defaults left out
         "base_adapter_sha256": base_adapter_sha,
         "total_steps": len(schedule),
         **({"iteration": iteration} if iteration is not None and iteration > 1 else {}),

@@ -59,7 +59,6 @@ import torch
 from kiln.errors import RunCancelled, TrainingFailed
 from kiln.train.batches import Row, group_rows
 from kiln.train.checkpoints import (
-    read_checkpoint_state,
     restore_checkpoint,
     restore_optimizer_state,
     save_checkpoint,
@@ -79,7 +78,7 @@ from kiln.train.model import (
 )
 from kiln.train.mismatch import DEFAULT_IS_CAP, mismatch_figures
 from kiln.train.optim import build_optimizer, learning_rate_at, set_learning_rate
-from kiln.train.plan import ONLINE_IDENTITY_KEYS, Plan, plan_training
+from kiln.train.plan import Plan, plan_training
 from kiln.train.receipt import (
     build_receipt,
     grpo_block,
@@ -88,6 +87,7 @@ from kiln.train.receipt import (
     runtime_block,
     write_receipt,
 )
+from kiln.train.resume import checkpoint_extras, trainer_version, try_resume
 from kiln.train.staleness import score_behavior, stale_origin
 from kiln.train.step import LogprobCache, score_old_logprobs, train_step
 
@@ -189,6 +189,7 @@ class Loop:
     # the learning-rate schedule's position: optimizer steps of earlier iterations, run horizon
     steps_before: int = 0
     horizon_steps: int | None = None
+    checkpoint: dict[str, Any] | None = None  # receipt block: the checkpoint a retry resumed from, or why not
 
 
 def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
@@ -198,7 +199,7 @@ def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
         shutil.rmtree(folder)
     save_checkpoint(folder, params=loop.named, optimizer=loop.optimizer,
                     state={**plan.identity, "step": step, "history": loop.history,
-                           "initial_eval": loop.initial_eval},
+                           "initial_eval": loop.initial_eval, **checkpoint_extras(plan.effective_config)},
                     logprobs=loop.cache.tensors())
     if sink is not None:
         sink(step, folder)
@@ -264,12 +265,15 @@ def prepare_training(
     iteration: int | None = None,
     iterations_total: int | None = None,
     lr_horizon_steps: int | None = None,
+    resume_refused: str | None = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
     The optimizer starts fresh, from ``init_state`` (a continuation state, see
     :mod:`kiln.train.continuation`) or — a retried attempt — from its own checkpoint
-    ``resume_from``, which already holds what ``init_state`` started it with. ``iteration`` (1-based,
+    ``resume_from``, which already holds what ``init_state`` started it with; a checkpoint that
+    cannot be used (or ``resume_refused``: why the caller could not fetch it) restarts the
+    training from its start (:mod:`kiln.train.resume`). ``iteration`` (1-based,
     online runs) seeds the epoch order; ``lr_horizon_steps`` (the run's planned optimizer steps) is the
     learning-rate schedule's horizon, else (older runs) ``iterations_total`` estimates it from this
     training's own step count.
@@ -316,17 +320,22 @@ def prepare_training(
     elif iterations_total is not None and iteration is not None:
         loop.horizon_steps = loop.steps_before + len(plan.schedule) * max(1, iterations_total - iteration + 1)
     loop.optimizer_info["schedule_horizon_steps"] = loop.horizon_steps or loop.steps_before + len(plan.schedule)
-    if resume_from is not None:
-        state = read_checkpoint_state(Path(resume_from))
-        for key in [*plan.identity, *(k for k in ONLINE_IDENTITY_KEYS if k not in plan.identity)]:
-            if state.get(key) != plan.identity.get(key):
-                raise TrainingFailed(f"checkpoint {key} differs from this training job; cannot resume",
-                                     code="resume_mismatch")
-        loop.cache = LogprobCache.from_tensors(
-            restore_checkpoint(Path(resume_from), params=named, optimizer=optimizer))
-        loop.start_step = loop.resumed_from = int(state["step"])
-        loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
-        return loop, plan
+    if resume_from is not None or resume_refused is not None:
+        restored: dict[str, torch.Tensor] = {}
+
+        def restore(folder: Path) -> None:
+            restored.update(restore_checkpoint(folder, params=named, optimizer=optimizer))
+
+        state, loop.checkpoint = try_resume(
+            resume_from, identity=plan.identity, effective_config=plan.effective_config,
+            restore=restore, params=named, optimizer=optimizer)
+        if resume_refused is not None:
+            loop.checkpoint["reason"] = resume_refused
+        if state is not None:
+            loop.cache = LogprobCache.from_tensors(restored)
+            loop.start_step = loop.resumed_from = int(state["step"])
+            loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
+            return loop, plan
     if init is not None:
         restore_optimizer_state(init.folder, params=named, optimizer=optimizer,
                                 optimizer_name=config.optimizer, adapter_sha256=base_adapter_sha)
@@ -373,6 +382,7 @@ def train_grpo(
     iteration: int | None = None,
     iterations_total: int | None = None,
     lr_horizon_steps: int | None = None,
+    resume_refused: str | None = None,
 ) -> TrainedAdapter:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
@@ -396,7 +406,8 @@ def train_grpo(
         base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
         staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
-        iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps)
+        iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps,
+        resume_refused=resume_refused)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
@@ -475,8 +486,9 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         resumed_from_step=loop.resumed_from,
         extra={**online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
                                final_state_sha256=final_state_sha),
-               "policy_drift": drift, "early_stop": loop.early_stop,
+               "policy_drift": drift, "early_stop": loop.early_stop, "trainer": trainer_version(),
                "lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER),
+               **({"checkpoint": loop.checkpoint} if loop.checkpoint is not None else {}),
                **({"engine_mismatch": mismatch} if mismatch is not None else {})},
     )
     output_dir.mkdir(parents=True, exist_ok=True)

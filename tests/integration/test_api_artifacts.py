@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import httpx
+import jsonschema
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -81,10 +82,18 @@ async def test_artifacts_served_verified_and_corruption_detected(
                 entries = {e["name"]: e for e in manifest["artifacts"]}
                 assert set(entries) == {"rollouts.jsonl", "replay.json", "summary.json", "metrics.jsonl"}
 
-                # Each declared artifact: exact bytes and the contract headers.
+                # Each declared artifact: exact bytes and the contract headers; its body is what the
+                # OpenAPI document declares for its media type.
+                document = (await http.get("/openapi.json")).json()
+                declared = document["paths"]["/v1/openenv/runs/{run_id}/artifacts/{name}"]["get"][
+                    "responses"]["200"]["content"]
                 for name, entry in entries.items():
                     response = await http.get(f"/v1/openenv/runs/{run_id}/artifacts/{name}")
                     assert response.status_code == 200
+                    schema = declared[entry["media_type"]]["schema"]
+                    if schema.get("format") != "binary":
+                        body = json.loads(response.content) if schema["type"] == "object" else response.text
+                        jsonschema.validate(body, schema)
                     assert "sha256:" + hashlib.sha256(response.content).hexdigest() == entry["sha256"]
                     assert len(response.content) == entry["bytes"]
                     assert response.headers["content-length"] == str(entry["bytes"])

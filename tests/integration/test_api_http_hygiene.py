@@ -88,7 +88,7 @@ def test_a_slow_loris_body_is_answered_408_and_closed_in_bounded_time(tmp_path: 
 
 @pytest.fixture()
 def app(tmp_path: Path):  # noqa: ANN201 - a FastAPI app
-    return create_app(Settings(home=tmp_path, temporal_address="127.0.0.1:9"))
+    return create_app(Settings(home=tmp_path, temporal_address="127.0.0.1:9", s3_endpoint="http://127.0.0.1:9"))
 
 
 @pytest.mark.asyncio
@@ -125,5 +125,18 @@ async def test_healthz_stays_200_and_names_an_unreachable_temporal(app) -> None:
         response = await http.get("/healthz")
         waited = time.monotonic() - started
     assert response.status_code == 200
-    assert response.json() == {"status": "degraded", "components": {"temporal": {"connection": "unreachable"}}}
+    assert response.json() == {"status": "degraded", "components": {
+        "temporal": {"connection": "unreachable"}, "s3": {"connection": "unreachable"}}}
     assert waited < 10
+
+
+@pytest.mark.asyncio
+async def test_healthz_names_the_embedded_temporals_exposure(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "serve.json").write_text(
+        '{"temporal_exposure": "open_to_local_users", "components": {"temporal": {"state": "running", "pid": 7}}}')
+    app = create_app(Settings(home=tmp_path, temporal_address="127.0.0.1:9", s3_endpoint="http://127.0.0.1:9"))
+    async with asgi_client(app) as http:
+        response = await http.get("/healthz")
+    assert response.json()["components"]["temporal"] == {
+        "state": "running", "connection": "unreachable", "exposure": "open_to_local_users"}

@@ -211,16 +211,15 @@ async def test_the_202_body_shows_the_real_kind(kiln_settings: Any, short_status
 
 
 async def test_train_grpo_idempotency_key(kiln_settings: Any, short_status_query: None) -> None:
+    from tests.integration.test_dataset_checks import ROLLOUT_LINE
+
     settings = kiln_settings()
     app = create_app(settings)
-    digest = "c" * 64
-    body = {
-        "dataset": {"uri": f"s3://{settings.s3_bucket}/blobs/sha256/{digest}", "sha256": f"sha256:{digest}",
-                    "bytes": 10},
-        "output_adapter": "grpo-once",
-        "idempotency_key": f"grpo-{time.time_ns()}",
-    }
     async with asgi_client(app) as http:
+        uploaded = await http.put("/v1/datasets", content=ROLLOUT_LINE)
+        assert uploaded.status_code == 201, uploaded.text
+        body = {"dataset": uploaded.json(), "output_adapter": "grpo-once",
+                "idempotency_key": f"grpo-{time.time_ns()}"}
         first = await http.post("/v1/train/grpo", json=body)
         again = await http.post("/v1/train/grpo", json=body)
         changed = await http.post("/v1/train/grpo", json={**body, "output_adapter": "grpo-other"})

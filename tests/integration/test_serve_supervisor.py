@@ -86,6 +86,41 @@ def test_repeated_fast_failures_give_up_with_one_line_and_backoff_doubles(tmp_pa
     supervisor.stop()
 
 
+@pytest.mark.timeout(60)
+def test_an_outage_of_failed_starts_counts_once_toward_the_crash_loop(tmp_path: Path) -> None:
+    """Killed, then two failed starts (what it needs is down), then up, then killed again: three
+    incidents' worth of fast failures, not four, so a supervisor that gives up at four does not."""
+    events: list[str] = []
+    supervisor = Supervisor(on_event=events.append, first_backoff_s=0.1, stable_after_s=30, give_up_after=4)
+    refusals = {"left": 0}
+    sleeper = _sleeper(tmp_path, "flaky")
+
+    def start():  # noqa: ANN202 - a start callable
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise RuntimeError("port 1 is taken")
+        return sleeper()
+
+    try:
+        child = supervisor.launch("flaky", start)
+        first = child.process.pid
+        refusals["left"] = 2
+        os.kill(first, signal.SIGKILL)
+        _supervise_until(supervisor, lambda: child.restarts == 1, 20)
+        assert (child.fast_failures, child.failed_starts) == (2, 0)
+        second = child.process.pid
+        os.kill(second, signal.SIGKILL)  # a separate incident, soon after (a fast failure too)
+        _supervise_until(supervisor, lambda: child.restarts == 2, 20)
+        assert child.fast_failures == 3 and child.state == "running"
+        waits = [line.rsplit(" ", 1)[1] for line in events if "restarting in" in line]
+        assert waits == ["0.1s", "0.2s", "0.4s", "0.4s"]
+        assert [line.split(";")[0] for line in events if "restarting in" in line] == [
+            "flaky exited with signal 9 (SIGKILL)", "flaky did not start (port 1 is taken)",
+            "flaky did not start (port 1 is taken)", "flaky exited with signal 9 (SIGKILL)"]
+    finally:
+        supervisor.stop()
+
+
 # --------------------------------------------------------------------------------- kiln serve
 
 
@@ -214,8 +249,10 @@ def test_serve_restarts_a_killed_temporal_and_the_api_answers_503_meanwhile(
     assert f"temporal restarted: pid {before['temporal']} → {after['temporal']} (restart 1" in out
     health = httpx.get(f"{serve.url}/healthz", timeout=10).json()
     assert health["status"] == "ok", health
-    assert {k: health["components"]["temporal"][k] for k in ("state", "restarts", "connection")} == {
-        "state": "running", "restarts": 1, "connection": "reachable"}
+    assert {k: health["components"]["temporal"][k] for k in ("state", "restarts", "connection", "exposure")} == {
+        "state": "running", "restarts": 1, "connection": "reachable", "exposure": "open_to_local_users"}
+    assert health["components"]["s3"] == {"connection": "reachable"}
+    assert out.count("warning: the embedded Temporal and its Web UI answer every local user") == 1
     assert "pid" not in health["components"]["temporal"]
     final = serve.run_completes(counter_env, 120)
     assert final["state"] == "completed", final

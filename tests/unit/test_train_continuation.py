@@ -178,11 +178,16 @@ def test_resumed_attempt_of_a_continued_training_uses_its_own_checkpoint(model_p
     assert resumed.receipt["resumed_from_step"] == 2
     assert resumed.receipt["continued_from"] == whole.receipt["continued_from"]
     assert resumed.receipt["steps"] == whole.receipt["steps"]
-    # That checkpoint belongs to the continued training: a fresh-optimizer attempt may not use it.
-    with pytest.raises(TrainingFailed) as err:
-        _train(model_path, tmp_path / "other", config, base_adapter_dir=first.adapter_dir,
-               resume_from=checkpoint)
-    assert err.value.code == "resume_mismatch"
+    assert resumed.receipt["checkpoint"]["used"] is True
+    # That checkpoint belongs to the continued training: a fresh-optimizer attempt may not use it,
+    # so that attempt restarts from its first step, exactly as a fresh one.
+    other = _train(model_path, tmp_path / "other", config, base_adapter_dir=first.adapter_dir,
+                   resume_from=checkpoint)
+    fresh = _train(model_path, tmp_path / "fresh", config, base_adapter_dir=first.adapter_dir)
+    assert _bytes(other.adapter_dir) == _bytes(fresh.adapter_dir) != _bytes(whole.adapter_dir)
+    assert other.receipt["resumed_from_step"] is None
+    assert other.receipt["checkpoint"]["used"] is False and other.receipt["checkpoint"]["step"] == 2
+    assert other.receipt["checkpoint"]["reason"] == "the checkpoint's init_state_sha256 differs from this training's"
 
 
 def _repack(archive: Path, folder: Path, edit) -> Path:

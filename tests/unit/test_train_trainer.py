@@ -183,11 +183,21 @@ def test_deterministic_and_resume_is_bit_exact(model_path, tmp_path):
     assert resumed.receipt["steps"] == first.receipt["steps"]
     assert resumed.receipt["echo"] == first.receipt["echo"]
 
+    assert resumed.receipt["checkpoint"] == {"used": True, "step": 5, "reason": None,
+                                             "written_by": first.receipt["trainer"]}
+    assert "checkpoint" not in first.receipt
+
+    # Another seed: the checkpoint is not this training's, so it restarts from step 0 (never fails)
+    # and trains exactly what a fresh training of that config trains.
     other = TrainingConfig(seed=4, checkpoint_interval=5, epochs=3)
-    with pytest.raises(TrainingFailed) as err:
-        train_grpo(model_path=model_path, groups=groups, config=other, output_dir=tmp_path / "e",
-                   resume_from=checkpoint)
-    assert err.value.code == "resume_mismatch"
+    restarted = train_grpo(model_path=model_path, groups=groups, config=other, output_dir=tmp_path / "e",
+                           resume_from=checkpoint)
+    fresh = train_grpo(model_path=model_path, groups=groups, config=other, output_dir=tmp_path / "f")
+    assert _bytes(restarted.adapter_dir) == _bytes(fresh.adapter_dir) != _bytes(first.adapter_dir)
+    assert restarted.receipt["resumed_from_step"] is None and restarted.steps == 9
+    assert restarted.receipt["checkpoint"] == {
+        "used": False, "step": 5, "reason": "the checkpoint's settings_sha256 differs from this training's",
+        "written_by": first.receipt["trainer"]}
 
 
 def test_policy_identity_mismatch(model_path, tmp_path):
