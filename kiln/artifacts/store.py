@@ -244,7 +244,7 @@ class S3Store:
             if status is not None and status >= 500 or code in ("SlowDown", "ServiceUnavailable",
                                                                  "InternalError"):
                 return self._unavailable(exc, action)
-        return exc  # type: ignore[return-value]
+        return exc  # type: ignore[return-value]  # a non-storage error passes through unchanged
 
     # ------------------------------------------------------------------------------------ bucket
 
@@ -257,7 +257,7 @@ class S3Store:
         except bce.ClientError as exc:
             if _status(exc) not in (404, 400) and _error_code(exc) not in ("NoSuchBucket", "404"):
                 raise self._map(exc, "head bucket") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "head bucket") from exc
         try:
             kwargs: dict[str, Any] = {"Bucket": self.bucket}
@@ -268,7 +268,7 @@ class S3Store:
             if _error_code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 return
             raise self._map(exc, "create bucket") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "create bucket") from exc
 
     # ------------------------------------------------------------------------------------ writes
@@ -296,7 +296,7 @@ class S3Store:
                 Body=data,
                 ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, action, key) from exc
         S3_BYTES_WRITTEN.inc(len(data))
 
@@ -332,7 +332,7 @@ class S3Store:
                 self._multipart_upload(path, key, part_size)
         except (ArtifactIntegrityFailed, StorageUnavailable):
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "put file", key) from exc
         self._check_size(key, size)
         S3_BYTES_WRITTEN.inc(size)
@@ -374,7 +374,7 @@ class S3Store:
     def _check_size(self, key: str, size: int) -> None:
         try:
             head = self._client.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "head after put", key) from exc
         if int(head.get("ContentLength", -1)) != size:
             raise ArtifactIntegrityFailed(
@@ -408,7 +408,7 @@ class S3Store:
                 "ConditionalRequestConflict",
             ):
                 raise self._map(exc, "conditional put", key) from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "conditional put", key) from exc
         existing = self.get_key(key)
         if existing == data:
@@ -426,7 +426,7 @@ class S3Store:
     def _open(self, ref: ObjectRef) -> tuple[Any, int]:
         try:
             resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             mapped = self._map(exc, "get", ref.key)
             if isinstance(mapped, ArtifactNotFound):
                 mapped = ArtifactNotFound(
@@ -495,7 +495,7 @@ class S3Store:
                 head = resp["Body"].read()
             finally:
                 resp["Body"].close()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "get", ref.key) from exc
         whole = str(resp.get("ContentRange") or "").rpartition("/")[2]
         return (int(whole) if whole.isdigit() else int(resp.get("ContentLength", len(head)))), head
@@ -526,7 +526,7 @@ class S3Store:
                 return resp["Body"].read()
             finally:
                 resp["Body"].close()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             if _error_code(exc) != "NoSuchBucket" and (
                 _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound")
             ):
@@ -542,7 +542,7 @@ class S3Store:
             if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound", "404"):
                 return False
             raise self._map(exc, "head", key) from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "head", key) from exc
 
     @patient
@@ -553,7 +553,7 @@ class S3Store:
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 keys.extend(item["Key"] for item in page.get("Contents", []) or [])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
             raise self._map(exc, "list", prefix) from exc
         return sorted(keys)
 
