@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.train.model import TRAIN_ADAPTER, _lora_config, lora_delta_norms  # noqa: E402
+from kiln.policy.families import FAMILIES  # noqa: E402 - after the torch skip
+from kiln.train.model import TRAIN_ADAPTER, _lora_config, lora_delta_norms  # noqa: E402 - after the torch skip
 from tests.unit.test_train_support import build_tiny_qwen3  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def test_delta_norm_counts_only_the_trained_adapter(tmp_path):
     torch.set_num_threads(1)
     path = build_tiny_qwen3(tmp_path / "model")
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval(),
-                           _lora_config(4, 8.0))
+                           _lora_config(4, 8.0, FAMILIES["qwen3"]))
     torch.manual_seed(1)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -53,7 +54,7 @@ def test_delta_norm_counts_only_the_trained_adapter(tmp_path):
     assert alone_total == pytest.approx(math.sqrt(sum(v * v for v in measured.values())), rel=1e-4)
 
     # An evaluation adapter loaded beside it, with weights of its own: the figure is unchanged.
-    model.add_adapter("served-eval", _lora_config(4, 8.0))
+    model.add_adapter("served-eval", _lora_config(4, 8.0, FAMILIES["qwen3"]))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "served-eval" in name and "lora_B" in name:

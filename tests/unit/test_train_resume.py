@@ -21,6 +21,7 @@ from kiln.contracts import EchoConfig, TrainingConfig  # noqa: E402
 from kiln.errors import RunCancelled  # noqa: E402
 from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.train.resume import code_digest, resume_refusal, settings_digest, trainer_version  # noqa: E402
+from kiln.train.plan import LATER_SETTINGS  # noqa: E402
 from kiln.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
 
@@ -130,8 +131,9 @@ def test_a_checkpoint_survives_a_release_that_adds_a_defaulted_setting(model_pat
     state = json.loads((legacy / "state.json").read_text())
     state.pop("settings_sha256")
     state.pop("trainer")
+    # What that release digested: it had none of the later settings (kiln.train.plan.LATER_SETTINGS).
     state_dump = {k: v for k, v in config.model_dump(mode="json", by_alias=True).items()
-                  if k not in ("stale_is_max_weight", "engine_is_max_weight")}  # what that release digested
+                  if k not in ("stale_is_max_weight", "engine_is_max_weight", *LATER_SETTINGS)}
     # This release writes that digest too (so a rollback to such a release can still resume).
     assert state["config_sha256"] == digest_json(state_dump)
     (legacy / "state.json").write_text(json.dumps(state))

@@ -88,4 +88,4 @@ def test_old_configs_decode_and_keep_their_digest_keys():
     assert not set(LATER_SETTINGS) & set(plan.effective_config)
     changed = plan_training([_group([3, 8], [1.0, 0.0])], old.model_copy(update={"entropy_coeff": 0.01}), BEHAVIOR, None)
     assert changed.effective_config["entropy_coeff"] == 0.01
-    assert changed.identity["config_sha256"] != plan.identity["config_sha256"]
+    assert changed.identity["settings_sha256"] != plan.identity["settings_sha256"]
