@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.canonical import digest_json
+from kiln.contracts import LATER_SETTINGS
 from kiln.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.policy.identity import sampling_of
 from kiln.train.batches import RowShaping
@@ -35,10 +36,6 @@ class Plan:
     shaping: RowShaping = field(default_factory=RowShaping)
 
 
-# Training settings added after receipts and checkpoints existed: left out of the effective config
-# (so of the config digest a checkpoint must match) while at their defaults.
-LATER_SETTINGS = {"advantage_norm": "group_std", "loss_normaliser": "tokens", "overlong": "keep",
-                  "overlong_buffer_tokens": 0, "overlong_penalty": 1.0, "entropy_coeff": 0.0}
 
 
 def _cap(config: Any, sampling: dict[str, Any] | None) -> int | None:

@@ -73,6 +73,13 @@ def test_a_request_not_using_online_rl_digests_as_before() -> None:
     explicit = parse_run_request({**BASE, "iterations": 1, "max_staleness": 0, "eval_every": None})
     assert request_digest(plain) == request_digest(explicit)
     assert request_digest(parse_run_request({**BASE, "iterations": 2})) != request_digest(plain)
+    # Settings added later digest as before while at their defaults, and differently once used.
+    assert request_digest(parse_run_request({**BASE, "context_policy": "end"})) == request_digest(plain)
+    trained = parse_run_request({**BASE, "training_config": {"epochs": 2}})
+    same = parse_run_request({**BASE, "training_config": {"epochs": 2, "entropy_coeff": 0.0, "overlong": "keep"}})
+    assert request_digest(trained) == request_digest(same)
+    assert request_digest(parse_run_request({**BASE, "training_config": {"epochs": 2, "entropy_coeff": 0.01}})) != \
+        request_digest(trained)
 
 
 def test_evaluation_schedule_and_staleness() -> None:
