@@ -236,9 +236,14 @@ class GpuActivities:
                 stream.step(update)
 
         activity.heartbeat(dict(latest))
-        with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
-            runtime = self.policy()
-        lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
+        launch, placement = self._train_launch()
+        if launch is not None:  # ranks of their own: no policy runtime, no shared base model
+            device, dtype, lease = placement.device, placement.dtype, contextlib.nullcontext(None)
+        else:
+            with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
+                runtime = self.policy()
+            device, dtype = runtime.device, runtime.dtype
+            lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
         with stream, heartbeat_ticker(lambda: dict(latest)), lease as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
                 return train(
@@ -251,10 +256,24 @@ class GpuActivities:
                     should_cancel=activity.is_cancelled,
                     resume_checkpoint=resume,
                     resume_step=resume_step,
-                    device=runtime.device,
-                    dtype=runtime.dtype,
+                    device=device,
+                    dtype=dtype,
                     shared_base=shared_base,
+                    launch=launch,
                 )
+
+    def _train_launch(self) -> tuple[Any, Any]:
+        """``(launch, placement)`` of this worker's ``KILN_TRAIN_DEVICES``: ``(None, None)`` for one
+        rank (training in this process on the policy runtime's device)."""
+        if self.settings.train_devices == "1":
+            return None, None
+        from kiln.policy.device import resolve_placement
+        from kiln.train.launch import launch_for
+
+        placement = resolve_placement(self.settings.device, self.settings.dtype)
+        launch = launch_for(self.settings.train_devices, placement.device,
+                            collective_timeout_s=self.settings.train_collective_timeout_s)
+        return launch, placement if launch is not None else None
 
     @activity.defn(name="post_evaluate")
     @kiln_errors

@@ -341,3 +341,14 @@ class TrackerUnavailable(KilnError):
     code = "tracker_unavailable"
     http_status = 400
     stage = "training"
+
+
+# --- roles (issue 38): a trainer across devices ---
+
+
+class TrainingRankFailed(TrainingFailed):
+    """A rank of a training spread over several devices died or failed in a collective; every
+    rank was stopped. Retryable: the retry resumes from the last checkpoint rank 0 wrote."""
+
+    code = "training_rank_failed"
+    retryable = True

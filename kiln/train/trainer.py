@@ -65,6 +65,7 @@ from kiln.train.checkpoints import (
     save_checkpoint,
 )
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
+from kiln.train.distributed import resident_base_bytes
 from kiln.train.drift import base_logprobs, policy_drift
 from kiln.train.model import (
     adapter_content_sha256,
@@ -144,10 +145,12 @@ def evaluation_of(rows: list[list[Row]], scored: dict[tuple[int, int], torch.Ten
 
 
 def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, dev: torch.device,
-                dtype: str, shared_base: Any) -> Any:
+                dtype: str, shared_base: Any, ranks: Any = None) -> Any:
     """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
-    it (one copy per worker), else on a freshly loaded one."""
-    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), dev, dtype)
+    it (one copy per worker), else on a freshly loaded one; with ``ranks`` loaded on the CPU and
+    sharded across the ranks' devices (:mod:`kiln.train.distributed`)."""
+    load_on = torch.device("cpu") if ranks is not None else dev
+    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), load_on, dtype)
     model = attach_lora(base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed,
                         base_adapter_dir=base_adapter_dir)
     if shared_base is not None:
@@ -160,6 +163,10 @@ def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, de
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
         model.train()  # transformers checkpoints only in training mode; the model has no dropout
+    if ranks is not None:
+        from kiln.train.distributed import shard_base_model
+
+        shard_base_model(model, ranks, dev)
     return model
 
 
@@ -187,6 +194,7 @@ class Loop:
     # the learning-rate schedule's position: optimizer steps of earlier iterations, run horizon
     steps_before: int = 0
     horizon_steps: int | None = None
+    ranks: Any = None  # kiln.train.distributed.RankGroup of a trainer across devices; None: one process
 
 
 def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
@@ -214,6 +222,7 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
     params = [p for _, p in loop.named]
     base_lr = loop.optimizer_info["learning_rate"]
     horizon = loop.horizon_steps or loop.steps_before + total
+    main = loop.ranks is None or loop.ranks.is_main  # rank 0 alone reports and checkpoints
     for step in range(start_step + 1, total + 1):
         if should_cancel is not None and should_cancel():
             raise RunCancelled(f"training cancelled before step {step} of {total}")
@@ -223,7 +232,8 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
                               schedule=config.lr_schedule)
         set_learning_rate(loop.optimizer, lr)
         t0 = time.perf_counter()
-        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev)
+        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev,
+                            ranks=loop.ranks)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if values.pop("stopped", False):
             loop.early_stop = {"target_kl": plan.settings.target_kl, "step": step,
@@ -235,11 +245,11 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
         stale = {"staleness": loop.staleness["staleness"]} if loop.staleness is not None else {}
         loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
                              "action_tokens": action_tokens, **stale})
-        if progress is not None:
+        if progress is not None and main:
             shown = {**values, "kl": values["kl"] if plan.settings.kl_on else None}  # None: KL is off
             progress({"step": step, "total_steps": total, **shown, "learning_rate": float(lr),
                       "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
-        if config.checkpoint_interval and step % config.checkpoint_interval == 0:
+        if main and config.checkpoint_interval and step % config.checkpoint_interval == 0:
             _checkpoint(loop, plan, step, output_dir, checkpoint_sink)
 
 
@@ -261,6 +271,7 @@ def prepare_training(
     selected: tuple[list[dict], dict[str, Any]] | None = None,
     iteration: int | None = None,
     iterations_total: int | None = None,
+    ranks: Any = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
@@ -279,7 +290,7 @@ def prepare_training(
     plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected,
                          staleness=staleness, extra_identity=extra, iteration=iteration)
     dev = torch.device(device or "cpu")
-    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
+    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
     rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab)
@@ -302,7 +313,7 @@ def prepare_training(
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
                 base_adapter_sha=base_adapter_sha, start_is_base=base_adapter_dir is None, staleness=stale,
-                engine_logprobs=engine_logprobs,
+                engine_logprobs=engine_logprobs, ranks=ranks,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if iterations_total is not None and iteration is not None:
@@ -363,7 +374,8 @@ def train_grpo(
     staleness: int = 0,
     iteration: int | None = None,
     iterations_total: int | None = None,
-) -> TrainedAdapter:
+    ranks: Any = None,
+) -> TrainedAdapter | None:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
     Writes ``output_dir/adapter/`` (standard PEFT adapter), ``output_dir/train_receipt.json`` and,
@@ -378,6 +390,10 @@ def train_grpo(
     than ``base_adapter_dir`` — ``behavior_adapter_dir`` (None: the bare base model) — trained
     with truncated behaviour importance weights. Defaults leave the training exactly as a
     single-pass run's.
+
+    ``ranks`` (a :class:`kiln.train.distributed.RankGroup`; launched by :mod:`kiln.train.launch`):
+    this process is one rank of a trainer across devices; rank 0 alone reports progress and writes
+    the checkpoints, the adapter and the receipt, and only rank 0 returns a result (the others None).
     """
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
@@ -386,7 +402,7 @@ def train_grpo(
         base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
         staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
-        iteration=iteration, iterations_total=iterations_total)
+        iteration=iteration, iterations_total=iterations_total, ranks=ranks)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
@@ -422,8 +438,8 @@ def engine_mismatch(loop: Loop, plan: Plan) -> dict[str, Any] | None:
 
 def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
             dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
-            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
-    """Final evaluation, adapter, continuation state, receipt."""
+            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter | None:
+    """Final evaluation, adapter, continuation state, receipt (every rank scores; rank 0 writes)."""
     flat = [row for group in loop.rows for row in group]
     with torch.random.fork_rng(devices=[]):
         final = score_rows(loop.model, flat, plan.settings, dev)
@@ -432,6 +448,9 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     base = base_logprobs(loop.model, flat, loop.cache, plan.settings, dev, start_is_base=loop.start_is_base)
     drift = policy_drift(loop.rows, loop.cache.old, final, base)
     mismatch = engine_mismatch(loop, plan)
+    base_bytes = resident_base_bytes(loop.model, loop.ranks)
+    if loop.ranks is not None and not loop.ranks.is_main:
+        return None
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
@@ -462,7 +481,8 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
         behavior_policy=behavior,
-        runtime=runtime_block(dev, dtype),
+        runtime=runtime_block(dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1,
+                              base_weight_bytes=base_bytes),
         phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
                        "save_s": time.perf_counter() - t_trained},
         resumed_from_step=loop.resumed_from,
