@@ -127,6 +127,9 @@ class GpuActivities:
         self.cache_dir = settings.home / "cache" / "adapters"
         self._policy: LockedPolicy | None = None
         self._load_lock = threading.Lock()
+        # False on a `trainer` worker: no sampling here, so training loads its own model (or ranks)
+        # and never a policy runtime (workers.factory sets it from the role)
+        self.samples = True
 
     def policy(self) -> LockedPolicy:
         with self._load_lock:
@@ -237,7 +240,7 @@ class GpuActivities:
 
         activity.heartbeat(dict(latest))
         launch, placement = self._train_launch()
-        if launch is not None:  # ranks of their own: no policy runtime, no shared base model
+        if placement is not None:  # its own model (or ranks): no policy runtime, no shared base model
             device, dtype, lease = placement.device, placement.dtype, contextlib.nullcontext(None)
         else:
             with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
@@ -263,9 +266,10 @@ class GpuActivities:
                 )
 
     def _train_launch(self) -> tuple[Any, Any]:
-        """``(launch, placement)`` of this worker's ``KILN_TRAIN_DEVICES``: ``(None, None)`` for one
-        rank (training in this process on the policy runtime's device)."""
-        if self.settings.train_devices == "1":
+        """``(launch, placement)`` of this worker's training: the ranks of ``KILN_TRAIN_DEVICES``
+        (None: one, in this process) and the device of a training that does not borrow the policy
+        runtime's model (None: it does — one rank on a worker that also samples)."""
+        if self.settings.train_devices == "1" and self.samples:
             return None, None
         from kiln.policy.device import resolve_placement
         from kiln.train.launch import launch_for
@@ -273,7 +277,7 @@ class GpuActivities:
         placement = resolve_placement(self.settings.device, self.settings.dtype)
         launch = launch_for(self.settings.train_devices, placement.device,
                             collective_timeout_s=self.settings.train_collective_timeout_s)
-        return launch, placement if launch is not None else None
+        return launch, placement if launch is not None or not self.samples else None
 
     @activity.defn(name="post_evaluate")
     @kiln_errors
