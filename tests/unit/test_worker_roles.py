@@ -41,3 +41,17 @@ def test_the_worker_entry_accepts_every_role(role: str) -> None:
     from workers.__main__ import USAGE
 
     assert role in USAGE.split("usage: python -m workers ", 1)[1].split("|")
+
+
+def test_a_trainer_alone_trains_on_its_own_model_and_a_gpu_worker_borrows_the_runtime(tmp_path) -> None:
+    from kiln.settings import Settings
+
+    gpu = GpuActivities(Settings(home=tmp_path, device="cpu"), store=None, model_path=tmp_path)
+    assert gpu.samples and gpu._train_launch() == (None, None)  # the runtime's model, in this process
+    gpu.samples = False  # what workers.factory sets for `python -m workers trainer`
+    launch, placement = gpu._train_launch()
+    assert launch is None and (placement.device, placement.dtype) == ("cpu", "float32")
+    ranks = GpuActivities(Settings(home=tmp_path, device="cpu", train_devices="2", train_collective_timeout_s=9),
+                          store=None, model_path=tmp_path)
+    launch, placement = ranks._train_launch()
+    assert launch.devices == ("cpu", "cpu") and launch.collective_timeout_s == 9 and placement.device == "cpu"
