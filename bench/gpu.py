@@ -293,14 +293,14 @@ def bench_distributed(folder: Path, shape: str, layers: int | None, *, device: s
     worlds = sorted({1, min(2, gpus), gpus})
     model = build_random_model(folder / "distributed-model", shape=shape, layers=layers,
                                dtype="bfloat16" if on_cuda else "float32")
-    per_group = max(1, rows // 2)
+    per_group = max(2, rows // 2)  # rewards vary within a group of two or more
     groups = synthetic_groups(2, per_group, tokens, vocab=151_000 if shape != "tiny" else 150_000)
     config = TrainingConfig(seed=0, optimizer="adamw", learning_rate=1e-4, echo=None, epochs=3,
                             groups_per_step=2, lora_rank=16, lora_alpha=32,
                             max_tokens_per_microbatch=max(tokens, 16384))
     measured = compare(worlds, model=model, groups=groups, config=config, device="cuda" if on_cuda else "cpu",
                        dtype=dtype, repeats=repeats, work=folder)
-    return {"rows": rows, "tokens_per_row": tokens, "worlds": measured,
+    return {"rows": 2 * per_group, "tokens_per_row": tokens, "worlds": measured,
             "reference_tokens_per_s": {"prime-rl qwen3-0.6b lora r16 16k 1xH100": 13_300,
                                        "prime-rl qwen3-4b lora r16 16k 1xH100": 6_200}}
 
