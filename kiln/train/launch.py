@@ -239,7 +239,7 @@ def rank_main(rank: int, launch: Launch, job: str, rendezvous: str, parent_pid: 
         )
         if main:
             messages.put(("done", result))
-    except BaseException as exc:  # every failure leaves as a message and exit status 1
+    except BaseException as exc:  # noqa: BLE001 - every failure leaves as a message and exit status 1
         if not isinstance(exc, KilnError):
             traceback.print_exc()  # the rank's own log (stderr): where an unexpected failure came from
         error = ({**exc.to_dict(), "kiln": True} if isinstance(exc, KilnError)

@@ -15,7 +15,6 @@ import asyncio
 import json
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 
