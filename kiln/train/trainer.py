@@ -283,7 +283,9 @@ def prepare_training(
     refuse_float16(dtype)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
     stale = stale_origin(staleness, behavior_adapter_dir, expected_behavior_policy)
-    init = read_init_state(init_state, Path(work_dir)) if init_state is not None else None
+    # each rank unpacks the continuation state into a folder of its own (they run at once)
+    unpack_in = Path(work_dir) if ranks is None else Path(work_dir) / f"rank-{ranks.rank}"
+    init = read_init_state(init_state, unpack_in) if init_state is not None else None
     extra: dict[str, Any] = {"init_state_sha256": init.sha256} if init is not None else {}
     if stale is not None:
         extra.update(staleness=staleness, behavior_adapter_sha256=stale["behavior_adapter_sha256"])

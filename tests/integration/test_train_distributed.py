@@ -107,6 +107,24 @@ def test_two_ranks_train_what_one_trains(model_path, tmp_path):
     assert not list((tmp_path / "two").glob("checkpoints")) and (tmp_path / "two" / "train_receipt.json").is_file()
 
 
+@pytest.mark.timeout(240)
+def test_two_ranks_continue_an_iteration_as_one_does(model_path, tmp_path):
+    """An online run's next iteration: the previous training's adapter and continuation state
+    (``init_state``), which every rank unpacks at once."""
+    first = train_grpo(output_dir=tmp_path / "first", model_path=model_path, groups=bandit_groups(4),
+                       config=_config(epochs=1), expected_behavior_policy=BEHAVIOR, keep_state=True)
+    kwargs = dict(model_path=model_path, groups=bandit_groups(4, turns=1), config=_config(epochs=1),
+                  expected_behavior_policy=BEHAVIOR, base_adapter_dir=first.adapter_dir,
+                  init_state=first.final_state, iteration=2, iterations_total=2)
+    one = train_grpo(output_dir=tmp_path / "one", **kwargs)
+    two = train_across(TWO, output_dir=tmp_path / "two", **kwargs)
+    assert two.receipt["continued_from"] == one.receipt["continued_from"] is not None
+    a, b = _adapter(one), _adapter(two)
+    assert max(_relative(b[name], a[name]) for name in a) <= 1e-5
+    for x, y in zip(_curve(one, "loss"), _curve(two, "loss")):
+        assert abs(x - y) <= 1e-5 * max(1.0, abs(x))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_base_weights_per_rank_on_a_real_shape(tmp_path_factory, tmp_path):
