@@ -6,7 +6,10 @@ train. A 3-iteration online run, submitted through the API exactly as to one gpu
 the downloaded run verifies offline (``verify --run``: every bundle, and the on-policy chain — the
 adapter each iteration sampled with is the previous iteration's); Temporal's history shows every
 ``collect_group`` on a sampler (both of them) and every ``train_adapter`` on the trainer, on the
-trainers' queue ``<gpu queue>@train``.
+trainers' queue ``<gpu queue>@train``. The same run again, with one sampler killed once iteration 2
+has begun and a fresh one (empty adapter cache) started: it completes with artifacts identical to
+the first run's (but the receipts' wall-clock timings and metrics.jsonl), the fresh sampler
+collects, and it fetched only adapters the run's iterations produced (by digest).
 """
 
 from __future__ import annotations
@@ -67,6 +70,25 @@ async def _executions(topo: Topology, run_id: str) -> list[tuple[str, str, str]]
     return rows
 
 
+def _wait_iteration(topo: Topology, run_id: str, iteration: int, timeout_s: float = 600) -> None:
+    """Poll the run's status until it works on ``iteration`` (1-based)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code, status = topo.api_call("GET", f"/v1/openenv/runs/{run_id}")
+        if code == 200 and (status.get("iteration") or 0) >= iteration:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} did not reach iteration {iteration}")
+
+
+def _reproducible(status: dict) -> dict[str, str]:
+    """Artifact digests but the wall-clock ones (metrics.jsonl, the receipts' phase timings)."""
+    return {a["name"]: a["sha256"] for a in status["artifacts"]
+            if a["name"] != "metrics.jsonl" and not a["name"].endswith("train_receipt.json")}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_trainer_and_two_samplers_run_an_online_run(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -100,6 +122,23 @@ def test_one_trainer_and_two_samplers_run_an_online_run(tiny_model_dir: Path, tm
             assert current["sampled_by"] == previous["adapter_sha256"] is not None
         receipt = json.loads((folder / "iterations/000003/train_receipt.json").read_bytes())
         assert receipt["runtime"]["world_size"] == 2
+
+        # The same run again, one sampler replaced between iterations by a fresh one (its own
+        # KILN_HOME: no adapter cached): it fetches the adapters it is given by digest and goes on.
+        code, body = topo.api_call("POST", "/v1/openenv/runs", {**RUN, "environment_urls": [topo.env_url]})
+        assert code == 202, body
+        again = body["run_id"]
+        _wait_iteration(topo, again, 2)
+        samplers[0].kill()
+        fresh = topo.start_worker("sampler", "sampler-fresh")
+        rerun = topo.wait_run(again, timeout_s=800)
+        assert rerun["state"] == "completed", json.dumps(rerun.get("failure"))[:2000]
+        assert _reproducible(rerun) == _reproducible(final)  # the hf engine: byte-identical artifacts
+        fresh_collected = {who for name, _, who in asyncio.run(_executions(topo, again)) if name == "collect_group"}
+        assert _identity(fresh.pid) in fresh_collected
+        cached = {p.name for p in (topo.root / "home-sampler-fresh" / "cache" / "adapters").iterdir()}
+        produced = {r["adapter_sha256"].removeprefix("sha256:") for r in chain}
+        assert cached and cached <= produced  # it fetched only adapters the run's iterations produced
     finally:
         for proc in topo.close():
             assert_nothing_listening(proc)
