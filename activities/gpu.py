@@ -127,6 +127,9 @@ class GpuActivities:
         self.cache_dir = settings.home / "cache" / "adapters"
         self._policy: LockedPolicy | None = None
         self._load_lock = threading.Lock()
+        # False on a `trainer` worker: no sampling here, so training loads its own model (or ranks)
+        # and never a policy runtime (workers.factory sets it from the role)
+        self.samples = True
 
     def policy(self) -> LockedPolicy:
         with self._load_lock:
@@ -236,9 +239,14 @@ class GpuActivities:
                 stream.step(update)
 
         activity.heartbeat(dict(latest))
-        with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
-            runtime = self.policy()
-        lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
+        launch, placement = self._train_launch()
+        if placement is not None:  # its own model (or ranks): no policy runtime, no shared base model
+            device, dtype, lease = placement.device, placement.dtype, contextlib.nullcontext(None)
+        else:
+            with heartbeat_ticker(lambda: dict(latest)):  # a fresh worker's model load outlasts the timeout
+                runtime = self.policy()
+            device, dtype = runtime.device, runtime.dtype
+            lease = runtime.training_lease() if self.settings.share_base_model else contextlib.nullcontext(None)
         with stream, heartbeat_ticker(lambda: dict(latest)), lease as shared_base:
             with tempfile.TemporaryDirectory(prefix="kiln-train-") as work:
                 return train(
@@ -251,10 +259,25 @@ class GpuActivities:
                     should_cancel=activity.is_cancelled,
                     resume_checkpoint=resume,
                     resume_step=resume_step,
-                    device=runtime.device,
-                    dtype=runtime.dtype,
+                    device=device,
+                    dtype=dtype,
                     shared_base=shared_base,
+                    launch=launch,
                 )
+
+    def _train_launch(self) -> tuple[Any, Any]:
+        """``(launch, placement)`` of this worker's training: the ranks of ``KILN_TRAIN_DEVICES``
+        (None: one, in this process) and the device of a training that does not borrow the policy
+        runtime's model (None: it does — one rank on a worker that also samples)."""
+        if self.settings.train_devices == "1" and self.samples:
+            return None, None
+        from kiln.policy.device import resolve_placement
+        from kiln.train.launch import launch_for
+
+        placement = resolve_placement(self.settings.device, self.settings.dtype)
+        launch = launch_for(self.settings.train_devices, placement.device,
+                            collective_timeout_s=self.settings.train_collective_timeout_s)
+        return launch, placement if launch is not None or not self.samples else None
 
     @activity.defn(name="post_evaluate")
     @kiln_errors

@@ -19,6 +19,16 @@ Qwen's real 151k vocabulary (weights random: throughput and memory are real, qua
    the runtime's shared base via ``training_lease``) vs a bare PEFT loop (forward, advantage-
    weighted action log-prob, backward, clip, AdamW step) — tokens/s and peak CUDA memory.
 
+5. the trainer across GPUs (``--distributed``, on by default on CUDA): the same training (``--train-rows``
+   rows of ``--train-tokens`` tokens a step, 3 steps, LoRA r16, AdamW) through the ranks launcher
+   (:func:`kiln.train.launch.train_across`, FSDP2 + NCCL) on N = 1, 2 and all GPUs
+   (``bench/distributed.py``): trainer tokens/s, seconds per step, the resident base weights per
+   rank and the peak memory in use per GPU, and the adapter's largest relative difference from
+   N = 1. The reference point: prime-rl publishes 13.3k tok/s (Qwen3-0.6B) and 6.2k tok/s
+   (Qwen3-4B) for LoRA r16 at 16k-token sequences on 1×H100. These rows have not been run (no GPU
+   where they were written): they are correct by reading, and ``--smoke`` runs them on the CPU
+   with 2 gloo ranks.
+
 Sampling rows never stop early (random weights; the baseline uses ``min_new_tokens``), so both
 sides produce the same number of tokens. Prepared to finish in under 5 minutes on one H100/H200
 (plus the vllm engine's start).
@@ -271,6 +281,30 @@ def bench_training(rt, *, rows: int, tokens: int, repeats: int, device: str) -> 
     return out
 
 
+def bench_distributed(folder: Path, shape: str, layers: int | None, *, device: str, dtype: str, rows: int,
+                      tokens: int, repeats: int) -> dict:
+    """Rows of the trainer across devices: N = 1, 2 and every GPU (CPU: 1 and 2 gloo ranks)."""
+    from bench.distributed import compare, synthetic_groups
+    from kiln.contracts import TrainingConfig
+    from kiln.policy.random_model import build_random_model
+
+    on_cuda = device.startswith("cuda")
+    gpus = torch.cuda.device_count() if on_cuda else 2
+    worlds = sorted({1, min(2, gpus), gpus})
+    model = build_random_model(folder / "distributed-model", shape=shape, layers=layers,
+                               dtype="bfloat16" if on_cuda else "float32")
+    per_group = max(2, rows // 2)  # rewards vary within a group of two or more
+    groups = synthetic_groups(2, per_group, tokens, vocab=151_000 if shape != "tiny" else 150_000)
+    config = TrainingConfig(seed=0, optimizer="adamw", learning_rate=1e-4, echo=None, epochs=3,
+                            groups_per_step=2, lora_rank=16, lora_alpha=32,
+                            max_tokens_per_microbatch=max(tokens, 16384))
+    measured = compare(worlds, model=model, groups=groups, config=config, device="cuda" if on_cuda else "cpu",
+                       dtype=dtype, repeats=repeats, work=folder)
+    return {"rows": 2 * per_group, "tokens_per_row": tokens, "worlds": measured,
+            "reference_tokens_per_s": {"prime-rl qwen3-0.6b lora r16 16k 1xH100": 13_300,
+                                       "prime-rl qwen3-4b lora r16 16k 1xH100": 6_200}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="reduced sizes on CPU (proves the script runs)")
@@ -283,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=None,
                         help="comma-separated engines to compare (default: hf, plus vllm where .venv-vllm exists)")
     parser.add_argument("--engine-groups", type=int, default=8, help="concurrent groups of 8 in the engine rows")
+    parser.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=True,
+                        help="the trainer-across-GPUs rows (N = 1, 2, all GPUs)")
     args = parser.parse_args(argv)
     from kiln.policy.engine_vllm import default_python
 
@@ -326,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if engine is not None:
                 engine.close()
+        if args.distributed:  # the ranks take the GPUs: this process's runtime goes first
+            del rt
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            report["distributed"] = bench_distributed(Path(tmp), shape, layers, device=device, dtype=dtype,
+                                                      rows=args.train_rows, tokens=args.train_tokens,
+                                                      repeats=1 if args.smoke else args.repeats)
     report["wall_s"] = time.perf_counter() - started
     s, t = report["sampling"], report["training"]
     print(f"{report['model']} on {report['device']} (prompt {args.prompt_tokens}, {args.new_tokens} new tokens)")
@@ -354,6 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training step{beside} {t['rows']}x{t['tokens_per_row']}: kiln {t['kiln']['tokens_per_s']:.0f} tok/s, peak "
           f"{peak(t['kiln']['peak_gib'])} vs bare peft {t['bare_peft']['tokens_per_s']:.0f} tok/s, peak "
           f"{peak(t['bare_peft']['peak_gib'])}; kiln/bare time = {t['kiln_over_bare_time']:.2f}x")
+    if "distributed" in report:
+        d = report["distributed"]
+        gib = lambda v: "n/a" if v is None else f"{v / 2**30:.2f} GiB"  # noqa: E731
+        for row in d["worlds"]:
+            print(f"trainer across {row['world_size']} device(s), {d['rows']}x{d['tokens_per_row']} a step: "
+                  f"{row['tokens_per_s']:.0f} tok/s, {row['step_s']:.2f} s/step, base weights per rank "
+                  f"{gib(row['base_weight_bytes'])}, peak per GPU {gib(row['peak_device_bytes'])}, peak RSS "
+                  f"per rank {gib(row['peak_rss_bytes'])}, adapter vs N=1 {row['adapter_rel_diff']:.1e}")
+        print("reference trainer tok/s (prime-rl, LoRA r16, 16k sequences, 1xH100): Qwen3-0.6B 13.3k, Qwen3-4B 6.2k")
     print(f"total {report['wall_s']:.1f} s")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -584,3 +584,12 @@ class RunTerminated(KilnError):
 
     code = "run_terminated"
     stage = "orchestration"
+# --- roles (issue 38): a trainer across devices ---
+
+
+class TrainingRankFailed(TrainingFailed):
+    """A rank of a training spread over several devices died or failed in a collective; every
+    rank was stopped. Retryable: the retry resumes from the last checkpoint rank 0 wrote."""
+
+    code = "training_rank_failed"
+    retryable = True

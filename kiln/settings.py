@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     # Sampling afterwards is bit-identical to a fresh worker's (docs/models.md); false loads a
     # second copy for training (twice the weight memory, sampling not blocked while training).
     share_base_model: bool = True
+    # Devices one training spans (docs/deploying.md "A trainer across GPUs"): 1 = one process, on
+    # KILN_DEVICE (the default); N = N ranks, FSDP2 over cuda:0 … cuda:N-1 with NCCL, or N gloo
+    # ranks on the CPU; auto = every visible CUDA GPU (1 without CUDA).
+    train_devices: str = Field(default="1", pattern=r"^(auto|[1-9][0-9]*)$")
+    # A rank waits at most this long in one collective (a peer that hangs) before the attempt fails.
+    train_collective_timeout_s: float = Field(default=300.0, gt=0)
     max_active_runs: int = 4
     max_tracked_runs: int = 128
     heartbeat_timeout_s: float = 30.0

@@ -1,4 +1,7 @@
-"""``python -m workers control|gpu|all``: run Kiln workers against the configured Temporal and S3.
+"""``python -m workers control|gpu|sampler|trainer|all``: run Kiln workers against the configured
+Temporal and S3. ``gpu`` samples and trains (one base model); ``sampler`` only samples (collection,
+evaluation, replay) and ``trainer`` only trains (``KILN_TRAIN_DEVICES`` ranks): 1 trainer + N
+samplers run the same requests as one gpu worker (docs/deploying.md "Worker roles").
 
 This is how a GPU machine joins: point ``KILN_TEMPORAL_ADDRESS``/``KILN_S3_*`` at the shared
 servers, set ``KILN_MODEL_PATH`` to the local model folder (and ``KILN_MODELS_DIR`` for more
@@ -22,11 +25,11 @@ from kiln.artifacts.store import S3Store
 from kiln.errors import KilnError
 from kiln.settings import Settings, load_settings
 from workers.client import connect_with_retry
-from workers.factory import ROLES, build_workers
+from workers.factory import GPU_ROLES, ROLES, build_workers
 from workers.search_attributes import ensure_search_attributes
 
 ENSURE = "ensure-search-attributes"
-USAGE = f"usage: python -m workers control|gpu|all|{ENSURE}"
+USAGE = f"usage: python -m workers control|gpu|sampler|trainer|all|{ENSURE}"
 
 
 async def _prepared_client(settings: Settings, *, runtime=None):  # noqa: ANN001,ANN202 - temporalio types
@@ -60,7 +63,7 @@ async def _main(roles: list[str]) -> None:
         store.impatient().ensure_bucket()  # an external S3 may lack Kiln's bucket (no outage wait here)
     except KilnError as error:
         print(f"warning: could not ensure bucket {settings.s3_bucket}: {error}", flush=True)
-    if "gpu" in roles:
+    if set(roles) & set(GPU_ROLES):
         # Import torch/transformers before polling: a gpu worker that says "polling" takes a task
         # at once, instead of spending its first heartbeat timeout importing (cold-start timeouts).
         import kiln.policy.runtime  # noqa: F401
@@ -92,7 +95,7 @@ class _all:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] not in (*ROLES, "all", ENSURE):
+    if len(args) != 1 or args[0] not in (*ROLES, *GPU_ROLES, "all", ENSURE):
         print(USAGE, file=sys.stderr)
         raise SystemExit(2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -1,4 +1,11 @@
-"""Build the Temporal client and the control/gpu workers from settings (one implementation)."""
+"""Build the Temporal client and the control/gpu workers from settings (one implementation).
+
+Roles: ``control`` (workflows and the control activities), ``sampler`` (collection, evaluation
+and replay: ``resolve_policy``, ``collect_group``, ``post_evaluate``, ``world_model_gain`` on each
+model's gpu task queue), ``trainer`` (``train_adapter`` on each model's trainers' queue,
+``workflows.names.train_task_queue``) and ``gpu`` = sampler + trainer in one process (sharing
+one base model). A run names only its gpu queue; where its activities run is the workers' choice.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +23,16 @@ from kiln.artifacts.store import S3Store
 from kiln.served_models import model_task_queue, servable_split, served_models
 from kiln.settings import Settings
 from workers.sandbox import workflow_runner
+from workflows.names import train_task_queue
 from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
 from workflows.run_queue import RunQueueWorkflow
 from workflows.preflight import PreflightWorkflow
 from workflows.train_dataset import TrainDatasetWorkflow
 
-ROLES = ("control", "gpu")
+ROLES = ("control", "gpu")  # `all`
+GPU_ROLES = ("gpu", "sampler", "trainer")  # the roles that run a model
+TRAINING_ACTIVITIES = frozenset({"train_adapter"})  # the trainers' queue; every other gpu activity samples
 HEARTBEAT_THROTTLE = timedelta(seconds=1)  # gpu workers: the most a heartbeat waits to be sent
 
 
@@ -52,8 +62,10 @@ def build_workers(
                 sticky_queue_schedule_to_start_timeout=sticky_timeout,
             )
         )
-    if "gpu" in roles:
-        workers.extend(_gpu_workers(client, settings, store, model_path, gpu_factory))
+    samples = bool({"gpu", "sampler"} & set(roles))
+    trains = bool({"gpu", "trainer"} & set(roles))
+    if samples or trains:
+        workers.extend(_gpu_workers(client, settings, store, model_path, gpu_factory, samples=samples, trains=trains))
     return workers
 
 
@@ -75,13 +87,19 @@ def _gpu_workers(
     store: S3Store,
     model_path: Path | None,
     gpu_factory: Callable[[Settings, S3Store, Path], Any] | None,
+    *,
+    samples: bool = True,
+    trains: bool = True,
 ) -> list[Worker]:
-    """One worker per served model, each on its model's queue with its own lazily loaded runtime:
-    the default model on the gpu task queue, every ``KILN_MODELS_DIR`` model on ``<queue>.<name>``.
+    """Per served model (the default model on the gpu task queue, every ``KILN_MODELS_DIR`` model
+    on ``<queue>.<name>``) one activities object with its own lazily loaded runtime, polled by a
+    sampler worker on the model's queue and/or a trainer worker on its trainers' queue.
 
     A default model whose family the engine cannot serve refuses the start (``model_unsupported``);
     a ``KILN_MODELS_DIR`` model that cannot be served gets no worker (one warning line; a run naming
-    it is refused at submit and admission)."""
+    it is refused at submit and admission). A training checkpoint reaches the server within
+    ``HEARTBEAT_THROTTLE`` of its heartbeat (the SDK's default holds heartbeats for 0.8 x the
+    heartbeat timeout): docs/durability.md."""
     from activities.gpu import GpuActivities
 
     models: dict[str | None, Path] = {None: model_path or settings.default_model_path}
@@ -91,17 +109,28 @@ def _gpu_workers(
         raise refused[None]
     for name, error in refused.items():
         print(f"warning: not serving model {name}: {error}", flush=True)
-    return [
-        Worker(
-            client,
-            task_queue=model_task_queue(settings.gpu_task_queue, name),
-            activities=(gpu_factory or GpuActivities)(settings, store, path).all(),
-            activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
-            max_concurrent_activities=settings.gpu_concurrency,
-            # A training checkpoint reaches the server within HEARTBEAT_THROTTLE of its heartbeat
-            # (the SDK's default holds heartbeats for 0.8 x the heartbeat timeout): docs/durability.md.
-            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-            default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-        )
-        for name, path in models.items()
-    ]
+    throttle = {"max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+                "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE}
+    workers: list[Worker] = []
+    for name, path in models.items():
+        activities = (gpu_factory or GpuActivities)(settings, store, path)
+        activities.samples = samples  # a trainer alone never loads a policy runtime
+        methods = activities.all()
+        queue = model_task_queue(settings.gpu_task_queue, name)
+        if samples:
+            workers.append(Worker(
+                client, task_queue=queue,
+                activities=[m for m in methods if m.__name__ not in TRAINING_ACTIVITIES],
+                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
+                max_concurrent_activities=settings.gpu_concurrency, **throttle,
+            ))
+        if trains:
+            workers.append(Worker(
+                client, task_queue=train_task_queue(queue),
+                activities=[m for m in methods if m.__name__ in TRAINING_ACTIVITIES],
+                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=2),
+                # a training across the machine's devices takes them all
+                max_concurrent_activities=1 if settings.train_devices != "1" else settings.gpu_max_concurrent_activities,
+                **throttle,
+            ))
+    return workers

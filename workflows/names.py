@@ -17,6 +17,16 @@ QUEUE_WORKFLOW = "KilnRunQueue"
 CHUNK_WORKFLOW = "KilnCollectChunkWorkflow"
 
 
+# Training runs on its own task queue beside each gpu queue (workers `trainer` and `gpu` poll it;
+# `sampler` and `gpu` poll the gpu queue itself): docs/deploying.md "Worker roles".
+TRAIN_QUEUE_PATCH = "kiln-train-queue"
+
+
+def train_task_queue(gpu_task_queue: str) -> str:
+    """The trainers' task queue of a gpu (sampler) task queue: ``<gpu queue>@train``."""
+    return f"{gpu_task_queue}@train"
+
+
 def queue_workflow_id(control_task_queue: str) -> str:
     """The id of the one run-queue workflow serving a control task queue."""
     return f"kiln-run-queue-{control_task_queue}"

@@ -15,6 +15,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
+from workflows.names import TRAIN_QUEUE_PATCH, train_task_queue
 from workflows.names import WORKFLOW_NAME  # noqa: F401  (kept importable here for callers)
 
 CONTROL_RETRY = RetryPolicy(
@@ -82,7 +83,7 @@ class ActivityOptions:
     """One activity's options. With ``heartbeat`` the run's heartbeat timeout applies (the
     ``KILN_HEARTBEAT_TIMEOUT_S`` setting, 30 s by default): a killed worker is noticed after it."""
 
-    queue: Literal["control", "gpu"]
+    queue: Literal["control", "gpu", "train"]  # train: the trainers' queue beside the run's gpu queue
     retry: RetryPolicy
     start_to_close: timedelta
     schedule_to_close: timedelta
@@ -128,7 +129,7 @@ OPTIONS: dict[str, ActivityOptions] = {
     "revalidate_environments": _INSPECT,
     "resolve_policy": ActivityOptions("gpu", CONTROL_RETRY, POLICY_TIMEOUT, POLICY_BUDGET, heartbeat=True),
     "collect_group": ActivityOptions("gpu", GROUP_RETRY, GROUP_TIMEOUT, GROUP_BUDGET, heartbeat=True),
-    "train_adapter": ActivityOptions("gpu", TRAIN_RETRY, TRAIN_TIMEOUT, TRAIN_BUDGET, heartbeat=True),
+    "train_adapter": ActivityOptions("train", TRAIN_RETRY, TRAIN_TIMEOUT, TRAIN_BUDGET, heartbeat=True),
     "post_evaluate": _GPU_PASS,
     "world_model_gain": _GPU_PASS,
     "index_groups": _STORE,
@@ -166,12 +167,21 @@ class ActivityCaller:
         self.heartbeat = heartbeat
         self.on_retry = on_retry
 
+    def queue_of(self, kind: str) -> str:
+        """The task queue of an activity kind: training goes to the trainers' queue beside the gpu
+        queue (``train_task_queue``) in runs that reach it after the patch, to the gpu queue in
+        runs recorded before it (their histories replay unchanged)."""
+        if kind != "train":
+            return self.queues[kind]
+        gpu = self.queues["gpu"]
+        return train_task_queue(gpu) if workflow.patched(TRAIN_QUEUE_PATCH) else gpu
+
     async def __call__(self, method: Any, arg: Any, *, summary: str, **extra: Any) -> Any:
         opts = OPTIONS[method.__name__]
         result = await workflow.execute_activity_method(
             method,
             arg,
-            task_queue=self.queues[opts.queue],
+            task_queue=self.queue_of(opts.queue),
             start_to_close_timeout=opts.start_to_close,
             schedule_to_close_timeout=opts.schedule_to_close,
             heartbeat_timeout=self.heartbeat if opts.heartbeat else None,

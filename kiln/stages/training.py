@@ -28,6 +28,18 @@ def load_group_lines(store: S3Store, groups: GroupSet) -> list[dict[str, Any]]:
     return [doc["line"] for doc in documents]
 
 
+def _train(launch: Any, **kwargs: Any) -> Any:
+    """``train_grpo`` in this process, or across the ranks of ``launch`` (a
+    :class:`kiln.train.launch.Launch`: spawned ranks, rank 0's result)."""
+    if launch is None:
+        return train_grpo(**kwargs)
+    from kiln.train.launch import train_across
+
+    kwargs.pop("device", None)  # each rank has its own
+    kwargs.pop("shared_base", None)  # each rank loads (and shards) its own base model
+    return train_across(launch, **kwargs)
+
+
 def train(
     inp: TrainInput,
     *,
@@ -42,6 +54,7 @@ def train(
     device: str | None = None,
     dtype: str = "float32",
     shared_base: Any = None,
+    launch: Any = None,
 ) -> TrainResult:
     lines = load_group_lines(store, inp.groups)
     config = inp.training_config
@@ -106,7 +119,8 @@ def train(
         last_checkpoint["checkpoint_step"] = step
         heartbeat(dict(last_checkpoint))
 
-    result = train_grpo(
+    result = _train(
+        launch,
         model_path=model_path,
         groups=lines,
         config=config,

@@ -84,15 +84,19 @@ def last_epoch_mean(history: list[dict[str, Any]], key: str) -> float | None:
     return math.fsum(values) / len(values)
 
 
-def runtime_block(device: Any, dtype: str) -> dict[str, Any]:
-    """The receipt's ``runtime``: library versions, device, dtype, torch threads."""
+def runtime_block(device: Any, dtype: str, world_size: int = 1, base_weight_bytes: int | None = None) -> dict[str, Any]:
+    """The receipt's ``runtime``: library versions, device, dtype, torch threads (per rank), the
+    trainer's world size (ranks, one device each; :mod:`kiln.train.distributed`) and the bytes of
+    frozen base weights resident on the rank holding the most (its FSDP2 shards; the whole model
+    on one rank)."""
     import peft
     import torch
     import transformers
 
     return {"torch": torch.__version__, "transformers": transformers.__version__,
             "peft": peft.__version__, "device": str(device), "dtype": dtype,
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "world_size": world_size,
+            "base_weight_bytes": base_weight_bytes}
 
 
 def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:

@@ -245,8 +245,12 @@ def train_step(
     settings: StepSettings,
     cache: LogprobCache,
     device: torch.device,
+    ranks: Any = None,
 ) -> dict[str, float]:
     """One optimizer step over ``rows`` (every completion of the step's groups).
+
+    ``ranks`` (a :class:`kiln.train.distributed.RankGroup`): this rank trains its shard of ``rows``
+    and the figures and LoRA gradients are summed over the ranks before the clip and the update.
 
     ``approx_kl`` is the k3 estimate ``mean(r − 1 − log r)`` of KL(π_old ‖ π) over the step's
     action tokens, measured before the update; with ``settings.target_kl`` set and exceeded the
@@ -260,13 +264,15 @@ def train_step(
     sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0,
             "approx_kl": 0.0}
     peaks = {"max_ratio_deviation": 0.0}
-    micro = pack_microbatches(rows, settings.max_tokens_per_microbatch)
+    micro = pack_microbatches(rows if ranks is None else ranks.local_rows(rows), settings.max_tokens_per_microbatch)
     for part in micro:
         for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total, sequence_total), device).items():
             if key in _PEAKS:
                 peaks[key] = max(peaks.get(key, 0.0), value)
             else:
                 sums[key] = sums.get(key, 0.0) + value
+    if ranks is not None:
+        sums, peaks = ranks.finish_step(model, rows, len(micro), sums, peaks, params, settings.temperature, device)
     stop = settings.target_kl is not None and sums["approx_kl"] > settings.target_kl
     grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
     if stop:  # the policy moved past target_kl: this step's update is not taken

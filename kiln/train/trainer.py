@@ -64,6 +64,7 @@ from kiln.train.checkpoints import (
     save_checkpoint,
 )
 from kiln.train.continuation import read_init_state, reset_first_moments, write_final_state
+from kiln.train.distributed import resident_base_bytes
 from kiln.train.drift import final_pass
 from kiln.train.model import (
     TRAIN_ADAPTER,
@@ -146,10 +147,12 @@ def evaluation_of(rows: list[list[Row]], scored: dict[tuple[int, int], torch.Ten
 
 
 def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, dev: torch.device,
-                dtype: str, shared_base: Any) -> Any:
+                dtype: str, shared_base: Any, ranks: Any = None) -> Any:
     """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
-    it (one copy per worker), else on a freshly loaded one."""
-    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), dev, dtype)
+    it (one copy per worker), else on a freshly loaded one; with ``ranks`` loaded on the CPU and
+    sharded across the ranks' devices (:mod:`kiln.train.distributed`)."""
+    load_on = torch.device("cpu") if ranks is not None else dev
+    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), load_on, dtype)
     model = attach_lora(base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed,
                         base_adapter_dir=base_adapter_dir)
     if shared_base is not None:
@@ -162,6 +165,10 @@ def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, de
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
         model.train()  # transformers checkpoints only in training mode; the model has no dropout
+    if ranks is not None:
+        from kiln.train.distributed import shard_base_model
+
+        shard_base_model(model, ranks, dev)
     return model
 
 
@@ -190,6 +197,7 @@ class Loop:
     steps_before: int = 0
     horizon_steps: int | None = None
     checkpoint: dict[str, Any] | None = None  # receipt block: the checkpoint a retry resumed from, or why not
+    ranks: Any = None  # kiln.train.distributed.RankGroup of a trainer across devices; None: one process
 
 
 def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
@@ -217,6 +225,7 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
     params = [p for _, p in loop.named]
     base_lr = loop.optimizer_info["learning_rate"]
     horizon = loop.horizon_steps or loop.steps_before + total
+    main = loop.ranks is None or loop.ranks.is_main  # rank 0 alone reports and checkpoints
     for step in range(start_step + 1, total + 1):
         if should_cancel is not None and should_cancel():
             raise RunCancelled(f"training cancelled before step {step} of {total}")
@@ -226,7 +235,8 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
                               schedule=config.lr_schedule)
         set_learning_rate(loop.optimizer, lr)
         t0 = time.perf_counter()
-        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev)
+        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev,
+                            ranks=loop.ranks)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if values.pop("stopped", False):
             loop.early_stop = {"target_kl": plan.settings.target_kl, "step": step,
@@ -238,11 +248,11 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
         stale = {"staleness": loop.staleness["staleness"]} if loop.staleness is not None else {}
         loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
                              "action_tokens": action_tokens, **stale})
-        if progress is not None:
+        if progress is not None and main:
             shown = {**values, "kl": values["kl"] if plan.settings.kl_on else None}  # None: KL is off
             progress({"step": step, "total_steps": total, **shown, "learning_rate": float(lr),
                       "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
-        if config.checkpoint_interval and step % config.checkpoint_interval == 0:
+        if main and config.checkpoint_interval and step % config.checkpoint_interval == 0:
             _checkpoint(loop, plan, step, output_dir, checkpoint_sink)
 
 
@@ -266,6 +276,7 @@ def prepare_training(
     iterations_total: int | None = None,
     lr_horizon_steps: int | None = None,
     resume_refused: str | None = None,
+    ranks: Any = None,
 ) -> tuple[Loop, Plan]:
     """Admission, model, rows, optimizer and starting state — everything before the first step.
 
@@ -281,14 +292,16 @@ def prepare_training(
     refuse_float16(dtype)
     base_adapter_sha = adapter_content_sha256(base_adapter_dir) if base_adapter_dir else None
     stale = stale_origin(staleness, behavior_adapter_dir, expected_behavior_policy)
-    init = read_init_state(init_state, Path(work_dir)) if init_state is not None else None
+    # each rank unpacks the continuation state into a folder of its own (they run at once)
+    unpack_in = Path(work_dir) if ranks is None else Path(work_dir) / f"rank-{ranks.rank}"
+    init = read_init_state(init_state, unpack_in) if init_state is not None else None
     extra: dict[str, Any] = {"init_state_sha256": init.sha256} if init is not None else {}
     if stale is not None:
         extra.update(staleness=staleness, behavior_adapter_sha256=stale["behavior_adapter_sha256"])
     plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected,
                          staleness=staleness, extra_identity=extra, iteration=iteration)
     dev = torch.device(device or "cpu")
-    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base)
+    model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
     rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab,
@@ -312,7 +325,7 @@ def prepare_training(
     loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
                 history=[], initial_eval={}, optimizer_info=optimizer_info,
                 base_adapter_sha=base_adapter_sha, start_adapter_dir=base_adapter_dir, staleness=stale,
-                engine_logprobs=engine_logprobs,
+                engine_logprobs=engine_logprobs, ranks=ranks,
                 continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if lr_horizon_steps is not None:
@@ -383,7 +396,8 @@ def train_grpo(
     iterations_total: int | None = None,
     lr_horizon_steps: int | None = None,
     resume_refused: str | None = None,
-) -> TrainedAdapter:
+    ranks: Any = None,
+) -> TrainedAdapter | None:
     """Train a LoRA adapter with GRPO (+ ECHO) on ``groups``; see the module docstring.
 
     Writes ``output_dir/adapter/`` (standard PEFT adapter), ``output_dir/train_receipt.json`` and,
@@ -398,6 +412,10 @@ def train_grpo(
     than ``base_adapter_dir`` — ``behavior_adapter_dir`` (None: the bare base model) — trained
     with truncated behaviour importance weights. Defaults leave the training exactly as a
     single-pass run's.
+
+    ``ranks`` (a :class:`kiln.train.distributed.RankGroup`; launched by :mod:`kiln.train.launch`):
+    this process is one rank of a trainer across devices; rank 0 alone reports progress and writes
+    the checkpoints, the adapter and the receipt, and only rank 0 returns a result (the others None).
     """
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
@@ -407,7 +425,7 @@ def train_grpo(
         resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
         staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
         iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps,
-        resume_refused=resume_refused)
+        resume_refused=resume_refused, ranks=ranks)
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
     run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
@@ -443,13 +461,16 @@ def engine_mismatch(loop: Loop, plan: Plan) -> dict[str, Any] | None:
 
 def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
             dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
-            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter:
-    """Final evaluation, adapter, continuation state, receipt."""
+            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter | None:
+    """Final evaluation, adapter, continuation state, receipt (every rank scores; rank 0 writes)."""
     flat = [row for group in loop.rows for row in group]
     final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
     mismatch = engine_mismatch(loop, plan)
+    base_bytes = resident_base_bytes(loop.model, loop.ranks)
+    if loop.ranks is not None and not loop.ranks.is_main:
+        return None
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
@@ -480,7 +501,8 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
         behavior_policy=behavior,
-        runtime=runtime_block(dev, dtype),
+        runtime=runtime_block(dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1,
+                              base_weight_bytes=base_bytes),
         phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
                        "save_s": time.perf_counter() - t_trained},
         resumed_from_step=loop.resumed_from,

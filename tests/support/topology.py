@@ -166,13 +166,19 @@ class Topology:
                    process=self.env)
         return self
 
-    def start_kiln(self, gpu_workers: int = 2) -> "Topology":
-        """The control worker (which creates the search attributes), the gpu workers and the API."""
+    def start_kiln(self, gpu_workers: int = 2, *, roles: list[str] | None = None,
+                   role_env: dict[str, dict[str, str]] | None = None) -> "Topology":
+        """The control worker (which creates the search attributes), the gpu workers and the API.
+        ``roles`` (default ``gpu`` × ``gpu_workers``) names each model worker's role (``gpu``,
+        ``sampler``, ``trainer``); ``role_env`` adds variables to the workers of a role."""
         self.control = self.start_worker("control", "control")
         # The gpu workers start side by side (the search attributes exist by now).
-        gpus = [self.start_worker("gpu", f"gpu-{index}", wait=False) for index in range(gpu_workers)]
-        for index, proc in enumerate(gpus):
-            self._wait_polling(proc, f"gpu-{index}")
+        roles = roles if roles is not None else ["gpu"] * gpu_workers
+        names = [f"{role}-{index}" for index, role in enumerate(roles)]
+        gpus = [self.start_worker(role, name, wait=False, extra=(role_env or {}).get(role))
+                for role, name in zip(roles, names)]
+        for name, proc in zip(names, gpus):
+            self._wait_polling(proc, name)
         self.gpus.extend(gpus)
         env = self.kiln_env(self.root / "home-api")
         env.update({"KILN_API_HOST": LOOPBACK, "KILN_API_PORT": str(self.api_port), "KILN_API_TOKEN": self.api_token})
@@ -187,9 +193,11 @@ class Topology:
     def delay_file(self, name: str) -> Path:
         return self.root / f"sample-delay-{name}"
 
-    def start_worker(self, role: str, name: str, *, wait: bool = True) -> ManagedProcess:
+    def start_worker(self, role: str, name: str, *, wait: bool = True,
+                     extra: dict[str, str] | None = None) -> ManagedProcess:
         """``python -m workers ROLE`` (with the sample-delay hook) and its own ``KILN_HOME``."""
         env = self.kiln_env(self.root / f"home-{name}")
+        env.update(extra or {})
         env[DELAY_FILE_ENV] = str(self.delay_file(name))
         proc = self._start(f"worker-{name}", [sys.executable, "-m", "tests.support.topology", "worker", role], env)
         if wait:
@@ -260,9 +268,9 @@ class _DelayedSampling:
 
 def worker_main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[0] != "worker":
-        print("usage: python -m tests.support.topology worker control|gpu", file=sys.stderr)
+        print("usage: python -m tests.support.topology worker control|gpu|sampler|trainer", file=sys.stderr)
         raise SystemExit(2)
-    if argv[1] == "gpu":
+    if argv[1] in ("gpu", "sampler"):
         import activities.gpu as gpu_mod
 
         delay_file = Path(os.environ[DELAY_FILE_ENV])

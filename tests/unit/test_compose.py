@@ -32,13 +32,19 @@ INTERNAL = {"postgres", "temporal", "temporal-ui", "seaweedfs"}
 def test_compose_services_and_settings() -> None:
     assert set(SERVICES) == {
         "postgres", "temporal-schema", "temporal", "temporal-namespace", "temporal-ui", "seaweedfs",
-        "kiln-init", "api", "control-worker", "gpu-worker",
+        "kiln-init", "api", "control-worker", "gpu-worker", "trainer-worker", "sampler-worker",
     }
+    # the roles topology (1 trainer + N samplers) is a profile: a plain `up` runs gpu-worker alone
+    assert SERVICES["trainer-worker"]["command"] == ["python", "-m", "workers", "trainer"]
+    assert SERVICES["sampler-worker"]["command"] == ["python", "-m", "workers", "sampler"]
+    assert {name for name, svc in SERVICES.items() if svc.get("profiles")} == {"trainer-worker", "sampler-worker"}
+    assert all(SERVICES[name]["profiles"] == ["roles"] for name in ("trainer-worker", "sampler-worker"))
+    assert SERVICES["trainer-worker"]["environment"]["KILN_TRAIN_DEVICES"] == "auto"
     assert SERVICES["control-worker"]["command"] == ["python", "-m", "workers", "control"]
     assert SERVICES["gpu-worker"]["command"] == ["python", "-m", "workers", "gpu"]
     assert SERVICES["kiln-init"]["command"] == ["python", "-m", "workers", "ensure-search-attributes"]
     fields = set(Settings.model_fields)
-    for name in ("api", "control-worker", "gpu-worker", "kiln-init"):
+    for name in ("api", "control-worker", "gpu-worker", "kiln-init", "trainer-worker", "sampler-worker"):
         for key in SERVICES[name]["environment"]:
             assert key.startswith("KILN_") and key.removeprefix("KILN_").lower() in fields, key
     assert SERVICES["api"]["environment"]["KILN_API_HOST"] == "0.0.0.0"
@@ -102,7 +108,7 @@ def test_the_image_installs_with_the_tested_constraints() -> None:
 
 
 def test_healthchecks_restart_policies_and_start_order() -> None:
-    for name in LONG_RUNNING - {"control-worker", "gpu-worker"}:
+    for name in LONG_RUNNING - {"control-worker", "gpu-worker", "trainer-worker", "sampler-worker"}:
         assert SERVICES[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
     for name in LONG_RUNNING:
         assert SERVICES[name].get("restart") == "unless-stopped", name
@@ -117,7 +123,7 @@ def test_healthchecks_restart_policies_and_start_order() -> None:
     order = {
         "temporal-schema": "postgres", "temporal": "temporal-schema", "temporal-namespace": "temporal",
         "kiln-init": "temporal-namespace", "api": "kiln-init", "control-worker": "kiln-init",
-        "gpu-worker": "kiln-init",
+        "gpu-worker": "kiln-init", "trainer-worker": "kiln-init", "sampler-worker": "kiln-init",
     }
     for name, dep in order.items():
         assert dep in SERVICES[name]["depends_on"], (name, dep)
