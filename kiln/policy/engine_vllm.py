@@ -41,7 +41,7 @@ from typing import Any, Iterator, Sequence
 
 import httpx
 
-from kiln.errors import EngineUnavailable, ModelUnsupported
+from kiln.errors import EngineUnavailable
 from kiln.policy import vllm_faults
 from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest, request_tag
 from kiln.policy.vllm_server import MAX_LORA_RANK, MAX_LORAS  # stdlib-only at import
@@ -91,12 +91,15 @@ class VllmEngine:
         self.reader_wait: str | None = None  # how its processes wait for each other ("napping"/"stock")
         self.cpu_reserved_cores: int | None = None  # cores vLLM keeps off its CPU model worker (0: none)
         self.text_only = False  # a vision-language checkpoint served as its language model only
-        self.lora_modules: list[str] | None = None  # module suffixes LoRA covers (None: all vLLM supports)
-        self._adapters_checked: set[str] = set()
         self._log_offset = 0  # where the running server's lines begin in the engine log
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
+        # One client for every request: a client of its own per request (``httpx.post``) builds an
+        # SSL context each time, 23 ms of CPU per loopback request against 1 ms (bench/engine.py);
+        # the server closes each connection, so nothing is kept alive between requests.
+        self._http = httpx.Client(timeout=config.request_timeout_s,
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
         self._broken_port: int | None = None  # a request to this server could not connect
         self.restarts = 0
 
@@ -160,14 +163,12 @@ class VllmEngine:
                                                 vllm_faults.read_since(cfg.log_path, self._log_offset),
                                                 cfg.log_path)
             try:
-                health = httpx.get(self._url("/health"), timeout=2.0).json()
+                health = self._http.get(self._url("/health"), timeout=2.0).json()
                 self._version = str(health["vllm"])
                 self.lora_products = health.get("lora_products")
                 self.reader_wait = health.get("reader_wait")
                 self.cpu_reserved_cores = health.get("cpu_reserved_cores")
                 self.text_only = bool(health.get("text_only"))
-                modules = health.get("lora_modules")
-                self.lora_modules = [str(m) for m in modules] if isinstance(modules, list) else None
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)
@@ -192,6 +193,7 @@ class VllmEngine:
         with self._start_lock:
             self._stop_process()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
 
     def _url(self, path: str) -> str:
         return f"http://127.0.0.1:{self._port}{path}"
@@ -265,8 +267,6 @@ class VllmEngine:
 
     def _call(self, req: GenerationRequest, prompt: Sequence[int], max_tokens: int, seed: int,
               stop_ids: list[int], grammar: Any, tag: str | None) -> dict[str, Any]:
-        if req.adapter is not None:
-            self._check_adapter(req.adapter)
         body = {
             "prompt_ids": [int(t) for t in prompt],
             "seed": int(seed) % _U63,
@@ -284,11 +284,10 @@ class VllmEngine:
         port = self._port
         try:
             if body is None:
-                resp = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=self.config.request_timeout_s)
+                resp = self._http.get(f"http://127.0.0.1:{port}{path}")
             else:
-                resp = httpx.post(f"http://127.0.0.1:{port}{path}", content=json.dumps(body),
-                                  headers={"content-type": "application/json"},
-                                  timeout=self.config.request_timeout_s)
+                resp = self._http.post(f"http://127.0.0.1:{port}{path}", content=json.dumps(body),
+                                       headers={"content-type": "application/json"})
         except httpx.HTTPError as exc:
             if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
                 with self._start_lock:
@@ -311,30 +310,6 @@ class VllmEngine:
         log = vllm_faults.read_since(self.config.log_path, self._log_offset)
         return vllm_faults.death(self.pid, log, self.config.log_path, error)
 
-    def _check_adapter(self, adapter: AdapterHandle) -> None:
-        """Refuse, before any request, an adapter that adapts modules the server's LoRA does not
-        cover (an MoE model's experts on the CPU build): it would be served as another policy."""
-        if self.lora_modules is None or adapter.sha256 in self._adapters_checked:
-            return
-        try:
-            config = json.loads((Path(adapter.path) / "adapter_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = {}
-        targets = config.get("target_modules") or []
-        targets = [targets] if isinstance(targets, str) else list(targets)
-        parameters = list(config.get("target_parameters") or [])
-        outside = sorted({str(t) for t in targets} - set(self.lora_modules)) + sorted(map(str, parameters))
-        if outside:
-            raise ModelUnsupported(
-                f"the vllm engine serves LoRA on this MoE model outside its experts only (vLLM's CPU "
-                f"build has no MoE LoRA kernel); adapter {adapter.sha256[:12]} also adapts "
-                f"{', '.join(outside)}",
-                hint="serve this model with KILN_ENGINE=hf, or train adapters on attention and dense "
-                "layers only",
-                details={"adapter_sha256": adapter.sha256, "outside": outside,
-                         "lora_modules": list(self.lora_modules)},
-            )
-        self._adapters_checked.add(adapter.sha256)
 
 
 def _check_grammar(req: GenerationRequest, ids: list[int]) -> None:

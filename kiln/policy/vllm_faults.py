@@ -105,15 +105,18 @@ def start_failure(model: Path, status: int | None, log: str, log_path: Path | No
     if fault.get("kind") == "model_unsupported":
         return ModelUnsupported(
             f"the vllm engine cannot serve {archs} from {model}: {summary}" + (f" ({cause})" if cause else ""),
-            hint=_unsupported_hint(cause) + f"; {where}", details=details)
+            hint=_unsupported_hint(f"{summary} {cause or ''}") + f"; {where}", details=details)
     return EngineFault(
         f"the vllm engine cannot start on {archs} from {model}: {cause or summary}",
         hint=f"the same model and engine build fail the same way on every start; {where}",
         details=details)
 
 
-def _unsupported_hint(cause: str | None) -> str:
-    if cause and "torchvision" in cause:
+def _unsupported_hint(cause: str) -> str:
+    if "mixture-of-experts" in cause:
+        return ("serve this model with KILN_ENGINE=hf, or with the vllm engine on a CUDA box (vLLM's "
+                "GPU build has the kernel)")
+    if "torchvision" in cause:
         return ("vLLM's classes for this family import torchvision: install the torchvision build "
                 "that matches the engine's torch into .venv-vllm (scripts/setup_vllm.sh does where "
                 "PyTorch's CPU index is reachable), or serve it with KILN_ENGINE=hf")

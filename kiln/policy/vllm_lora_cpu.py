@@ -12,17 +12,8 @@ present in the batch: rows are grouped by adapter index, each group is multiplie
 weights once, and rows without an adapter contribute nothing (the meaning vLLM's GPU kernels give
 ``-1``). The results are the same products, summed in a different order.
 
-**Mixtures of experts.** vLLM's LoRA for MoE experts runs Triton kernels, which its CPU build
-lacks (a qwen3_moe model with LoRA enabled dies on its first forward: ``module 'triton.language'
-has no attribute 'float32'``). On the CPU path the server serves an MoE model with LoRA on every
-layer outside the experts (attention, dense MLPs: ``vllm_server.MOE_LORA_TARGETS``, vLLM's
-``lora_target_modules``), and :func:`install_moe` makes vLLM pick its expert kernel as it does
-without LoRA: experts are never wrapped there, so the plain CPU kernel is the one that runs them.
-An adapter that adapts experts cannot be served that way; the engine refuses it before sending it
-(``kiln.policy.engine_vllm``).
-
 Imports only torch (this file runs in the engine's virtual environment, next to
-``vllm_server.py``, and in Kiln's for its tests); vLLM is imported inside the installers.
+``vllm_server.py``, and in Kiln's for its tests).
 """
 
 from __future__ import annotations
@@ -133,37 +124,4 @@ def install() -> bool:
     return True
 
 
-def _expert_kernel_without_lora(select):
-    """``select`` (vLLM's choice of unquantized expert kernel) as if LoRA were off."""
-    import dataclasses
-
-    def choose(moe_config, *args, **kwargs):
-        if getattr(moe_config, "is_lora_enabled", False):
-            moe_config = dataclasses.replace(moe_config, is_lora_enabled=False)
-        return select(moe_config, *args, **kwargs)
-
-    choose.kiln_stock = select
-    return choose
-
-
-def install_moe() -> bool:
-    """On vLLM's CPU platform, let MoE layers choose their expert kernel as without LoRA (the
-    server never wraps experts there, see the module docstring). Returns whether it is in place."""
-    try:
-        from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
-        from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
-        from vllm.platforms import current_platform
-    except ImportError:
-        return False
-    if not current_platform.is_cpu():
-        return False
-    for module in (oracle, method):
-        select = getattr(module, "select_unquantized_moe_backend", None)
-        if select is None:
-            return False
-        if not hasattr(select, "kiln_stock"):
-            setattr(module, "select_unquantized_moe_backend", _expert_kernel_without_lora(select))
-    return True
-
-
-__all__ = ["bgmv_expand", "bgmv_expand_slice", "bgmv_shrink", "install", "install_moe"]
+__all__ = ["bgmv_expand", "bgmv_expand_slice", "bgmv_shrink", "install"]

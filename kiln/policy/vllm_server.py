@@ -15,11 +15,10 @@ Endpoints (JSON bodies, one request per connection):
   whether the engine processes wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU, and
   how many cores vLLM keeps off its model worker's threads there: 0 unless the user set
   ``VLLM_CPU_NUM_OF_RESERVED_CPU``), plus ``"text_only"`` (a vision-language checkpoint served as
-  its language model only) and ``"lora_modules"`` (the module suffixes LoRA covers; ``null``: all
-  vLLM supports; an MoE model on CPU: all but the experts)
+  its language model only)
 
-A server that cannot build its engine (an architecture vLLM cannot inspect or run, weights that do
-not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
+A server that cannot build its engine (an architecture vLLM cannot inspect or run, an MoE model on
+the CPU build, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
 fail the same way on every start, so the client reports it instead of restarting.
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
@@ -62,12 +61,11 @@ def install_cpu_paths() -> tuple[str, str, int | None]:
     cpu_reserved_cores)`` as ``/health`` reports them (``"stock"`` for each one vLLM keeps; the
     cores kept off the model worker's threads, ``None`` where vLLM decides alone). Napping readers
     free the core vLLM would keep for its spinning ones (:func:`vllm_cpu_wait.free_reserved_cores`).
-    MoE layers choose their expert kernel as without LoRA (:func:`vllm_lora_cpu.install_moe`)."""
+    """
     import vllm_cpu_wait
     import vllm_lora_cpu
 
     lora_products = "grouped" if vllm_lora_cpu.install() else "stock"
-    vllm_lora_cpu.install_moe()
     if not vllm_cpu_wait.install():
         return lora_products, "stock", None
     return lora_products, "napping", vllm_cpu_wait.free_reserved_cores()
@@ -113,13 +111,6 @@ def prefill_settings(max_model_len: int, on_cpu: bool) -> dict:
             "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
 
 
-# Module suffixes LoRA covers in an MoE model on vLLM's CPU build: attention and dense MLPs (vLLM's
-# packed names and the adapter-visible names they pack); never ``experts`` or the router ``gate``,
-# whose LoRA kernels need Triton (``vllm_lora_cpu.install_moe``).
-MOE_LORA_TARGETS = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj",
-                    "gate_up_proj", "gate_proj", "up_proj", "down_proj")
-
-
 def model_facts(model_dir: str) -> dict:
     """What the server needs to know of the model folder's ``config.json``: its architectures,
     whether it is a vision-language checkpoint (a ``vision_config``: served as text only, no vision
@@ -135,16 +126,26 @@ def model_facts(model_dir: str) -> dict:
             "text_only": isinstance(config.get("vision_config"), dict), "moe": experts > 0}
 
 
+class Unsupported(Exception):
+    """A model this server refuses before it builds vLLM's engine (reported as ``model_unsupported``)."""
+
+
+# Why an MoE model is refused on vLLM's CPU build. Measured with vLLM 0.32: with LoRA enabled, every
+# MoE layer runs vLLM's LoRA expert kernel, a Triton kernel, which the CPU build cannot run (the
+# first forward dies: ``module 'triton.language' has no attribute 'float32'``). LoRA outside the
+# experts with the plain CPU expert kernel serves, but Kiln's adapters adapt the experts (peft's
+# ``target_parameters`` on experts stored as 3-D tensors), and those adapters cannot be served.
+MOE_ON_CPU = ("vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
+              "and Kiln's adapters adapt the experts")
+
+
 def model_settings(facts: dict, on_cpu: bool) -> dict:
     """Engine arguments the model's kind asks for: a vision-language checkpoint is served as its
     language model only (vLLM's ``language_model_only``: no vision tower in memory, text prompts
-    only); on CPU an MoE model's LoRA covers every layer but its experts (``vllm_lora_cpu``)."""
-    out: dict = {}
-    if facts["text_only"]:
-        out["language_model_only"] = True
+    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`)."""
     if facts["moe"] and on_cpu:
-        out["lora_target_modules"] = list(MOE_LORA_TARGETS)
-    return out
+        raise Unsupported(MOE_ON_CPU)
+    return {"language_model_only": True} if facts["text_only"] else {}
 
 
 # The line a server that could not build its engine prints before it exits with FAULT_EXIT: a JSON
@@ -162,6 +163,8 @@ def report_fault(exc: BaseException, facts: dict) -> None:
     build: the same configuration fails the same way on every start)."""
     text = " ".join(str(exc).split())
     reasons = [reason for phrase, reason in _UNSUPPORTED.items() if phrase in text]
+    if isinstance(exc, Unsupported):
+        reasons = [text]
     line = {"kind": "model_unsupported" if reasons else "engine_fault",
             "error": reasons[0] if reasons else text[:1000], "architectures": facts.get("architectures", [])}
     print(FAULT_MARK + json.dumps(line), flush=True)
@@ -195,8 +198,6 @@ class Server:
         self.engine = AsyncLLM.from_engine_args(engine_args)
         self.model = args.model
         self.text_only = bool(facts["text_only"])
-        # the module suffixes LoRA covers (None: every module vLLM supports)
-        self.lora_modules = self.model_kind.get("lora_target_modules")
         self.loras: dict[str, int] = {}
         self.in_flight: dict[str, str | None] = {}
         self.met_another_run: set[str] = set()  # requests in flight together with another tag's
@@ -290,8 +291,7 @@ class Server:
 
         return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
                 "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT,
-                "cpu_reserved_cores": CPU_RESERVED_CORES, "text_only": self.text_only,
-                "lora_modules": self.lora_modules}
+                "cpu_reserved_cores": CPU_RESERVED_CORES, "text_only": self.text_only}
 
     def stats(self) -> dict:
         now: dict[str, int] = {}

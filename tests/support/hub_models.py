@@ -5,7 +5,8 @@
   ``Qwen3_5ForConditionalGeneration``, weights under ``model.language_model.*`` and
   ``model.visual.*``) whose text stack keeps the family's pattern (three Gated DeltaNet
   ``linear_attention`` layers, then one ``full_attention`` layer), with a small hidden size.
-- :func:`build_qwen3_moe_model`: a ``Qwen3MoeForCausalLM`` with a few small experts.
+- :func:`build_qwen3_moe_model`: a ``Qwen3MoeForCausalLM`` with a few small experts, and
+  :func:`build_qwen3_dense_model`, a ``Qwen3ForCausalLM`` of the same small sizes.
 
 Both carry Kiln's Qwen tokenizer and template (:func:`kiln.policy.qwen_vocab.build_qwen_tokenizer`,
 vocabulary 151,936) and weights of ``initializer_range`` 0.2, so sampling is not near-uniform.
@@ -26,9 +27,20 @@ _VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656,
                "vision_start_token_id": 151652, "vision_end_token_id": 151653}
 
 
-def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1) -> Any:
+# Text-stack sizes of a real Qwen3.5 checkpoint (Qwen/Qwen3.5-4B's text_config; its vocabulary of
+# 248,320 rows is kept, Kiln's Qwen tokenizer fills the first 151,669). ``kiln model random
+# --shape`` (branch ``families``) owns the full table.
+QWEN35_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3.5-4b": {"vocab_size": 248320, "hidden_size": 2560, "intermediate_size": 9216,
+                   "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                   "linear_num_key_heads": 16, "linear_num_value_heads": 32, "initializer_range": 0.02},
+}
+
+
+def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1, shape: str | None = None) -> Any:
     """The composite ``Qwen3_5Config``: ``groups`` × (3 linear-attention + 1 full-attention) text
-    layers of width ``hidden_size``, and a one-block vision tower."""
+    layers of width ``hidden_size`` (or of ``shape``'s sizes, a key of :data:`QWEN35_SHAPES`), and
+    a one-block vision tower."""
     from transformers import Qwen3_5Config
 
     text = {
@@ -38,12 +50,13 @@ def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1) -> Any:
         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 128,
         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
         "max_position_embeddings": 8192, "initializer_range": 0.2, "tie_word_embeddings": True,
+        **(QWEN35_SHAPES[shape] if shape else {}),
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
                             "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                             "mrope_interleaved": True},
     }
     vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
-              "out_hidden_size": hidden_size, "num_position_embeddings": 64, "patch_size": 16,
+              "out_hidden_size": text["hidden_size"], "num_position_embeddings": 64, "patch_size": 16,
               "spatial_merge_size": 2, "temporal_patch_size": 2}
     return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True, **_VISION_IDS)
 
@@ -64,15 +77,39 @@ def _save(model: Any, out_dir: Path, tokenizer: Any) -> Path:
 
 
 def build_qwen35_hub_model(out_dir: Path, *, hidden_size: int = 256, groups: int = 1, seed: int = 0,
-                           tokenizer: Any = None) -> Path:
-    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint in the hub layout, float32."""
+                           tokenizer: Any = None, shape: str | None = None, dtype: str = "float32") -> Path:
+    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint in the hub layout, in ``dtype``."""
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    config = qwen35_hub_config(hidden_size=hidden_size, groups=groups)
+    from kiln.policy.device import TORCH_DTYPES
+
+    config = qwen35_hub_config(hidden_size=hidden_size, groups=groups, shape=shape)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(TORCH_DTYPES[dtype])
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen3_5ForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return _save(model, Path(out_dir), tokenizer)
+
+
+def build_qwen3_dense_model(out_dir: Path, *, hidden_size: int = 256, layers: int = 2, seed: int = 0,
+                            tokenizer: Any = None) -> Path:
+    """A random ``Qwen3ForCausalLM`` of the same small sizes as the MoE model, float32."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        **_SPECIAL_IDS, vocab_size=QWEN3_VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+        max_position_embeddings=8192, initializer_range=0.2, tie_word_embeddings=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3_5ForConditionalGeneration(config)
+        model = Qwen3ForCausalLM(config)
     return _save(model, Path(out_dir), tokenizer)
 
 
@@ -95,4 +132,4 @@ def build_qwen3_moe_model(out_dir: Path, *, hidden_size: int = 256, layers: int 
     return _save(model, Path(out_dir), tokenizer)
 
 
-__all__ = ["build_qwen35_hub_model", "build_qwen3_moe_model", "qwen35_hub_config"]
+__all__ = ["QWEN35_SHAPES", "build_qwen35_hub_model", "build_qwen3_dense_model", "build_qwen3_moe_model", "qwen35_hub_config"]

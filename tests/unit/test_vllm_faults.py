@@ -14,8 +14,6 @@ import pytest
 
 from kiln.errors import EngineFault, EngineUnavailable, ModelUnsupported, error_type
 from kiln.policy import vllm_faults, vllm_server
-from kiln.policy.engine import AdapterHandle
-from kiln.policy.engine_vllm import VllmConfig, VllmEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,7 +104,7 @@ def _config(folder: Path, config: dict) -> str:
     return str(folder)
 
 
-def test_the_server_serves_vision_language_checkpoints_as_text_and_moe_lora_outside_the_experts(tmp_path: Path) -> None:
+def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_on_cpu(tmp_path: Path) -> None:
     hub = vllm_server.model_facts(_config(tmp_path / "q35", {
         "architectures": ["Qwen3_5ForConditionalGeneration"], "vision_config": {"depth": 1},
         "text_config": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}}))
@@ -114,29 +112,14 @@ def test_the_server_serves_vision_language_checkpoints_as_text_and_moe_lora_outs
     assert vllm_server.model_settings(hub, on_cpu=True) == {"language_model_only": True}
     moe = vllm_server.model_facts(_config(tmp_path / "moe", {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}))
     assert moe["moe"] and not moe["text_only"]
-    targets = vllm_server.model_settings(moe, on_cpu=True)["lora_target_modules"]
-    assert "experts" not in targets and "gate" not in targets and {"qkv_proj", "o_proj", "q_proj"} <= set(targets)
-    assert vllm_server.model_settings(moe, on_cpu=False) == {}  # GPUs keep vLLM's MoE LoRA kernels
+    with pytest.raises(vllm_server.Unsupported) as caught:
+        vllm_server.model_settings(moe, on_cpu=True)
+    assert vllm_server.model_settings(moe, on_cpu=False) == {}  # GPUs run vLLM's MoE LoRA kernels
+    line = _fault_line(caught.value, moe)
+    refused = vllm_faults.start_failure(Path("/m"), vllm_server.FAULT_EXIT, line, None)
+    assert isinstance(refused, ModelUnsupported) and not refused.retryable
+    assert refused.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from /m: {vllm_server.MOE_ON_CPU}"
+    assert "KILN_ENGINE=hf" in refused.hint and "CUDA" in refused.hint
     dense = vllm_server.model_facts(_config(tmp_path / "dense", {"architectures": ["Qwen3ForCausalLM"]}))
     assert vllm_server.model_settings(dense, on_cpu=True) == {}
-
-
-def _adapter(folder: Path, config: dict) -> AdapterHandle:
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return AdapterHandle(folder, "sha256:" + folder.name * 8)
-
-
-def test_an_adapter_of_modules_the_servers_lora_does_not_cover_is_refused_before_any_request(tmp_path: Path) -> None:
-    engine = VllmEngine(VllmConfig(model_path=tmp_path, python=tmp_path / "python"))
-    try:
-        engine.lora_modules = list(vllm_server.MOE_LORA_TARGETS)  # as /health reports it for MoE on CPU
-        engine._check_adapter(_adapter(tmp_path / "a", {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}))
-        with pytest.raises(ModelUnsupported) as caught:
-            engine._check_adapter(_adapter(tmp_path / "b", {"target_modules": ["q_proj"],
-                                                            "target_parameters": ["mlp.experts.gate_up_proj"]}))
-        assert not caught.value.retryable and caught.value.details["outside"] == ["mlp.experts.gate_up_proj"]
-        engine.lora_modules = None  # a dense model: vLLM wraps every module it supports
-        engine._check_adapter(_adapter(tmp_path / "c", {"target_parameters": ["mlp.experts.down_proj"]}))
-    finally:
-        engine.close()
+    assert vllm_server.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False}
