@@ -147,9 +147,9 @@ def build_model(shape: str, layers: int | None, folder: Path) -> Path:
     return build_random_model(folder, shape=shape, layers=layers or 2, dtype="bfloat16")
 
 
-def unavailable(name: str, runtime, engine=None) -> str | None:
-    """Why engine ``name`` cannot collect on this model (None: it can): the vllm engine's start
-    (a refusal such as ``model_unsupported``), or one row of one token through the hf engine."""
+def unavailable(runtime, engine=None) -> str | None:
+    """Why an engine cannot collect on this model (None: it can): the vllm engine's start (``engine``:
+    a refusal such as ``model_unsupported``), or one row of one token through ``runtime``'s hf engine."""
     try:
         if engine is not None:
             started = time.perf_counter()
@@ -197,16 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="kiln-bench-engine-")
     model = args.model or build_model(args.shape, args.layers, Path(tmp.name) / "model")
     hf = PolicyRuntime.load(model, dtype=args.dtype)
-    vllm = PolicyRuntime.load(model, dtype=args.dtype)
     engine = recording_engine(VllmConfig(model_path=model, python=default_python(), dtype=hf.dtype,
                                          log_path=Path(tmp.name) / "vllm.log",
                                          max_model_len=4096, cpu_kvcache_gb=2,
                                          max_num_seqs=args.groups * args.group_size))
-    vllm.use_engine(engine)
     results: dict[str, list[tuple[float, int, int]]] = {"hf": [], "vllm": []}
     sessions = args.groups * args.group_size
-    missing = {"hf": unavailable("hf", hf), "vllm": unavailable("vllm", vllm, engine)}
-    sides = [(name, runtime) for name, runtime in (("hf", hf), ("vllm", vllm)) if missing[name] is None]
+    missing = {"hf": unavailable(hf), "vllm": unavailable(None, engine)}
+    sides = [("hf", hf)] if missing["hf"] is None else []
+    if missing["vllm"] is None:  # a second copy of the model only where the engine serves it
+        vllm = PolicyRuntime.load(model, dtype=args.dtype)
+        vllm.use_engine(engine)
+        sides.append(("vllm", vllm))
     raws: dict[str, dict] = {}
     try:
         with serve_app_process(lambda port: example_env_argv("counter", port, max_concurrent_envs=sessions),
