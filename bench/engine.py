@@ -149,14 +149,15 @@ def build_model(shape: str, layers: int | None, folder: Path) -> Path:
 
 def unavailable(runtime, engine=None) -> str | None:
     """Why an engine cannot collect on this model (None: it can): the vllm engine's start (``engine``:
-    a refusal such as ``model_unsupported``), or one row of one token through ``runtime``'s hf engine."""
+    a refusal such as ``model_unsupported``), or two rows of three tokens (prefill and decode) through
+    ``runtime``'s hf engine."""
     try:
         if engine is not None:
             started = time.perf_counter()
             engine.start()
             print(f"vllm engine started in {time.perf_counter() - started:.1f}s (pid {engine.pid})", flush=True)
         else:
-            runtime.sample([[runtime.stop_id]], [0], max_new_tokens=1, temperature=1.0, thinking=False)
+            runtime.sample([[runtime.stop_id]] * 2, [0, 1], max_new_tokens=3, temperature=1.0, thinking=False)
     except Exception as exc:  # noqa: BLE001 - reported as the engine's figure
         return " ".join(f"{getattr(exc, 'code', type(exc).__name__)}: {exc}".split())[:400]
     return None
