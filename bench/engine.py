@@ -159,7 +159,7 @@ def unavailable(runtime, engine=None) -> str | None:
         else:
             runtime.sample([[runtime.stop_id]] * 2, [0, 1], max_new_tokens=3, temperature=1.0, thinking=False)
     except Exception as exc:  # noqa: BLE001 - reported as the engine's figure
-        return " ".join(f"{getattr(exc, 'code', type(exc).__name__)}: {exc}".split())[:400]
+        return " ".join(f"{getattr(exc, 'code', type(exc).__name__)}: {getattr(exc, 'message', exc)}".split())[:400]
     return None
 
 
