@@ -8,8 +8,9 @@ part of that file written since it was started says why:
   does not support is :class:`~kiln.errors.ModelUnsupported`; anything else (weights that do not
   load, a configuration vLLM refuses) is :class:`~kiln.errors.EngineFault`. Neither is retried.
 - vLLM's engine core died of an exception raised in a step (``EngineCore encountered a fatal
-  error``: a kernel the build lacks, a layer it cannot run): :class:`~kiln.errors.EngineFault`.
-- Anything else (the process was killed, by a signal or the kernel's OOM killer, or vanished):
+  error``: a kernel the build lacks, a layer it cannot run), no engine process having been killed
+  before (``Worker proc ... died unexpectedly``): :class:`~kiln.errors.EngineFault`.
+- Anything else (a process was killed, by a signal or the kernel's OOM killer, or vanished):
   :class:`~kiln.errors.EngineUnavailable`, retryable; the next request starts a fresh server.
 
 The message carries the root cause the engine logged (the innermost exception line, not vLLM's
@@ -29,6 +30,8 @@ CAUSE_CHARS = 300
 _TAIL_BYTES = 512 * 1024
 # vLLM's marker for an engine core that stopped on an exception of its own (not a kill)
 CORE_FATAL = "EngineCore encountered a fatal error"
+# ...unless one of its processes was killed first: the core then fails because its worker is gone
+PROCESS_DIED = "died unexpectedly"
 # "(Worker pid=1) ERROR 12-03 09:46:20 [file.py:10] " before a logged line
 _PREFIX = re.compile(r"^(?:\([\w:-]+ pid=\d+\)\s+)?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s?)?")
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
@@ -127,7 +130,7 @@ def death(pid: int | None, log: str, log_path: Path | None, error: str) -> KilnE
     """The error for a request the server could not answer (``error``): :class:`EngineFault` when
     its engine core stopped on an exception of its own, else the retryable
     :class:`EngineUnavailable` (the next request restarts the server)."""
-    if CORE_FATAL in log:
+    if CORE_FATAL in log and PROCESS_DIED not in log:
         cause = root_cause(log)
         return EngineFault(
             f"the vllm engine's core stopped on an error of its own: {cause or 'unknown'}",

@@ -57,6 +57,10 @@ def test_an_engine_core_that_died_of_its_own_error_is_a_fault_a_killed_one_is_re
     killed = vllm_faults.death(42, "(EngineCore pid=1) INFO 12-03 09:46:20 [core.py:1] ready\n", None,
                                "Server disconnected without sending a response.")
     assert isinstance(killed, EngineUnavailable) and killed.retryable
+    # a worker killed (the OOM killer) makes the core fail too: that is not the model's fault
+    oom = ("(EngineCore pid=1) ERROR 12-03 09:46:20 [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
+           "unexpectedly (exit code: -9), shutting down executor.\n" + TRITON_DEATH)
+    assert isinstance(vllm_faults.death(42, oom, None, "500 EngineDeadError"), EngineUnavailable)
     assert error_type("engine_fault") is EngineFault  # rebuilt from its code across processes
 
 
