@@ -27,9 +27,10 @@ _VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656,
                "vision_start_token_id": 151652, "vision_end_token_id": 151653}
 
 
-# Text-stack sizes of a real Qwen3.5 checkpoint (Qwen/Qwen3.5-4B's text_config; its vocabulary of
-# 248,320 rows is kept, Kiln's Qwen tokenizer fills the first 151,669). ``kiln model random
-# --shape`` (branch ``families``) owns the full table.
+# Text-stack sizes of a Qwen3.5 checkpoint for the benchmark (Qwen3.5-4B's, as written here from
+# its published config, not read from a hub file; its vocabulary of 248,320 rows is kept, Kiln's
+# Qwen tokenizer fills the first 151,669). ``kiln model random --shape`` (branch ``families``)
+# owns the full table and should replace this one.
 QWEN35_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.5-4b": {"vocab_size": 248320, "hidden_size": 2560, "intermediate_size": 9216,
                    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
