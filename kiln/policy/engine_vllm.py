@@ -18,7 +18,10 @@ mask (a token Kiln's grammar rejects fails the row loudly).
 
 **Faults.** A connection error or a dead process marks the engine for restart and raises
 :class:`kiln.errors.EngineUnavailable` (retryable): the groups in flight fail and Temporal retries
-them, as for any worker fault; the next call starts a fresh server.
+them, as for any worker fault; the next call starts a fresh server. A failure that repeats on every
+attempt (an architecture the engine cannot serve, weights it cannot load, a kernel its build
+lacks) is :class:`kiln.errors.ModelUnsupported` or :class:`kiln.errors.EngineFault` instead, not
+retried, with the cause from the engine's log (:mod:`kiln.policy.vllm_faults`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from kiln.errors import EngineUnavailable
+from kiln.policy import vllm_faults
 from kiln.policy.engine import AdapterHandle, Generation, GenerationRequest, request_tag
 from kiln.policy.vllm_server import MAX_LORA_RANK, MAX_LORAS  # stdlib-only at import
 
@@ -86,9 +90,16 @@ class VllmEngine:
         self.lora_products: str | None = None  # the server's LoRA products ("grouped"/"stock"), from /health
         self.reader_wait: str | None = None  # how its processes wait for each other ("napping"/"stock")
         self.cpu_reserved_cores: int | None = None  # cores vLLM keeps off its CPU model worker (0: none)
+        self.text_only = False  # a vision-language checkpoint served as its language model only
+        self._log_offset = 0  # where the running server's lines begin in the engine log
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
         self._gate = _Gate()
+        # One client for every request: a client of its own per request (``httpx.post``) builds an
+        # SSL context each time, 23 ms of CPU per loopback request against 1 ms (bench/engine.py);
+        # the server closes each connection, so nothing is kept alive between requests.
+        self._http = httpx.Client(timeout=config.request_timeout_s,
+                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
         self._broken_port: int | None = None  # a request to this server could not connect
         self.restarts = 0
 
@@ -136,6 +147,7 @@ class VllmEngine:
         ]
         if cfg.batch_invariant:
             argv.append("--batch-invariant")
+        self._log_offset = vllm_faults.log_size(cfg.log_path)
         log = open(cfg.log_path, "ab") if cfg.log_path is not None else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -147,17 +159,16 @@ class VllmEngine:
         deadline = time.monotonic() + cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise EngineUnavailable(
-                    f"the vllm engine process exited with status {self._proc.returncode} while starting",
-                    hint=f"see the engine log {cfg.log_path}" if cfg.log_path else "set a log path to see why",
-                    details={"log": str(cfg.log_path) if cfg.log_path else None},
-                )
+                raise vllm_faults.start_failure(cfg.model_path, self._proc.returncode,
+                                                vllm_faults.read_since(cfg.log_path, self._log_offset),
+                                                cfg.log_path)
             try:
-                health = httpx.get(self._url("/health"), timeout=2.0).json()
+                health = self._http.get(self._url("/health"), timeout=2.0).json()
                 self._version = str(health["vllm"])
                 self.lora_products = health.get("lora_products")
                 self.reader_wait = health.get("reader_wait")
                 self.cpu_reserved_cores = health.get("cpu_reserved_cores")
+                self.text_only = bool(health.get("text_only"))
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)
@@ -182,6 +193,7 @@ class VllmEngine:
         with self._start_lock:
             self._stop_process()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
 
     def _url(self, path: str) -> str:
         return f"http://127.0.0.1:{self._port}{path}"
@@ -190,7 +202,10 @@ class VllmEngine:
     def identity(self) -> dict[str, Any]:
         if self._version is None:
             self.start()
-        return {"name": self.name, "version": str(self._version)}
+        out = {"name": self.name, "version": str(self._version)}
+        if self.text_only:
+            out["text_only"] = True  # a vision-language checkpoint's language model alone
+        return out
 
     def stats(self) -> dict[str, Any]:
         return self._post("/stats", None)
@@ -269,28 +284,32 @@ class VllmEngine:
         port = self._port
         try:
             if body is None:
-                resp = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=self.config.request_timeout_s)
+                resp = self._http.get(f"http://127.0.0.1:{port}{path}")
             else:
-                resp = httpx.post(f"http://127.0.0.1:{port}{path}", content=json.dumps(body),
-                                  headers={"content-type": "application/json"},
-                                  timeout=self.config.request_timeout_s)
+                resp = self._http.post(f"http://127.0.0.1:{port}{path}", content=json.dumps(body),
+                                       headers={"content-type": "application/json"})
         except httpx.HTTPError as exc:
             if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
                 with self._start_lock:
                     self._broken_port = port  # the next call restarts this server
-            raise EngineUnavailable(
-                f"the vllm engine (pid {self.pid}) did not answer: {exc}",
-                hint="the engine is restarted on the next request; the group is retried",
-                details={"pid": self.pid, "alive": self._alive()},
-            ) from exc
+            raise self._death(str(exc)) from exc
         if resp.status_code == 400:
             raise ValueError(f"the vllm engine rejected the request: {resp.json().get('error')}")
         if resp.status_code != 200:
+            if "EngineDeadError" in resp.text:
+                raise self._death(resp.text[:500])
             raise EngineUnavailable(
                 f"the vllm engine failed a request: {resp.text[:500]}",
                 details={"status": resp.status_code},
             )
         return resp.json()
+
+    def _death(self, error: str) -> Exception:
+        """The error for a server that could not answer: deterministic when its engine core
+        stopped on an exception of its own (:func:`vllm_faults.death`)."""
+        log = vllm_faults.read_since(self.config.log_path, self._log_offset)
+        return vllm_faults.death(self.pid, log, self.config.log_path, error)
+
 
 
 def _check_grammar(req: GenerationRequest, ids: list[int]) -> None:

@@ -14,7 +14,12 @@ Endpoints (JSON bodies, one request per connection):
   :mod:`vllm_lora_cpu`'s grouped LoRA products replaced vLLM's per-token ones on its CPU path,
   whether the engine processes wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU, and
   how many cores vLLM keeps off its model worker's threads there: 0 unless the user set
-  ``VLLM_CPU_NUM_OF_RESERVED_CPU``)
+  ``VLLM_CPU_NUM_OF_RESERVED_CPU``), plus ``"text_only"`` (a vision-language checkpoint served as
+  its language model only)
+
+A server that cannot build its engine (an architecture vLLM cannot inspect or run, an MoE model on
+the CPU build, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
+fail the same way on every start, so the client reports it instead of restarting.
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
   "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
@@ -55,7 +60,8 @@ def install_cpu_paths() -> tuple[str, str, int | None]:
     """Install the neighbours where vLLM's CPU path has them; ``(lora_products, reader_wait,
     cpu_reserved_cores)`` as ``/health`` reports them (``"stock"`` for each one vLLM keeps; the
     cores kept off the model worker's threads, ``None`` where vLLM decides alone). Napping readers
-    free the core vLLM would keep for its spinning ones (:func:`vllm_cpu_wait.free_reserved_cores`)."""
+    free the core vLLM would keep for its spinning ones (:func:`vllm_cpu_wait.free_reserved_cores`).
+    """
     import vllm_cpu_wait
     import vllm_lora_cpu
 
@@ -105,12 +111,73 @@ def prefill_settings(max_model_len: int, on_cpu: bool) -> dict:
             "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
 
 
+def model_facts(model_dir: str) -> dict:
+    """What the server needs to know of the model folder's ``config.json``: its architectures,
+    whether it is a vision-language checkpoint (a ``vision_config``: served as text only, no vision
+    tower built) and whether it is a mixture of experts."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    experts = max(int(text.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    return {"architectures": [str(a) for a in config.get("architectures") or []],
+            "text_only": isinstance(config.get("vision_config"), dict), "moe": experts > 0}
+
+
+class Unsupported(Exception):
+    """A model this server refuses before it builds vLLM's engine (reported as ``model_unsupported``)."""
+
+
+# Why an MoE model is refused on vLLM's CPU build. Measured with vLLM 0.32: with LoRA enabled, every
+# MoE layer runs vLLM's LoRA expert kernel, a Triton kernel, which the CPU build cannot run (the
+# first forward dies: ``module 'triton.language' has no attribute 'float32'``). LoRA outside the
+# experts with the plain CPU expert kernel serves, but Kiln's adapters adapt the experts (peft's
+# ``target_parameters`` on experts stored as 3-D tensors), and those adapters cannot be served.
+MOE_ON_CPU = ("vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
+              "and Kiln's adapters adapt the experts")
+
+
+def model_settings(facts: dict, on_cpu: bool) -> dict:
+    """Engine arguments the model's kind asks for: a vision-language checkpoint is served as its
+    language model only (vLLM's ``language_model_only``: no vision tower in memory, text prompts
+    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`)."""
+    if facts["moe"] and on_cpu:
+        raise Unsupported(MOE_ON_CPU)
+    return {"language_model_only": True} if facts["text_only"] else {}
+
+
+# The line a server that could not build its engine prints before it exits with FAULT_EXIT: a JSON
+# object, ``{"kind": "model_unsupported"|"engine_fault", "error", "architectures"}``; the client
+# reads it (and the root cause the engine logged) from the engine log.
+FAULT_MARK = "kiln-vllm-server fault: "
+FAULT_EXIT = 3
+# what vLLM says when it cannot serve an architecture, and how the fault line puts it
+_UNSUPPORTED = {"failed to be inspected": "vLLM could not load its model class for the architecture",
+                "are not supported for now": "this vLLM build does not support the architecture"}
+
+
+def report_fault(exc: BaseException, facts: dict) -> None:
+    """Print the fault line for an engine that failed to build (deterministic for this model and
+    build: the same configuration fails the same way on every start)."""
+    text = " ".join(str(exc).split())
+    reasons = [reason for phrase, reason in _UNSUPPORTED.items() if phrase in text]
+    if isinstance(exc, Unsupported):
+        reasons = [text]
+    line = {"kind": "model_unsupported" if reasons else "engine_fault",
+            "error": reasons[0] if reasons else text[:1000], "architectures": facts.get("architectures", [])}
+    print(FAULT_MARK + json.dumps(line), flush=True)
+
+
 class Server:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, facts: dict) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        on_cpu = current_platform.is_cpu()
+        self.model_kind = model_settings(facts, on_cpu)
         engine_args = AsyncEngineArgs(
             model=args.model,
             dtype=args.dtype,
@@ -125,10 +192,12 @@ class Server:
             logprobs_mode="processed_logprobs",
             structured_outputs_config={"backend": "xgrammar"},
             enable_prefix_caching=True,
-            **prefill_settings(args.max_model_len, current_platform.is_cpu()),
+            **prefill_settings(args.max_model_len, on_cpu),
+            **self.model_kind,
         )
         self.engine = AsyncLLM.from_engine_args(engine_args)
         self.model = args.model
+        self.text_only = bool(facts["text_only"])
         self.loras: dict[str, int] = {}
         self.in_flight: dict[str, str | None] = {}
         self.met_another_run: set[str] = set()  # requests in flight together with another tag's
@@ -222,7 +291,7 @@ class Server:
 
         return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
                 "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT,
-                "cpu_reserved_cores": CPU_RESERVED_CORES}
+                "cpu_reserved_cores": CPU_RESERVED_CORES, "text_only": self.text_only}
 
     def stats(self) -> dict:
         now: dict[str, int] = {}
@@ -272,7 +341,12 @@ class Server:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server = Server(args)
+    facts = model_facts(args.model)
+    try:
+        server = Server(args, facts)
+    except Exception as exc:  # noqa: BLE001 - reported to the client through the log, then exit
+        report_fault(exc, facts)
+        _exit_group(FAULT_EXIT)
     listener = await asyncio.start_server(server.handle, args.host, args.port, limit=_MAX_BODY)
     print(f"kiln-vllm-server ready on {args.host}:{args.port} pid {os.getpid()}", flush=True)
     if args.parent_pid:
@@ -281,12 +355,13 @@ async def _serve(args: argparse.Namespace) -> None:
         await listener.serve_forever()
 
 
-def _exit_group() -> None:
+def _exit_group(status: int = 1) -> None:
     """Stop this server and the engine-core processes it spawned (its own process group)."""
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the exit status below is the server's
         os.killpg(os.getpgid(0), signal.SIGTERM)
     finally:
-        os._exit(1)
+        os._exit(status)
 
 
 async def _watch_parent(pid: int) -> None:

@@ -1,0 +1,227 @@
+"""The vllm engine (CPU build, for real) on newer families and on faults that repeat:
+
+- a mixture of experts (``Qwen3MoeForCausalLM``, random weights): vLLM's LoRA kernel for experts
+  needs Triton, which the CPU build lacks, and Kiln's adapters adapt the experts, so the engine
+  refuses it when it starts, with ``model_unsupported`` naming what is missing (nothing collected);
+- the Qwen3.5 checkpoint in the hub's layout (``Qwen3_5ForConditionalGeneration``, a composite
+  vision-language config, 3 Gated DeltaNet layers and 1 full-attention layer): served as its
+  language model only, two train iterations, where the engine's venv has a torchvision that
+  matches its torch; else refused when the engine starts, ``model_unsupported`` naming torchvision;
+- a model folder whose weights cannot load: the run ends on its first attempt with
+  ``engine_fault`` and the engine log's cause, and the engine is started exactly once.
+
+Each case starts its own engine process, which (but for the Qwen3.5 run with torchvision) exits
+while starting. Skipped, as tests/integration/test_engine_vllm.py is, where the engine is not
+installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kiln.policy.engine_vllm import default_python
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not default_python().is_file(), reason="the vllm engine is not installed "
+                       "(scripts/setup.sh --engine vllm)"),
+]
+
+
+def _engine_has_torchvision() -> bool:
+    if not default_python().is_file():
+        return False
+    probe = subprocess.run([str(default_python()), "-c", "import torchvision.ops"], capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+TORCHVISION = _engine_has_torchvision()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from kiln.policy.qwen_vocab import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory, tokenizer) -> Path:
+    from tests.support.hub_models import build_qwen3_moe_model
+
+    return build_qwen3_moe_model(Path(tmp_path_factory.mktemp("moe")), tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory, tokenizer) -> Path:
+    from tests.support.hub_models import build_qwen3_dense_model
+
+    return build_qwen3_dense_model(Path(tmp_path_factory.mktemp("dense")), tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory, tokenizer) -> Path:
+    from tests.support.hub_models import build_qwen35_hub_model
+
+    return build_qwen35_hub_model(Path(tmp_path_factory.mktemp("qwen35")), tokenizer=tokenizer)
+
+
+def _engine(model: Path, log: Path):
+    from kiln.policy.engine_vllm import VllmConfig, VllmEngine
+
+    return VllmEngine(VllmConfig(model_path=model, python=default_python(), log_path=log, max_model_len=2048,
+                                 cpu_kvcache_gb=1, max_num_seqs=64))
+
+
+@pytest.mark.timeout(900)  # pays for the module's model builds
+def test_moe_is_refused_when_the_engine_starts_naming_what_is_missing(moe_dir: Path, tmp_path: Path) -> None:
+    from kiln.errors import ModelUnsupported
+    from kiln.policy.vllm_server import FAULT_MARK, MOE_ON_CPU
+
+    engine = _engine(moe_dir, tmp_path / "engine.log")
+    try:
+        with pytest.raises(ModelUnsupported) as caught:
+            engine.start()
+    finally:
+        engine.close()
+    error = caught.value
+    assert (error.code, error.retryable) == ("model_unsupported", False)
+    assert error.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from {moe_dir}: {MOE_ON_CPU}"
+    assert "KILN_ENGINE=hf" in error.hint
+    assert (tmp_path / "engine.log").read_text().count(FAULT_MARK) == 1 and engine.restarts == 0
+
+
+async def _train_two_iterations(kiln_settings, env_url: str, model: Path, engine, name: str) -> dict:
+    """A two-iteration train run (3 groups x 2) on one gpu worker whose engine is ``engine``."""
+    import asyncio
+
+    from activities.gpu import GpuActivities, LockedPolicy
+    from api.runs import RunService
+    from kiln.contracts import parse_run_request
+    from kiln.policy.runtime import PolicyRuntime
+    from tests.integration.test_real_shape_run import RUN
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    def factory(settings, store, path):
+        acts = GpuActivities(settings, store, path)
+        runtime = PolicyRuntime.load(path, device=settings.device, dtype=settings.dtype)
+        runtime.use_engine(engine)
+        acts._policy = LockedPolicy(runtime)
+        return acts
+
+    settings = kiln_settings(model_path=model, device="cpu", dtype="auto", engine="vllm",
+                             vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
+    request = parse_run_request({**RUN, "groups": 3, "group_size": 2, "iterations": 2,
+                                 "environment_urls": [env_url], "output_adapter": name,
+                                 "training_config": {**RUN["training_config"], "learning_rate": 3e-3}})
+    async with running_workers(settings, gpu_factory=factory) as client:
+        run_id = (await RunService(client, settings).submit(request))[0].run_id
+        return await asyncio.wait_for(workflow_result(client.get_workflow_handle(run_id), timeout_s=900), 960)
+
+
+def _assert_on_policy(status: dict) -> None:  # as tests/integration/test_engine_vllm.py checks it
+    assert status["state"] == "completed", status.get("failure")
+    first, second = status["iterations"]
+    assert first["trained"] and second["trained"]
+    assert first["behavior_adapter_sha256"] is None
+    assert second["behavior_adapter_sha256"] == first["adapter_sha256"]  # iteration 1's adapter
+
+
+@pytest.mark.skipif(TORCHVISION, reason="the engine's venv has torchvision: the model is served (next test)")
+@pytest.mark.timeout(900)
+def test_qwen35_hub_checkpoint_is_refused_at_engine_start_naming_what_is_missing(qwen35_dir: Path, tmp_path) -> None:
+    from kiln.errors import ModelUnsupported
+
+    engine = _engine(qwen35_dir, tmp_path / "engine.log")
+    try:
+        with pytest.raises(ModelUnsupported) as caught:
+            engine.start()
+    finally:
+        engine.close()
+    error = caught.value
+    assert (error.code, error.retryable) == ("model_unsupported", False)
+    assert error.message == (f"the vllm engine cannot serve Qwen3_5ForConditionalGeneration from {qwen35_dir}: "
+                             "vLLM could not load its model class for the architecture "
+                             "(No module named 'torchvision')")
+    assert "torchvision" in error.hint and "KILN_ENGINE=hf" in error.hint
+
+
+@pytest.mark.skipif(not TORCHVISION, reason="the engine's venv has no torchvision matching its torch "
+                    "(scripts/setup_vllm.sh installs torchvision==0.28.0+cpu where PyTorch's CPU index is reachable)")
+@pytest.mark.asyncio
+@pytest.mark.timeout(1500)
+async def test_qwen35_hub_checkpoint_trains_two_iterations_as_text_only(
+    kiln_settings, counter_env_url: str, qwen35_dir: Path, tmp_path
+) -> None:
+    engine = _engine(qwen35_dir, tmp_path / "engine.log")
+    try:
+        engine.start()
+        assert engine.text_only and engine.identity()["text_only"] is True
+        status = await _train_two_iterations(kiln_settings, counter_env_url, qwen35_dir, engine, "vllm-qwen35")
+    finally:
+        engine.close()
+    _assert_on_policy(status)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(900)
+async def test_weights_that_cannot_load_end_the_run_on_its_first_attempt_with_engine_fault(
+    kiln_settings, counter_env_url: str, dense_dir: Path, tmp_path: Path
+) -> None:
+    """A planted deterministic fault: the model folder's weights file is cut short, so vLLM fails
+    to load it on every start. The run fails at once with ``engine_fault`` and the cause from the
+    engine's log; the engine was started once (a retry would have started it again)."""
+    import asyncio
+
+    from temporalio.client import WorkflowFailureError
+
+    from activities.gpu import GpuActivities, LockedPolicy
+    from api.runs import RunService
+    from kiln.contracts import parse_run_request
+    from kiln.policy.runtime import PolicyRuntime
+    from kiln.policy.vllm_server import FAULT_MARK
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in dense_dir.iterdir():
+        if item.suffix == ".json":
+            shutil.copy(item, broken / item.name)
+    with open(dense_dir / "model.safetensors", "rb") as src:
+        (broken / "model.safetensors").write_bytes(src.read(4_000_000))
+    log = tmp_path / "engine.log"
+    engine = _engine(broken, log)
+
+    def factory(settings, store, path):
+        acts = GpuActivities(settings, store, path)
+        runtime = PolicyRuntime.load(path, device=settings.device, dtype=settings.dtype)
+        runtime.use_engine(engine)  # the worker's model loads; its engine's copy does not
+        acts._policy = LockedPolicy(runtime)
+        return acts
+
+    settings = kiln_settings(model_path=dense_dir, device="cpu", dtype="auto", engine="vllm",
+                             vllm_cpu_kvcache_gb=1, vllm_max_model_len=2048)
+    request = parse_run_request({"kind": "rollout", "groups": 1, "group_size": 2, "max_steps": 1,
+                                 "max_action_tokens": 8, "thinking": False, "environment_urls": [counter_env_url]})
+    try:
+        async with running_workers(settings, gpu_factory=factory) as client:
+            run_id = (await RunService(client, settings).submit(request))[0].run_id
+            handle = client.get_workflow_handle(run_id)
+            with pytest.raises(WorkflowFailureError) as failed:
+                await asyncio.wait_for(workflow_result(handle, timeout_s=600), 660)
+            status = await handle.query("status")
+    finally:
+        engine.close()
+    assert failed.value.cause.type == "engine_fault"
+    assert status["state"] == "failed"
+    failure = status["failure"]
+    assert (failure["code"], failure["retryable"]) == ("engine_fault", False)
+    assert failure["message"] == (f"the vllm engine cannot start on Qwen3ForCausalLM from {broken}: Error while "
+                                  "deserializing header: incomplete metadata, file not fully covered")
+    assert log.read_text().count(FAULT_MARK) == 1  # one start: the fault was not retried
