@@ -39,7 +39,15 @@ from kiln.stages.dataset import split_dataset
 from kiln.stages.evaluation import evaluate, store_side_bundle
 from kiln.stages.publication import publish_training
 from kiln.artifacts.group_sets import group_set
-from kiln.records import DatasetSplit, GroupIndexInput, GroupSet, IterationFiles, IterationInput, PublishTrainingInput, StoredObject
+from kiln.records import (
+    DatasetSplit,
+    GroupIndexInput,
+    GroupSet,
+    IterationFiles,
+    IterationInput,
+    PublishTrainingInput,
+    StoredObject,
+)
 from kiln.stages.iteration import store_iteration
 from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.errors import RunCapacityFull
@@ -61,9 +69,7 @@ class ControlActivities:
         # model_not_served lists the served ones; model_unsupported names an architecture Kiln cannot serve
         require_served(request.model, self.settings.models_dir, engine=self.settings.engine)
         for url in request.environment_urls:
-            require_allowed_host(
-                normalize_url(url), allow_remote=self.settings.allow_remote_environments
-            )
+            require_allowed_host(normalize_url(url), allow_remote=self.settings.allow_remote_environments)
         for index, credential_id in enumerate(request.credential_ids):
             check_credential(self.settings.credentials, credential_id, request.environment_urls[index])
         if request.post_eval is not None:

@@ -136,8 +136,12 @@ class GpuActivities:
             if self._policy is None:
                 from kiln.policy.runtime import PolicyRuntime
 
-                runtime = PolicyRuntime.load(self.model_path, device=self.settings.device, dtype=self.settings.dtype,
-                                         decode_tile=self.settings.hf_decode_tile)
+                runtime = PolicyRuntime.load(
+                    self.model_path,
+                    device=self.settings.device,
+                    dtype=self.settings.dtype,
+                    decode_tile=self.settings.hf_decode_tile,
+                )
                 if self.settings.engine == "vllm":
                     from kiln.policy.engine_vllm import engine_for
 
@@ -275,8 +279,9 @@ class GpuActivities:
         from kiln.train.launch import launch_for
 
         placement = resolve_placement(self.settings.device, self.settings.dtype)
-        launch = launch_for(self.settings.train_devices, placement.device,
-                            collective_timeout_s=self.settings.train_collective_timeout_s)
+        launch = launch_for(
+            self.settings.train_devices, placement.device, collective_timeout_s=self.settings.train_collective_timeout_s
+        )
         return launch, placement if launch is not None or not self.samples else None
 
     @activity.defn(name="post_evaluate")

@@ -7,7 +7,6 @@ preflight in ``api.discovery_routes``. Every failure answers the KilnError envel
 
 from __future__ import annotations
 
-from typing import Any
 
 from fastapi import FastAPI
 from temporalio.client import Client

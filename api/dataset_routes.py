@@ -54,7 +54,8 @@ class TrainFromDatasetRequest(BaseModel):
     auto_load: bool = True
     report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"
     idempotency_key: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        default=None,
+        pattern=r"^[A-Za-z0-9._:-]{1,128}$",
         description="Retrying with the same key and body answers the existing run (200).",
     )
 
@@ -63,8 +64,10 @@ def check_dataset_ref(ref: DatasetRef, bucket: str) -> StoredObject:
     """The ref as a ``StoredObject`` when it names a blob in Kiln's own bucket, else 400."""
     hex_digest = ref.sha256.removeprefix("sha256:")
     if not ref.sha256.startswith("sha256:") or not _HEX64.match(hex_digest):
-        raise InvalidDatasetRef("dataset.sha256 must be 'sha256:' + 64 lowercase hex digits",
-                                hint="send the reference PUT /v1/datasets answered")
+        raise InvalidDatasetRef(
+            "dataset.sha256 must be 'sha256:' + 64 lowercase hex digits",
+            hint="send the reference PUT /v1/datasets answered",
+        )
     expected = f"s3://{bucket}/{BLOB_PREFIX}"
     if ref.uri != expected + hex_digest:
         raise InvalidDatasetRef(
@@ -81,12 +84,16 @@ def check_stored_dataset(store: Any, dataset: StoredObject) -> None:
     try:
         size, head = store.read_head(dataset.ref(), FIRST_LINE_CHECKED_BYTES)
     except ArtifactNotFound:
-        raise InvalidDatasetRef(f"dataset.uri {dataset.uri} names no stored dataset",
-                                hint="upload the JSONL with PUT /v1/datasets (or `kiln train grpo "
-                                "--input`) and send the reference it answers") from None
+        raise InvalidDatasetRef(
+            f"dataset.uri {dataset.uri} names no stored dataset",
+            hint="upload the JSONL with PUT /v1/datasets (or `kiln train grpo "
+            "--input`) and send the reference it answers",
+        ) from None
     if size != dataset.bytes:
-        raise InvalidDatasetRef(f"dataset.bytes is {dataset.bytes}, but the stored dataset holds {size} bytes",
-                                hint="send the reference PUT /v1/datasets answered, unchanged")
+        raise InvalidDatasetRef(
+            f"dataset.bytes is {dataset.bytes}, but the stored dataset holds {size} bytes",
+            hint="send the reference PUT /v1/datasets answered, unchanged",
+        )
     check_first_line(head, size)
 
 

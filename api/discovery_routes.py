@@ -79,9 +79,7 @@ def _inspection_failed(url: EnvironmentUrl) -> KilnError:
 
 async def _inspect_one(url: EnvironmentUrl, token: str | None) -> Any:
     try:
-        return await inspect_environment(
-            url, bearer_token=token, connect_timeout_s=5.0, timeout_s=INSPECT_TIMEOUT_S
-        )
+        return await inspect_environment(url, bearer_token=token, connect_timeout_s=5.0, timeout_s=INSPECT_TIMEOUT_S)
     except (EnvironmentUnavailable, EnvironmentProtocolError):
         return _inspection_failed(url)
 
@@ -109,9 +107,7 @@ async def inspect(body: EnvironmentsBody, svc: Services = Depends(services)) -> 
 async def tasks(body: TasksBody, svc: Services = Depends(services)) -> TaskCatalogs:
     """One page of each environment's Task API catalog; discovery only, never episodes."""
     if not 1 <= body.limit <= 200 or body.start < 0:
-        raise InvalidRequest(
-            "task page needs 1 <= limit <= 200 and start >= 0", code="openenv_invalid_task_page"
-        )
+        raise InvalidRequest("task page needs 1 <= limit <= 200 and start >= 0", code="openenv_invalid_task_page")
     catalogs = []
     for url, token in body.targets(svc.settings.allow_remote_environments, svc.settings.credentials):
         try:

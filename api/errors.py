@@ -64,9 +64,14 @@ class ErrorEnvelope(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorEnvelope, "description": text}
     for status, text in (
-        (400, "invalid request"), (401, "missing or wrong bearer token"), (403, "forbidden"),
-        (404, "not found"), (409, "conflict"), (413, "body too large"),
-        (502, "an environment did not answer usably"), (503, "a dependency is unavailable"),
+        (400, "invalid request"),
+        (401, "missing or wrong bearer token"),
+        (403, "forbidden"),
+        (404, "not found"),
+        (409, "conflict"),
+        (413, "body too large"),
+        (502, "an environment did not answer usably"),
+        (503, "a dependency is unavailable"),
     )
 }
 
@@ -122,9 +127,12 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(RouteNotFound("no such route"))
         if error.status_code == 405:
             allowed = allowed_methods(request)
-            response = error_response(MethodNotAllowed(
-                "method not allowed on this route", hint=f"use {', '.join(allowed)}" if allowed else None,
-            ))
+            response = error_response(
+                MethodNotAllowed(
+                    "method not allowed on this route",
+                    hint=f"use {', '.join(allowed)}" if allowed else None,
+                )
+            )
             response.headers["Allow"] = ", ".join(allowed)
             return response
         return error_response(_status_error(error.status_code, str(error.detail)))
@@ -134,17 +142,14 @@ def install_error_handlers(app: FastAPI) -> None:
         outage = temporal_outage(error)
         if outage is not None:
             return error_response(outage)
-        return error_response(KilnError("internal error: the Temporal server refused the call",
-                                        code="internal_error"))
+        return error_response(KilnError("internal error: the Temporal server refused the call", code="internal_error"))
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
         outage = temporal_outage(error)
         if outage is not None:
             return error_response(outage)
-        return error_response(
-            KilnError(f"internal error: {type(error).__name__}", code="internal_error")
-        )
+        return error_response(KilnError(f"internal error: {type(error).__name__}", code="internal_error"))
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -153,7 +158,8 @@ _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route of the app fully accepts on this request's path (the 405 ``Allow``)."""
     return [
-        method for method in _METHODS
+        method
+        for method in _METHODS
         if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
     ]
 

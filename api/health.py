@@ -42,7 +42,8 @@ def supervised_components(home: Path) -> dict[str, dict[str, Any]]:
         return {}
     return {
         str(name): {key: value for key, value in item.items() if key != "pid"}
-        for name, item in components.items() if isinstance(item, dict)
+        for name, item in components.items()
+        if isinstance(item, dict)
     }
 
 
@@ -62,8 +63,7 @@ async def s3_connection(svc: Services) -> str:
     """``reachable`` / ``unreachable``: one bounded HeadBucket of the API's store."""
     try:
         store = svc.artifacts().store
-        return await asyncio.wait_for(asyncio.to_thread(probe, store, timeout_s=S3_CHECK_S),
-                                      TEMPORAL_CHECK_BUDGET_S)
+        return await asyncio.wait_for(asyncio.to_thread(probe, store, timeout_s=S3_CHECK_S), TEMPORAL_CHECK_BUDGET_S)
     except Exception:  # noqa: BLE001 - no store (bad settings) or no answer in time
         return "unreachable"
 
@@ -78,7 +78,9 @@ async def health(svc: Services) -> dict[str, Any]:
         temporal["exposure"] = exposure
     components["temporal"] = temporal
     components["s3"] = {"connection": s3}
-    healthy = reachable and s3 == "reachable" and all(
-        item.get("state", "running") == "running" for item in components.values()
+    healthy = (
+        reachable
+        and s3 == "reachable"
+        and all(item.get("state", "running") == "running" for item in components.values())
     )
     return {"status": "ok" if healthy else "degraded", "components": components}

@@ -48,10 +48,18 @@ class TokenCookie:
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = quote(path) + (f"?{rest}" if rest else "")
             cookie = f"{COOKIE}={quote(token, safe='')}; HttpOnly; SameSite=Strict; Path=/"
-            await send({"type": "http.response.start", "status": 303,
-                        "headers": [(b"location", location.encode("latin-1")),
-                                    (b"set-cookie", cookie.encode("latin-1")),
-                                    (b"cache-control", b"no-store"), (b"content-length", b"0")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 303,
+                    "headers": [
+                        (b"location", location.encode("latin-1")),
+                        (b"set-cookie", cookie.encode("latin-1")),
+                        (b"cache-control", b"no-store"),
+                        (b"content-length", b"0"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
             return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])

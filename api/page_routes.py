@@ -22,8 +22,12 @@ from kiln.api_models import EpisodePage, RunMetrics
 from kiln.telemetry.live import read_events
 
 STATIC = Path(__file__).with_name("static")
-ASSETS = {"kiln-charts.js": "text/javascript", "kiln-run.js": "text/javascript",
-          "kiln-runs.js": "text/javascript", "kiln.css": "text/css"}
+ASSETS = {
+    "kiln-charts.js": "text/javascript",
+    "kiln-run.js": "text/javascript",
+    "kiln-runs.js": "text/javascript",
+    "kiln.css": "text/css",
+}
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 router = APIRouter(tags=["pages"])
@@ -76,8 +80,9 @@ async def run_episodes(
     turn: reasoning, action, observation, reward)."""
     view = await (await svc.runs()).status(_checked(run_id))
     if view.manifest is None:
-        raise ArtifactNotFound(f"run {run_id} is {view.state} and has published no episodes",
-                               hint="episodes appear when the run completes")
+        raise ArtifactNotFound(
+            f"run {run_id} is {view.state} and has published no episodes", hint="episodes appear when the run completes"
+        )
     artifacts = svc.artifacts()
     manifest = await artifacts.manifest(run_id, view.manifest.sha256)
     rollouts = await artifacts.verified(manifest, "rollouts.jsonl")

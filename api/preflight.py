@@ -34,7 +34,9 @@ class PreflightRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     adapter: str | None = Field(default="base", description="Behaviour adapter; base/none/null = base model.")
-    model: str | None = Field(default=None, description="Served model the run will name (default: the workers' default).")
+    model: str | None = Field(
+        default=None, description="Served model the run will name (default: the workers' default)."
+    )
     output_adapter: str = Field(description="Name of the adapter the run will train.")
     training_config: TrainingConfig | None = Field(
         default=None, description="GRPO + ECHO configuration; defaults are filled in."

@@ -41,8 +41,7 @@ async def create_run(
     request: RunRequest,
     preflight: bool = Query(
         default=True,
-        description="Check every environment's /health (3 s, in parallel) before queueing; "
-        "false skips it.",
+        description="Check every environment's /health (3 s, in parallel) before queueing; false skips it.",
     ),
     svc: Services = Depends(services),
 ) -> JSONResponse:
@@ -51,17 +50,20 @@ async def create_run(
     A ``model`` the workers do not serve is refused (400 ``model_not_served``, naming the served
     models and the default), and so is an environment that does not answer ``/health`` (502
     ``environment_unavailable``), before anything is queued."""
-    require_served(request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name,
-                   engine=svc.settings.engine)
+    require_served(
+        request.model, svc.settings.models_dir, default=svc.settings.default_model_path.name, engine=svc.settings.engine
+    )
     urls = [normalize_url(text) for text in request.environment_urls]
     for url in urls:
         require_allowed_host(url, allow_remote=svc.settings.allow_remote_environments)
     if preflight:
         credentials = request.credential_ids or [None] * len(urls)
-        await require_healthy([
-            (url, resolve_bearer_token(svc.settings.credentials or {}, credential, url))
-            for url, credential in zip(urls, credentials, strict=True)
-        ])
+        await require_healthy(
+            [
+                (url, resolve_bearer_token(svc.settings.credentials or {}, credential, url))
+                for url, credential in zip(urls, credentials, strict=True)
+            ]
+        )
     view, created = await (await svc.runs()).submit(request)
     if view.kind is None:  # the workflow has not answered its first query yet
         view.kind = request.kind
@@ -118,17 +120,21 @@ async def get_manifest(run_id: str, svc: Services = Depends(services)) -> Respon
     return Response(
         content=manifest.raw,
         media_type="application/json",
-        headers={"ETag": f'"{manifest.sha256}"', "Cache-Control": "private, no-store",
-                 "X-Content-Type-Options": "nosniff"},
+        headers={
+            "ETag": f'"{manifest.sha256}"',
+            "Cache-Control": "private, no-store",
+            "X-Content-Type-Options": "nosniff",
+        },
     )
 
 
 @router.get(
     "/{run_id}/artifacts/{name:path}",
     response_class=StreamingResponse,
-    responses={200: {"description": "the artifact's bytes (media type from the manifest)",
-                     "content": ARTIFACT_CONTENT},
-               **ERRORS},
+    responses={
+        200: {"description": "the artifact's bytes (media type from the manifest)", "content": ARTIFACT_CONTENT},
+        **ERRORS,
+    },
 )
 async def get_artifact(run_id: str, name: str, svc: Services = Depends(services)) -> StreamingResponse:
     """One manifest-declared artifact, verified (size + SHA-256) before the first byte is sent."""

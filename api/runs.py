@@ -89,8 +89,7 @@ _STATE_OF = {
 RUN_STATES: dict[str, str] = {
     "running": "ExecutionStatus = 'Running'",
     "completed": "ExecutionStatus = 'Completed'",
-    "failed": "(ExecutionStatus = 'Failed' OR ExecutionStatus = 'Terminated' "
-    "OR ExecutionStatus = 'TimedOut')",
+    "failed": "(ExecutionStatus = 'Failed' OR ExecutionStatus = 'Terminated' OR ExecutionStatus = 'TimedOut')",
     "cancelled": "ExecutionStatus = 'Canceled'",
 }
 
@@ -280,19 +279,28 @@ class RunService:
         try:
             page = await self.client.workflow_service.get_workflow_execution_history_reverse(
                 GetWorkflowExecutionHistoryReverseRequest(
-                    namespace=self.client.namespace, execution=WorkflowExecution(workflow_id=run_id),
-                    maximum_page_size=1))
+                    namespace=self.client.namespace,
+                    execution=WorkflowExecution(workflow_id=run_id),
+                    maximum_page_size=1,
+                )
+            )
             for event in page.history.events:
                 if event.HasField("workflow_execution_terminated_event_attributes"):
                     attributes = event.workflow_execution_terminated_event_attributes
                     who, why = attributes.identity or who, attributes.reason or why
         except RPCError:
             pass
-        error = RunTerminated(f"the run was terminated through Temporal by {who}: {why}",
-                              hint="terminating skips what Kiln's cancel does; stop a run with "
-                              "`kiln openenv cancel RUN_ID`")
-        return Failure(code=error.code, message=error.message, stage="orchestration", hint=error.hint,
-                       details={"terminated_by": who, "reason": why})
+        error = RunTerminated(
+            f"the run was terminated through Temporal by {who}: {why}",
+            hint="terminating skips what Kiln's cancel does; stop a run with `kiln openenv cancel RUN_ID`",
+        )
+        return Failure(
+            code=error.code,
+            message=error.message,
+            stage="orchestration",
+            hint=error.hint,
+            details={"terminated_by": who, "reason": why},
+        )
 
     async def _merge_live(self, run_id: str, view: RunView) -> None:
         """The latest training step the gpu worker wrote to S3 (fresher than heartbeats)."""
@@ -327,9 +335,7 @@ class RunService:
                     attempt=pending.attempt,
                     state=_PENDING_STATES.get(pending.state, "unknown"),
                     details=details if isinstance(details, dict) else None,
-                    last_failure=pending.last_failure.message or None
-                    if pending.HasField("last_failure")
-                    else None,
+                    last_failure=pending.last_failure.message or None if pending.HasField("last_failure") else None,
                 )
             )
         return out
@@ -369,9 +375,7 @@ class RunService:
         query = RUNS_QUERY
         if state is not None:
             if state not in RUN_STATES:
-                raise InvalidRequest(
-                    f"unknown run state {state!r}: use one of {', '.join(RUN_STATES)}"
-                )
+                raise InvalidRequest(f"unknown run state {state!r}: use one of {', '.join(RUN_STATES)}")
             query += f" AND {RUN_STATES[state]}"
         runs: list[RunSummary] = []
         async for execution in self.client.list_workflows(query, limit=limit):

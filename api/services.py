@@ -18,8 +18,9 @@ from workers.client import connect_client
 
 # An API request waits about a second for an unreachable Temporal, then answers 503
 # ``temporal_unavailable`` (the SDK default retries for ~10 s per call); clients retry on 503.
-API_RPC_RETRY = RetryConfig(initial_interval_millis=100, max_interval_millis=500,
-                            max_elapsed_time_millis=1000, max_retries=4)
+API_RPC_RETRY = RetryConfig(
+    initial_interval_millis=100, max_interval_millis=500, max_elapsed_time_millis=1000, max_retries=4
+)
 
 
 class Services:
@@ -49,8 +50,7 @@ class Services:
                         raise
                     except Exception:  # noqa: BLE001 - the SDK raises RuntimeError on refusal
                         raise TemporalUnavailable(
-                            f"the Temporal server at {self.settings.effective_temporal_address} "
-                            "is not reachable",
+                            f"the Temporal server at {self.settings.effective_temporal_address} is not reachable",
                             hint="start it (`kiln serve` does) or fix KILN_TEMPORAL_ADDRESS",
                         ) from None
         return self._client

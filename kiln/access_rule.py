@@ -34,7 +34,6 @@ def required_token(settings: Any) -> str | None:
     if token is None and not is_loopback_host(host):
         raise ApiConfigurationError(
             f"refusing to serve the Kiln API on non-loopback host {host!r} without an access token",
-            hint="set KILN_API_TOKEN (clients send it as 'Authorization: Bearer <token>'), "
-            "or bind 127.0.0.1",
+            hint="set KILN_API_TOKEN (clients send it as 'Authorization: Bearer <token>'), or bind 127.0.0.1",
         )
     return token

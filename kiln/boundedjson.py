@@ -81,9 +81,7 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
     if text_depth(text) > max_depth:
         raise JsonBoundsError("", f"nesting is deeper than {max_depth} levels")
-    value = json.loads(
-        text, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant
-    )
+    value = json.loads(text, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant)
     check(value, max_depth=max_depth)
     return value
 

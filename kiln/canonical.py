@@ -30,16 +30,12 @@ def canonical_json(value: Any) -> bytes:
 
 def compact_json(value: Any) -> bytes:
     """Compact JSON that keeps the caller's key order (used where order is part of the format)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def pretty_json(value: Any) -> bytes:
     """Byte-stable human-readable JSON (sorted keys, two-space indent, trailing newline)."""
-    return (
-        json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    ).encode("utf-8")
+    return (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 def strict_loads(text: str | bytes, *, max_depth: int | None = None) -> Any:

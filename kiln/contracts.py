@@ -86,7 +86,9 @@ class EchoConfig(StrictModel):
     """ECHO: λ·(cross-entropy on observation tokens), added to the GRPO loss. λ=0 disables."""
 
     lambda_: float = Field(
-        default=0.05, alias="lambda", ge=0.0,
+        default=0.05,
+        alias="lambda",
+        ge=0.0,
         description="ECHO weight on the observation cross-entropy (0 = off).",
     )
     env_mask_mode: Literal["env_only", "full_obs"] = Field(
@@ -94,9 +96,7 @@ class EchoConfig(StrictModel):
         description="Which observation tokens ECHO scores: env_only (what the environment wrote) "
         "or full_obs (the whole observation turn, template included).",
     )
-    warning_filter: bool = Field(
-        default=True, description="Leave environment warning text out of the ECHO loss."
-    )
+    warning_filter: bool = Field(default=True, description="Leave environment warning text out of the ECHO loss.")
 
 
 DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 3e-4}  # learning_rate null ⇒ these
@@ -135,7 +135,9 @@ class TrainingConfig(StrictModel):
         default=None, ge=0.0, description="Upper clip range when it differs from clip_epsilon (clip-higher)."
     )
     sequence_clip_epsilon: float = Field(
-        default=3e-4, gt=0.0, lt=1.0,
+        default=3e-4,
+        gt=0.0,
+        lt=1.0,
         description="GSPO (is_level sequence): the clip range of the length-normalised sequence ratio "
         "(its own, much smaller epsilon).",
     )
@@ -147,7 +149,8 @@ class TrainingConfig(StrictModel):
     )
     cispo_max_weight: float = Field(default=5.0, gt=0.0, description="cispo: where the ratio is truncated.")
     stale_is_max_weight: float = Field(
-        default=2.0, gt=0.0,
+        default=2.0,
+        gt=0.0,
         description="Cap of the behaviour importance weight of data sampled by an older adapter "
         "(online runs with max_staleness 1).",
     )
@@ -166,17 +169,20 @@ class TrainingConfig(StrictModel):
     )
     max_grad_norm: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
     target_kl: float | None = Field(
-        default=None, gt=0.0,
+        default=None,
+        gt=0.0,
         description="End the training at the first step whose approximate KL(start policy || policy) "
         "exceeds this (that step's update not taken; recorded in the receipt); null: never.",
     )
     seed: int = Field(default=0, ge=0, description="Training seed (LoRA initialisation, shuffling).")
     checkpoint_interval: int | None = Field(
-        default=10, ge=1,  # measured: docs/durability.md
+        default=10,
+        ge=1,  # measured: docs/durability.md
         description="Checkpoint every N optimizer steps (a retried step resumes there; null = never).",
     )
     engine_is_max_weight: float = Field(
-        default=2.0, gt=0.0,
+        default=2.0,
+        gt=0.0,
         description="Cap of the truncated importance weight min(pi_trainer / pi_engine, cap) that corrects "
         "the gap between the sampling engine's recorded log-probabilities and the trainer's (data "
         "sampled by the vllm engine; the hf engine needs none).",
@@ -192,9 +198,7 @@ class TrainingConfig(StrictModel):
         "penalty trains them with their recorded reward (the return plus protocol_error_reward), "
         "so training pushes back on them; zero_reward keeps them at reward 0; drop leaves them out.",
     )
-    echo: EchoConfig | None = Field(
-        default_factory=EchoConfig, description="ECHO world-model loss; null turns it off."
-    )
+    echo: EchoConfig | None = Field(default_factory=EchoConfig, description="ECHO world-model loss; null turns it off.")
     advantage_norm: Literal["group_std", "none"] = Field(
         default="group_std",
         description="group_std: (reward - group mean) / group std; none: reward - group mean only "
@@ -213,20 +217,24 @@ class TrainingConfig(StrictModel):
         "reward by up to overlong_penalty (DAPO), linearly over the last overlong_buffer_tokens.",
     )
     overlong_buffer_tokens: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="soft_penalty: the ramp's length before max_action_tokens (0: only actions that reached it).",
     )
     overlong_penalty: float = Field(default=1.0, gt=0.0, description="soft_penalty: the largest reward penalty.")
     entropy_coeff: float = Field(
-        default=0.0, ge=0.0,
+        default=0.0,
+        ge=0.0,
         description="Entropy bonus: subtract this times the mean policy entropy over action tokens from the loss (0 = off).",
     )
 
     @model_validator(mode="after")
     def _normaliser_fits_the_objective(self) -> "TrainingConfig":
         if self.is_level == "sequence" and self.loss_normaliser != "tokens":
-            raise ValueError("loss_normaliser applies to is_level token and cispo; GSPO (is_level sequence) "
-                             "averages over sequences already: leave loss_normaliser at tokens")
+            raise ValueError(
+                "loss_normaliser applies to is_level token and cispo; GSPO (is_level sequence) "
+                "averages over sequences already: leave loss_normaliser at tokens"
+            )
         return self
 
     def resolved_learning_rate(self) -> float:
@@ -260,9 +268,7 @@ class GateConfig(StrictModel):
 class EnvironmentEvalConfig(StrictModel):
     """Paired held-out evaluation after training: baseline vs candidate on identical seeds."""
 
-    groups: int = Field(
-        default=20, ge=1, le=16384, description="Held-out seed groups (at least 20 with a gate)."
-    )
+    groups: int = Field(default=20, ge=1, le=16384, description="Held-out seed groups (at least 20 with a gate).")
     group_size: int = Field(default=1, ge=1, le=256, description="Episodes per held-out seed group.")
     seed_start: int | None = Field(
         default=None, ge=0, le=MAX_SEED, description="First held-out seed (default: after the training seeds)."
@@ -281,9 +287,7 @@ class EnvironmentEvalConfig(StrictModel):
 class PostEvalConfig(StrictModel):
     """A static evaluation suite run on the trained adapter (prompts with exact answers)."""
 
-    suite: str = Field(
-        min_length=1, max_length=128, description="Installed static suite to score the adapter on."
-    )
+    suite: str = Field(min_length=1, max_length=128, description="Installed static suite to score the adapter on.")
     data_scope: Literal["held-out", "train-set-eval"] = Field(
         default="held-out", description="held-out, or train-set-eval (reported only, never gates)."
     )
@@ -302,9 +306,7 @@ class PostEvalConfig(StrictModel):
 class TrainingContract(StrictModel):
     """The sealed training contract (preflight): a run executes from it, never re-deriving defaults."""
 
-    schema_: Literal["kiln.openenv-training-contract.v1"] = Field(
-        default=TRAINING_CONTRACT_SCHEMA, alias="schema"
-    )
+    schema_: Literal["kiln.openenv-training-contract.v1"] = Field(default=TRAINING_CONTRACT_SCHEMA, alias="schema")
     effective_config: TrainingConfig
     behavior_policy: dict[str, Any]
     output_adapter: str
@@ -319,9 +321,7 @@ class TrainingContract(StrictModel):
 class EpisodeFields(StrictModel):
     """The collection bounds every candidate of a run shares (defined once, inherited twice)."""
 
-    group_size: int = Field(
-        default=4, ge=1, le=256, description="Candidates per seed group (at least 2 for training)."
-    )
+    group_size: int = Field(default=4, ge=1, le=256, description="Candidates per seed group (at least 2 for training).")
     max_steps: int = Field(default=8, ge=1, le=256, description="Environment steps per episode.")
     concurrency: int = Field(default=4, ge=1, le=256, description="Concurrent sessions per group.")
     # Room for a reasoning model's thinking and answer (the tiny demo model stops after ~20).
@@ -331,8 +331,7 @@ class EpisodeFields(StrictModel):
     thinking: bool = Field(default=True, description="Reason in <think> before each action.")
     constrained_actions: bool = Field(
         default=False,
-        description="Decode the final answer under a grammar compiled from the action schema "
-        "(reasoning stays free).",
+        description="Decode the final answer under a grammar compiled from the action schema (reasoning stays free).",
     )
     thinking_budget_tokens: int | None = Field(
         default=None, ge=1, description="Bound on reasoning tokens (below max_action_tokens)."
@@ -342,12 +341,16 @@ class EpisodeFields(StrictModel):
         default=-1.0, description="Reward of an episode the policy ended with an invalid action."
     )
     max_recoverable_errors: int = Field(
-        default=3, ge=0, le=64,
+        default=3,
+        ge=0,
+        le=64,
         description="Invalid actions an episode may recover from (the environment's error is shown "
         "to the policy) before it ends.",
     )
     capacity_wait_seconds: int = Field(
-        default=300, ge=1, le=3600,
+        default=300,
+        ge=1,
+        le=3600,
         description="How long a group waits for an environment's session capacity before it fails.",
     )
     reset_determinism: Literal["strict", "warn"] = Field(
@@ -362,7 +365,8 @@ class EpisodeFields(StrictModel):
         "with protocol_error_reward added (end_penalised).",
     )
     replay_ignore: list[str] = Field(
-        default_factory=list, max_length=64,
+        default_factory=list,
+        max_length=64,
         description="Step and state fields live replay must not compare: dotted paths as a replay "
         "drift names them (result.observation.X.Y or final_state.X); recorded in the rollout summary.",
     )
@@ -403,22 +407,22 @@ class RunRequest(EpisodeFields):
     )
     model: str | None = Field(
         default=None,
-        description="A model the workers serve (a KILN_MODELS_DIR folder name); default: the "
-        "workers' default model.",
+        description="A model the workers serve (a KILN_MODELS_DIR folder name); default: the workers' default model.",
     )
     # "auto" is resolved by the gpu worker with the policy; the resolved bool is what collection
     # uses and bundles record.
     thinking: bool | Literal["auto"] = Field(
         default="auto",
-        description="Reason in <think> first: auto (when the model's chat template supports it), "
-        "true or false.",
+        description="Reason in <think> first: auto (when the model's chat template supports it), true or false.",
     )
     idempotency_key: str | None = Field(
         default=None,
         description="Retry-safe submission key: the same key and body answer the existing run (200).",
     )
     environment_urls: list[str] = Field(
-        alias="environments", min_length=1, max_length=64,
+        alias="environments",
+        min_length=1,
+        max_length=64,
         description="Environment base URLs (more than one: a portfolio, groups spread over them).",
     )
     credential_ids: list[str | None] = Field(
@@ -432,9 +436,7 @@ class RunRequest(EpisodeFields):
     seed_start: int = Field(
         default=0, ge=0, le=MAX_SEED, description="Seed of the first group; group g uses seed_start+g."
     )
-    reset_options: dict[str, Any] = Field(
-        default_factory=dict, description="Reset options sent to every environment."
-    )
+    reset_options: dict[str, Any] = Field(default_factory=dict, description="Reset options sent to every environment.")
     environment_reset_options: list[dict[str, Any]] = Field(
         default_factory=list, description="Reset options per environment, in the order of environment_urls."
     )
@@ -453,9 +455,7 @@ class RunRequest(EpisodeFields):
     environment_eval: EnvironmentEvalConfig | None = Field(
         default=None, description="Paired held-out evaluation after training, optionally gating promotion."
     )
-    post_eval: PostEvalConfig | None = Field(
-        default=None, description="A static suite scored on the trained adapter."
-    )
+    post_eval: PostEvalConfig | None = Field(default=None, description="A static suite scored on the trained adapter.")
     on_interrupt: Literal["resume", "fail"] = Field(
         default="resume",
         description="A group interrupted by a worker or environment failure: re-collect it from reset "
@@ -465,12 +465,16 @@ class RunRequest(EpisodeFields):
         default="none", description="Tracker the gpu worker logs training to (offline), as TRL's report_to."
     )
     iterations: int = Field(
-        default=1, ge=1, le=MAX_ITERATIONS,
+        default=1,
+        ge=1,
+        le=MAX_ITERATIONS,
         description="Online RL: collect→train iterations, each sampling fresh seeds with the previous "
         "iteration's adapter (docs/online-rl.md).",
     )
     eval_every: int | None = Field(
-        default=None, ge=1, le=MAX_ITERATIONS,
+        default=None,
+        ge=1,
+        le=MAX_ITERATIONS,
         description="Online RL: held-out evaluation after every N-th iteration (the last one always).",
     )
     max_staleness: Literal[0, 1] = Field(
@@ -483,9 +487,7 @@ class RunRequest(EpisodeFields):
     @classmethod
     def _idempotency(cls, value: str | None) -> str | None:
         if value is not None and not _IDEMPOTENCY_RE.match(value):
-            raise ValueError(
-                "idempotency_key must be 1-128 characters from A-Z a-z 0-9 . _ : -"
-            )
+            raise ValueError("idempotency_key must be 1-128 characters from A-Z a-z 0-9 . _ : -")
         return value
 
     @field_validator("environment_urls")
@@ -501,9 +503,7 @@ class RunRequest(EpisodeFields):
     def _credentials(cls, value: list[str | None]) -> list[str | None]:
         for index, item in enumerate(value):
             if item is not None and not _CREDENTIAL_ID_RE.match(item):
-                raise ValueError(
-                    f"credential_ids[{index}] must match [A-Za-z0-9_-]{{1,64}} or be null"
-                )
+                raise ValueError(f"credential_ids[{index}] must match [A-Za-z0-9_-]{{1,64}} or be null")
         return value
 
     @field_validator("reset_options", "environment_reset_options")
@@ -552,13 +552,9 @@ class RunRequest(EpisodeFields):
         if self.credential_ids and len(self.credential_ids) != urls:
             raise ValueError("credential_ids must be empty or have one entry per environment URL")
         if self.reset_options and self.environment_reset_options:
-            raise ValueError(
-                "reset_options and environment_reset_options are mutually exclusive: give one"
-            )
+            raise ValueError("reset_options and environment_reset_options are mutually exclusive: give one")
         if self.environment_reset_options and len(self.environment_reset_options) != urls:
-            raise ValueError(
-                "environment_reset_options must have one object per environment URL"
-            )
+            raise ValueError("environment_reset_options must have one object per environment URL")
         if self.thinking_budget_tokens is not None:
             if self.thinking is False:
                 raise ValueError("thinking_budget_tokens requires thinking=true (or auto)")
@@ -568,9 +564,7 @@ class RunRequest(EpisodeFields):
             if not self.output_adapter:
                 raise ValueError("kind 'train' requires output_adapter (the adapter to produce)")
             if self.group_size < 2:
-                raise ValueError(
-                    "group_size must be >= 2 for training: GRPO needs several candidates per seed"
-                )
+                raise ValueError("group_size must be >= 2 for training: GRPO needs several candidates per seed")
             if self.output_adapter == self.adapter:
                 raise ValueError("output_adapter must differ from the behavior adapter")
             contract = self.training_contract
@@ -582,9 +576,7 @@ class RunRequest(EpisodeFields):
                 if self.training_config is not None and canonical_differs(
                     contract.effective_config, self.training_config
                 ):
-                    raise ValueError(
-                        "training_contract.effective_config differs from training_config"
-                    )
+                    raise ValueError("training_contract.effective_config differs from training_config")
             evaluation = self.environment_eval
             if (
                 self.post_eval is not None
@@ -660,7 +652,9 @@ class RunRequest(EpisodeFields):
     def reset_option_warnings(self) -> list[str]:
         """A ``seed`` in reset options is replaced by each group's seed: say so, never silently."""
         if self.environment_reset_options:
-            sources = [(f"environment_reset_options[{i}]", item) for i, item in enumerate(self.environment_reset_options)]
+            sources = [
+                (f"environment_reset_options[{i}]", item) for i, item in enumerate(self.environment_reset_options)
+            ]
         else:
             sources = [("reset_options", self.reset_options)]
         return [
@@ -739,8 +733,12 @@ def parse_run_request(data: Any) -> RunRequest:
 # effective config (so of the config digest a checkpoint must match) and of the request digest
 # while at their defaults.
 LATER_SETTINGS: dict[str, Any] = {
-    "advantage_norm": "group_std", "loss_normaliser": "tokens", "overlong": "keep",
-    "overlong_buffer_tokens": 0, "overlong_penalty": 1.0, "entropy_coeff": 0.0,
+    "advantage_norm": "group_std",
+    "loss_normaliser": "tokens",
+    "overlong": "keep",
+    "overlong_buffer_tokens": 0,
+    "overlong_penalty": 1.0,
+    "entropy_coeff": 0.0,
 }
 
 
@@ -750,8 +748,14 @@ def request_digest(request: RunRequest) -> str:
     ``eval_every``, staleness 0, no ``replay_ignore``, context policy ``end``, the training settings
     of :data:`LATER_SETTINGS` at their defaults), so a request that does not use them digests as before."""
     data = request.model_dump(mode="json", by_alias=False)
-    for name, off in (("model", None), ("iterations", 1), ("eval_every", None), ("max_staleness", 0),
-                      ("replay_ignore", []), ("context_policy", "end")):
+    for name, off in (
+        ("model", None),
+        ("iterations", 1),
+        ("eval_every", None),
+        ("max_staleness", 0),
+        ("replay_ignore", []),
+        ("context_policy", "end"),
+    ):
         if data.get(name) == off:
             data.pop(name, None)
     if isinstance(data.get("training_config"), dict):

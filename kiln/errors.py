@@ -556,6 +556,8 @@ class ModelFault(KilnError):
     code = "model_fault"
     retryable = False
     http_status = 500
+
+
 # --- openenv (issue 41): the command line's own parse errors ---------------------------------
 class CliUsageError(KilnError):
     """The command line did not parse (an unknown option or command, a bad choice or type, a
@@ -584,6 +586,8 @@ class RunTerminated(KilnError):
 
     code = "run_terminated"
     stage = "orchestration"
+
+
 # --- roles (issue 38): a trainer across devices ---
 
 
@@ -593,6 +597,8 @@ class TrainingRankFailed(TrainingFailed):
 
     code = "training_rank_failed"
     retryable = True
+
+
 # --- branch vllm (issue 37): deterministic rollout-engine faults ---------------------------------
 class EngineFault(KilnError):
     """The rollout engine failed in a way that repeats on every attempt (a kernel its build lacks,

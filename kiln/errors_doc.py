@@ -71,16 +71,27 @@ def _status(cls: type[KilnError]) -> str:
 
 def render() -> str:
     """The whole of ``docs/errors.md``."""
-    lines = [HEADER, "## Codes and their classes", "",
-             "| code | class | HTTP (API) | retryable | stage | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        HEADER,
+        "## Codes and their classes",
+        "",
+        "| code | class | HTTP (API) | retryable | stage | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for code, cls in sorted(registered_errors().items()):
         lines.append(
             f"| `{code}` | `{cls.__name__}` | {_status(cls)} | {'yes' if cls.retryable else 'no'} "
             f"| {cls.stage or '-'} | {_meaning(cls)} |"
         )
-    lines += ["", "## Codes raised on a base class, and training reasons", "",
-              "These appear as a failure's `code`, or as `details.reason` of `training_failed`:", "",
-              "| code | meaning |", "| --- | --- |"]
+    lines += [
+        "",
+        "## Codes raised on a base class, and training reasons",
+        "",
+        "These appear as a failure's `code`, or as `details.reason` of `training_failed`:",
+        "",
+        "| code | meaning |",
+        "| --- | --- |",
+    ]
     lines += [f"| `{code}` | {text} |" for code, text in sorted(OWN_CODES.items())]
     return "\n".join(lines) + "\n"
 

@@ -31,8 +31,16 @@ RUN_STAGES = (
 DATASET_STAGES = ("split", "training", "publication")
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 Stage = Literal[
-    "admission", "queue", "discovery", "collection", "revalidation", "training",
-    "evaluation", "post_evaluation", "publication", "split",
+    "admission",
+    "queue",
+    "discovery",
+    "collection",
+    "revalidation",
+    "training",
+    "evaluation",
+    "post_evaluation",
+    "publication",
+    "split",
 ]
 
 
@@ -147,8 +155,10 @@ def reset_warning(label: str, group_index: int, fields: list[str]) -> str:
     """The status warning of a group whose candidates saw different resets (``reset_determinism:
     warn``); ``label`` is the collection's ("group", "iteration 2 group", "eval baseline" …)."""
     # "iteration 3 group" → "iteration 3: group" (a next iteration may collect while one trains)
-    where = label.replace(" group", ": group") if label.startswith("iteration ") else (
-        "group" if label == "group" else f"{label} group"
+    where = (
+        label.replace(" group", ": group")
+        if label.startswith("iteration ")
+        else ("group" if label == "group" else f"{label} group")
     )
     shown = ", ".join(fields[:8]) + (f" and {len(fields) - 8} more" if len(fields) > 8 else "")
     return f"{where} {group_index}: candidates saw different resets in {shown} (reset_determinism: warn)"
@@ -317,7 +327,9 @@ class RunStatus(_Status):
         """An activity (other than a group's collection) that completed on attempt ``attempt`` > 1."""
         self.record_interruption(
             Interruption(
-                stage=self.stage(), activity=activity, attempts=attempt,
+                stage=self.stage(),
+                activity=activity,
+                attempts=attempt,
                 recovered=f"retried; attempt {attempt} completed"
                 + (" (resumed from the last checkpoint, if one was written)" if activity == "train_adapter" else ""),
             )

@@ -32,9 +32,7 @@ class InFlightActivity(BaseModel):
 
     activity: str = Field(description="Activity type, e.g. `collect_group` or `train_adapter`.")
     attempt: int = Field(description="1 on the first try; higher after retries.")
-    state: str = Field(
-        description="scheduled | started | cancel_requested | paused | pause_requested | unknown"
-    )
+    state: str = Field(description="scheduled | started | cancel_requested | paused | pause_requested | unknown")
     details: dict[str, Any] | None = Field(
         default=None, description="The activity's latest heartbeat details (a JSON object), if any."
     )
@@ -75,18 +73,14 @@ class RunView(RunStatus):
     started_at: str | None = Field(default=None, description="When the workflow started (ISO 8601).")
     closed_at: str | None = Field(default=None, description="When the workflow closed (ISO 8601).")
     temporal_ui: str | None = Field(default=None, description="The run in the Temporal Web UI.")
-    in_flight: list[InFlightActivity] = Field(
-        default_factory=list, description="Pending activities of a running run."
-    )
+    in_flight: list[InFlightActivity] = Field(default_factory=list, description="Pending activities of a running run.")
     training_progress: TrainingProgress | None = Field(
         default=None, description="The latest training step while the run trains."
     )
     live_training: dict[str, Any] | None = Field(
         default=None, description="The raw live progress record the gpu worker last wrote to S3."
     )
-    cancel_requested: bool = Field(
-        default=False, description="True in the answer to a cancel request."
-    )
+    cancel_requested: bool = Field(default=False, description="True in the answer to a cancel request.")
     unclaimed: str | None = Field(
         default=None,
         description="Set while no worker has picked the run up and none polls its task queue: the "

@@ -32,12 +32,11 @@ ENSURE = "ensure-search-attributes"
 USAGE = f"usage: python -m workers control|gpu|sampler|trainer|all|{ENSURE}"
 
 
-async def _prepared_client(settings: Settings, *, runtime=None):  # noqa: ANN001,ANN202 - temporalio types
+async def _prepared_client(settings: Settings, *, runtime=None):
     client = await connect_with_retry(settings, runtime=runtime)
     created = await ensure_search_attributes(client, settings.temporal_namespace)
     if created:
-        print(f"created search attributes {', '.join(created)} on namespace "
-              f"{settings.temporal_namespace}", flush=True)
+        print(f"created search attributes {', '.join(created)} on namespace {settings.temporal_namespace}", flush=True)
     return client
 
 

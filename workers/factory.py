@@ -55,7 +55,13 @@ def build_workers(
             Worker(
                 client,
                 task_queue=settings.control_task_queue,
-                workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
+                workflows=[
+                    OpenEnvRunWorkflow,
+                    CollectChunkWorkflow,
+                    RunQueueWorkflow,
+                    PreflightWorkflow,
+                    TrainDatasetWorkflow,
+                ],
                 activities=control.all(),
                 workflow_failure_exception_types=[pydantic.ValidationError],
                 workflow_runner=workflow_runner(),
@@ -109,8 +115,6 @@ def _gpu_workers(
         raise refused[None]
     for name, error in refused.items():
         print(f"warning: not serving model {name}: {error}", flush=True)
-    throttle = {"max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
-                "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE}
     workers: list[Worker] = []
     for name, path in models.items():
         activities = (gpu_factory or GpuActivities)(settings, store, path)
@@ -118,19 +122,30 @@ def _gpu_workers(
         methods = activities.all()
         queue = model_task_queue(settings.gpu_task_queue, name)
         if samples:
-            workers.append(Worker(
-                client, task_queue=queue,
-                activities=[m for m in methods if m.__name__ not in TRAINING_ACTIVITIES],
-                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
-                max_concurrent_activities=settings.gpu_concurrency, **throttle,
-            ))
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=queue,
+                    activities=[m for m in methods if m.__name__ not in TRAINING_ACTIVITIES],
+                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
+                    max_concurrent_activities=settings.gpu_concurrency,
+                    max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                    default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                )
+            )
         if trains:
-            workers.append(Worker(
-                client, task_queue=train_task_queue(queue),
-                activities=[m for m in methods if m.__name__ in TRAINING_ACTIVITIES],
-                activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=2),
-                # a training across the machine's devices takes them all
-                max_concurrent_activities=1 if settings.train_devices != "1" else settings.gpu_max_concurrent_activities,
-                **throttle,
-            ))
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=train_task_queue(queue),
+                    activities=[m for m in methods if m.__name__ in TRAINING_ACTIVITIES],
+                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=2),
+                    # a training across the machine's devices takes them all
+                    max_concurrent_activities=1
+                    if settings.train_devices != "1"
+                    else settings.gpu_max_concurrent_activities,
+                    max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                    default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                )
+            )
     return workers

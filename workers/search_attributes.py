@@ -46,9 +46,7 @@ def create_commands(namespace: str, missing: dict[str, str]) -> str:
 
 
 async def _existing(client: Client, namespace: str) -> dict[str, int]:
-    listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace)
-    )
+    listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
     return {**dict(listed.system_attributes), **dict(listed.custom_attributes)}
 
 
@@ -97,7 +95,8 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
             raise _refused(namespace, missing, f"the operator service answered {err.status.name}") from None
         return []
     wrong = {
-        name: kind for name, kind in SEARCH_ATTRIBUTES.items()
+        name: kind
+        for name, kind in SEARCH_ATTRIBUTES.items()
         if name in existing and existing[name] != _indexed_type(kind)
     }
     if wrong:

@@ -117,7 +117,7 @@ async def _collect_waiting_for_capacity(
             waited = (workflow.now() - waited_from).total_seconds()
             pause = capacity_wait_for(err, waited, plan.capacity_wait_seconds, retries)
             if pause is None:
-                raise capacity_failure(err, inp.group_index, inp.settings.group_size, waited) or err
+                raise capacity_failure(err, inp.group_index, inp.settings.group_size, waited) or err  # noqa: B904 - the failure names err's details; a cause would change what history records
             retries += 1
             await workflow.sleep(pause)
 

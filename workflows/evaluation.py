@@ -78,7 +78,12 @@ async def evaluate_adapter(
             continue
         block.state = f"collecting_{side}"
         refs = await collect_groups(
-            ctx, policy, slots=slots, settings=plan.settings, progress=block.progress, label=f"eval {side}",
+            ctx,
+            policy,
+            slots=slots,
+            settings=plan.settings,
+            progress=block.progress,
+            label=f"eval {side}",
             scope=f"{scope}-{side}",
         )
         side_groups[side] = refs

@@ -147,8 +147,14 @@ class OpenEnvRunWorkflow(RunStages):
             self._granted = True
             self._queue_id = carry.admission.queue_workflow_id
             self._status = carry.status
-            ctx = RunContext(self._status.run_id, carry.admission.request, carry.admission, carry.discovery,
-                             _gpu_caller(carry.admission, self._retried), self._status)
+            ctx = RunContext(
+                self._status.run_id,
+                carry.admission.request,
+                carry.admission,
+                carry.discovery,
+                _gpu_caller(carry.admission, self._retried),
+                self._status,
+            )
             await self._iterate(ctx, carry)
             return
         admission, call = await self._admit(submission)
@@ -178,8 +184,12 @@ class OpenEnvRunWorkflow(RunStages):
         await self._iterate(
             ctx,
             RunCarry(
-                admission=admission, discovery=discovery, status=self._status, start=start,
-                current=TrainedPolicy(policy=start), next_iteration=1,
+                admission=admission,
+                discovery=discovery,
+                status=self._status,
+                start=start,
+                current=TrainedPolicy(policy=start),
+                next_iteration=1,
             ),
         )
 
@@ -188,7 +198,9 @@ class OpenEnvRunWorkflow(RunStages):
         discovery: DiscoveryResult = await call(
             ControlActivities.discover_environments,
             DiscoveryInput(
-                run_id=self._status.run_id, environment_urls=request.environment_urls, credential_ids=request.credential_ids
+                run_id=self._status.run_id,
+                environment_urls=request.environment_urls,
+                credential_ids=request.credential_ids,
             ),
             summary=f"discover {len(request.environment_urls)} environment(s)",
         )
@@ -196,4 +208,3 @@ class OpenEnvRunWorkflow(RunStages):
             EnvironmentStatus.model_validate(env.model_dump(exclude={"inspection"})) for env in discovery.environments
         ]
         return discovery
-

@@ -39,9 +39,7 @@ class PreflightWorkflow:
         except ActivityError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError):
-                raise ApplicationError(
-                    cause.message, *cause.details, type=cause.type, non_retryable=True
-                ) from None
+                raise ApplicationError(cause.message, *cause.details, type=cause.type, non_retryable=True) from None
             raise ApplicationError(
                 f"resolving the behaviour policy failed: {cause or err}",
                 {"code": "openenv_training_preflight_failed", "retryable": True},

@@ -37,9 +37,7 @@ class RunQueueWorkflow:
     @workflow.run
     async def run(self, state: QueueState) -> None:
         while True:
-            await workflow.wait_condition(
-                lambda: self._dirty or workflow.info().is_continue_as_new_suggested()
-            )
+            await workflow.wait_condition(lambda: self._dirty or workflow.info().is_continue_as_new_suggested())
             self._dirty = False
             await self._grant()
             if workflow.info().is_continue_as_new_suggested():
@@ -97,7 +95,7 @@ class RunQueueWorkflow:
             else:
                 await handle.signal(name, arg)
             return True
-        except Exception:  # the run is gone (terminated or reset): drop it
+        except Exception:  # noqa: BLE001 - the run is gone (terminated or reset): drop it
             workflow.logger.warning("run %s no longer exists; dropping it from the queue", run_id)
             return False
 

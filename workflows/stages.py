@@ -82,20 +82,28 @@ class RunStages(StatusKeeper):
             published: PublishResult = await ctx.call(
                 ControlActivities.publish_run,
                 PublishInput(
-                    run_id=ctx.run_id, kind=request.kind, output_adapter=request.output_adapter,
-                    bundle=self._bundle(ctx, sampler, k), environments=ctx.discovery.environments,
-                    groups=groups, behavior_policy=sampler.behavior_policy,
-                    reset_plan_sha256=ctx.admission.reset_plan_sha256, promote=False,
+                    run_id=ctx.run_id,
+                    kind=request.kind,
+                    output_adapter=request.output_adapter,
+                    bundle=self._bundle(ctx, sampler, k),
+                    environments=ctx.discovery.environments,
+                    groups=groups,
+                    behavior_policy=sampler.behavior_policy,
+                    reset_plan_sha256=ctx.admission.reset_plan_sha256,
+                    promote=False,
                 ),
                 summary="publish the collected episodes of a failed run (evidence, not promoted)",
             )
         except (ActivityError, ApplicationError) as err:
-            self._status.warn(f"the collected episodes could not be published: {failure_from(err, 'publication').message}")
+            self._status.warn(
+                f"the collected episodes could not be published: {failure_from(err, 'publication').message}"
+            )
             return
         self._status.record_evidence(published, failure.code)
 
-    async def _collect(self, ctx: RunContext, policy: PolicyResult, iteration: int,
-                       progress: Progress | None = None) -> GroupSet:
+    async def _collect(
+        self, ctx: RunContext, policy: PolicyResult, iteration: int, progress: Progress | None = None
+    ) -> GroupSet:
         """One iteration's groups (a one-iteration run's are iteration 1's), sampled by ``policy``."""
         request = ctx.request
         single = request.iterations == 1
@@ -177,8 +185,15 @@ class RunStages(StatusKeeper):
         )
 
     async def _conclude(
-        self, ctx: RunContext, carry: RunCarry, k: int, sampler: TrainedPolicy, groups: GroupSet,
-        training: TrainResult, evaluation: EvaluationResult | None, began: Any,
+        self,
+        ctx: RunContext,
+        carry: RunCarry,
+        k: int,
+        sampler: TrainedPolicy,
+        groups: GroupSet,
+        training: TrainResult,
+        evaluation: EvaluationResult | None,
+        began: Any,
     ) -> None:
         """Iteration ``k``'s record: stored (with ``iterations`` > 1, extending the chain), in the
         status curve, and what the carry needs for the next iteration and for publication."""
@@ -203,11 +218,16 @@ class RunStages(StatusKeeper):
             stored: IterationFiles = await ctx.call(
                 ControlActivities.store_iteration,
                 IterationInput(
-                    run_id=ctx.run_id, iteration=k, bundle=self._bundle(ctx, sampler.policy, k),
-                    environments=ctx.discovery.environments, groups=groups,
+                    run_id=ctx.run_id,
+                    iteration=k,
+                    bundle=self._bundle(ctx, sampler.policy, k),
+                    environments=ctx.discovery.environments,
+                    groups=groups,
                     behavior_policy=sampler.policy.behavior_policy,
                     reset_plan_sha256=ctx.admission.reset_plan_sha256,
-                    training=training, evaluation=evaluation, staleness=lag,
+                    training=training,
+                    evaluation=evaluation,
+                    staleness=lag,
                 ),
                 summary=f"store iteration {k}",
             )
@@ -236,7 +256,9 @@ class RunStages(StatusKeeper):
             }
         )
 
-    async def _evaluate(self, ctx: RunContext, carry: RunCarry, training: TrainResult, k: int) -> EvaluationResult | None:
+    async def _evaluate(
+        self, ctx: RunContext, carry: RunCarry, training: TrainResult, k: int
+    ) -> EvaluationResult | None:
         """A scheduled held-out evaluation of iteration ``k``'s adapter against the starting policy."""
         plan = EvaluationPlan.of(ctx.request, carry.start.thinking)
         if plan is None:

@@ -77,7 +77,11 @@ class TrainDatasetWorkflow(StatusKeeper):
         published: PublishResult = await call(
             ControlActivities.publish_training,
             PublishTrainingInput(
-                run_id=run_id, dataset=inp.dataset, output_adapter=inp.output_adapter, training=training, promote=promote
+                run_id=run_id,
+                dataset=inp.dataset,
+                output_adapter=inp.output_adapter,
+                training=training,
+                promote=promote,
             ),
             summary="publish adapter and receipt",
         )

@@ -63,9 +63,7 @@ def record_outcome(status: RunStatus) -> None:
     if outcome:
         workflow.set_current_details(workflow.get_current_details() + "\n\n" + outcome)
     if workflow.patched(OUTCOME_MEMO_PATCH):
-        workflow.upsert_memo(
-            {"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted}
-        )
+        workflow.upsert_memo({"state": status.state, "mean_return": status.mean_return, "promoted": status.promoted})
     if status.failure is not None and workflow.patched(FAILURE_MEMO_PATCH):
         workflow.upsert_memo({"failure_code": status.failure.code})
     if status.state == "completed" and workflow.patched(EVALUATED_MEMO_PATCH):

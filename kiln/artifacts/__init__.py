@@ -21,7 +21,7 @@ _EXPORTS = {
     "RetainedBudget": "kiln.artifacts.budget",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the names are _EXPORTS' keys, written once
 
 
 def __getattr__(name: str) -> Any:

@@ -27,9 +27,7 @@ def write_group_index(store: S3Store, groups: list[StoredObject]) -> StoredObjec
 
 def group_set(store: S3Store, chunks: list[list[StoredObject]]) -> GroupSet:
     """The set of several chunks' groups (each chunk one index object)."""
-    return GroupSet(
-        indexes=[write_group_index(store, chunk) for chunk in chunks], count=sum(len(c) for c in chunks)
-    )
+    return GroupSet(indexes=[write_group_index(store, chunk) for chunk in chunks], count=sum(len(c) for c in chunks))
 
 
 def read_group_set(store: S3Store, groups: GroupSet) -> list[StoredObject]:
@@ -41,9 +39,7 @@ def read_group_set(store: S3Store, groups: GroupSet) -> list[StoredObject]:
             raise ArtifactIntegrityFailed(f"{index.uri} is not a Kiln group index")
         refs.extend(StoredObject.model_validate(item) for item in document["groups"])
     if len(refs) != groups.count:
-        raise ArtifactIntegrityFailed(
-            f"the group indexes list {len(refs)} groups; the run recorded {groups.count}"
-        )
+        raise ArtifactIntegrityFailed(f"the group indexes list {len(refs)} groups; the run recorded {groups.count}")
     return refs
 
 

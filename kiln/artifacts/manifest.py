@@ -90,8 +90,7 @@ def build_manifest(run_id: str, artifacts: list[dict], extra: dict) -> dict:
     clash = [k for k in _RESERVED if k in extra]
     if clash:
         raise ValueError(f"extra must not set reserved manifest keys {clash}")
-    manifest = {**extra, "schema": MANIFEST_SCHEMA, "run_id": run_id,
-                "artifacts": _check_artifacts(artifacts)}
+    manifest = {**extra, "schema": MANIFEST_SCHEMA, "run_id": run_id, "artifacts": _check_artifacts(artifacts)}
     pretty_json(manifest)  # fail now, not at publication, if something is not JSON
     return manifest
 
@@ -135,8 +134,7 @@ def verify_manifest_against_store(manifest: dict, store: S3Store) -> None:
                 pass
         except (ArtifactIntegrityFailed, ArtifactNotFound) as exc:
             raise ArtifactIntegrityFailed(
-                f"artifact {entry['name']!r} of run {manifest['run_id']!r} failed verification: "
-                f"{exc.message}",
+                f"artifact {entry['name']!r} of run {manifest['run_id']!r} failed verification: {exc.message}",
                 details={"artifact": entry["name"], "uri": entry["uri"], "cause": exc.code},
             ) from exc
         except KilnError:

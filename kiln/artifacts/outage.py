@@ -36,9 +36,14 @@ _Result = TypeVar("_Result")
 _depth = threading.local()
 
 
-def ride_out(call: Callable[[], _Result], *, wait_s: float, what: str,
-             sleep: Callable[[float], None] = time.sleep,
-             clock: Callable[[], float] = time.monotonic) -> _Result:
+def ride_out(
+    call: Callable[[], _Result],
+    *,
+    wait_s: float,
+    what: str,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> _Result:
     """``call()``, repeated on a retryable ``StorageUnavailable`` for up to ``wait_s`` seconds
     after its first failure (backoff 1, 2, 4, 8, then 15 s); the last error when time is up."""
     deadline: float | None = None

@@ -174,12 +174,21 @@ class S3Store:
         """A client of this endpoint for one bounded probe (1 try, ``timeout_s`` to connect and
         to read), made once."""
         if self._probe_client is None:
-            config = Config(region_name=self.region, s3={"addressing_style": "path"},
-                            connect_timeout=timeout_s, read_timeout=timeout_s,
-                            retries={"total_max_attempts": 1, "mode": "standard"}, signature_version="s3v4")
+            config = Config(
+                region_name=self.region,
+                s3={"addressing_style": "path"},
+                connect_timeout=timeout_s,
+                read_timeout=timeout_s,
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                signature_version="s3v4",
+            )
             self._probe_client = boto3.session.Session().client(
-                "s3", endpoint_url=self.endpoint, aws_access_key_id=self._credentials[0],
-                aws_secret_access_key=self._credentials[1], config=config)
+                "s3",
+                endpoint_url=self.endpoint,
+                aws_access_key_id=self._credentials[0],
+                aws_secret_access_key=self._credentials[1],
+                config=config,
+            )
         return self._probe_client
 
     @property
@@ -194,8 +203,7 @@ class S3Store:
 
     def _unavailable(self, exc: BaseException, action: str) -> StorageUnavailable:
         return StorageUnavailable(
-            f"S3 storage at {self.endpoint} is unavailable ({action}): {type(exc).__name__}: "
-            f"{_safe(exc)}",
+            f"S3 storage at {self.endpoint} is unavailable ({action}): {type(exc).__name__}: {_safe(exc)}",
             hint="check that the S3 server is running and KILN_S3_ENDPOINT is right",
             details={"endpoint": self.endpoint, "bucket": self.bucket},
         )
@@ -225,24 +233,21 @@ class S3Store:
                         hint="run ensure_bucket() or create the bucket",
                         details={"endpoint": self.endpoint, "bucket": self.bucket},
                     )
-                return ArtifactNotFound(f"{where} not found at {self.endpoint} ({action})",
-                                        details={"uri": where})
+                return ArtifactNotFound(f"{where} not found at {self.endpoint} ({action})", details={"uri": where})
             if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
                 return ArtifactIntegrityFailed(
                     f"the server rejected the upload of {where}: checksum mismatch ({code})",
                     retryable=True,
                     details={"uri": where},
                 )
-            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId",
-                                                 "SignatureDoesNotMatch"):
+            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 return StorageUnavailable(
                     f"S3 storage at {self.endpoint} refused the credentials ({action}: {code})",
                     retryable=False,
                     hint="check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY",
                     details={"endpoint": self.endpoint, "bucket": self.bucket},
                 )
-            if status is not None and status >= 500 or code in ("SlowDown", "ServiceUnavailable",
-                                                                 "InternalError"):
+            if status is not None and status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError"):
                 return self._unavailable(exc, action)
         return exc  # type: ignore[return-value]  # a non-storage error passes through unchanged
 
@@ -257,7 +262,7 @@ class S3Store:
         except bce.ClientError as exc:
             if _status(exc) not in (404, 400) and _error_code(exc) not in ("NoSuchBucket", "404"):
                 raise self._map(exc, "head bucket") from exc
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "head bucket") from exc
         try:
             kwargs: dict[str, Any] = {"Bucket": self.bucket}
@@ -268,7 +273,7 @@ class S3Store:
             if _error_code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 return
             raise self._map(exc, "create bucket") from exc
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "create bucket") from exc
 
     # ------------------------------------------------------------------------------------ writes
@@ -296,7 +301,7 @@ class S3Store:
                 Body=data,
                 ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
             )
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, action, key) from exc
         S3_BYTES_WRITTEN.inc(len(data))
 
@@ -332,16 +337,14 @@ class S3Store:
                 self._multipart_upload(path, key, part_size)
         except (ArtifactIntegrityFailed, StorageUnavailable):
             raise
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "put file", key) from exc
         self._check_size(key, size)
         S3_BYTES_WRITTEN.inc(size)
         return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=size)
 
     def _multipart_upload(self, path: Path, key: str, part_size: int) -> None:
-        upload = self._client.create_multipart_upload(
-            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
-        )
+        upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")
         upload_id = upload["UploadId"]
         parts: list[dict[str, Any]] = []
         try:
@@ -357,9 +360,7 @@ class S3Store:
                         Body=chunk,
                         ChecksumSHA256=checksum,
                     )
-                    parts.append(
-                        {"PartNumber": number, "ETag": resp["ETag"], "ChecksumSHA256": checksum}
-                    )
+                    parts.append({"PartNumber": number, "ETag": resp["ETag"], "ChecksumSHA256": checksum})
                     number += 1
             self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
@@ -374,12 +375,11 @@ class S3Store:
     def _check_size(self, key: str, size: int) -> None:
         try:
             head = self._client.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "head after put", key) from exc
         if int(head.get("ContentLength", -1)) != size:
             raise ArtifactIntegrityFailed(
-                f"s3://{self.bucket}/{key} has {head.get('ContentLength')} bytes after upload, "
-                f"expected {size}",
+                f"s3://{self.bucket}/{key} has {head.get('ContentLength')} bytes after upload, expected {size}",
                 retryable=True,
                 details={"uri": self.uri_for(key)},
             )
@@ -408,7 +408,7 @@ class S3Store:
                 "ConditionalRequestConflict",
             ):
                 raise self._map(exc, "conditional put", key) from exc
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "conditional put", key) from exc
         existing = self.get_key(key)
         if existing == data:
@@ -426,12 +426,10 @@ class S3Store:
     def _open(self, ref: ObjectRef) -> tuple[Any, int]:
         try:
             resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key)
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             mapped = self._map(exc, "get", ref.key)
             if isinstance(mapped, ArtifactNotFound):
-                mapped = ArtifactNotFound(
-                    f"{ref.uri} not found at {self.endpoint}", details={"uri": ref.uri}
-                )
+                mapped = ArtifactNotFound(f"{ref.uri} not found at {self.endpoint}", details={"uri": ref.uri})
             raise mapped from exc
         length = int(resp.get("ContentLength", -1))
         if length != ref.bytes:
@@ -471,9 +469,7 @@ class S3Store:
     def get_bytes(self, ref: ObjectRef, *, max_bytes: int = 256 * 1024 * 1024) -> bytes:
         """The object's bytes, verified against ``ref`` (size and SHA-256)."""
         if ref.bytes > max_bytes:
-            raise ValueError(
-                f"{ref.uri} is {ref.bytes} bytes, over max_bytes={max_bytes}; use get_to_file"
-            )
+            raise ValueError(f"{ref.uri} is {ref.bytes} bytes, over max_bytes={max_bytes}; use get_to_file")
         return b"".join(self.iter_verified(ref, chunk_size=_READ_CHUNK))
 
     def get_many(self, refs: Sequence[ObjectRef]) -> list[bytes]:
@@ -495,7 +491,7 @@ class S3Store:
                 head = resp["Body"].read()
             finally:
                 resp["Body"].close()
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "get", ref.key) from exc
         whole = str(resp.get("ContentRange") or "").rpartition("/")[2]
         return (int(whole) if whole.isdigit() else int(resp.get("ContentLength", len(head)))), head
@@ -526,7 +522,7 @@ class S3Store:
                 return resp["Body"].read()
             finally:
                 resp["Body"].close()
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             if _error_code(exc) != "NoSuchBucket" and (
                 _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound")
             ):
@@ -542,7 +538,7 @@ class S3Store:
             if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound", "404"):
                 return False
             raise self._map(exc, "head", key) from exc
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "head", key) from exc
 
     @patient
@@ -553,7 +549,7 @@ class S3Store:
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 keys.extend(item["Key"] for item in page.get("Contents", []) or [])
-        except Exception as exc:  # noqa: BLE001 - any client failure becomes a Kiln storage error
+        except Exception as exc:
             raise self._map(exc, "list", prefix) from exc
         return sorted(keys)
 

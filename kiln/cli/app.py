@@ -14,22 +14,34 @@ from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEv
 from kiln.cli.console import JsonAwareGroup, console, fail as _fail, print_json, progress
 from kiln.cli.flags import check_request, literal_choices
 from kiln.cli.follow import FOLLOW_OPT
+
 # Help panels of `openenv train`/`rollout` (kiln.cli.help draws them; unpanelled options come last).
 from kiln.cli.help import COLLECTION, EVALUATION, ONLINE_RL, OUTPUT, POLICY, TRAINING
 from kiln.errors import KilnError
 from kiln.settings import load_settings
 
 
-from kiln.cli.model_options import default, describe  # noqa: E402 - options read the models
+from kiln.cli.model_options import default, describe
 
-app = typer.Typer(help="Kiln: OpenEnv environments in, verified LoRA adapters out.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
-openenv_app = typer.Typer(help="Inspect OpenEnv environments and run collection/training.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
+app = typer.Typer(
+    help="Kiln: OpenEnv environments in, verified LoRA adapters out.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    cls=JsonAwareGroup,
+)
+openenv_app = typer.Typer(
+    help="Inspect OpenEnv environments and run collection/training.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    cls=JsonAwareGroup,
+)
 model_app = typer.Typer(help="Local models.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
 app.add_typer(openenv_app, name="openenv")
 app.add_typer(model_app, name="model")
-train_app = typer.Typer(help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup)
+train_app = typer.Typer(
+    help="Train adapters from saved rollouts.", no_args_is_help=True, rich_markup_mode=None, cls=JsonAwareGroup
+)
 app.add_typer(train_app, name="train")
-
 
 
 def _api() -> Any:
@@ -80,11 +92,14 @@ def model_tiny(directory: Path = typer.Argument(..., help="Folder to write the t
 def model_random(
     directory: Path = typer.Argument(..., help="Folder to write the model into."),
     shape: str = typer.Option(
-        "qwen3-0.6b", help="Architecture: qwen3-0.6b, qwen3-4b, qwen3.5-0.8b, qwen3.5-4b, qwen3-30b-a3b, "
+        "qwen3-0.6b",
+        help="Architecture: qwen3-0.6b, qwen3-4b, qwen3.5-0.8b, qwen3.5-4b, qwen3-30b-a3b, "
         "gpt-oss-20b, tiny or qwen3.5-tiny (docs/models.md).",
     ),
     layers: Optional[int] = typer.Option(
-        None, min=1, help="Fewer layers than the real shape, keeping its layer pattern (a multiple of "
+        None,
+        min=1,
+        help="Fewer layers than the real shape, keeping its layer pattern (a multiple of "
         "4 for qwen3.5, of 2 for gpt-oss).",
     ),
     dtype: str = typer.Option("bfloat16", help="Weights dtype on disk: bfloat16, float16 or float32."),
@@ -96,8 +111,13 @@ def model_random(
     from kiln.policy.random_model import SHAPES, build_random_model, shape_config
 
     if shape not in SHAPES or dtype not in ("bfloat16", "float16", "float32"):
-        _fail(KilnError(f"unknown shape {shape!r} or dtype {dtype!r}", code="openenv_invalid_request",
-                        hint=f"shapes: {', '.join(SHAPES)}; dtypes: bfloat16, float16, float32"))
+        _fail(
+            KilnError(
+                f"unknown shape {shape!r} or dtype {dtype!r}",
+                code="openenv_invalid_request",
+                hint=f"shapes: {', '.join(SHAPES)}; dtypes: bfloat16, float16, float32",
+            )
+        )
     try:
         shape_config(shape, layers=layers)
     except ValueError as exc:
@@ -171,9 +191,7 @@ def inspect_cmd(
         console.print_json(json.dumps(tool["input_schema"]))
 
 
-def _submit_and_follow(
-    request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True
-) -> None:
+def _submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True) -> None:
     from kiln.cli.follow import exit_code, follow, print_links, print_outcome
 
     api = _api()
@@ -244,7 +262,9 @@ def _request_from_flags(
     if constrained_actions:
         request["constrained_actions"] = True
     if reset_determinism != default(RunRequest, "reset_determinism"):
-        request["reset_determinism"] = str(reset_determinism.value if isinstance(reset_determinism, enum.Enum) else reset_determinism)
+        request["reset_determinism"] = str(
+            reset_determinism.value if isinstance(reset_determinism, enum.Enum) else reset_determinism
+        )
     if replay_ignore:
         request["replay_ignore"] = list(replay_ignore)
     policy = str(context_policy.value if isinstance(context_policy, enum.Enum) else context_policy)
@@ -293,34 +313,75 @@ def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
     return value
 
 
-CONSTRAINED_OPT = typer.Option(default(RunRequest, "constrained_actions"), "--constrained-actions", rich_help_panel=POLICY, help=describe(RunRequest, "constrained_actions"))
-RESET_OPTS = typer.Option(None, "--environment-reset-options", rich_help_panel=COLLECTION, help="Reset options file per --environment, in order ('-' = none).")
-CREDENTIAL_OPTS = typer.Option(None, "--credential-id", rich_help_panel=COLLECTION, help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.")
+CONSTRAINED_OPT = typer.Option(
+    default(RunRequest, "constrained_actions"),
+    "--constrained-actions",
+    rich_help_panel=POLICY,
+    help=describe(RunRequest, "constrained_actions"),
+)
+RESET_OPTS = typer.Option(
+    None,
+    "--environment-reset-options",
+    rich_help_panel=COLLECTION,
+    help="Reset options file per --environment, in order ('-' = none).",
+)
+CREDENTIAL_OPTS = typer.Option(
+    None,
+    "--credential-id",
+    rich_help_panel=COLLECTION,
+    help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.",
+)
 ResetDeterminism = literal_choices("ResetDeterminism", RunRequest, "reset_determinism")
 RESET_DETERMINISM_OPT = typer.Option(
-    ResetDeterminism(default(RunRequest, "reset_determinism")), "--reset-determinism",
-    rich_help_panel=COLLECTION, help=describe(RunRequest, "reset_determinism"),
+    ResetDeterminism(default(RunRequest, "reset_determinism")),
+    "--reset-determinism",
+    rich_help_panel=COLLECTION,
+    help=describe(RunRequest, "reset_determinism"),
 )
 ContextPolicy = literal_choices("ContextPolicy", RunRequest, "context_policy")
 CONTEXT_POLICY_OPT = typer.Option(
-    ContextPolicy(default(RunRequest, "context_policy")), "--context-policy",
-    rich_help_panel=COLLECTION, help=describe(RunRequest, "context_policy"),
+    ContextPolicy(default(RunRequest, "context_policy")),
+    "--context-policy",
+    rich_help_panel=COLLECTION,
+    help=describe(RunRequest, "context_policy"),
 )
 REPLAY_IGNORE_OPT = typer.Option(
-    default(RunRequest, "replay_ignore"), "--replay-ignore", rich_help_panel=COLLECTION,
+    default(RunRequest, "replay_ignore"),
+    "--replay-ignore",
+    rich_help_panel=COLLECTION,
     help=describe(RunRequest, "replay_ignore") + " Repeatable.",
 )
 
 # Collection options shared by `train` and `rollout` (one definition, one help text; defaults
 # from the model — tests/unit/test_cli_defaults.py proves every one equals the model's).
-GROUP_SIZE_OPT = typer.Option(default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help=describe(RunRequest, "group_size"))
-ENV_OPT = typer.Option(..., "--environment", rich_help_panel=COLLECTION, help="Environment base URL (repeat for a portfolio).")
-GROUPS_OPT = typer.Option(default(RunRequest, "groups"), rich_help_panel=COLLECTION, help=describe(RunRequest, "groups"))
-SEED_START_OPT = typer.Option(default(RunRequest, "seed_start"), rich_help_panel=COLLECTION, help=describe(RunRequest, "seed_start", with_bounds=False))
-MAX_STEPS_OPT = typer.Option(default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help=describe(RunRequest, "max_steps"))
-CONCURRENCY_OPT = typer.Option(default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help=describe(RunRequest, "concurrency"))
-MAX_ACTION_TOKENS_OPT = typer.Option(default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "max_action_tokens"))
-TEMPERATURE_OPT = typer.Option(default(RunRequest, "temperature"), rich_help_panel=POLICY, help=describe(RunRequest, "temperature"))
+GROUP_SIZE_OPT = typer.Option(
+    default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help=describe(RunRequest, "group_size")
+)
+ENV_OPT = typer.Option(
+    ..., "--environment", rich_help_panel=COLLECTION, help="Environment base URL (repeat for a portfolio)."
+)
+GROUPS_OPT = typer.Option(
+    default(RunRequest, "groups"), rich_help_panel=COLLECTION, help=describe(RunRequest, "groups")
+)
+SEED_START_OPT = typer.Option(
+    default(RunRequest, "seed_start"),
+    rich_help_panel=COLLECTION,
+    help=describe(RunRequest, "seed_start", with_bounds=False),
+)
+MAX_STEPS_OPT = typer.Option(
+    default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help=describe(RunRequest, "max_steps")
+)
+CONCURRENCY_OPT = typer.Option(
+    default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help=describe(RunRequest, "concurrency")
+)
+MAX_ACTION_TOKENS_OPT = typer.Option(
+    default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "max_action_tokens")
+)
+TEMPERATURE_OPT = typer.Option(
+    default(RunRequest, "temperature"), rich_help_panel=POLICY, help=describe(RunRequest, "temperature")
+)
+
+
 class Thinking(str, enum.Enum):
     """``--thinking``: auto = reason in <think> first when the model's chat template supports it."""
 
@@ -330,31 +391,64 @@ class Thinking(str, enum.Enum):
 
 
 THINKING_VALUES: dict[str, Any] = {"auto": "auto", "on": True, "off": False}  # → RunRequest.thinking
-THINKING_OPT = typer.Option(Thinking(default(RunRequest, "thinking")), "--thinking", rich_help_panel=POLICY, help="Reason in <think> first (auto: when the model's chat template supports it).")
-MODEL_OPT = typer.Option(default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help=describe(RunRequest, "model"))
-THINKING_BUDGET_OPT = typer.Option(default(RunRequest, "thinking_budget_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "thinking_budget_tokens"))
+THINKING_OPT = typer.Option(
+    Thinking(default(RunRequest, "thinking")),
+    "--thinking",
+    rich_help_panel=POLICY,
+    help="Reason in <think> first (auto: when the model's chat template supports it).",
+)
+MODEL_OPT = typer.Option(
+    default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help=describe(RunRequest, "model")
+)
+THINKING_BUDGET_OPT = typer.Option(
+    default(RunRequest, "thinking_budget_tokens"),
+    rich_help_panel=POLICY,
+    help=describe(RunRequest, "thinking_budget_tokens"),
+)
 ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), rich_help_panel=POLICY, help=describe(RunRequest, "adapter"))
 IDEMPOTENCY_OPT = typer.Option(None, rich_help_panel=OUTPUT, help=describe(RunRequest, "idempotency_key"))
 # GRPO/ECHO options shared by `openenv train` and `train grpo`.
-LEARNING_RATE_OPT = typer.Option(default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "learning_rate"))
-EPOCHS_OPT = typer.Option(default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "epochs"))
-LORA_RANK_OPT = typer.Option(default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_rank"))
-LORA_ALPHA_OPT = typer.Option(default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_alpha"))
-KL_COEFF_OPT = typer.Option(default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "kl_coeff"))
-ECHO_LAMBDA_OPT = typer.Option(default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help=describe(EchoConfig, "lambda_"))
+LEARNING_RATE_OPT = typer.Option(
+    default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "learning_rate")
+)
+EPOCHS_OPT = typer.Option(
+    default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "epochs")
+)
+LORA_RANK_OPT = typer.Option(
+    default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_rank")
+)
+LORA_ALPHA_OPT = typer.Option(
+    default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_alpha")
+)
+KL_COEFF_OPT = typer.Option(
+    default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "kl_coeff")
+)
+ECHO_LAMBDA_OPT = typer.Option(
+    default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help=describe(EchoConfig, "lambda_")
+)
 # Choice flags: the values come from the request models' Literal types (validated locally).
 Optimizer = literal_choices("Optimizer", TrainingConfig, "optimizer")
 IsLevel = literal_choices("IsLevel", TrainingConfig, "is_level")
 BehaviorPolicy = literal_choices("BehaviorPolicy", TrainingConfig, "behavior_policy")
 ReportTo = literal_choices("ReportTo", RunRequest, "report_to")
 REPORT_TO_OPT = typer.Option(
-    ReportTo(default(RunRequest, "report_to")), "--report-to",
-    rich_help_panel=TRAINING, help=describe(RunRequest, "report_to"),
+    ReportTo(default(RunRequest, "report_to")),
+    "--report-to",
+    rich_help_panel=TRAINING,
+    help=describe(RunRequest, "report_to"),
 )
-AUTO_LOAD_OPT = typer.Option(default(RunRequest, "auto_load"), "--auto-load/--no-auto-load", rich_help_panel=OUTPUT, help=describe(RunRequest, "auto_load"))
-RESET_OPTIONS_OPT = typer.Option(None, rich_help_panel=COLLECTION, help="JSON file of reset options for every environment.")
+AUTO_LOAD_OPT = typer.Option(
+    default(RunRequest, "auto_load"),
+    "--auto-load/--no-auto-load",
+    rich_help_panel=OUTPUT,
+    help=describe(RunRequest, "auto_load"),
+)
+RESET_OPTIONS_OPT = typer.Option(
+    None, rich_help_panel=COLLECTION, help="JSON file of reset options for every environment."
+)
 PREFLIGHT_OPT = typer.Option(
-    True, "--preflight/--no-preflight",
+    True,
+    "--preflight/--no-preflight",
     rich_help_panel=COLLECTION,
     help="Refuse the run unless every environment answers GET /health now (3 s, in parallel).",
 )
@@ -365,7 +459,9 @@ def train_cmd(
     environment: list[str] = ENV_OPT,
     groups: int = GROUPS_OPT,
     group_size: int = GROUP_SIZE_OPT,
-    output_adapter: str = typer.Option(..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."),
+    output_adapter: str = typer.Option(
+        ..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."
+    ),
     seed_start: int = SEED_START_OPT,
     max_steps: int = MAX_STEPS_OPT,
     concurrency: int = CONCURRENCY_OPT,
@@ -383,21 +479,67 @@ def train_cmd(
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    optimizer: Optimizer = typer.Option(Optimizer(default(TrainingConfig, "optimizer")), rich_help_panel=TRAINING, help=describe(TrainingConfig, "optimizer")),
-    is_level: IsLevel = typer.Option(IsLevel(default(TrainingConfig, "is_level")), "--is-level", rich_help_panel=TRAINING, help=describe(TrainingConfig, "is_level")),
-    checkpoint_interval: Optional[int] = typer.Option(default(TrainingConfig, "checkpoint_interval"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "checkpoint_interval")),
-    iterations: int = typer.Option(default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "iterations")),
-    eval_every: Optional[int] = typer.Option(default(RunRequest, "eval_every"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "eval_every") + " Needs --eval-groups."),
-    max_staleness: int = typer.Option(default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "max_staleness")),
-    eval_groups: int = typer.Option(0, rich_help_panel=EVALUATION, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."),
-    eval_group_size: int = typer.Option(default(EnvironmentEvalConfig, "group_size"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "group_size")),
-    eval_seed_start: Optional[int] = typer.Option(default(EnvironmentEvalConfig, "seed_start"), rich_help_panel=EVALUATION, help=describe(EnvironmentEvalConfig, "seed_start", with_bounds=False)),
-    gate: bool = typer.Option(False, "--gate/--no-gate", rich_help_panel=EVALUATION, help="Gate promotion on the paired sign test (needs >= 20 eval groups)."),
-    min_mean_improvement: float = typer.Option(default(GateConfig, "min_mean_improvement"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_improvement")),
-    min_mean_return: Optional[float] = typer.Option(default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_return")),
+    optimizer: Optimizer = typer.Option(
+        Optimizer(default(TrainingConfig, "optimizer")),
+        rich_help_panel=TRAINING,
+        help=describe(TrainingConfig, "optimizer"),
+    ),
+    is_level: IsLevel = typer.Option(
+        IsLevel(default(TrainingConfig, "is_level")),
+        "--is-level",
+        rich_help_panel=TRAINING,
+        help=describe(TrainingConfig, "is_level"),
+    ),
+    checkpoint_interval: Optional[int] = typer.Option(
+        default(TrainingConfig, "checkpoint_interval"),
+        rich_help_panel=TRAINING,
+        help=describe(TrainingConfig, "checkpoint_interval"),
+    ),
+    iterations: int = typer.Option(
+        default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "iterations")
+    ),
+    eval_every: Optional[int] = typer.Option(
+        default(RunRequest, "eval_every"),
+        rich_help_panel=ONLINE_RL,
+        help=describe(RunRequest, "eval_every") + " Needs --eval-groups.",
+    ),
+    max_staleness: int = typer.Option(
+        default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "max_staleness")
+    ),
+    eval_groups: int = typer.Option(
+        0, rich_help_panel=EVALUATION, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."
+    ),
+    eval_group_size: int = typer.Option(
+        default(EnvironmentEvalConfig, "group_size"),
+        rich_help_panel=EVALUATION,
+        help=describe(EnvironmentEvalConfig, "group_size"),
+    ),
+    eval_seed_start: Optional[int] = typer.Option(
+        default(EnvironmentEvalConfig, "seed_start"),
+        rich_help_panel=EVALUATION,
+        help=describe(EnvironmentEvalConfig, "seed_start", with_bounds=False),
+    ),
+    gate: bool = typer.Option(
+        False,
+        "--gate/--no-gate",
+        rich_help_panel=EVALUATION,
+        help="Gate promotion on the paired sign test (needs >= 20 eval groups).",
+    ),
+    min_mean_improvement: float = typer.Option(
+        default(GateConfig, "min_mean_improvement"),
+        rich_help_panel=EVALUATION,
+        help=describe(GateConfig, "min_mean_improvement"),
+    ),
+    min_mean_return: Optional[float] = typer.Option(
+        default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_return")
+    ),
     auto_load: bool = AUTO_LOAD_OPT,
-    post_eval_suite: Optional[str] = typer.Option(None, rich_help_panel=EVALUATION, help="Installed static suite to score the adapter on (e.g. counter-format)."),
-    post_eval_min_accuracy: Optional[float] = typer.Option(None, rich_help_panel=EVALUATION, help=describe(PostEvalConfig, "min_accuracy")),
+    post_eval_suite: Optional[str] = typer.Option(
+        None, rich_help_panel=EVALUATION, help="Installed static suite to score the adapter on (e.g. counter-format)."
+    ),
+    post_eval_min_accuracy: Optional[float] = typer.Option(
+        None, rich_help_panel=EVALUATION, help=describe(PostEvalConfig, "min_accuracy")
+    ),
     environment_reset_options: Optional[list[str]] = RESET_OPTS,
     credential_id: Optional[list[str]] = CREDENTIAL_OPTS,
     constrained_actions: bool = CONSTRAINED_OPT,
@@ -411,10 +553,28 @@ def train_cmd(
 ) -> None:
     """Collect seed-matched groups and train a LoRA adapter (GRPO + ECHO) as one durable run."""
     request = _request_from_flags(
-        "train", environment, groups, group_size, seed_start, max_steps, concurrency,
-        max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, output_adapter,
-        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
-        reset_determinism, replay_ignore, context_policy,
+        "train",
+        environment,
+        groups,
+        group_size,
+        seed_start,
+        max_steps,
+        concurrency,
+        max_action_tokens,
+        temperature,
+        thinking,
+        thinking_budget_tokens,
+        adapter,
+        output_adapter,
+        idempotency_key,
+        reset_options,
+        environment_reset_options,
+        credential_id,
+        constrained_actions,
+        model,
+        reset_determinism,
+        replay_ignore,
+        context_policy,
     )
     request["training_config"] = {
         "learning_rate": learning_rate,
@@ -477,9 +637,15 @@ def rollout_cmd(
     reset_determinism: ResetDeterminism = RESET_DETERMINISM_OPT,
     replay_ignore: list[str] = REPLAY_IGNORE_OPT,
     context_policy: ContextPolicy = CONTEXT_POLICY_OPT,
-    output: Optional[Path] = typer.Option(None, "--output", rich_help_panel=OUTPUT, help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."),
-    replay_output: Optional[Path] = typer.Option(None, "--replay-output", rich_help_panel=OUTPUT, help="Write the replay transcript here (X.replay.json)."),
-    summary_output: Optional[Path] = typer.Option(None, "--summary-output", rich_help_panel=OUTPUT, help="Write the summary here (X.rollout-summary.json)."),
+    output: Optional[Path] = typer.Option(
+        None, "--output", rich_help_panel=OUTPUT, help="Write the rollouts JSONL here (e.g. X.rollouts.jsonl)."
+    ),
+    replay_output: Optional[Path] = typer.Option(
+        None, "--replay-output", rich_help_panel=OUTPUT, help="Write the replay transcript here (X.replay.json)."
+    ),
+    summary_output: Optional[Path] = typer.Option(
+        None, "--summary-output", rich_help_panel=OUTPUT, help="Write the summary here (X.rollout-summary.json)."
+    ),
     force: bool = typer.Option(False, "--force", rich_help_panel=OUTPUT, help="Overwrite existing output files."),
     follow_run: bool = FOLLOW_OPT,
     as_json: bool = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON."),
@@ -492,10 +658,28 @@ def rollout_cmd(
     --summary X.rollout-summary.json` then checks them offline.
     """
     request = _request_from_flags(
-        "rollout", environment, groups, group_size, seed_start, max_steps, concurrency,
-        max_action_tokens, temperature, thinking, thinking_budget_tokens, adapter, None,
-        idempotency_key, reset_options, environment_reset_options, credential_id, constrained_actions, model,
-        reset_determinism, replay_ignore, context_policy,
+        "rollout",
+        environment,
+        groups,
+        group_size,
+        seed_start,
+        max_steps,
+        concurrency,
+        max_action_tokens,
+        temperature,
+        thinking,
+        thinking_budget_tokens,
+        adapter,
+        None,
+        idempotency_key,
+        reset_options,
+        environment_reset_options,
+        credential_id,
+        constrained_actions,
+        model,
+        reset_determinism,
+        replay_ignore,
+        context_policy,
     )
     _check_flags(request)
     if output is None and replay_output is None and summary_output is None:
@@ -543,15 +727,21 @@ def start_cmd(
 
 @train_app.command("grpo")
 def train_grpo_cmd(
-    input_path: Path = typer.Option(..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."),
-    output_adapter: str = typer.Option(..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."),
+    input_path: Path = typer.Option(
+        ..., "--input", help="A rollouts JSONL written by Kiln (kiln openenv rollout --output)."
+    ),
+    output_adapter: str = typer.Option(
+        ..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train."
+    ),
     learning_rate: Optional[float] = LEARNING_RATE_OPT,
     epochs: int = EPOCHS_OPT,
     lora_rank: int = LORA_RANK_OPT,
     lora_alpha: float = LORA_ALPHA_OPT,
     kl_coeff: float = KL_COEFF_OPT,
     echo_lambda: float = ECHO_LAMBDA_OPT,
-    behavior_policy: BehaviorPolicy = typer.Option(BehaviorPolicy(default(TrainingConfig, "behavior_policy")), help=describe(TrainingConfig, "behavior_policy")),
+    behavior_policy: BehaviorPolicy = typer.Option(
+        BehaviorPolicy(default(TrainingConfig, "behavior_policy")), help=describe(TrainingConfig, "behavior_policy")
+    ),
     auto_load: bool = AUTO_LOAD_OPT,
     report_to: ReportTo = REPORT_TO_OPT,
     follow_run: bool = FOLLOW_OPT,

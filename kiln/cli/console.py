@@ -30,9 +30,8 @@ from kiln.errors import KilnError
 try:  # Typer vendors its own Click: its parse errors are not click's classes
     from typer._click.exceptions import UsageError as _VendoredUsageError
 except ImportError:  # pragma: no cover - a Typer that uses the installed Click
-    _VendoredUsageError = click.UsageError
+    _VendoredUsageError = click.UsageError  # type: ignore[misc,assignment]  # the same class under Typer's name
 USAGE_ERRORS = (click.UsageError, _VendoredUsageError)
-
 
 
 def _discard_stream(stream: Any) -> None:
@@ -129,7 +128,8 @@ def usage_error(error: Any, argv: list[str]) -> None:
     error._kiln_reported = True
     command = getattr(getattr(error, "ctx", None), "command_path", None) or "kiln"
     param = getattr(error, "param", None)
-    name = param.opts[0] if getattr(param, "opts", None) else getattr(error, "option_name", None)
+    opts = getattr(param, "opts", None)
+    name = opts[0] if opts else getattr(error, "option_name", None)
     details = {"parameter": name} if name else None
     envelope = CliUsageError(error.format_message(), hint=f"see `{command} --help`", details=details)
     print_json({"error": {**envelope.to_dict(), "exit_code": getattr(error, "exit_code", 2)}})

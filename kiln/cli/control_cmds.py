@@ -45,8 +45,13 @@ def rollout_output_mapping(
 
 
 def follow_and_download(
-    api: ApiClient, run_id: str, mapping: dict[str, Path], *, force: bool = False,
-    out: Any = None, poll_s: float = 1.0,
+    api: ApiClient,
+    run_id: str,
+    mapping: dict[str, Path],
+    *,
+    force: bool = False,
+    out: Any = None,
+    poll_s: float = 1.0,
 ) -> int:
     """Follow the run to its end, print the outcome, download ``mapping`` if it completed.
 
@@ -81,10 +86,25 @@ def task_page_line(catalog: dict[str, Any]) -> str:
 
 # ``runs``: (header, width) per column; the short table fits 80 columns, ``--wide`` shows all.
 RUNS_SHORT = (
-    ("RUN", 8), ("STATE", 15), ("KIND", 7), ("ADAPTER", 12), ("RETURN", -7), ("PROMOTED", 8), ("STARTED", 11),
+    ("RUN", 8),
+    ("STATE", 15),
+    ("KIND", 7),
+    ("ADAPTER", 12),
+    ("RETURN", -7),
+    ("PROMOTED", 8),
+    ("STARTED", 11),
 )
-RUNS_WIDE = (("RUN", 36), ("STATE", 9), ("KIND", 7), ("PHASE", 15), ("ADAPTER", 24), ("MEAN RETURN", -11),
-             ("PROMOTED", 13), ("FAILURE", 24), ("STARTED", 25))
+RUNS_WIDE = (
+    ("RUN", 36),
+    ("STATE", 9),
+    ("KIND", 7),
+    ("PHASE", 15),
+    ("ADAPTER", 24),
+    ("MEAN RETURN", -11),
+    ("PROMOTED", 13),
+    ("FAILURE", 24),
+    ("STARTED", 25),
+)
 
 
 def _fit(text: str, width: int, cut: bool) -> str:
@@ -130,21 +150,41 @@ def runs_row(run: RunSummary, wide: bool = False) -> str:
     adapter = run.output_adapter or "-"
     kind = run.kind or "-"
     if wide:
-        return _line(RUNS_WIDE, [
-            run.run_id, run.state, kind, phase, adapter, num(run.mean_return),
-            promotion_label(run), run.failure_code or "", run.started_at or "-",
-        ])
+        return _line(
+            RUNS_WIDE,
+            [
+                run.run_id,
+                run.state,
+                kind,
+                phase,
+                adapter,
+                num(run.mean_return),
+                promotion_label(run),
+                run.failure_code or "",
+                run.started_at or "-",
+            ],
+        )
     promoted = promotion_label(run)
-    return _line(RUNS_SHORT, [
-        run.run_id[:8], phase or run.state, kind, adapter, num(run.mean_return),
-        "no eval" if promoted == "not evaluated" else promoted, short_time(run.started_at),
-    ])
+    return _line(
+        RUNS_SHORT,
+        [
+            run.run_id[:8],
+            phase or run.state,
+            kind,
+            adapter,
+            num(run.mean_return),
+            "no eval" if promoted == "not evaluated" else promoted,
+            short_time(run.started_at),
+        ],
+    )
 
 
 def runs_cmd(
     # type checkers cannot see the Enum literal_enum builds at import; typer needs that class
     state: Optional[RunStateChoice] = typer.Option(None, "--state", help="Only runs in this state."),  # type: ignore[valid-type]  # see above
-    wide: bool = typer.Option(False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Full run ids and times, phase and failure code (wider than 80 columns)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
     """List runs, newest first (short ids and times; --wide for full ones)."""
@@ -207,9 +247,12 @@ def cancel_cmd(
         print_json(status)
         return
     if status.unclaimed:  # Temporal records the request; nothing acts on it until a worker polls
-        console.print(f"cancellation requested for {run_id}, but {status.unclaimed}: it takes effect when "
-                      f"one does (`temporal workflow terminate --workflow-id {run_id}` ends it now)",
-                      markup=False, highlight=False)
+        console.print(
+            f"cancellation requested for {run_id}, but {status.unclaimed}: it takes effect when "
+            f"one does (`temporal workflow terminate --workflow-id {run_id}` ends it now)",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(1)
     console.print(f"cancellation requested for {run_id}")
 
@@ -235,7 +278,9 @@ def artifact_cmd(
 
 def tasks_cmd(
     environment: list[str] = typer.Option(..., "--environment", help="Environment base URL (repeatable)."),
-    environment_name: Optional[str] = typer.Option(None, "--environment-name", help="Environment on a multi-environment server."),
+    environment_name: Optional[str] = typer.Option(
+        None, "--environment-name", help="Environment on a multi-environment server."
+    ),
     split: Optional[str] = typer.Option(None, "--split", help="Split to page through (case-insensitive)."),
     start: int = typer.Option(0, "--start", help="First task index."),
     limit: int = typer.Option(50, "--limit", help="Page size (1-200)."),
@@ -257,8 +302,9 @@ def tasks_cmd(
         return
     for item in result["catalogs"]:
         catalog = item["catalog"]
-        console.print(f"{item['base_url']}  environment {catalog.get('environment_name')}  "
-                      f"task api {catalog.get('task_api')}")
+        console.print(
+            f"{item['base_url']}  environment {catalog.get('environment_name')}  task api {catalog.get('task_api')}"
+        )
         for entry in catalog.get("splits") or []:
             console.print(f"  split {entry.get('name')} ({entry.get('type')})")
         if "selected_split" in catalog:
@@ -270,10 +316,18 @@ def tasks_cmd(
 
 def preflight_cmd(
     output_adapter: str = typer.Option(..., "--output-adapter", help="Adapter the run will train."),
-    adapter: str = typer.Option(RunRequest.model_fields["adapter"].default, "--adapter", help="Behavior adapter (base = the base model)."),
-    model: Optional[str] = typer.Option(RunRequest.model_fields["model"].default, "--model", help="Served model the run will name (default: the workers' default model)."),
+    adapter: str = typer.Option(
+        RunRequest.model_fields["adapter"].default, "--adapter", help="Behavior adapter (base = the base model)."
+    ),
+    model: Optional[str] = typer.Option(
+        RunRequest.model_fields["model"].default,
+        "--model",
+        help="Served model the run will name (default: the workers' default model).",
+    ),
     training_config: Optional[Path] = typer.Option(None, "--training-config", help="JSON file of GRPO/ECHO settings."),
-    contract_output: Optional[Path] = typer.Option(None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."),
+    contract_output: Optional[Path] = typer.Option(
+        None, "--contract-output", help="Write the sealed contract (the run request's training_contract) here."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the preflight receipt as JSON."),
 ) -> None:
     """Seal a training contract: effective config with defaults and the behaviour policy identity."""

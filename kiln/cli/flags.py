@@ -11,6 +11,7 @@ reports each problem under the flag that set it (``--group-size``, not ``body: g
 from __future__ import annotations
 
 import enum
+from functools import partial
 import re
 import typing
 from typing import Any
@@ -91,15 +92,15 @@ def _in_flags(message: str, fields: set[str], scope: str = "") -> str:
         if path is None:
             return word
         if "_" not in word and "." not in word:
-            before, after = text[: match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
+            before, after = text[: match.start()].rstrip()[-1:], text[match.end() :].lstrip()[:1]
             if not (before and before in _OPERATORS) and not (after and after in _OPERATORS):
                 return word
         return flag_for(path)
 
     pieces, last = [], 0
     for quoted in _QUOTED.finditer(message):
-        plain = message[last: quoted.start()]
-        pieces.append(_WORD.sub(lambda m, t=plain: swap(m, t), plain))
+        plain = message[last : quoted.start()]
+        pieces.append(_WORD.sub(partial(swap, text=plain), plain))
         pieces.append(quoted.group(0))
         last = quoted.end()
     tail = message[last:]

@@ -58,14 +58,19 @@ def exit_code(status: RunView) -> int:
 
 
 def _counts(progress: Progress) -> tuple[str, str]:
-    return (f"{progress.groups_completed}/{progress.groups_total}",
-            f"{progress.rollouts_completed}/{progress.rollouts_total}")
+    return (
+        f"{progress.groups_completed}/{progress.groups_total}",
+        f"{progress.rollouts_completed}/{progress.rollouts_total}",
+    )
 
 
 def _live_figures(live: TrainingProgress) -> list[tuple[str, float]]:
     """The training step's loss, KL and env-CE that are known."""
-    return [(key, value) for key, value in (("loss", live.loss), ("kl", live.kl), ("env_ce", live.env_ce))
-            if value is not None]
+    return [
+        (key, value)
+        for key, value in (("loss", live.loss), ("kl", live.kl), ("env_ce", live.env_ce))
+        if value is not None
+    ]
 
 
 def progress_line(status: RunView) -> str:
@@ -200,8 +205,11 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
             f"episodes {stats['rollouts']}  mean return {num(stats['mean_episode_return'])}  "
             f"min {num(stats['min_episode_return'])}  max {num(stats['max_episode_return'])}  "
             f"done {stats['done_count']}  invalid actions {stats['invalid_model_action_count']}"
-            + (f"  context exhausted {stats['context_exhausted_count']} (of {stats.get('context_tokens')} tokens)"
-               if stats.get("context_exhausted_count") else "")
+            + (
+                f"  context exhausted {stats['context_exhausted_count']} (of {stats.get('context_tokens')} tokens)"
+                if stats.get("context_exhausted_count")
+                else ""
+            )
         )
     elif status.mean_return is not None:
         console.print(f"mean return so far {num(status.mean_return)}")

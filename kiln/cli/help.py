@@ -20,7 +20,12 @@ import typer
 
 # The help panels, in the order they are drawn (options of any other panel follow them).
 COLLECTION, POLICY, TRAINING, EVALUATION, ONLINE_RL, OUTPUT = PANELS = (
-    "Collection", "Policy", "Training", "Evaluation", "Online RL", "Output",
+    "Collection",
+    "Policy",
+    "Training",
+    "Evaluation",
+    "Online RL",
+    "Output",
 )
 _TERM_MAX = 30  # click's widest first column
 

@@ -73,9 +73,7 @@ def check_serve_config(settings: Settings) -> None:
     port (Temporal, its UI, S3 and its +10000 gRPC twin, the API) in range, distinct and free."""
     required_token(settings)
     try:
-        check_stack_config(
-            settings, extra_ports=((settings.api_port, "Kiln API", "KILN_API_PORT"),)
-        )
+        check_stack_config(settings, extra_ports=((settings.api_port, "Kiln API", "KILN_API_PORT"),))
     except DevStackError as exc:
         raise ServeConfigurationInvalid(str(exc)) from None
 
@@ -91,9 +89,20 @@ def _api_child(settings: Settings, *, logs: Path, env: dict[str, str]) -> Callab
     url = f"http://{settings.api_host}:{settings.api_port}"
     launch = _python_child(
         "api",
-        ["-m", "uvicorn", "--factory", "api.app:app_from_env", "--host", settings.api_host,
-         "--port", str(settings.api_port), "--log-level", "warning"],
-        logs=logs, env=env,
+        [
+            "-m",
+            "uvicorn",
+            "--factory",
+            "api.app:app_from_env",
+            "--host",
+            settings.api_host,
+            "--port",
+            str(settings.api_port),
+            "--log-level",
+            "warning",
+        ],
+        logs=logs,
+        env=env,
     )
 
     def start() -> ManagedProcess:
@@ -110,8 +119,10 @@ def _api_child(settings: Settings, *, logs: Path, env: dict[str, str]) -> Callab
 
 # The embedded dev server has no TLS or auth, and loopback ports are shared by every local user.
 TEMPORAL_OPEN = "open_to_local_users"
-TEMPORAL_OPEN_LINE = ("warning: the embedded Temporal and its Web UI answer every local user (the dev server "
-                      "has no TLS or auth); docs/durability.md names the closed set-up")
+TEMPORAL_OPEN_LINE = (
+    "warning: the embedded Temporal and its Web UI answer every local user (the dev server "
+    "has no TLS or auth); docs/durability.md names the closed set-up"
+)
 
 
 def serve(settings: Settings, console: Console, *, ready_file: Path | None = None) -> None:
@@ -165,20 +176,23 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
         try:
             # One process per worker role: a gpu worker that dies leaves the control worker polling.
             for role in WORKER_ROLES:
-                supervisor.launch(f"{role}-worker", _python_child(f"{role}-worker", ["-m", "workers", role],
-                                                                  logs=logs, env=env))
+                supervisor.launch(
+                    f"{role}-worker", _python_child(f"{role}-worker", ["-m", "workers", role], logs=logs, env=env)
+                )
             supervisor.launch("api", _api_child(settings, logs=logs, env=env))
         except ProcessStartError as exc:
             raise ServeStartFailed(str(exc).splitlines()[0]) from None
-        info.update({
-            "pid": os.getpid(),
-            "api_url": api_url,
-            "temporal_address": stack.temporal_address,
-            "temporal_ui": stack.temporal_ui_url or None,
-            "s3_endpoint": stack.s3_endpoint,
-            "model_path": str(model_path),
-            **({"temporal_exposure": TEMPORAL_OPEN} if settings.temporal_address is None else {}),
-        })
+        info.update(
+            {
+                "pid": os.getpid(),
+                "api_url": api_url,
+                "temporal_address": stack.temporal_address,
+                "temporal_ui": stack.temporal_ui_url or None,
+                "s3_endpoint": stack.s3_endpoint,
+                "model_path": str(model_path),
+                **({"temporal_exposure": TEMPORAL_OPEN} if settings.temporal_address is None else {}),
+            }
+        )
         publish()
         console.print(f"kiln api      {api_url}")
         console.print(f"temporal      {stack.temporal_address}")

@@ -15,7 +15,7 @@ import typer
 
 from kiln.errors import KilnError
 
-from kiln.cli.console import console, fail as _fail, print_json as _print_json  # noqa: E402
+from kiln.cli.console import console, fail as _fail, print_json as _print_json
 
 _VERIFY_CHECKS = (
     "file sizes and sha256 of dataset and replay equal the summary",
@@ -58,8 +58,11 @@ def _verify_run(folder: Path, as_json: bool) -> None:
     for prefix, figures in report["bundles"].items():
         _row("bundle", f"{prefix}  {figures['groups']} groups, {figures['rollouts']} rollouts")
     for prefix, evaluation in report["evaluations"].items():
-        _row("evaluation", f"{prefix}  {evaluation['paired_groups']} paired groups, "
-             f"{evaluation['decision']} ({evaluation['outcome']}), evidence recomputed")
+        _row(
+            "evaluation",
+            f"{prefix}  {evaluation['paired_groups']} paired groups, "
+            f"{evaluation['decision']} ({evaluation['outcome']}), evidence recomputed",
+        )
     for row in report["iterations"]:
         _row(f"iteration {row['iteration']}", f"sampled by {row['sampled_by'] or 'base'} → {row['adapter_sha256']}")
 
@@ -91,10 +94,14 @@ def register(openenv_app: typer.Typer) -> None:
 
     @openenv_app.command("verify")
     def verify_cmd(
-        summary: Optional[Path] = typer.Option(None, "--summary", help="Rollout summary JSON (summary.json or X.rollout-summary.json)."),
+        summary: Optional[Path] = typer.Option(
+            None, "--summary", help="Rollout summary JSON (summary.json or X.rollout-summary.json)."
+        ),
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="Dataset JSONL (default: beside the summary)."),
         replay: Optional[Path] = typer.Option(None, "--replay", help="Replay JSON (default: beside the summary)."),
-        run: Optional[Path] = typer.Option(None, "--run", help="A whole run downloaded with `kiln openenv download` (instead of --summary)."),
+        run: Optional[Path] = typer.Option(
+            None, "--run", help="A whole run downloaded with `kiln openenv download` (instead of --summary)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print the verification report as JSON."),
     ) -> None:
         """Verify a rollout bundle offline (no network): digests, replay rules, prompts, rewards.
@@ -103,8 +110,13 @@ def register(openenv_app: typer.Typer) -> None:
         from kiln.rollout.verify import verify_bundle
 
         if (summary is None) == (run is None):
-            _fail(KilnError("give exactly one of --summary FILE or --run FOLDER", code="openenv_invalid_request",
-                            hint="--summary verifies one bundle; --run verifies a downloaded run"))
+            _fail(
+                KilnError(
+                    "give exactly one of --summary FILE or --run FOLDER",
+                    code="openenv_invalid_request",
+                    hint="--summary verifies one bundle; --run verifies a downloaded run",
+                )
+            )
             return
         if run is not None:
             _verify_run(run, as_json)
@@ -130,14 +142,16 @@ def register(openenv_app: typer.Typer) -> None:
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="Dataset JSONL (default: beside the summary)."),
         replay: Optional[Path] = typer.Option(None, "--replay", help="Replay JSON (default: beside the summary)."),
         ignore: list[str] = typer.Option(
-            [], "--ignore",
+            [],
+            "--ignore",
             help="A step or state field not to compare in this replay (result.observation.X or "
             "final_state.X; * one segment, ** any number). Repeatable; reported apart from the "
             "bundle's own replay_ignore.",
         ),
         concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Candidates replayed at once."),
         credential_id: list[str] = typer.Option(
-            [], "--credential-id",
+            [],
+            "--credential-id",
             help="Per environment, in order: its credential id from KILN_CREDENTIALS, or '-' for none.",
         ),
         credential_env: list[str] = typer.Option([], "--credential-env", hidden=True),  # old name
@@ -154,23 +168,32 @@ def register(openenv_app: typer.Typer) -> None:
             bundle = load_bundle(summary, dataset_path=dataset, replay_path=replay)
             allow_remote = load_settings().allow_remote_environments
             for inspection in bundle.summary["environments"]:
-                require_allowed_host(
-                    normalize_url(inspection["identity"]["base_url"]), allow_remote=allow_remote
-                )
+                require_allowed_host(normalize_url(inspection["identity"]["base_url"]), allow_remote=allow_remote)
             environments = bundle.summary["environments"]
             if credential_id:
                 from kiln.openenv.credential_config import resolve_bearer_token
 
-                ids = parse_credential_env_args(credential_id, len(environments), flag="--credential-id",
-                                                validate=False)
+                ids = parse_credential_env_args(
+                    credential_id, len(environments), flag="--credential-id", validate=False
+                )
                 credentials = load_settings().credentials
-                tokens = [resolve_bearer_token(credentials, cid, env["identity"]["base_url"])
-                          for cid, env in zip(ids, environments)]
+                tokens = [
+                    resolve_bearer_token(credentials, cid, env["identity"]["base_url"])
+                    for cid, env in zip(ids, environments)
+                ]
             else:
                 names = parse_credential_env_args(credential_env, len(environments))
                 tokens = [None if name is None else read_token_from_env(name) for name in names]
-            report = asyncio.run(replay_bundle(summary, dataset_path=dataset, replay_path=replay,
-                                               concurrency=concurrency, credentials=tokens, ignore=ignore))
+            report = asyncio.run(
+                replay_bundle(
+                    summary,
+                    dataset_path=dataset,
+                    replay_path=replay,
+                    concurrency=concurrency,
+                    credentials=tokens,
+                    ignore=ignore,
+                )
+            )
         except KilnError as error:
             _fail(error)
             return

@@ -28,7 +28,6 @@ from kiln.errors import ApiUnavailable, KilnError
 from kiln.run_view import RunList, RunSummary, RunView
 
 
-
 def __getattr__(name: str) -> Any:
     """Every ``KilnError`` class by its name (``kiln.client.ReplayDrift`` is ``kiln.errors.ReplayDrift``)."""
     value = getattr(_errors, name, None)

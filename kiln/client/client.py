@@ -23,6 +23,7 @@ from kiln.contracts import RunRequest, TrainingConfig, parse_run_request
 from kiln.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
 from kiln.run_view import RunList, RunView
 
+
 def _view(answer: Any) -> RunView:
     return answer if isinstance(answer, RunView) else RunView.model_validate(answer)
 
@@ -41,8 +42,9 @@ def raise_for_outcome(view: RunView) -> RunView:
     if view.state == "completed":
         return view
     if view.state == "cancelled":
-        raise RunCancelled(f"run {view.run_id} was cancelled during {view.cancelled_stage or 'its run'}",
-                           stage=view.cancelled_stage)
+        raise RunCancelled(
+            f"run {view.run_id} was cancelled during {view.cancelled_stage or 'its run'}", stage=view.cancelled_stage
+        )
     failure = view.failure
     if failure is None:
         raise KilnError(f"run {view.run_id} is {view.state}", code="internal_error")

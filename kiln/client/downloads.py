@@ -144,9 +144,7 @@ def download_entry(
     }
 
 
-def download_artifact(
-    api: ApiClient, run_id: str, name: str, output: Path, *, force: bool = False
-) -> dict[str, Any]:
+def download_artifact(api: ApiClient, run_id: str, name: str, output: Path, *, force: bool = False) -> dict[str, Any]:
     """Download artifact ``name`` of ``run_id`` to ``output`` (verified, atomic)."""
     _check_target(Path(output), force)
     entry = manifest_entry(current_manifest(api, run_id), name)

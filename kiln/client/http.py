@@ -85,9 +85,7 @@ class ApiClient:
         self.outage_wait_s = outage_wait_s
         token = resolve_token(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(
-            base_url=self.base_url, timeout=timeout_s, follow_redirects=False, headers=headers
-        )
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s, follow_redirects=False, headers=headers)
 
     def __repr__(self) -> str:  # never shows the token
         return f"ApiClient({self.base_url!r})"

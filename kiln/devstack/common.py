@@ -33,7 +33,6 @@ def find_binary(name: str, package: str) -> str:
     )
 
 
-
 def require_free(port: int, what: str, fix: str) -> None:
     if not port_is_free(port, reuse_addr=True):
         raise DevStackError(f"port {port} ({what}) is already in use on {LOOPBACK}; {fix}")

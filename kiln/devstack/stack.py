@@ -58,17 +58,13 @@ class DevStack:
 def _pid_alive_with(pid: int, marker: str) -> bool:
     """True when process ``pid`` exists and its command line mentions ``marker``."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            "utf-8", errors="replace"
-        )
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", errors="replace")
     except OSError:
         return False
     return marker in cmdline
 
 
-def _check_port_for_home(
-    port: int, *, what: str, setting: str, home: Path, pid_file: Path, marker: str
-) -> None:
+def _check_port_for_home(port: int, *, what: str, setting: str, home: Path, pid_file: Path, marker: str) -> None:
     if port_is_free(port, reuse_addr=True):
         return
     previous = None
@@ -103,24 +99,25 @@ def _port_checks(settings: Settings) -> list[tuple[int, str, str, Path, str]]:
     if not settings.temporal_address:
         marker = str(home / "temporal" / "temporal.db")
         checks += [
-            (settings.temporal_port, "Temporal frontend", "KILN_TEMPORAL_PORT",
-             run_dir / "temporal.pid", marker),
-            (settings.temporal_ui_port, "Temporal Web UI", "KILN_TEMPORAL_UI_PORT",
-             run_dir / "temporal.pid", marker),
+            (settings.temporal_port, "Temporal frontend", "KILN_TEMPORAL_PORT", run_dir / "temporal.pid", marker),
+            (settings.temporal_ui_port, "Temporal Web UI", "KILN_TEMPORAL_UI_PORT", run_dir / "temporal.pid", marker),
         ]
     if not settings.s3_endpoint:
         marker = f"-dir={home / 'seaweedfs'}"
         checks += [
             (settings.s3_port, "SeaweedFS S3", "KILN_S3_PORT", run_dir / "seaweedfs.pid", marker),
-            (settings.s3_port + GRPC_OFFSET, "SeaweedFS S3 gRPC (S3 port + 10000)", "KILN_S3_PORT",
-             run_dir / "seaweedfs.pid", marker),
+            (
+                settings.s3_port + GRPC_OFFSET,
+                "SeaweedFS S3 gRPC (S3 port + 10000)",
+                "KILN_S3_PORT",
+                run_dir / "seaweedfs.pid",
+                marker,
+            ),
         ]
     return checks
 
 
-def check_stack_config(
-    settings: Settings, extra_ports: tuple[tuple[int, str, str], ...] = ()
-) -> None:
+def check_stack_config(settings: Settings, extra_ports: tuple[tuple[int, str, str], ...] = ()) -> None:
     """Refuse (``DevStackError``, one line) a configuration that can not start, before anything
     starts: every port (the stack's, its +10000 gRPC twins, and ``extra_ports`` such as the API's)
     must be in 1-65535, distinct, and free."""
@@ -133,19 +130,14 @@ def check_stack_config(
         if not 0 < port < 65536:
             raise DevStackError(f"{setting}: port {port} ({what}) is outside 1-65535")
         if port in seen:
-            raise DevStackError(
-                f"{setting}: port {port} ({what}) is also used by {seen[port]}; choose distinct ports"
-            )
+            raise DevStackError(f"{setting}: port {port} ({what}) is also used by {seen[port]}; choose distinct ports")
         seen[port] = what
     for port, what, setting, pid_file, marker in checks:
-        _check_port_for_home(
-            port, what=what, setting=setting, home=home, pid_file=pid_file, marker=marker
-        )
+        _check_port_for_home(port, what=what, setting=setting, home=home, pid_file=pid_file, marker=marker)
     for port, what, setting in extra_ports:
         if not port_is_free(port, reuse_addr=True):
             raise DevStackError(
-                f"port {port} ({what}) is already in use by another program; stop it, or set "
-                f"{setting} to a free port"
+                f"port {port} ({what}) is already in use by another program; stop it, or set {setting} to a free port"
             )
 
 

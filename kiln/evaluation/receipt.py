@@ -71,9 +71,7 @@ EVIDENCE_FLOATS = (
 
 
 def _invalid(message: str, field: str) -> EvaluationReceiptInvalid:
-    return EvaluationReceiptInvalid(
-        f"invalid {RECEIPT_SCHEMA} receipt: {message}", details={"field": field}
-    )
+    return EvaluationReceiptInvalid(f"invalid {RECEIPT_SCHEMA} receipt: {message}", details={"field": field})
 
 
 # ---------------------------------------------------------------------------------------- build
@@ -102,9 +100,7 @@ def world_model_block(
     ``transcripts`` names whose evaluation rollouts were scored (``baseline`` | ``candidate`` |
     ``both``). ``world_model_gain`` is ``None`` when there were no observation tokens to score.
     """
-    if base.get("env_tokens") != candidate.get("env_tokens") or base.get(
-        "sequences"
-    ) != candidate.get("sequences"):
+    if base.get("env_tokens") != candidate.get("env_tokens") or base.get("sequences") != candidate.get("sequences"):
         raise ValueError("base and candidate cross-entropy were not computed on the same tokens")
     base_ce, cand_ce = base.get("mean_env_ce"), candidate.get("mean_env_ce")
     gain = None if base_ce is None or cand_ce is None else float(base_ce) - float(cand_ce)
@@ -140,10 +136,7 @@ def verdict_for(evidence: dict[str, Any], outcome: str) -> str:
     if outcome == "promoted":
         return f"Promoted: the trained adapter passed the gate and is now served; {reason}; {means}."
     if outcome == "kept":
-        return (
-            f"Passed the gate; auto_load is off, so the trained adapter is kept but not served; "
-            f"{reason}; {means}."
-        )
+        return f"Passed the gate; auto_load is off, so the trained adapter is kept but not served; {reason}; {means}."
     if outcome == "rejected":
         return f"Rejected: {reason}; {means}."
     if outcome == "inconclusive":
@@ -197,9 +190,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    )
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_policy(policy: Any, field: str) -> None:
@@ -298,8 +289,7 @@ def _check_evidence(evidence: Any, config: dict[str, Any]) -> None:
     )
     if evidence["decision"] != expected:
         raise _invalid(
-            f"evidence.decision {evidence['decision']!r} contradicts the evidence and gate "
-            f"(expected {expected!r})",
+            f"evidence.decision {evidence['decision']!r} contradicts the evidence and gate (expected {expected!r})",
             "evidence.decision",
         )
 

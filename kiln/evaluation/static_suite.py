@@ -194,9 +194,7 @@ def evaluate_suite(
         for case, sample in zip(chunk, samples, strict=True):
             _, answer = policy.split_action(list(sample.ids), thinking=thinking)
             answer = None if answer is None else answer.strip()
-            results.append(
-                {"id": case["id"], "correct": score_answer(answer, case["expected"]), "answer": answer}
-            )
+            results.append({"id": case["id"], "correct": score_answer(answer, case["expected"]), "answer": answer})
     correct = sum(1 for r in results if r["correct"])
     return {
         "suite": suite,
@@ -258,8 +256,10 @@ def post_eval_outcome(
                 f"{baseline['correct']}/{baseline['cases']} = {float(baseline['accuracy']):.4f}"
             ),
         }
-    tail = "no baseline was evaluated" if baseline is None else (
-        f"not below the baseline's {baseline['correct']}/{baseline['cases']} = {float(baseline['accuracy']):.4f}"
+    tail = (
+        "no baseline was evaluated"
+        if baseline is None
+        else (f"not below the baseline's {baseline['correct']}/{baseline['cases']} = {float(baseline['accuracy']):.4f}")
     )
     return {
         "gate_outcome": "inconclusive",

@@ -164,7 +164,9 @@ def merge_capacity(total: dict[str, Any] | None, group: dict[str, Any]) -> dict[
         return dict(group)
     advertised = group.get("max_sessions_advertised")
     return {
-        "sessions_granted_max": max(int(total.get("sessions_granted_max") or 0), int(group.get("sessions_granted_max") or 0)),
+        "sessions_granted_max": max(
+            int(total.get("sessions_granted_max") or 0), int(group.get("sessions_granted_max") or 0)
+        ),
         "max_sessions_advertised": advertised if advertised is not None else total.get("max_sessions_advertised"),
         "refusals": int(total.get("refusals") or 0) + int(group.get("refusals") or 0),
         "waves": int(total.get("waves") or 0) + int(group.get("waves") or 0),

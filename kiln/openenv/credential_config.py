@@ -21,8 +21,10 @@ from kiln.openenv.urls import EnvironmentUrl, normalize_url
 
 def _entry(config: Mapping[str, Any], credential_id: str) -> dict[str, Any]:
     entry = config.get(credential_id)
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("origin"), str) or not isinstance(
-        entry.get("bearer_token_env"), str
+    if (
+        not isinstance(entry, Mapping)
+        or not isinstance(entry.get("origin"), str)
+        or not isinstance(entry.get("bearer_token_env"), str)
     ):
         raise InvalidCredential(
             f"credential id {credential_id!r} is not configured",
@@ -45,9 +47,7 @@ def check_credential(config: Mapping[str, Any], credential_id: str | None, url: 
         )
 
 
-def resolve_bearer_token(
-    config: Mapping[str, Any], credential_id: str | None, url: str | EnvironmentUrl
-) -> str | None:
+def resolve_bearer_token(config: Mapping[str, Any], credential_id: str | None, url: str | EnvironmentUrl) -> str | None:
     """The validated token for ``credential_id`` at ``url`` (None = public)."""
     if credential_id is None:
         return None

@@ -158,12 +158,8 @@ async def inspect_environment(
     """
     env_url = coerce_url(url)
     token = prepare_token(env_url, bearer_token)
-    async with make_client(
-        bearer_token=token, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
-    ) as client:
-        await check_health(
-            client, env_url.route("/health"), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s
-        )
+    async with make_client(bearer_token=token, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s) as client:
+        await check_health(client, env_url.route("/health"), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
 
         async def get(path: str, ok_statuses: tuple[int, ...] = ()) -> tuple[int, Any]:
             return await request_json(
@@ -198,9 +194,7 @@ async def inspect_environment(
     metadata = check_metadata(metadata, env_url.route("/metadata"))
     schema = check_schema_document(schema, env_url.route("/schema"))
     # Older servers (openenv-core 0.3.0) have no /list_environments: no environments, no Task API.
-    environments = [] if env_status == 404 else check_environments(
-        environments, env_url.route("/list_environments")
-    )
+    environments = [] if env_status == 404 else check_environments(environments, env_url.route("/list_environments"))
     refuse_harness(schema["action"], env_url.base_url)
     ActionValidator.compile(schema["action"])
     identity = build_identity(
@@ -236,12 +230,14 @@ def identity_differences(first: dict, second: dict) -> list[str]:
     """The closed labels of fields that differ between two inspections, in a fixed order."""
     a_id, b_id = first.get("identity", {}), second.get("identity", {})
     labels = [f"identity.{f}" for f in _IDENTITY_FIELDS if not _same(a_id.get(f), b_id.get(f))]
-    if "discovery_sha256" in a_id and not _same(
-        a_id.get("discovery_sha256"), b_id.get("discovery_sha256")
-    ):
+    if "discovery_sha256" in a_id and not _same(a_id.get("discovery_sha256"), b_id.get("discovery_sha256")):
         labels.append("identity.discovery_sha256")
     a_schema, b_schema = first.get("schema", {}), second.get("schema", {})
     for field in _SCHEMA_FIELDS:
-        if not isinstance(a_schema, dict) or not isinstance(b_schema, dict) or not _same(a_schema.get(field), b_schema.get(field)):
+        if (
+            not isinstance(a_schema, dict)
+            or not isinstance(b_schema, dict)
+            or not _same(a_schema.get(field), b_schema.get(field))
+        ):
             labels.append(f"schema.{field}")
     return labels

@@ -28,9 +28,7 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def make_client(
-    *, bearer_token: str | None, connect_timeout_s: float, timeout_s: float
-) -> httpx.AsyncClient:
+def make_client(*, bearer_token: str | None, connect_timeout_s: float, timeout_s: float) -> httpx.AsyncClient:
     """An httpx client that never follows redirects nor reads proxy settings from the environment."""
     return httpx.AsyncClient(
         follow_redirects=False,
@@ -141,13 +139,10 @@ async def request_json(
                 try:
                     declared_n = int(declared)
                 except ValueError:
-                    raise EnvironmentProtocolError(
-                        f"{method} {url}: invalid Content-Length header"
-                    ) from None
+                    raise EnvironmentProtocolError(f"{method} {url}: invalid Content-Length header") from None
                 if declared_n > cap_bytes:
                     raise EnvironmentProtocolError(
-                        f"{method} {url}: response body of {declared_n} bytes exceeds the "
-                        f"{cap_bytes}-byte limit",
+                        f"{method} {url}: response body of {declared_n} bytes exceeds the {cap_bytes}-byte limit",
                         details={"url": url, "limit_bytes": cap_bytes},
                     )
             chunks: list[bytes] = []

@@ -52,8 +52,14 @@ async def list_tools(
     """The environment's MCP tools, or None when it offers none."""
     route = url.route("/mcp")
     status, body = await request_json(
-        client, "POST", route, json_body=_LIST_REQUEST, bearer_token=bearer_token,
-        timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, ok_statuses=(404, 405, 422),
+        client,
+        "POST",
+        route,
+        json_body=_LIST_REQUEST,
+        bearer_token=bearer_token,
+        timeout_s=timeout_s,
+        connect_timeout_s=connect_timeout_s,
+        ok_statuses=(404, 405, 422),
     )
     if status != 200 or not isinstance(body, dict) or "error" in body or "result" not in body:
         return None

@@ -156,9 +156,7 @@ async def _probe_tls(
 ) -> None:
     try:
         async with asyncio.timeout(connect_timeout_s):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=_ssl_context(), server_hostname=host
-            )
+            reader, writer = await asyncio.open_connection(host, port, ssl=_ssl_context(), server_hostname=host)
     except TimeoutError:
         raise _fail(health_url, f"connect timed out after {connect_timeout_s:g}s") from None
     except ConnectionRefusedError:

@@ -33,12 +33,9 @@ def unavailable(url: EnvironmentUrl, timeout_s: float) -> EnvironmentUnavailable
 async def _healthy(url: EnvironmentUrl, token: str | None, timeout_s: float) -> bool:
     prepared = prepare_token(url, token)  # a credential error is the caller's, not "unavailable"
     try:
-        async with make_client(
-            bearer_token=prepared, connect_timeout_s=timeout_s, timeout_s=timeout_s
-        ) as client:
+        async with make_client(bearer_token=prepared, connect_timeout_s=timeout_s, timeout_s=timeout_s) as client:
             await asyncio.wait_for(
-                check_health(client, url.route("/health"), timeout_s=timeout_s,
-                             connect_timeout_s=timeout_s),
+                check_health(client, url.route("/health"), timeout_s=timeout_s, connect_timeout_s=timeout_s),
                 timeout_s,
             )
     except (KilnError, asyncio.TimeoutError, OSError):

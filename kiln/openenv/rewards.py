@@ -36,6 +36,4 @@ def training_reward(value: object) -> float:
         if not math.isfinite(value):
             raise EnvironmentProtocolError("environment reward is not a finite number")
         return value
-    raise EnvironmentProtocolError(
-        f"environment reward has type {type(value).__name__}; expected null, bool or number"
-    )
+    raise EnvironmentProtocolError(f"environment reward has type {type(value).__name__}; expected null, bool or number")

@@ -29,8 +29,17 @@ _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitio
 _SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SCHEMA_SINGLE = frozenset(
     {
-        "items", "not", "if", "then", "else", "additionalProperties", "contains",
-        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+        "items",
+        "not",
+        "if",
+        "then",
+        "else",
+        "additionalProperties",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
         "contentSchema",
     }
 )
@@ -117,15 +126,12 @@ class ActionValidator:
         _collect_refs(action_schema, [], refs)
         for keyword, ref in refs:
             if not ref.startswith("#"):
-                raise _schema_error(
-                    f"{keyword} points outside the schema (external references are never fetched)"
-                )
+                raise _schema_error(f"{keyword} points outside the schema (external references are never fetched)")
         try:
             Draft202012Validator.check_schema(action_schema)
         except SchemaError as exc:
             raise _schema_error(
-                f"keyword {exc.validator!r} fails the 2020-12 meta-schema at "
-                f"{json_pointer(exc.absolute_path)}"
+                f"keyword {exc.validator!r} fails the 2020-12 meta-schema at {json_pointer(exc.absolute_path)}"
             ) from None
         resource = Resource.from_contents(action_schema, default_specification=DRAFT202012)
         registry: Registry = Registry(retrieve=_refuse_retrieval).with_resource(root_id, resource)

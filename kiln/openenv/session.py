@@ -228,7 +228,7 @@ class EnvSession:
                 self._dispatch(message)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # ConnectionClosed or anything the library raises
+        except BaseException as exc:  # noqa: BLE001 - ConnectionClosed or anything the library raises
             self._connection_lost(exc)
 
     def _dispatch(self, message: str | bytes) -> None:
@@ -332,9 +332,7 @@ class EnvSession:
         except TimeoutError:
             self._waiter = None
             raise self._poison(
-                self._transport_error(
-                    "timeout", f"no reply within {self.request_timeout_s:g}s (request abandoned)"
-                )
+                self._transport_error("timeout", f"no reply within {self.request_timeout_s:g}s (request abandoned)")
             ) from None
         except _SocketClosed as exc:
             raise self._poison(self._transport_error(exc.reason, exc.detail)) from None
@@ -373,9 +371,7 @@ class EnvSession:
                 self._start_close(send_close=False)
             return "error", data
         if kind != expected:
-            raise self._malformed(
-                "unexpected_reply", f"expected a {expected!r} reply, got type {kind[:40]!r}"
-            )
+            raise self._malformed("unexpected_reply", f"expected a {expected!r} reply, got type {kind[:40]!r}")
         if not isinstance(data, dict):
             raise self._malformed("malformed_frame", f"the {kind} frame data is not an object")
         if kind == "observation":
@@ -444,9 +440,7 @@ class EnvSession:
         poisoned = asyncio.ensure_future(self._poison_event.wait())
         try:
             while True:
-                done, _ = await asyncio.wait(
-                    {task, poisoned}, timeout=interval, return_when=asyncio.FIRST_COMPLETED
-                )
+                done, _ = await asyncio.wait({task, poisoned}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
                 self._check_usable()
                 if task in done:
                     await asyncio.sleep(0)  # let the reader see frames already buffered
@@ -464,7 +458,7 @@ class EnvSession:
                 task.cancel()
                 try:
                     await task
-                except BaseException:
+                except BaseException:  # noqa: BLE001 - a cancelled task ends with any error; closing goes on
                     pass
 
     # ------------------------------------------------------------------ closing
@@ -480,12 +474,12 @@ class EnvSession:
             if send_close and self._lost is None:
                 async with asyncio.timeout(_CLOSE_TIMEOUT_S):
                     await self._ws.send('{"type":"close"}')
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a close frame is best effort: the socket may be gone
             pass
         try:
             async with asyncio.timeout(_CLOSE_TIMEOUT_S + 0.5):
                 await self._ws.close()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - closing a dead socket may raise anything; the session is over
             pass
 
     async def close(self) -> None:
@@ -499,12 +493,12 @@ class EnvSession:
             self._start_close(send_close=healthy)
             if self._close_task is not None:
                 await asyncio.shield(self._close_task)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the close task reports nothing the caller can act on
             pass
         self._reader.cancel()
         try:
             await self._reader
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the reader ends with whatever ended the socket
             pass
 
 
@@ -594,8 +588,7 @@ async def open_session_and_reset(
             active = error.get("active_sessions") if error else None
             maximum = error.get("max_sessions") if error else None
             raise EnvironmentCapacityExhausted(
-                f"{coerce_url(url).websocket_url}: still at capacity after {elapsed:.1f}s "
-                f"and {retries} retries",
+                f"{coerce_url(url).websocket_url}: still at capacity after {elapsed:.1f}s and {retries} retries",
                 details={
                     "protocol_code": CAPACITY_REACHED,
                     "capacity_retries": retries,
@@ -604,5 +597,7 @@ async def open_session_and_reset(
                 },
             )
         await _sleep_with_cancel(
-            capacity_backoff_s(retries, capacity_wait_s - elapsed), should_cancel, on_wait and (lambda: on_wait(retries))
+            capacity_backoff_s(retries, capacity_wait_s - elapsed),
+            should_cancel,
+            on_wait and (lambda n=retries: on_wait(n)),
         )

@@ -126,8 +126,7 @@ def _choose_environment(advertised: list[str], requested: str | None) -> str:
     if requested is None:
         if len(advertised) == 1:
             return advertised[0]
-        raise _selection_error("environment name required: the server advertises "
-                               f"{len(advertised)} environments")
+        raise _selection_error(f"environment name required: the server advertises {len(advertised)} environments")
     for name in advertised:
         if name.lower() == requested.lower():
             return name
@@ -157,12 +156,8 @@ async def task_catalog(
         raise InvalidRequest("task page start must be >= 0", code="openenv_invalid_task_page")
     env_url = coerce_url(url)
     token = prepare_token(env_url, bearer_token)
-    async with make_client(
-        bearer_token=token, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
-    ) as client:
-        await check_health(
-            client, env_url.route("/health"), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s
-        )
+    async with make_client(bearer_token=token, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s) as client:
+        await check_health(client, env_url.route("/health"), timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
         status, advertised = await request_json(
             client,
             "GET",
@@ -180,12 +175,14 @@ async def task_catalog(
                 "tasks": [],
             }
         if not isinstance(advertised, list) or not all(isinstance(n, str) for n in advertised):
-            raise EnvironmentProtocolError(
-                f"GET {env_url.route('/list_environments')}: not an array of strings"
-            )
+            raise EnvironmentProtocolError(f"GET {env_url.route('/list_environments')}: not an array of strings")
         name = _choose_environment(advertised, environment_name)
         tasks_api = TaskClient(
-            client, env_url, name, bearer_token=token, timeout_s=timeout_s,
+            client,
+            env_url,
+            name,
+            bearer_token=token,
+            timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
         )
         catalog: dict[str, Any] = {"environment_name": name, "task_api": "available"}

@@ -155,8 +155,12 @@ class ToolCallValidator:
                     f"the input schema of MCP tool #{index} does not compile: {exc.message}"
                 ) from None
             self._calls.setdefault(tool["name"], (index, compiled))
-        others = shown["anyOf"][len(tools):]
-        self._others = ActionValidator.compile({**({"$defs": definitions} if definitions else {}), "anyOf": others}) if others else None
+        others = shown["anyOf"][len(tools) :]
+        self._others = (
+            ActionValidator.compile({**({"$defs": definitions} if definitions else {}), "anyOf": others})
+            if others
+            else None
+        )
 
     def issues(self, action: object) -> tuple[list[dict[str, str]], bool]:
         found, truncated = self.advertised.issues(action)

@@ -66,9 +66,7 @@ def normalize_url(text: str) -> EnvironmentUrl:
     if scheme not in _WS_SCHEMES:
         raise _invalid(text, f"scheme {scheme!r} is not http or https", "use http:// or https://")
     if "@" in parts.netloc or parts.username is not None or parts.password is not None:
-        raise _invalid(
-            text, "it contains credentials (userinfo)", "configure a bearer credential instead"
-        )
+        raise _invalid(text, "it contains credentials (userinfo)", "configure a bearer credential instead")
     if parts.query or "?" in raw:
         raise _invalid(text, "it contains a query string", "remove everything from '?'")
     if parts.fragment or "#" in raw:
@@ -118,8 +116,7 @@ def require_allowed_host(url: EnvironmentUrl, *, allow_remote: bool) -> None:
         return
     raise RemoteEnvironmentForbidden(
         f"environment {url.base_url} is not on a loopback host; remote environments are disabled",
-        hint="set KILN_ALLOW_REMOTE_ENVIRONMENTS=true "
-        "or use localhost/127.0.0.1/[::1]",
+        hint="set KILN_ALLOW_REMOTE_ENVIRONMENTS=true or use localhost/127.0.0.1/[::1]",
     )
 
 

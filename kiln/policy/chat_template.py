@@ -48,6 +48,7 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
 )
 
+
 def generation_prompt(thinking: bool) -> str:
     """The text the template appends for ``add_generation_prompt=True``."""
     return IM_START + "assistant\n" + (THINK_OPEN + "\n" if thinking else "")

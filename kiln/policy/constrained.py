@@ -107,8 +107,15 @@ class ActionGrammar:
     """One compiled action grammar for one tokenizer; hands out per-row constraints."""
 
     def __init__(
-        self, compiled, *, schema_sha256: str, schema_json: str, vocab_size: int, stop_id: int,
-        think_close_id: int, ebnf: str = "",
+        self,
+        compiled,
+        *,
+        schema_sha256: str,
+        schema_json: str,
+        vocab_size: int,
+        stop_id: int,
+        think_close_id: int,
+        ebnf: str = "",
     ):
         self.compiled = compiled
         self.schema_sha256 = schema_sha256  # the policy-facing (untightened) schema's digest
@@ -199,9 +206,7 @@ class RowConstraint:
         return True
 
 
-def allowed_tokens(
-    rows: list[RowConstraint | None], live: list[bool], vocab_size: int, device
-) -> torch.Tensor | None:
+def allowed_tokens(rows: list[RowConstraint | None], live: list[bool], vocab_size: int, device) -> torch.Tensor | None:
     """Bool ``(batch, vocab_size)`` allowed-token mask for one step, or None when no row is masked.
 
     The matchers write one packed int32 bitmask on the CPU; only that (32x smaller than the mask)
@@ -234,17 +239,13 @@ def allowed_tokens(
 class ActionGrammarCache:
     """Compiles action schemas for one tokenizer, once per schema (LRU keyed by the schema digest)."""
 
-    def __init__(
-        self, tokenizer, *, vocab_size: int, stop_id: int, think_close_id: int, max_entries: int = 32
-    ):
+    def __init__(self, tokenizer, *, vocab_size: int, stop_id: int, think_close_id: int, max_entries: int = 32):
         xgr = _xgrammar()
         self.vocab_size = int(vocab_size)
         self.stop_id = int(stop_id)
         self.think_close_id = int(think_close_id)
         self.max_entries = max(1, int(max_entries))
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=self.vocab_size, stop_token_ids=[stop_id]
-        )
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=[stop_id])
         threads = max(1, min(4, os.cpu_count() or 1))
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self._entries: OrderedDict[str, ActionGrammar] = OrderedDict()

@@ -84,8 +84,13 @@ class HfEngine:
     name = "hf"
     concurrent = True  # concurrent calls join one decode loop (see the module docstring)
 
-    def __init__(self, runtime: "PolicyRuntime", decode_tile: int = DEFAULT_DECODE_TILE,
-                 prefill_chunk: int | None = None, kept_states: int | None = None) -> None:
+    def __init__(
+        self,
+        runtime: "PolicyRuntime",
+        decode_tile: int = DEFAULT_DECODE_TILE,
+        prefill_chunk: int | None = None,
+        kept_states: int | None = None,
+    ) -> None:
         from kiln.policy.prefix_states import KEPT_STATES, PREFILL_CHUNK, is_hybrid
 
         if decode_tile < 1:
@@ -102,8 +107,7 @@ class HfEngine:
         self._driving = False
         # Decode forwards so far, the rows they ran, and how many mixed the rows of several calls /
         # of several request tags (runs): the evidence that concurrent callers share batches.
-        self.batching = {"forwards": 0, "rows": 0, "forwards_with_several_calls": 0,
-                         "forwards_with_several_tags": 0}
+        self.batching = {"forwards": 0, "rows": 0, "forwards_with_several_calls": 0, "forwards_with_several_tags": 0}
 
     @property
     def batch_invariant(self) -> bool:
@@ -154,8 +158,12 @@ class HfEngine:
             self._serve(call)
             for i, sample in zip(indices, call.samples):
                 assert sample is not None
-                out[i] = Generation(ids=sample.ids, logprobs=sample.logprobs, finished=sample.finished,
-                                    adapter_sha256=adapter.sha256 if adapter is not None else None)
+                out[i] = Generation(
+                    ids=sample.ids,
+                    logprobs=sample.logprobs,
+                    finished=sample.finished,
+                    adapter_sha256=adapter.sha256 if adapter is not None else None,
+                )
         return [g for g in out if g is not None]
 
     def _serve(self, call: _Call) -> None:
@@ -173,8 +181,14 @@ class HfEngine:
             rt = self._runtime
             adapter, tile = call.loop
             with rt.lock, rt._activate(*((adapter.path, adapter.sha256) if adapter is not None else (None,))):
-                decode_rows(rt.model, _Feed(self, call.loop), tile=tile, device=rt.device,
-                            prefill_chunk=self.prefill_chunk, states=self._states_for(adapter))
+                decode_rows(
+                    rt.model,
+                    _Feed(self, call.loop),
+                    tile=tile,
+                    device=rt.device,
+                    prefill_chunk=self.prefill_chunk,
+                    states=self._states_for(adapter),
+                )
         except BaseException as exc:
             with self._cond:  # the calls whose rows were in the loop fail with it; queued ones wait on
                 for failed in [c for c in self._waiting if c is call or (c.loop == call.loop and c.taken)]:
@@ -206,8 +220,13 @@ class HfEngine:
 
 def _spec(req: GenerationRequest) -> RowSpec:
     return RowSpec(
-        prompt=tuple(req.prompt_ids), seed=req.seed, max_new_tokens=req.max_tokens, temperature=req.temperature,
-        stop_id=req.stop_id, think_close_id=req.think_close_id, budget=req.budget,
+        prompt=tuple(req.prompt_ids),
+        seed=req.seed,
+        max_new_tokens=req.max_tokens,
+        temperature=req.temperature,
+        stop_id=req.stop_id,
+        think_close_id=req.think_close_id,
+        budget=req.budget,
         constraint=req.grammar.row(thinking=req.thinking) if req.grammar is not None else None,
     )
 

@@ -98,8 +98,9 @@ class VllmEngine:
         # One client for every request: a client of its own per request (``httpx.post``) builds an
         # SSL context each time, 23 ms of CPU per loopback request against 1 ms (bench/engine.py);
         # the server closes each connection, so nothing is kept alive between requests.
-        self._http = httpx.Client(timeout=config.request_timeout_s,
-                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
+        self._http = httpx.Client(
+            timeout=config.request_timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        )
         self._broken_port: int | None = None  # a request to this server could not connect
         self.restarts = 0
 
@@ -133,25 +134,44 @@ class VllmEngine:
                 details={"python": str(cfg.python)},
             )
         port = _free_port()
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kvcache_gb),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", **cfg.extra_env}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(cfg.cpu_kvcache_gb),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+            **cfg.extra_env,
+        }
         env.pop("PYTHONPATH", None)  # the server imports nothing from Kiln's environment
         argv = [
-            str(cfg.python), str(SERVER_SCRIPT), "--model", str(cfg.model_path), "--port", str(port),
-            "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
-            "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras),
-            "--max-num-seqs", str(cfg.max_num_seqs),
-            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-            "--parent-pid", str(os.getpid()),
+            str(cfg.python),
+            str(SERVER_SCRIPT),
+            "--model",
+            str(cfg.model_path),
+            "--port",
+            str(port),
+            "--dtype",
+            cfg.dtype,
+            "--max-model-len",
+            str(cfg.max_model_len),
+            "--max-lora-rank",
+            str(cfg.max_lora_rank),
+            "--max-loras",
+            str(cfg.max_loras),
+            "--max-num-seqs",
+            str(cfg.max_num_seqs),
+            "--gpu-memory-utilization",
+            str(cfg.gpu_memory_utilization),
+            "--parent-pid",
+            str(os.getpid()),
         ]
         if cfg.batch_invariant:
             argv.append("--batch-invariant")
         self._log_offset = vllm_faults.log_size(cfg.log_path)
         log = open(cfg.log_path, "ab") if cfg.log_path is not None else subprocess.DEVNULL
         try:
-            self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
@@ -159,9 +179,12 @@ class VllmEngine:
         deadline = time.monotonic() + cfg.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise vllm_faults.start_failure(cfg.model_path, self._proc.returncode,
-                                                vllm_faults.read_since(cfg.log_path, self._log_offset),
-                                                cfg.log_path)
+                raise vllm_faults.start_failure(
+                    cfg.model_path,
+                    self._proc.returncode,
+                    vllm_faults.read_since(cfg.log_path, self._log_offset),
+                    cfg.log_path,
+                )
             try:
                 health = self._http.get(self._url("/health"), timeout=2.0).json()
                 self._version = str(health["vllm"])
@@ -234,10 +257,11 @@ class VllmEngine:
     # ------------------------------------------------------------------------------ rows
     def _row(self, req: GenerationRequest, tag: str | None = None) -> Generation:
         if req.max_tokens <= 0:
-            return Generation(ids=[], logprobs=[], finished=False,
-                              adapter_sha256=req.adapter.sha256 if req.adapter else None)
-        two_phase = req.thinking and req.think_close_id is not None and (
-            req.budget is not None or req.grammar is not None
+            return Generation(
+                ids=[], logprobs=[], finished=False, adapter_sha256=req.adapter.sha256 if req.adapter else None
+            )
+        two_phase = (
+            req.thinking and req.think_close_id is not None and (req.budget is not None or req.grammar is not None)
         )
         if not two_phase:
             grammar = req.grammar if not (req.thinking and req.think_close_id is not None) else None
@@ -248,8 +272,15 @@ class VllmEngine:
         ids, lps = list(out["ids"]), list(out["logprobs"])
         if not ids or ids[-1] != req.think_close_id or len(ids) >= req.max_tokens:
             return self._finish(req, ids, lps, out["adapter"])
-        rest = self._call(req, tuple(req.prompt_ids) + tuple(ids), req.max_tokens - len(ids),
-                          answer_seed(req.seed), [req.stop_id], req.grammar, tag)
+        rest = self._call(
+            req,
+            tuple(req.prompt_ids) + tuple(ids),
+            req.max_tokens - len(ids),
+            answer_seed(req.seed),
+            [req.stop_id],
+            req.grammar,
+            tag,
+        )
         return self._finish(req, ids + list(rest["ids"]), lps + list(rest["logprobs"]), rest["adapter"])
 
     def _finish(self, req: GenerationRequest, ids: list[int], lps: list[float], served: str | None) -> Generation:
@@ -262,11 +293,20 @@ class VllmEngine:
         if req.grammar is not None:
             _check_grammar(req, ids)
         finished = bool(ids) and ids[-1] == req.stop_id
-        return Generation(ids=[int(t) for t in ids], logprobs=[float(x) for x in lps], finished=finished,
-                          adapter_sha256=served)
+        return Generation(
+            ids=[int(t) for t in ids], logprobs=[float(x) for x in lps], finished=finished, adapter_sha256=served
+        )
 
-    def _call(self, req: GenerationRequest, prompt: Sequence[int], max_tokens: int, seed: int,
-              stop_ids: list[int], grammar: Any, tag: str | None) -> dict[str, Any]:
+    def _call(
+        self,
+        req: GenerationRequest,
+        prompt: Sequence[int],
+        max_tokens: int,
+        seed: int,
+        stop_ids: list[int],
+        grammar: Any,
+        tag: str | None,
+    ) -> dict[str, Any]:
         body = {
             "prompt_ids": [int(t) for t in prompt],
             "seed": int(seed) % _U63,
@@ -286,8 +326,11 @@ class VllmEngine:
             if body is None:
                 resp = self._http.get(f"http://127.0.0.1:{port}{path}")
             else:
-                resp = self._http.post(f"http://127.0.0.1:{port}{path}", content=json.dumps(body),
-                                       headers={"content-type": "application/json"})
+                resp = self._http.post(
+                    f"http://127.0.0.1:{port}{path}",
+                    content=json.dumps(body),
+                    headers={"content-type": "application/json"},
+                )
         except httpx.HTTPError as exc:
             if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
                 with self._start_lock:
@@ -311,7 +354,6 @@ class VllmEngine:
         return vllm_faults.death(self.pid, log, self.config.log_path, error)
 
 
-
 def _check_grammar(req: GenerationRequest, ids: list[int]) -> None:
     """Every answer token vLLM produced must be allowed by Kiln's own mask at its position."""
     row = req.grammar.row(thinking=req.thinking)
@@ -325,8 +367,11 @@ def _check_grammar(req: GenerationRequest, ids: list[int]) -> None:
                 details={"position": pos, "token": token},
             )
         if not row.advance(token):
-            raise EngineUnavailable(f"the action grammar rejected token {token} at position {pos}",
-                                    retryable=False, details={"position": pos, "token": token})
+            raise EngineUnavailable(
+                f"the action grammar rejected token {token} at position {pos}",
+                retryable=False,
+                details={"position": pos, "token": token},
+            )
 
 
 class _Gate:
@@ -377,16 +422,18 @@ def engine_for(settings: Any, model_path: Path, *, dtype: str) -> VllmEngine:
     ``model_path`` with; its log goes to ``<home>/logs/vllm-engine.log``."""
     logs = Path(settings.home) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    return VllmEngine(VllmConfig(
-        model_path=Path(model_path),
-        python=Path(settings.vllm_python or default_python()),
-        dtype=dtype,
-        log_path=logs / "vllm-engine.log",
-        max_model_len=settings.vllm_max_model_len,
-        gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-        cpu_kvcache_gb=settings.vllm_cpu_kvcache_gb,
-        max_num_seqs=max(64, settings.vllm_max_concurrent_activities * 8),
-    ))
+    return VllmEngine(
+        VllmConfig(
+            model_path=Path(model_path),
+            python=Path(settings.vllm_python or default_python()),
+            dtype=dtype,
+            log_path=logs / "vllm-engine.log",
+            max_model_len=settings.vllm_max_model_len,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+            cpu_kvcache_gb=settings.vllm_cpu_kvcache_gb,
+            max_num_seqs=max(64, settings.vllm_max_concurrent_activities * 8),
+        )
+    )
 
 
 def _free_port() -> int:

@@ -85,50 +85,78 @@ class Family:
 _ENTRIES = (
     Family("qwen3", ("Qwen3ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "chatml-think"),
     Family(
-        "qwen3_5", ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
+        "qwen3_5",
+        ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
         ("linear_attention", "attention"),
         ATTENTION + GATED_MLP + ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"),
-        "chatml-think", aliases=("qwen3_5_text",), composite_text_class="Qwen3_5ForCausalLM",
+        "chatml-think",
+        aliases=("qwen3_5_text",),
+        composite_text_class="Qwen3_5ForCausalLM",
         vllm=Serving(options=("--language-model-only",)),
         notes="the hub ships a vision-language checkpoint: Kiln loads its language model only",
     ),
     Family(
-        "qwen3_next", ("Qwen3NextForCausalLM",), ("linear_attention", "attention", "moe"),
-        ATTENTION + ("in_proj_qkvz", "in_proj_ba", "out_proj"), "chatml-think",
+        "qwen3_next",
+        ("Qwen3NextForCausalLM",),
+        ("linear_attention", "attention", "moe"),
+        ATTENTION + ("in_proj_qkvz", "in_proj_ba", "out_proj"),
+        "chatml-think",
         lora_parameters=EXPERT_PARAMETERS,
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="the shared expert is not adapted: peft 0.21 rewrites gate/up/down_proj targets of this "
         "family into the routed experts' fused parameters",
     ),
     Family(
-        "qwen3_moe", ("Qwen3MoeForCausalLM",), ("attention", "moe"), ATTENTION, "chatml-think",
-        lora_parameters=EXPERT_PARAMETERS, vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
+        "qwen3_moe",
+        ("Qwen3MoeForCausalLM",),
+        ("attention", "moe"),
+        ATTENTION,
+        "chatml-think",
+        lora_parameters=EXPERT_PARAMETERS,
+        vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="experts through target_parameters (peft would rewrite gate/up/down_proj into them)",
     ),
     Family(
-        "gpt_oss", ("GptOssForCausalLM",), ("attention", "moe"), ATTENTION, "harmony",
-        lora_parameters=EXPERT_PARAMETERS, attn_implementation="eager",
+        "gpt_oss",
+        ("GptOssForCausalLM",),
+        ("attention", "moe"),
+        ATTENTION,
+        "harmony",
+        lora_parameters=EXPERT_PARAMETERS,
+        attn_implementation="eager",
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="attention sinks: sdpa is refused by transformers, eager loads",
     ),
     Family("llama", ("LlamaForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "llama3"),
-    Family("gemma3", ("Gemma3ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "gemma",
-           aliases=("gemma3_text",)),
+    Family("gemma3", ("Gemma3ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "gemma", aliases=("gemma3_text",)),
     Family("mistral", ("MistralForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "mistral"),
     Family("smollm3", ("SmolLM3ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "chatml-think"),
-    Family("phi3", ("Phi3ForCausalLM",), ("attention",), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-           "phi3", notes="fused qkv_proj and gate_up_proj"),
+    Family(
+        "phi3",
+        ("Phi3ForCausalLM",),
+        ("attention",),
+        ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+        "phi3",
+        notes="fused qkv_proj and gate_up_proj",
+    ),
     Family("olmo2", ("Olmo2ForCausalLM",), ("attention",), ATTENTION + GATED_MLP, "tulu"),
     Family(
-        "granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("mamba", "attention", "moe"),
-        ATTENTION + ("in_proj", "out_proj", "input_linear", "output_linear"), "granite",
-        lora_parameters=EXPERT_PARAMETERS, lora_optional=EXPERT_PARAMETERS,
+        "granitemoehybrid",
+        ("GraniteMoeHybridForCausalLM",),
+        ("mamba", "attention", "moe"),
+        ATTENTION + ("in_proj", "out_proj", "input_linear", "output_linear"),
+        "granite",
+        lora_parameters=EXPERT_PARAMETERS,
+        lora_optional=EXPERT_PARAMETERS,
         vllm=Serving(missing_on_cpu=_MOE_LORA_CPU),
         notes="input_linear/output_linear are the shared MLP's; experts where the config has them",
     ),
     Family(
-        "lfm2", ("Lfm2ForCausalLM",), ("conv", "attention"),
-        ("q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"), "chatml",
+        "lfm2",
+        ("Lfm2ForCausalLM",),
+        ("conv", "attention"),
+        ("q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"),
+        "chatml",
         notes="out_proj is both the attention output and the conv block's; w1/w3/w2 the MLP",
     ),
 )
@@ -153,8 +181,12 @@ def family_named(model_type: str) -> Family:
     """The family of a loaded model's ``config.model_type`` (``model_unsupported`` when unknown)."""
     family = _BY_MODEL_TYPE.get(model_type)
     if family is None:
-        raise _unsupported("the loaded model", f"model_type {model_type or 'missing'}",
-                           "no model family entry for this architecture", {"model_type": model_type})
+        raise _unsupported(
+            "the loaded model",
+            f"model_type {model_type or 'missing'}",
+            "no model family entry for this architecture",
+            {"model_type": model_type},
+        )
     return family
 
 
@@ -178,8 +210,15 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _unsupported(where: str, architecture: str, missing: str, details: dict[str, Any], *,
-                 engine: str | None = None, cpu: bool | None = None) -> ModelUnsupported:
+def _unsupported(
+    where: str,
+    architecture: str,
+    missing: str,
+    details: dict[str, Any],
+    *,
+    engine: str | None = None,
+    cpu: bool | None = None,
+) -> ModelUnsupported:
     """The refusal; ``supported`` lists the table's families, or those ``engine`` serves."""
     if engine is None:
         supported, label = supported_names(), "supported families"
@@ -187,8 +226,7 @@ def _unsupported(where: str, architecture: str, missing: str, details: dict[str,
         supported = [name for name in supported_names() if _serving(FAMILIES[name], engine).why_not(cpu=cpu) is None]
         label = f"families the {engine} engine serves"
     return ModelUnsupported(
-        f"the model at {where} is {architecture}, which Kiln cannot serve: {missing}; "
-        f"{label}: {', '.join(supported)}",
+        f"the model at {where} is {architecture}, which Kiln cannot serve: {missing}; {label}: {', '.join(supported)}",
         hint="use a model of a supported family (docs/models.md lists them and how to add one)",
         details={"architecture": architecture, "missing": missing, "supported": supported, **details},
     )
@@ -203,14 +241,17 @@ def shape_of(config: Mapping[str, Any], *, where: str = "the model folder") -> M
     family = _BY_MODEL_TYPE.get(model_type)
     if family is None:
         raise _unsupported(
-            where, f"{architecture} (model_type {model_type or 'missing'!s})",
+            where,
+            f"{architecture} (model_type {model_type or 'missing'!s})",
             "no model family entry for this architecture",
             {"model_type": model_type, "path": where},
         )
     composite = isinstance(config.get("text_config"), Mapping) and isinstance(config.get("vision_config"), Mapping)
     if composite and family.composite_text_class is None:
         raise _unsupported(
-            where, architecture, f"a vision-language checkpoint of {family.name}, whose language model Kiln "
+            where,
+            architecture,
+            f"a vision-language checkpoint of {family.name}, whose language model Kiln "
             "cannot load alone yet (Kiln never loads a vision tower)",
             {"model_type": model_type, "family": family.name, "path": where},
         )
@@ -229,9 +270,12 @@ def require_servable(model_dir: Path, engine: str, *, cpu: bool | None = None) -
     missing = _serving(shape.family, engine).why_not(cpu=cpu)
     if missing:
         raise _unsupported(
-            str(model_dir), shape.architecture, f"the {engine} engine cannot serve {shape.family.name}: {missing}",
+            str(model_dir),
+            shape.architecture,
+            f"the {engine} engine cannot serve {shape.family.name}: {missing}",
             {"model_type": shape.model_type, "family": shape.family.name, "engine": engine, "path": str(model_dir)},
-            engine=engine, cpu=cpu,
+            engine=engine,
+            cpu=cpu,
         )
     return shape
 
@@ -254,7 +298,16 @@ def load_identity_fields(model_dir: Path) -> dict[str, Any]:
 
 
 __all__ = [
-    "EXPERT_PARAMETERS", "FAMILIES", "Family", "ModelShape", "Serving", "family_named", "family_of",
-    "load_identity_fields", "read_config", "require_servable", "shape_of",
+    "EXPERT_PARAMETERS",
+    "FAMILIES",
+    "Family",
+    "ModelShape",
+    "Serving",
+    "family_named",
+    "family_of",
+    "load_identity_fields",
+    "read_config",
+    "require_servable",
+    "shape_of",
     "supported_names",
 ]

@@ -65,8 +65,15 @@ _ANNOTATIONS = frozenset(
 )
 _STRING_SHAPED = ("maxLength", "enum", "const", "pattern", "format")
 _OBJECT_KEYWORDS = frozenset(
-    {"properties", "patternProperties", "additionalProperties", "propertyNames", "required",
-     "minProperties", "maxProperties"}
+    {
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "propertyNames",
+        "required",
+        "minProperties",
+        "maxProperties",
+    }
 )
 
 
@@ -74,14 +81,13 @@ def bounded_string_pattern(min_chars: int, max_chars: int) -> str:
     """Printable, no quote or backslash (so no escapes), no UTF-16 surrogate code point (a
     byte-level vocabulary can spell one in UTF-8, which no decoder accepts as text),
     ``min_chars``..``max_chars`` characters."""
-    return f"^[^\\u0000-\\u001f\"\\\\\\ud800-\\udfff]{{{min_chars},{max_chars}}}$"
+    return f'^[^\\u0000-\\u001f"\\\\\\ud800-\\udfff]{{{min_chars},{max_chars}}}$'
 
 
 def _free_definitions() -> dict[str, Any]:
     scalar = {
         "anyOf": [
-            {"type": "string", "maxLength": FREE_STRING_CHARS,
-             "pattern": bounded_string_pattern(0, FREE_STRING_CHARS)},
+            {"type": "string", "maxLength": FREE_STRING_CHARS, "pattern": bounded_string_pattern(0, FREE_STRING_CHARS)},
             {"type": "integer", "minimum": -_INTEGER_LIMIT, "maximum": _INTEGER_LIMIT},
             {"type": "boolean"},
             {"type": "null"},

@@ -63,12 +63,20 @@ def adapter_content_sha256(adapter_dir: Path) -> str:
 
 
 INFERENCE_KEYS = (
-    "temperature", "top_p", "thinking", "thinking_budget_tokens", "max_action_tokens",
+    "temperature",
+    "top_p",
+    "thinking",
+    "thinking_budget_tokens",
+    "max_action_tokens",
     "constrained_actions",
 )
 _INFERENCE_DEFAULTS = {
-    "temperature": 1.0, "top_p": 1.0, "thinking": True, "thinking_budget_tokens": None,
-    "max_action_tokens": 256, "constrained_actions": False,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "thinking": True,
+    "thinking_budget_tokens": None,
+    "max_action_tokens": 256,
+    "constrained_actions": False,
 }
 
 
@@ -128,6 +136,12 @@ def model_part_of(identity: Mapping[str, Any] | None) -> str:
 
 
 __all__ = [
-    "adapter_content_sha256", "file_sha256", "inference_config", "inference_config_sha256",
-    "model_content_sha256", "model_part_of", "sampling_of", "with_inference",
+    "adapter_content_sha256",
+    "file_sha256",
+    "inference_config",
+    "inference_config_sha256",
+    "model_content_sha256",
+    "model_part_of",
+    "sampling_of",
+    "with_inference",
 ]

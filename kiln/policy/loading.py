@@ -67,7 +67,9 @@ def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFo
     shape = family_of(path)
     try:
         model = _model_class(shape).from_pretrained(
-            str(path), local_files_only=True, dtype=placement.torch_dtype,
+            str(path),
+            local_files_only=True,
+            dtype=placement.torch_dtype,
             attn_implementation=shape.family.attn_implementation,
         )
     except (OSError, ValueError) as exc:

@@ -42,8 +42,10 @@ def is_hybrid(model: Any) -> bool:
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kinds, _ = get_layer_types_and_kwargs(base.config.get_text_config(decoder=True))
-    return any(isinstance(cls, type) and issubclass(cls, LinearAttentionCacheLayerMixin)
-               for cls in (DYNAMIC_LAYER_TYPE_MAPPING.get(kind) for kind in kinds))
+    return any(
+        isinstance(cls, type) and issubclass(cls, LinearAttentionCacheLayerMixin)
+        for cls in (DYNAMIC_LAYER_TYPE_MAPPING.get(kind) for kind in kinds)
+    )
 
 
 class PrefixStates:
@@ -77,8 +79,9 @@ class PrefixStates:
         self._kept.clear()
 
 
-def chunked_prefill(model: Any, prompt: tuple[int, ...], device: Any, chunk: int,
-                    states: PrefixStates | None, cache_kw: str = "cache") -> tuple[Any, torch.Tensor]:
+def chunked_prefill(
+    model: Any, prompt: tuple[int, ...], device: Any, chunk: int, states: PrefixStates | None, cache_kw: str = "cache"
+) -> tuple[Any, torch.Tensor]:
     """Prefill ``prompt`` (batch of one) in canonical chunks, from the longest kept boundary:
     ``(cache, last_logits)``; the cache at the last boundary before the prompt's end is kept."""
     from transformers import DynamicCache

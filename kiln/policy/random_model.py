@@ -55,17 +55,31 @@ _QWEN35_TEXT: dict[str, Any] = {
     "max_position_embeddings": 262144,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                        "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
     "eos_token_id": QWEN_EOS,
     "pad_token_id": QWEN_PAD,
 }
-_QWEN35_VISION: dict[str, Any] = {"in_channels": 3, "patch_size": 16, "temporal_patch_size": 2,
-                                  "spatial_merge_size": 2, "num_position_embeddings": 2304}
+_QWEN35_VISION: dict[str, Any] = {
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "num_position_embeddings": 2304,
+}
 # Qwen3.5's special ids of the vision placeholders (Qwen3_5Config's defaults, the hub's values).
-_QWEN35_TOP: dict[str, Any] = {"image_token_id": 248056, "video_token_id": 248057,
-                               "vision_start_token_id": 248053, "vision_end_token_id": 248054,
-                               "tie_word_embeddings": True}
+_QWEN35_TOP: dict[str, Any] = {
+    "image_token_id": 248056,
+    "video_token_id": 248057,
+    "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+    "tie_word_embeddings": True,
+}
 
 
 @dataclass(frozen=True)
@@ -84,55 +98,167 @@ class Shape:
 
 SHAPES: dict[str, Shape] = {
     # Qwen/Qwen3-0.6B's config.json
-    "qwen3-0.6b": Shape("Qwen3Config", "Qwen3ForCausalLM", {
-        **_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-        "num_attention_heads": 16}),
+    "qwen3-0.6b": Shape(
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            **_QWEN3_COMMON,
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+        },
+    ),
     # Qwen/Qwen3-4B's config.json
-    "qwen3-4b": Shape("Qwen3Config", "Qwen3ForCausalLM", {
-        **_QWEN3_COMMON, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-        "num_attention_heads": 32}),
+    "qwen3-4b": Shape(
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            **_QWEN3_COMMON,
+            "hidden_size": 2560,
+            "intermediate_size": 9728,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+        },
+    ),
     # A few-MB model with the real vocabulary and template (tests of the real TI/TO paths).
-    "tiny": Shape("Qwen3Config", "Qwen3ForCausalLM", {
-        **_QWEN3_COMMON, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}),
+    "tiny": Shape(
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            **_QWEN3_COMMON,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+        },
+    ),
     # Qwen/Qwen3.5-0.8B's config.json (24 layers, [3 linear, 1 full] x 6, tied embeddings).
-    "qwen3.5-0.8b": Shape("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", dict(_QWEN35_TOP), period=4,
-                          text={**_QWEN35_TEXT, "hidden_size": 1024, "intermediate_size": 3584,
-                                "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                "linear_num_key_heads": 16, "linear_num_value_heads": 16},
-                          vision={**_QWEN35_VISION, "depth": 12, "hidden_size": 768, "num_heads": 12,
-                                  "intermediate_size": 3072, "out_hidden_size": 1024}),
+    "qwen3.5-0.8b": Shape(
+        "Qwen3_5Config",
+        "Qwen3_5ForConditionalGeneration",
+        dict(_QWEN35_TOP),
+        period=4,
+        text={
+            **_QWEN35_TEXT,
+            "hidden_size": 1024,
+            "intermediate_size": 3584,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 16,
+        },
+        vision={
+            **_QWEN35_VISION,
+            "depth": 12,
+            "hidden_size": 768,
+            "num_heads": 12,
+            "intermediate_size": 3072,
+            "out_hidden_size": 1024,
+        },
+    ),
     # Qwen/Qwen3.5-4B's config.json (32 layers, [3 linear, 1 full] x 8, tied embeddings).
-    "qwen3.5-4b": Shape("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", dict(_QWEN35_TOP), period=4,
-                        text={**_QWEN35_TEXT, "hidden_size": 2560, "intermediate_size": 9216,
-                              "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-                              "linear_num_key_heads": 16, "linear_num_value_heads": 32},
-                        vision={**_QWEN35_VISION, "depth": 24, "hidden_size": 1024, "num_heads": 16,
-                                "intermediate_size": 4096, "out_hidden_size": 2560}),
+    "qwen3.5-4b": Shape(
+        "Qwen3_5Config",
+        "Qwen3_5ForConditionalGeneration",
+        dict(_QWEN35_TOP),
+        period=4,
+        text={
+            **_QWEN35_TEXT,
+            "hidden_size": 2560,
+            "intermediate_size": 9216,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+        },
+        vision={
+            **_QWEN35_VISION,
+            "depth": 24,
+            "hidden_size": 1024,
+            "num_heads": 16,
+            "intermediate_size": 4096,
+            "out_hidden_size": 2560,
+        },
+    ),
     # The Qwen3.5 hub layout at a tiny width (real vocabulary): for tests of the composite path.
-    "qwen3.5-tiny": Shape("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", dict(_QWEN35_TOP), period=4,
-                          text={**_QWEN35_TEXT, "hidden_size": 64, "intermediate_size": 128,
-                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-                                "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                "rope_parameters": {**_QWEN35_TEXT["rope_parameters"], "mrope_section": [1, 1, 0]}},
-                          vision={**_QWEN35_VISION, "depth": 1, "hidden_size": 32, "num_heads": 2,
-                                  "intermediate_size": 64, "out_hidden_size": 64}),
+    "qwen3.5-tiny": Shape(
+        "Qwen3_5Config",
+        "Qwen3_5ForConditionalGeneration",
+        dict(_QWEN35_TOP),
+        period=4,
+        text={
+            **_QWEN35_TEXT,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "rope_parameters": {**_QWEN35_TEXT["rope_parameters"], "mrope_section": [1, 1, 0]},
+        },
+        vision={
+            **_QWEN35_VISION,
+            "depth": 1,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+        },
+    ),
     # Qwen/Qwen3-30B-A3B's config.json (transformers' Qwen3MoeConfig defaults are its -Base
     # sibling's: 2048 wide, 128 experts of 768, 8 per token); 48 layers, normalised top-k.
-    "qwen3-30b-a3b": Shape("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
-        **_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128,
-        "num_experts_per_tok": 8, "norm_topk_prob": True, "tie_word_embeddings": False}),
+    "qwen3-30b-a3b": Shape(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            **_QWEN3_COMMON,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "norm_topk_prob": True,
+            "tie_word_embeddings": False,
+        },
+    ),
     # openai/gpt-oss-20b's config.json (transformers' GptOssConfig documents that checkpoint; its
     # defaults are the 120b's 36 layers and 128 experts): 24 layers alternating sliding (128) and
     # full attention, 32 experts, 4 per token, yarn rope, vocabulary 201,088.
-    "gpt-oss-20b": Shape("GptOssConfig", "GptOssForCausalLM", {
-        "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
-        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
-        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_bias": True,
-        "eos_token_id": QWEN_EOS, "pad_token_id": QWEN_PAD}, period=2),
+    "gpt-oss-20b": Shape(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {
+            "vocab_size": 201088,
+            "hidden_size": 2880,
+            "intermediate_size": 2880,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "num_local_experts": 32,
+            "num_experts_per_tok": 4,
+            "sliding_window": 128,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "attention_bias": True,
+            "eos_token_id": QWEN_EOS,
+            "pad_token_id": QWEN_PAD,
+        },
+        period=2,
+    ),
 }
 
 

@@ -87,8 +87,9 @@ class RowCache:
         return [(i, layers) for i, layers in enumerate(self.slots) if layers is not None]
 
     # ----------------------------------------------------------------- attention (key/value) layers
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[RowKV, RowKV]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[RowKV, RowKV]:
         """Append each live row's new key and value to its own layer; the per-row view for attention."""
         keys: list[torch.Tensor | None] = [None] * len(self.slots)
         values: list[torch.Tensor | None] = [None] * len(self.slots)
@@ -110,14 +111,16 @@ class RowCache:
     def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
         return self._stack(layer_idx, "recurrent_states", state_idx)
 
-    def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0,
-                          **kwargs: Any) -> torch.Tensor:
+    def update_conv_state(
+        self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
+    ) -> torch.Tensor:
         """Each live row's layer takes its part through its own ``update_conv_state``."""
         self._stacked.pop((layer_idx, "conv_states", state_idx), None)
         return self._per_row(conv_states, layer_idx, "update_conv_state", state_idx, kwargs)
 
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0,
-                               **kwargs: Any) -> torch.Tensor:
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: Any
+    ) -> torch.Tensor:
         """Each live row's layer takes its part through its own ``update_recurrent_state``."""
         self._stacked.pop((layer_idx, "recurrent_states", state_idx), None)
         self._per_row(recurrent_states, layer_idx, "update_recurrent_state", state_idx, kwargs)
@@ -152,8 +155,9 @@ class RowCache:
             self._stacked[key] = torch.cat([states.get(i, zeros) for i in range(len(self.slots))])
         return self._stacked[key]
 
-    def _per_row(self, states: torch.Tensor, layer_idx: int, method: str, state_idx: int,
-                 kwargs: dict[str, Any]) -> torch.Tensor:
+    def _per_row(
+        self, states: torch.Tensor, layer_idx: int, method: str, state_idx: int, kwargs: dict[str, Any]
+    ) -> torch.Tensor:
         out: list[torch.Tensor | None] = [None] * len(self.slots)
         for i, layers in self._live():
             out[i] = getattr(self._linear(layers, layer_idx), method)(states[i : i + 1], state_idx, **kwargs)
@@ -164,9 +168,14 @@ class RowCache:
 
 # The transformers cache layer classes whose per-row state the tile keeps (everything the model
 # calls on them goes through RowCache's methods above).
-_ROW_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "LinearAttentionLayer",
-               "LinearAttentionAndFullAttentionLayer", "LinearAttentionAndSlidingWindowAttentionLayer",
-               "DummyLayer")
+_ROW_LAYERS = (
+    "DynamicLayer",
+    "DynamicSlidingWindowLayer",
+    "LinearAttentionLayer",
+    "LinearAttentionAndFullAttentionLayer",
+    "LinearAttentionAndSlidingWindowAttentionLayer",
+    "DummyLayer",
+)
 
 
 def unsupported_layer_kinds(config: Any) -> list[str]:
@@ -212,14 +221,19 @@ def _own_copy(layer: Any) -> Any:
     if isinstance(layer, LinearAttentionCacheLayerMixin):
         for name in ("conv_states", "recurrent_states"):
             setattr(own, name, {k: (t.clone() if t is not None else None) for k, t in getattr(layer, name).items()})
-        for name in ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state",
-                     "conv_kernel_size"):
+        for name in (
+            "is_conv_states_initialized",
+            "is_recurrent_states_initialized",
+            "has_previous_state",
+            "conv_kernel_size",
+        ):
             setattr(own, name, dict(getattr(layer, name)))
     return own
 
 
-def rows_forward(model: Any, cache: RowCache, cache_kwarg: str, input_ids: torch.Tensor,
-                 position_ids: torch.Tensor) -> Any:
+def rows_forward(
+    model: Any, cache: RowCache, cache_kwarg: str, input_ids: torch.Tensor, position_ids: torch.Tensor
+) -> Any:
     """One decode forward of the tile with per-row attention and per-row experts; the model's output."""
     _register()
     config = cache.base.config
@@ -248,8 +262,9 @@ class _InnerExperts(threading.local):
 _inner_experts = _InnerExperts()
 
 
-def _rows_experts(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                  top_k_weights: torch.Tensor) -> torch.Tensor:
+def _rows_experts(
+    module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """A mixture-of-experts layer token by token: each token (one per row in a decode step) goes
     through the model's own experts implementation alone, exactly as in a batch-of-one decode,
     so the rows an expert serves never share (and never round together in) one matrix product."""
@@ -258,14 +273,20 @@ def _rows_experts(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
     own = getattr(type(module).forward, "__wrapped__", None)
     if own is None:
         raise RuntimeError(f"{type(module).__name__}: no experts forward of its own to run per row")
-    inner = ALL_EXPERTS_FUNCTIONS.get_interface(_inner_experts.name, own)
-    parts = [inner(module, hidden_states[i : i + 1], top_k_index[i : i + 1], top_k_weights[i : i + 1])
-             for i in range(hidden_states.shape[0])]
+    name = _inner_experts.name
+    if name is None:  # only rows_forward selects this implementation, and it sets the name first
+        raise RuntimeError(f"{type(module).__name__}: experts per row outside the tile's decode forward")
+    inner = ALL_EXPERTS_FUNCTIONS.get_interface(name, own)
+    parts = [
+        inner(module, hidden_states[i : i + 1], top_k_index[i : i + 1], top_k_weights[i : i + 1])
+        for i in range(hidden_states.shape[0])
+    ]
     return torch.cat(parts)
 
 
-def _rows_attention(module: torch.nn.Module, query: torch.Tensor, key: RowKV, value: RowKV,
-                    attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _rows_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: RowKV, value: RowKV, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
     window = kwargs.get("sliding_window")
     parts: list[torch.Tensor | None] = []
     for i, (k, v) in enumerate(zip(key.keys, key.values)):
@@ -309,5 +330,12 @@ def _register() -> None:
         _registered = True
 
 
-__all__ = ["IMPLEMENTATION", "RowCache", "RowKV", "UnsupportedCacheLayer", "batch_invariant", "rows_forward",
-           "unsupported_layer_kinds"]
+__all__ = [
+    "IMPLEMENTATION",
+    "RowCache",
+    "RowKV",
+    "UnsupportedCacheLayer",
+    "batch_invariant",
+    "rows_forward",
+    "unsupported_layer_kinds",
+]

@@ -29,19 +29,23 @@ from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402 - after HF_HUB_OFFLINE is set above
+import torch
 
-from kiln.errors import AdapterNotFound, ModelUnsupported  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.device import resolve_placement  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.families import load_identity_fields  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.engine import (  # noqa: E402 - after HF_HUB_OFFLINE is set above
-    DEFAULT_DECODE_TILE, AdapterHandle, Engine, GenerationRequest, engine_identity_fields,
+from kiln.errors import AdapterNotFound, ModelUnsupported
+from kiln.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking
+from kiln.policy.device import resolve_placement
+from kiln.policy.families import load_identity_fields
+from kiln.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256
+from kiln.policy.loading import check_model_dir, load_causal_lm, load_tokenizer
+from kiln.policy.engine import (
+    DEFAULT_DECODE_TILE,
+    AdapterHandle,
+    Engine,
+    GenerationRequest,
+    engine_identity_fields,
 )
-from kiln.policy.engine_hf import HfEngine  # noqa: E402 - after HF_HUB_OFFLINE is set above
-from kiln.policy.sampling import Sample, completion_logprobs  # noqa: E402 - after HF_HUB_OFFLINE is set above
+from kiln.policy.engine_hf import HfEngine
+from kiln.policy.sampling import Sample, completion_logprobs
 
 __all__ = ["PolicyRuntime", "Sample"]
 
@@ -49,8 +53,17 @@ __all__ = ["PolicyRuntime", "Sample"]
 class PolicyRuntime:
     """Holds one base model + tokenizer and an LRU of adapters; samples and scores token ids."""
 
-    def __init__(self, model, tokenizer, *, model_path: Path, device: str, dtype: str, max_adapters: int,
-                 decode_tile: int = DEFAULT_DECODE_TILE):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        model_path: Path,
+        device: str,
+        dtype: str,
+        max_adapters: int,
+        decode_tile: int = DEFAULT_DECODE_TILE,
+    ):
         # Frozen from the start, as PEFT leaves it after an adapter load or a training lease: the
         # kernels a forward picks depend on ``requires_grad`` (even under inference mode), so a
         # worker's numerics must not depend on whether it has served adapters or training yet.
@@ -75,7 +88,12 @@ class PolicyRuntime:
     # ----------------------------------------------------------------------------------- loading
     @classmethod
     def load(
-        cls, model_path: Path, *, device: str = "auto", dtype: str = "auto", max_adapters: int = 4,
+        cls,
+        model_path: Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_adapters: int = 4,
         decode_tile: int = DEFAULT_DECODE_TILE,
     ) -> "PolicyRuntime":
         """Load a local model directory (never downloads) on ``device``/``dtype`` (``auto`` =
@@ -86,8 +104,13 @@ class PolicyRuntime:
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, placement)
         return cls(
-            model, tokenizer, model_path=path, device=placement.device, dtype=placement.dtype,
-            max_adapters=max_adapters, decode_tile=decode_tile,
+            model,
+            tokenizer,
+            model_path=path,
+            device=placement.device,
+            dtype=placement.dtype,
+            max_adapters=max_adapters,
+            decode_tile=decode_tile,
         )
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, thinking: bool) -> str:
@@ -243,9 +266,7 @@ class PolicyRuntime:
         thinking = self.resolve_thinking(thinking)
         return self._encode(self._render(messages, True, thinking))
 
-    def encode_observation_turn(
-        self, content: str, *, thinking: bool
-    ) -> tuple[list[int], list[int], list[int]]:
+    def encode_observation_turn(self, content: str, *, thinking: bool) -> tuple[list[int], list[int], list[int]]:
         """Ids appended after an action ending with the stop token: (glue_before, content, glue_after)."""
         thinking = self.resolve_thinking(thinking)
         return (
@@ -288,7 +309,9 @@ class PolicyRuntime:
 
                 vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
                 self._action_grammars = ActionGrammarCache(
-                    self.tokenizer, vocab_size=vocab, stop_id=self.stop_id,
+                    self.tokenizer,
+                    vocab_size=vocab,
+                    stop_id=self.stop_id,
                     # -1: a template without thinking has no </think>; no sampled id ever equals it.
                     think_close_id=self.think_close_id if self.think_close_id is not None else -1,
                 )
@@ -332,10 +355,17 @@ class PolicyRuntime:
         adapter = self.adapter_handle(adapter_dir)
         requests = [
             GenerationRequest(
-                prompt_ids=tuple(prompt), seed=int(seed), max_tokens=int(max_new_tokens),
-                temperature=float(temperature), stop_id=self.stop_id, think_close_id=self.think_close_id,
-                thinking_budget=stop_after_think_budget if thinking else None, thinking=thinking,
-                grammar=grammar, adapter=adapter, decode_tile=decode_tile,
+                prompt_ids=tuple(prompt),
+                seed=int(seed),
+                max_tokens=int(max_new_tokens),
+                temperature=float(temperature),
+                stop_id=self.stop_id,
+                think_close_id=self.think_close_id,
+                thinking_budget=stop_after_think_budget if thinking else None,
+                thinking=thinking,
+                grammar=grammar,
+                adapter=adapter,
+                decode_tile=decode_tile,
             )
             for prompt, seed in zip(prompts, seeds, strict=True)
         ]
@@ -366,7 +396,6 @@ class PolicyRuntime:
             return completion_logprobs(
                 self.model, prompt_ids, completion_ids, temperature=temperature, device=self.device, **extra
             )
-
 
     # ---------------------------------------------------------------------------------- training
     @contextmanager

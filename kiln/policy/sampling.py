@@ -187,8 +187,9 @@ def _step(row: _Row, device: str) -> Sample | None:
 
 
 @torch.inference_mode()
-def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu", prefill_chunk: int | None = None,
-                states: Any = None) -> None:
+def decode_rows(
+    model, feed: RowFeed, *, tile: int, device: str = "cpu", prefill_chunk: int | None = None, states: Any = None
+) -> None:
     """Decode every row ``feed`` gives, in the slots of one tile: one ``(tile, 1)`` forward per step.
 
     A row enters a free slot with its prefilled cache (consecutive rows with the same prompt share
@@ -240,7 +241,9 @@ def decode_rows(model, feed: RowFeed, *, tile: int, device: str = "cpu", prefill
         positions = [len(row.spec.prompt) + len(row.ids) - 1 if row is not None else 0 for row in slots]
         with model_forward(model):
             logits = rows_forward(
-                model, cache, kw,
+                model,
+                cache,
+                kw,
                 torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
                 torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
             ).logits[:, -1, :]
@@ -297,11 +300,21 @@ def sample_batch(
     if not _check_inputs(prompts, seeds, constraints, temperature):
         return []
     budget = think_budget if (think_budget is not None and think_close_id is not None) else None
-    feed = _ListFeed([
-        RowSpec(tuple(prompt), int(seed), int(max_new_tokens), temperature, stop_id, think_close_id, budget,
-                constraints[i] if constraints is not None else None)
-        for i, (prompt, seed) in enumerate(zip(prompts, seeds))
-    ])
+    feed = _ListFeed(
+        [
+            RowSpec(
+                tuple(prompt),
+                int(seed),
+                int(max_new_tokens),
+                temperature,
+                stop_id,
+                think_close_id,
+                budget,
+                constraints[i] if constraints is not None else None,
+            )
+            for i, (prompt, seed) in enumerate(zip(prompts, seeds))
+        ]
+    )
     decode_rows(model, feed, tile=tile, device=device, prefill_chunk=prefill_chunk, states=states)
     return [s for s in feed.samples if s is not None]
 

@@ -28,8 +28,8 @@ QWEN3_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
     "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
-    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
     "{%- elif messages[0].role == 'system' -%}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -61,7 +61,7 @@ QWEN3_TEMPLATE = (
     "{%- for call in message.tool_calls -%}"
     "{%- set fn = call.function if call.function is defined else call -%}"
     "{%- if loop.first and content -%}{{- '\\n' -}}{%- elif not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' -}}'
     "{{- fn.arguments if fn.arguments is string else fn.arguments | tojson -}}"
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
@@ -120,18 +120,31 @@ class TemplateFamily:
 
 FAMILIES = {
     "qwen3": TemplateFamily(
-        "qwen3", QWEN3_TEMPLATE, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        "qwen3",
+        QWEN3_TEMPLATE,
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
         ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
-        None, "<|im_end|>", "<|endoftext|>",
+        None,
+        "<|im_end|>",
+        "<|endoftext|>",
     ),
     "llama3": TemplateFamily(
-        "llama3", LLAMA3_TEMPLATE,
+        "llama3",
+        LLAMA3_TEMPLATE,
         ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-        (), "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>",
+        (),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
     ),
     "gemma": TemplateFamily(
-        "gemma", GEMMA_TEMPLATE, ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
-        (), "<bos>", "<end_of_turn>", "<pad>",
+        "gemma",
+        GEMMA_TEMPLATE,
+        ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+        (),
+        "<bos>",
+        "<end_of_turn>",
+        "<pad>",
     ),
 }
 

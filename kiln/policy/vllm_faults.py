@@ -36,9 +36,16 @@ PROCESS_DIED = "died unexpectedly"
 _PREFIX = re.compile(r"^(?:\([\w:-]+ pid=\d+\)\s+)?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s?)?")
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
 # vLLM's exceptions that wrap the cause logged before or after them
-_WRAPPERS = ("EngineDeadError", "CalledProcessError", "Engine core initialization failed",
-             "Worker failed with error", "Error raised in subprocess", "failed to be inspected",
-             "See stack trace", "See root cause")
+_WRAPPERS = (
+    "EngineDeadError",
+    "CalledProcessError",
+    "Engine core initialization failed",
+    "Worker failed with error",
+    "Error raised in subprocess",
+    "failed to be inspected",
+    "See stack trace",
+    "See root cause",
+)
 _TOKENS = re.compile(r"\b(?:hf_|sk-|ghp_)[A-Za-z0-9_-]{8,}")
 
 
@@ -76,7 +83,7 @@ def root_cause(log: str) -> str | None:
         if match:
             found.append((match.group(1), match.group(2)))
     inner = [m for m in found if not any(w in f"{m[0]}: {m[1]}" for w in _WRAPPERS)]
-    chosen = (inner or found or [None])[0]
+    chosen = (inner or found)[0] if (inner or found) else None
     return _bounded(chosen[1]) if chosen else None
 
 
@@ -85,7 +92,7 @@ def _fault_line(log: str) -> dict | None:
         at = raw.find(FAULT_MARK)
         if at >= 0:
             try:
-                return json.loads(raw[at + len(FAULT_MARK):])
+                return json.loads(raw[at + len(FAULT_MARK) :])
             except ValueError:
                 return None
     return None
@@ -98,31 +105,43 @@ def start_failure(model: Path, status: int | None, log: str, log_path: Path | No
     where = f"see the engine log {log_path}" if log_path else "set a log path to see why"
     if fault is None:
         return EngineUnavailable(
-            f"the vllm engine process exited with status {status} while starting"
-            + (f": {cause}" if cause else ""),
-            hint=where, details={"log": str(log_path) if log_path else None, "cause": cause})
+            f"the vllm engine process exited with status {status} while starting" + (f": {cause}" if cause else ""),
+            hint=where,
+            details={"log": str(log_path) if log_path else None, "cause": cause},
+        )
     archs = ", ".join(fault.get("architectures") or []) or "unknown"
     summary = _bounded(str(fault.get("error") or ""))
-    details = {"model": str(model), "architectures": fault.get("architectures") or [], "cause": cause,
-               "log": str(log_path) if log_path else None}
+    details = {
+        "model": str(model),
+        "architectures": fault.get("architectures") or [],
+        "cause": cause,
+        "log": str(log_path) if log_path else None,
+    }
     if fault.get("kind") == "model_unsupported":
         return ModelUnsupported(
             f"the vllm engine cannot serve {archs} from {model}: {summary}" + (f" ({cause})" if cause else ""),
-            hint=_unsupported_hint(f"{summary} {cause or ''}") + f"; {where}", details=details)
+            hint=_unsupported_hint(f"{summary} {cause or ''}") + f"; {where}",
+            details=details,
+        )
     return EngineFault(
         f"the vllm engine cannot start on {archs} from {model}: {cause or summary}",
         hint=f"the same model and engine build fail the same way on every start; {where}",
-        details=details)
+        details=details,
+    )
 
 
 def _unsupported_hint(cause: str) -> str:
     if "mixture-of-experts" in cause:
-        return ("serve this model with KILN_ENGINE=hf, or with the vllm engine on a CUDA box (vLLM's "
-                "GPU build has the kernel)")
+        return (
+            "serve this model with KILN_ENGINE=hf, or with the vllm engine on a CUDA box (vLLM's "
+            "GPU build has the kernel)"
+        )
     if "torchvision" in cause:
-        return ("vLLM's classes for this family import torchvision: install the torchvision build "
-                "that matches the engine's torch into .venv-vllm (scripts/setup_vllm.sh does where "
-                "PyTorch's CPU index is reachable), or serve it with KILN_ENGINE=hf")
+        return (
+            "vLLM's classes for this family import torchvision: install the torchvision build "
+            "that matches the engine's torch into .venv-vllm (scripts/setup_vllm.sh does where "
+            "PyTorch's CPU index is reachable), or serve it with KILN_ENGINE=hf"
+        )
     return "serve this model with KILN_ENGINE=hf, or choose an architecture the engine supports"
 
 
@@ -136,11 +155,13 @@ def death(pid: int | None, log: str, log_path: Path | None, error: str) -> KilnE
             f"the vllm engine's core stopped on an error of its own: {cause or 'unknown'}",
             hint="it fails the same way on every attempt (a kernel or layer this engine build cannot "
             f"run); serve this model with KILN_ENGINE=hf; see the engine log {log_path}",
-            details={"pid": pid, "cause": cause, "log": str(log_path) if log_path else None})
+            details={"pid": pid, "cause": cause, "log": str(log_path) if log_path else None},
+        )
     return EngineUnavailable(
         f"the vllm engine (pid {pid}) did not answer: {_bounded(error)}",
         hint="the engine is restarted on the next request; the group is retried",
-        details={"pid": pid})
+        details={"pid": pid},
+    )
 
 
 __all__ = ["CAUSE_CHARS", "CORE_FATAL", "death", "log_size", "read_since", "root_cause", "start_failure"]

@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 
 
-def _by_adapter(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
-                dtype: torch.dtype) -> torch.Tensor | None:
+def _by_adapter(
+    inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor | None:
     """``out[b] = inputs[b] @ weights[indices[b]].T`` in ``dtype``, one product per adapter present.
 
     ``weights`` is ``(slots, out, in)`` or ``(slots, 1, out, in)``. Rows whose index is negative are
@@ -49,8 +50,13 @@ def _by_adapter(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     return out
 
 
-def bgmv_shrink(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                lora_indices_tensor: torch.Tensor, scaling: float = 1.0) -> None:
+def bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+) -> None:
     """``output[:, :rank] = scaling * inputs @ A[index].T`` per row (zero for rows without an adapter).
 
     ``lora_b_weights`` holds the A matrices: the parameter keeps the name vLLM's form gives it, so
@@ -63,8 +69,13 @@ def bgmv_shrink(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tenso
     output_tensor[:, :rank] = scaling * product
 
 
-def bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                lora_indices_tensor: torch.Tensor, add_inputs: bool = True) -> None:
+def bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
     """``output[:, :n] (+)= inputs @ B[index].T`` per row, ``n`` the narrower of the two widths."""
     product = _by_adapter(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     width = min(lora_b_weights.shape[-2], output_tensor.shape[1])
@@ -79,19 +90,25 @@ def bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tenso
         output_tensor[:, :width] = product[:limit, :width]
 
 
-def bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                      lora_indices_tensor: torch.Tensor, slice_offset: int, slice_size: int,
-                      add_inputs: bool = True) -> None:
+def bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
     """``output[:, offset:offset+size] (+)= inputs @ B[index].T`` per row."""
     product = _by_adapter(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if product is None:
         if not add_inputs:
-            output_tensor[:, slice_offset:slice_offset + slice_size] = 0
+            output_tensor[:, slice_offset : slice_offset + slice_size] = 0
         return
     if add_inputs:
-        output_tensor[:, slice_offset:slice_offset + slice_size] += product
+        output_tensor[:, slice_offset : slice_offset + slice_size] += product
     else:
-        output_tensor[:, slice_offset:slice_offset + slice_size] = product
+        output_tensor[:, slice_offset : slice_offset + slice_size] = product
 
 
 _GROUPED = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
@@ -115,8 +132,10 @@ def install() -> bool:
     for name, grouped in _GROUPED.items():
         for module in modules:
             stock = getattr(module, name, None)
-            if stock is None or (stock is not grouped and list(inspect.signature(stock).parameters)
-                                 != list(inspect.signature(grouped).parameters)):
+            if stock is None or (
+                stock is not grouped
+                and list(inspect.signature(stock).parameters) != list(inspect.signature(grouped).parameters)
+            ):
                 return False
     for name, grouped in _GROUPED.items():
         for module in modules:

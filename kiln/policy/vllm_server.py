@@ -52,6 +52,7 @@ _MAX_BODY = 64 * 1024 * 1024
 MAX_LORA_RANK = 16  # the largest adapter rank served
 MAX_LORAS = 4  # adapters in one batch
 
+
 # vLLM's CPU build starts its engine core and model worker with ``spawn``, which runs this script
 # again (as ``__mp_main__``) before the engine is built there: that is where the model runs and the
 # processes wait for each other, so the grouped LoRA products and the CPU reader wait (this
@@ -107,8 +108,7 @@ def prefill_settings(max_model_len: int, on_cpu: bool) -> dict:
     tokens. On GPUs vLLM's defaults stay."""
     if not on_cpu:
         return {}
-    return {"enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
 
 
 def model_facts(model_dir: str) -> dict:
@@ -122,8 +122,11 @@ def model_facts(model_dir: str) -> dict:
         config = {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     experts = max(int(text.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
-    return {"architectures": [str(a) for a in config.get("architectures") or []],
-            "text_only": isinstance(config.get("vision_config"), dict), "moe": experts > 0}
+    return {
+        "architectures": [str(a) for a in config.get("architectures") or []],
+        "text_only": isinstance(config.get("vision_config"), dict),
+        "moe": experts > 0,
+    }
 
 
 class Unsupported(Exception):
@@ -135,8 +138,10 @@ class Unsupported(Exception):
 # first forward dies: ``module 'triton.language' has no attribute 'float32'``). LoRA outside the
 # experts with the plain CPU expert kernel serves, but Kiln's adapters adapt the experts (peft's
 # ``target_parameters`` on experts stored as 3-D tensors), and those adapters cannot be served.
-MOE_ON_CPU = ("vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
-              "and Kiln's adapters adapt the experts")
+MOE_ON_CPU = (
+    "vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
+    "and Kiln's adapters adapt the experts"
+)
 
 
 def model_settings(facts: dict, on_cpu: bool) -> dict:
@@ -154,8 +159,10 @@ def model_settings(facts: dict, on_cpu: bool) -> dict:
 FAULT_MARK = "kiln-vllm-server fault: "
 FAULT_EXIT = 3
 # what vLLM says when it cannot serve an architecture, and how the fault line puts it
-_UNSUPPORTED = {"failed to be inspected": "vLLM could not load its model class for the architecture",
-                "are not supported for now": "this vLLM build does not support the architecture"}
+_UNSUPPORTED = {
+    "failed to be inspected": "vLLM could not load its model class for the architecture",
+    "are not supported for now": "this vLLM build does not support the architecture",
+}
 
 
 def report_fault(exc: BaseException, facts: dict) -> None:
@@ -165,8 +172,11 @@ def report_fault(exc: BaseException, facts: dict) -> None:
     reasons = [reason for phrase, reason in _UNSUPPORTED.items() if phrase in text]
     if isinstance(exc, Unsupported):
         reasons = [text]
-    line = {"kind": "model_unsupported" if reasons else "engine_fault",
-            "error": reasons[0] if reasons else text[:1000], "architectures": facts.get("architectures", [])}
+    line = {
+        "kind": "model_unsupported" if reasons else "engine_fault",
+        "error": reasons[0] if reasons else text[:1000],
+        "architectures": facts.get("architectures", []),
+    }
     print(FAULT_MARK + json.dumps(line), flush=True)
 
 
@@ -289,9 +299,16 @@ class Server:
     def health(self) -> dict:
         import vllm
 
-        return {"ok": True, "vllm": vllm.__version__, "model": self.model, "pid": os.getpid(),
-                "lora_products": LORA_PRODUCTS, "reader_wait": READER_WAIT,
-                "cpu_reserved_cores": CPU_RESERVED_CORES, "text_only": self.text_only}
+        return {
+            "ok": True,
+            "vllm": vllm.__version__,
+            "model": self.model,
+            "pid": os.getpid(),
+            "lora_products": LORA_PRODUCTS,
+            "reader_wait": READER_WAIT,
+            "cpu_reserved_cores": CPU_RESERVED_CORES,
+            "text_only": self.text_only,
+        }
 
     def stats(self) -> dict:
         now: dict[str, int] = {}
@@ -332,7 +349,8 @@ class Server:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Internal Server Error")
         writer.write(
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data
         )
         try:
             await writer.drain()

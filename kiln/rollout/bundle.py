@@ -121,11 +121,7 @@ def summary_document(
         "protocol_error_reward": settings.protocol_error_reward,
         "max_recoverable_errors": settings.max_recoverable_errors,
         "capacity_wait_seconds": settings.capacity_wait_seconds,
-        **(
-            {"reset_determinism": settings.reset_determinism}
-            if settings.reset_determinism != "strict"
-            else {}
-        ),
+        **({"reset_determinism": settings.reset_determinism} if settings.reset_determinism != "strict" else {}),
         **({"replay_ignore": list(settings.replay_ignore)} if settings.replay_ignore else {}),
         **context_fields(groups, settings.context_policy),
         "reset_plan_sha256": reset_plan_sha256,

@@ -85,9 +85,7 @@ class CandidateEpisode:
         self.model_tokens += len(ids)
         self.model_latency_ms += latency_ms
 
-    def append_observation_tokens(
-        self, turn: tuple[list[int], list[int], list[int]], *, warning: bool
-    ) -> None:
+    def append_observation_tokens(self, turn: tuple[list[int], list[int], list[int]], *, warning: bool) -> None:
         before, content, after = turn
         size = len(before) + len(content) + len(after)
         if not has_room(len(self.context_ids) + size, self.max_action_tokens, self.context_limit):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.canonical import canonical_json
-from kiln.contracts import EpisodeSettings  # noqa: F401  (re-exported: collection settings live in contracts)
+from kiln.contracts import EpisodeSettings
 from kiln.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
 from kiln.jsondiff import differing_paths
 from kiln.openenv.tool_calls import action_contract
@@ -175,7 +175,10 @@ class GroupCollector:
                 retryable=False,
             )
         messages = initial_messages(
-            self.identity.get("metadata") or {}, self.shown_schema, wire, self.identity.get("tools"),
+            self.identity.get("metadata") or {},
+            self.shown_schema,
+            wire,
+            self.identity.get("tools"),
             self.identity.get("tool_calls"),
         )
         if self.messages is None:
@@ -203,7 +206,7 @@ class GroupCollector:
                 f"group {self.task.group_index} candidate {index}: reset(seed={self.task.seed}) is not "
                 f"deterministic — candidates of one group saw different {', '.join(fields[:8])}",
                 hint="the environment ignores the seed for these fields; set reset_determinism: "
-                "\"warn\" to collect anyway (each candidate then acts on its own reset, recorded)",
+                '"warn" to collect anyway (each candidate then acts on its own reset, recorded)',
                 retryable=False,
                 details={
                     "group_index": self.task.group_index,
@@ -216,7 +219,10 @@ class GroupCollector:
         self.own_resets[index] = wire
         log.warning(
             "group %d candidate %d: reset(seed=%d) differs in %s (reset_determinism: warn)",
-            self.task.group_index, index, self.task.seed, ", ".join(fields[:8]),
+            self.task.group_index,
+            index,
+            self.task.seed,
+            ", ".join(fields[:8]),
         )
 
     # ------------------------------------------------------------------ turns

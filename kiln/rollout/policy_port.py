@@ -23,9 +23,7 @@ class PolicyPort(Protocol):
 
     def encode_prompt(self, messages: list[dict[str, Any]], *, thinking: bool) -> list[int]: ...
 
-    def encode_observation_turn(
-        self, content: str, *, thinking: bool
-    ) -> tuple[list[int], list[int], list[int]]: ...
+    def encode_observation_turn(self, content: str, *, thinking: bool) -> tuple[list[int], list[int], list[int]]: ...
 
     def sample(
         self,

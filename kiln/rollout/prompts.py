@@ -42,18 +42,15 @@ def system_prompt(
     ) + tools_prompt_block(tools, tool_calls)
 
 
-def observation_content(
-    wire: dict[str, Any], label: Literal["reset result", "step result"]
-) -> str:
+def observation_content(wire: dict[str, Any], label: Literal["reset result", "step result"]) -> str:
     """``input_text`` verbatim when it is a non-blank string, else the labelled compact wire JSON."""
     observation = wire.get("observation")
     if isinstance(observation, dict):
         text = observation.get("input_text")
         if isinstance(text, str) and text.strip():
             return text
-    return (
-        f"OpenEnv {label} (observation, reward, done, and optional metadata JSON):\n"
-        + canonical_json(wire).decode("utf-8")
+    return f"OpenEnv {label} (observation, reward, done, and optional metadata JSON):\n" + canonical_json(wire).decode(
+        "utf-8"
     )
 
 

@@ -38,8 +38,14 @@ class Difference:
     environment_index: int = 0
 
     def as_details(self) -> dict[str, Any]:
-        return {"group_index": self.group_index, "candidate_index": self.candidate_index,
-                "step_index": self.step_index, "field": self.field, "recorded": self.recorded, "live": self.live}
+        return {
+            "group_index": self.group_index,
+            "candidate_index": self.candidate_index,
+            "step_index": self.step_index,
+            "field": self.field,
+            "recorded": self.recorded,
+            "live": self.live,
+        }
 
 
 def shown(value: Any, secrets: list[str | None]) -> str:
@@ -76,16 +82,21 @@ def _message(found: list[Difference], fields: list[tuple[str, int]]) -> str:
     for field, count in fields[:8]:
         first = next(d for d in found if d.field == field)
         where = f"group {first.group_index} candidate {first.candidate_index}" + (
-            f" step {first.step_index}" if first.step_index is not None else "")
+            f" step {first.step_index}" if first.step_index is not None else ""
+        )
         listed.append(f"{field} ({count}x, first at {where}: recorded {first.recorded}, live {first.live})")
     more = f"; and {len(fields) - 8} more fields" if len(fields) > 8 else ""
-    return (f"replay drift in {len(fields)} field{'s' if len(fields) != 1 else ''} over {candidates} "
-            f"candidate{'s' if candidates != 1 else ''}: " + "; ".join(listed) + more)
+    return (
+        f"replay drift in {len(fields)} field{'s' if len(fields) != 1 else ''} over {candidates} "
+        f"candidate{'s' if candidates != 1 else ''}: " + "; ".join(listed) + more
+    )
 
 
 def _hint(fields: list[tuple[str, int]], random_resets: dict[int, list[str]], found: list[Difference]) -> str:
     parts = []
-    resets = sorted({d.environment_index for d in found if d.field.startswith("reset_observation")} & set(random_resets))
+    resets = sorted(
+        {d.environment_index for d in found if d.field.startswith("reset_observation")} & set(random_resets)
+    )
     for index in resets:
         parts.append(
             f"environment {index} answers two resets with the same payload differently "
@@ -109,7 +120,9 @@ def drift_error(found: list[Difference], random_resets: dict[int, list[str]] | N
     ``details`` keeps the first occurrence's ``group_index``/``candidate_index``/``step_index``/
     ``field``, and adds ``fields`` (each distinct field and its count), ``drifts`` (the first
     ``MAX_SHOWN`` occurrences with values), ``drift_count`` and ``hint``."""
-    ordered = sorted(found, key=lambda d: (d.group_index, d.candidate_index, -1 if d.step_index is None else d.step_index))
+    ordered = sorted(
+        found, key=lambda d: (d.group_index, d.candidate_index, -1 if d.step_index is None else d.step_index)
+    )
     counts: dict[str, int] = {}
     for difference in ordered:
         counts[difference.field] = counts.get(difference.field, 0) + 1
@@ -120,8 +133,10 @@ def drift_error(found: list[Difference], random_resets: dict[int, list[str]] | N
         _message(ordered, fields),
         hint=hint,
         details={
-            "group_index": first.group_index, "candidate_index": first.candidate_index,
-            "step_index": first.step_index, "field": first.field,
+            "group_index": first.group_index,
+            "candidate_index": first.candidate_index,
+            "step_index": first.step_index,
+            "field": first.field,
             "fields": [{"field": f, "count": n} for f, n in fields],
             "drift_count": len(ordered),
             "drifts": [d.as_details() for d in ordered[:MAX_SHOWN]],

@@ -33,7 +33,7 @@ def path_error(path: Any) -> str | None:
     prefix = next((p for p in (STEP_PREFIX, STATE_PREFIX) if path.startswith(p + ".")), None)
     if prefix is None:
         return f"{path!r} must start with {STEP_PREFIX}. (a step observation field) or {STATE_PREFIX}. (a final state field)"
-    parts = path[len(prefix) + 1:].split(".")
+    parts = path[len(prefix) + 1 :].split(".")
     if not all(_SEGMENT.fullmatch(part) for part in parts):
         return f"{path!r} has an empty or blank segment"
     if any("*" in part and part not in ("*", "**") for part in parts):
@@ -82,5 +82,5 @@ def of(paths: list[str], prefix: str) -> list[str]:
     ``metadata`` path brings the copy nested in the observation along."""
     out = [path for path in paths if path.startswith(prefix + ".")]
     metadata = f"{STEP_PREFIX}.metadata."
-    twins = [f"{STEP_PREFIX}.observation.metadata." + p[len(metadata):] for p in out if p.startswith(metadata)]
+    twins = [f"{STEP_PREFIX}.observation.metadata." + p[len(metadata) :] for p in out if p.startswith(metadata)]
     return out + twins

@@ -79,8 +79,17 @@ class Comparer:
             self.add(step, path, mine, theirs)
 
     def add(self, step: int | None, path: str, recorded: Any, live: Any) -> None:
-        self.found.append(Difference(self.group, self.candidate, step, path, shown(recorded, self.secrets),
-                                     shown(live, self.secrets), self.environment))
+        self.found.append(
+            Difference(
+                self.group,
+                self.candidate,
+                step,
+                path,
+                shown(recorded, self.secrets),
+                shown(live, self.secrets),
+                self.environment,
+            )
+        )
 
     def result(self, recorded: dict, live: StepResult, step: int | None, ignore: list[str] | None = None) -> None:
         """Compare one live reply with its recorded ``result`` (the reset observation when step is
@@ -117,7 +126,11 @@ async def reinspect(bundle: Bundle, credentials: list[str | None]) -> None:
 
 
 async def session_identifiers(
-    base_url: str, payload: dict, *, bearer_token: str | None, capacity_wait_s: float,
+    base_url: str,
+    payload: dict,
+    *,
+    bearer_token: str | None,
+    capacity_wait_s: float,
     should_cancel: Callable[[], bool] | None,
 ) -> tuple[list[str], list[str], int]:
     """``(state fields, reset observation fields, capacity retries)``: what differs between two
@@ -127,8 +140,11 @@ async def session_identifiers(
     retries_total = 0
     for _ in range(2):
         session, reset, retries = await open_session_and_reset(
-            normalize_url(base_url), payload, capacity_wait_s=capacity_wait_s,
-            bearer_token=bearer_token, should_cancel=should_cancel,
+            normalize_url(base_url),
+            payload,
+            capacity_wait_s=capacity_wait_s,
+            bearer_token=bearer_token,
+            should_cancel=should_cancel,
         )
         retries_total += retries
         resets.append(reset.observation if reset.kind == "observation" else reset.error)
@@ -136,8 +152,11 @@ async def session_identifiers(
             states.append(await session.state())
         finally:
             await session.close()
-    return (differing_paths(states[0], states[1], "final_state"),
-            differing_paths(resets[0], resets[1], "reset_observation"), retries_total)
+    return (
+        differing_paths(states[0], states[1], "final_state"),
+        differing_paths(resets[0], resets[1], "reset_observation"),
+        retries_total,
+    )
 
 
 async def replay_candidate(
@@ -171,9 +190,13 @@ async def replay_candidate(
     try:
         # Under reset_determinism: warn the recording lists the fields resets differed in.
         loose = list(group.get("reset_nondeterministic_fields") or [])
-        recorded_reset = without_paths(candidate.get("reset_observation", group["reset_observation"]), loose, "reset_observation")
+        recorded_reset = without_paths(
+            candidate.get("reset_observation", group["reset_observation"]), loose, "reset_observation"
+        )
         if loose and reset.kind == "observation":
-            reset = StepResult(kind="observation", observation=without_paths(reset.observation, loose, "reset_observation"))
+            reset = StepResult(
+                kind="observation", observation=without_paths(reset.observation, loose, "reset_observation")
+            )
         compare.result(recorded_reset, reset, None)
         for exchange in candidate["exchanges"]:
             if should_cancel is not None and should_cancel():
@@ -186,9 +209,12 @@ async def replay_candidate(
         )
         if not ended_terminal:
             skip = of(ignore or [], STATE_PREFIX)
-            state = without_matching(without_paths(await session.state(), excluded or [], "final_state"), skip, "final_state")
+            state = without_matching(
+                without_paths(await session.state(), excluded or [], "final_state"), skip, "final_state"
+            )
             recorded = without_matching(
-                without_paths(candidate.get("final_state"), excluded or [], "final_state"), skip, "final_state")
+                without_paths(candidate.get("final_state"), excluded or [], "final_state"), skip, "final_state"
+            )
             compare.values(recorded, state, "final_state", None)
     finally:
         await session.close()
@@ -237,8 +263,11 @@ async def replay_bundle(
         index = group["environment_index"]
         if index not in excluded:
             excluded[index], reset_fields, retries = await session_identifiers(
-                environments[index]["identity"]["base_url"], group["reset_payload"],
-                bearer_token=tokens[index], capacity_wait_s=capacity_wait_s, should_cancel=should_cancel,
+                environments[index]["identity"]["base_url"],
+                group["reset_payload"],
+                bearer_token=tokens[index],
+                capacity_wait_s=capacity_wait_s,
+                should_cancel=should_cancel,
             )
             if reset_fields:
                 random_resets[index] = reset_fields
@@ -255,10 +284,15 @@ async def replay_bundle(
                 raise RunCancelled("replay cancelled")
             index = group["environment_index"]
             retries, differences = await replay_candidate(
-                group, candidate,
-                base_url=environments[index]["identity"]["base_url"], bearer_token=tokens[index],
-                capacity_wait_s=capacity_wait_s, should_cancel=should_cancel,
-                excluded=excluded[index], ignore=sealed + extra, environment_index=index,
+                group,
+                candidate,
+                base_url=environments[index]["identity"]["base_url"],
+                bearer_token=tokens[index],
+                capacity_wait_s=capacity_wait_s,
+                should_cancel=should_cancel,
+                excluded=excluded[index],
+                ignore=sealed + extra,
+                environment_index=index,
             )
             retries_total += retries
             found.extend(differences)
@@ -272,8 +306,9 @@ async def replay_bundle(
     return _report(bundle, work, retries_total, excluded, sealed, extra)
 
 
-def _report(bundle: Bundle, work: list, retries: int, excluded: dict[int, list[str]], sealed: list[str],
-            extra: list[str]) -> dict:
+def _report(
+    bundle: Bundle, work: list, retries: int, excluded: dict[int, list[str]], sealed: list[str], extra: list[str]
+) -> dict:
     environments = bundle.summary["environments"]
     prefix_only = sum(1 for _, c in work if c["termination"] == "invalid_model_action")
     return {
@@ -293,8 +328,12 @@ def _report(bundle: Bundle, work: list, retries: int, excluded: dict[int, list[s
             for field in excluded[index]
         ]
         + [
-            {"environment_index": group["environment_index"], "group_index": group["group_index"], "field": field,
-             "reason": "recorded as non-deterministic (reset_determinism: warn)"}
+            {
+                "environment_index": group["environment_index"],
+                "group_index": group["group_index"],
+                "field": field,
+                "reason": "recorded as non-deterministic (reset_determinism: warn)",
+            }
             for group in bundle.replay["groups"]
             for field in group.get("reset_nondeterministic_fields") or []
         ]
@@ -304,7 +343,11 @@ def _report(bundle: Bundle, work: list, retries: int, excluded: dict[int, list[s
             for field in sealed
         ]
         + [
-            {"environment_index": index, "field": field, "reason": "given to this replay (--ignore), not sealed in the bundle"}
+            {
+                "environment_index": index,
+                "field": field,
+                "reason": "given to this replay (--ignore), not sealed in the bundle",
+            }
             for index in range(len(environments))
             for field in extra
         ],

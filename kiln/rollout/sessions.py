@@ -71,9 +71,7 @@ class SessionPlanner:
             CAPACITY.held_max(self.key, self.holder), CAPACITY.advertised(self.key), self.refusals, waves
         )
 
-    async def open_wave(
-        self, candidates: list[int], registry: list[EnvSession], concurrency: int
-    ) -> list[Opened]:
+    async def open_wave(self, candidates: list[int], registry: list[EnvSession], concurrency: int) -> list[Opened]:
         """Every candidate of the wave granted a session (sorted), or ``[]`` when the caller must
         plan again; sockets go into ``registry`` the moment they open.
 
@@ -111,9 +109,7 @@ class SessionPlanner:
             self._busy_since = time.monotonic()
         waited = time.monotonic() - self._busy_since
         if waited >= self.capacity_wait_s:
-            raise capacity_exhausted(
-                self.key, self.group_index, self.group_size, waited, CAPACITY.snapshot(self.key)
-            )
+            raise capacity_exhausted(self.key, self.group_index, self.group_size, waited, CAPACITY.snapshot(self.key))
         self._busy_waits += 1
         self.heartbeat({"group_index": self.group_index, "capacity_waits": self._busy_waits})
         delay = min(0.25 * self._busy_waits, 2.0, self.capacity_wait_s - waited)

@@ -40,8 +40,7 @@ def require_same_policy(expected: dict[str, Any], live: dict[str, Any]) -> None:
     if canonical_json(expected) != canonical_json(live):
         changed = sorted(k for k in set(expected) | set(live) if expected.get(k) != live.get(k))
         raise PolicyIdentityChanged(
-            "the gpu worker's policy differs from the one this run was admitted with: "
-            + ", ".join(changed),
+            "the gpu worker's policy differs from the one this run was admitted with: " + ", ".join(changed),
             hint="all gpu workers of a run must serve the same model folder and adapter",
             details={"changed_fields": changed},
         )
@@ -60,8 +59,7 @@ async def collect(
 ) -> CollectGroupResult:
     if attempt > 1 and inp.on_interrupt == "fail":
         raise RunInterrupted(
-            f"group {inp.group_index} was interrupted (attempt {attempt}) and the run asked "
-            "on_interrupt='fail'",
+            f"group {inp.group_index} was interrupted (attempt {attempt}) and the run asked on_interrupt='fail'",
             hint="submit a new run, or use on_interrupt 'resume' to re-collect interrupted groups",
             stage="collection",
             retryable=False,
@@ -88,9 +86,7 @@ async def collect(
         settings=inp.settings,
         behavior_policy=inp.behavior_policy,
         adapter_dir=adapter_dir,
-        bearer_token=resolve_bearer_token(
-            credentials or {}, inp.credential_id, inspection["identity"]["base_url"]
-        ),
+        bearer_token=resolve_bearer_token(credentials or {}, inp.credential_id, inspection["identity"]["base_url"]),
         decode_tile=tile,
     )
     collector = GroupCollector(

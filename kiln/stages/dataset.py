@@ -76,9 +76,7 @@ def check_first_line(head: bytes, total_bytes: int) -> None:
 def corpus_behavior_policy(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The one behaviour policy of the whole corpus; mixed policies fail closed."""
     policies = {
-        canonical_json(completion["openenv"]["behavior_policy"])
-        for line in lines
-        for completion in line["completions"]
+        canonical_json(completion["openenv"]["behavior_policy"]) for line in lines for completion in line["completions"]
     }
     if len(policies) != 1:
         raise PolicyIdentityChanged(

@@ -21,7 +21,9 @@ def _credential(credentials: dict[str, Any], credential_ids: list[str | None], i
     return resolve_bearer_token(credentials, credential_ids[index], url)
 
 
-async def discover(store: S3Store, inp: DiscoveryInput, *, credentials: dict[str, Any] | None = None) -> DiscoveryResult:
+async def discover(
+    store: S3Store, inp: DiscoveryInput, *, credentials: dict[str, Any] | None = None
+) -> DiscoveryResult:
     """Inspect every URL in order and store each inspection as a content-addressed object."""
     environments: list[EnvironmentRef] = []
     for index, url in enumerate(inp.environment_urls):
@@ -57,8 +59,7 @@ async def revalidate(store: S3Store, inp: RevalidationInput, *, credentials: dic
         changed = identity_differences(first, second)
         if changed:
             raise EnvironmentIdentityChanged(
-                f"environment {env.base_url} changed between discovery and revalidation: "
-                + ", ".join(changed),
+                f"environment {env.base_url} changed between discovery and revalidation: " + ", ".join(changed),
                 hint="the environment server was restarted or redeployed mid-run; "
                 "submit a new run against the current environment",
                 details={"environment_url": env.base_url, "changed_fields": changed},

@@ -97,4 +97,3 @@ def evaluate(store: S3Store, inp: EvaluateInput) -> EvaluationResult:
         baseline=inp.baseline,
         candidate=inp.candidate,
     )
-

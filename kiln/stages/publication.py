@@ -49,13 +49,27 @@ def iteration_artifacts(records: list[dict[str, Any]]) -> list[tuple[str, Stored
                 obj = StoredObject(uri=item["uri"], sha256=item["sha256"], bytes=item["bytes"])
                 out.append((f"{prefix}adapter/{item['name']}", obj, adapter_media_type(item["name"])))
             if training.get("receipt"):
-                out.append((prefix + "train_receipt.json", StoredObject.model_validate(training["receipt"]), MEDIA_TYPES["train_receipt.json"]))
+                out.append(
+                    (
+                        prefix + "train_receipt.json",
+                        StoredObject.model_validate(training["receipt"]),
+                        MEDIA_TYPES["train_receipt.json"],
+                    )
+                )
         evaluation = record.get("evaluation")
         if evaluation:
             for side, files in sorted(evaluation["sides"].items()):
                 for name, obj in sorted(files.items()):
-                    out.append((f"{prefix}environment_eval/{side}/{name}", StoredObject.model_validate(obj), MEDIA_TYPES[name]))
-            out.append((prefix + "environment_eval/receipt.json", StoredObject.model_validate(evaluation["receipt"]), "application/json"))
+                    out.append(
+                        (f"{prefix}environment_eval/{side}/{name}", StoredObject.model_validate(obj), MEDIA_TYPES[name])
+                    )
+            out.append(
+                (
+                    prefix + "environment_eval/receipt.json",
+                    StoredObject.model_validate(evaluation["receipt"]),
+                    "application/json",
+                )
+            )
     return out
 
 
@@ -138,9 +152,7 @@ def publish(
     )
     promoted = None
     if inp.promote and training is not None and training.trained and inp.output_adapter:
-        promoted = adapter_ref_from_files(
-            inp.output_adapter, training.adapter_sha256 or "", training.adapter_files
-        )
+        promoted = adapter_ref_from_files(inp.output_adapter, training.adapter_sha256 or "", training.adapter_files)
     return finish_publication(
         store, inp.run_id, manifest, artifacts, promoted, stats=summary["stats"], may_commit=may_commit
     )

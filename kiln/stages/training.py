@@ -70,8 +70,11 @@ def train(
             "collect more or larger groups, or set allow_empty_training: true to let such a run complete "
             "without an adapter",
             retryable=False,
-            details={"reason": "zero_groups", "groups_submitted": selection.get("groups_submitted"),
-                     **({"unfinished_thinking_groups": unfinished[:64]} if unfinished else {})},
+            details={
+                "reason": "zero_groups",
+                "groups_submitted": selection.get("groups_submitted"),
+                **({"unfinished_thinking_groups": unfinished[:64]} if unfinished else {}),
+            },
         )
     if not kept:
         warnings = cause + selection.get("warnings", [])

@@ -24,7 +24,14 @@ from typing import Any, Callable, Iterable
 
 METRICS_SCHEMA = "kiln.run-metrics.v1"
 STEP_FIELDS = (
-    "loss", "policy_loss", "env_ce", "kl", "clip_fraction", "grad_norm", "learning_rate", "tokens_per_s",
+    "loss",
+    "policy_loss",
+    "env_ce",
+    "kl",
+    "clip_fraction",
+    "grad_norm",
+    "learning_rate",
+    "tokens_per_s",
 )
 GROUP_FIELDS = ("mean_return", "invalid_action_rate", "episode_latency_ms")
 
@@ -168,8 +175,7 @@ class TrainStream:
 def put_group(store: Any, run_id: str, event: dict[str, Any]) -> None:
     """Store one group's figures (idempotent: a retried group overwrites its own key)."""
     try:
-        store.put_key(group_key(run_id, event["label"], event["group_index"]), _line(event),
-                      action="put live group")
+        store.put_key(group_key(run_id, event["label"], event["group_index"]), _line(event), action="put live group")
     except Exception:  # noqa: BLE001 - best effort, never fails collection
         pass
 

@@ -72,8 +72,9 @@ class TrackioTracker:
     def __init__(self, run_id: str, config: dict[str, Any]) -> None:
         import trackio
 
-        self._run = trackio.init(project="kiln", name=run_id, config=config, embed=False,
-                                 auto_log_gpu=False, auto_log_cpu=False)
+        self._run = trackio.init(
+            project="kiln", name=run_id, config=config, embed=False, auto_log_gpu=False, auto_log_cpu=False
+        )
 
     def log(self, event: dict[str, Any]) -> None:
         step, values = scalars_of(event)
@@ -91,8 +92,9 @@ class WandbTracker:
 
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        self._run = wandb.init(mode="offline", project="kiln", name=run_id, id=run_id, dir=str(log_dir),
-                               config=config, reinit="create_new")
+        self._run = wandb.init(
+            mode="offline", project="kiln", name=run_id, id=run_id, dir=str(log_dir), config=config, reinit="create_new"
+        )
 
     def log(self, event: dict[str, Any]) -> None:
         _step, values = scalars_of(event)

@@ -93,8 +93,13 @@ class GroupBatch:
 
 
 def group_rows(
-    group: dict[str, Any], *, group_index: int, warning_filter: bool, vocab_size: int | None = None,
-    env_mask_mode: str = "env_only", shaping: RowShaping | None = None,
+    group: dict[str, Any],
+    *,
+    group_index: int,
+    warning_filter: bool,
+    vocab_size: int | None = None,
+    env_mask_mode: str = "env_only",
+    shaping: RowShaping | None = None,
 ) -> list[Row]:
     """Tokenise and mask every completion of ``group`` (ECHO targets per ``env_mask_mode``,
     :mod:`kiln.train.tokens`); attach the group-normalised advantages. ``shaping``: the advantage
@@ -104,13 +109,16 @@ def group_rows(
     shaping = shaping or RowShaping()
     completions = group["completions"]
     ramps = [shaping.ramp(c) if shaping.overlong != "keep" else 0.0 for c in completions]
-    rewards = [float(c["reward"]) - (shaping.penalty * ramp if shaping.overlong == "soft_penalty" else 0.0)
-               for c, ramp in zip(completions, ramps)]
+    rewards = [
+        float(c["reward"]) - (shaping.penalty * ramp if shaping.overlong == "soft_penalty" else 0.0)
+        for c, ramp in zip(completions, ramps)
+    ]
     advantages = group_advantages(rewards, shaping.advantage_norm)
     rows = []
     for index, completion in enumerate(completions):
-        tc = tokenize_completion(completion, warning_filter=warning_filter, vocab_size=vocab_size,
-                                 env_mask_mode=env_mask_mode)
+        tc = tokenize_completion(
+            completion, warning_filter=warning_filter, vocab_size=vocab_size, env_mask_mode=env_mask_mode
+        )
         ids = tc.ids if len(tc.ids) >= 2 else tc.ids + [0] * (2 - len(tc.ids))
         pad = len(ids) - len(tc.ids)
         action = torch.tensor(tc.is_action + [False] * pad, dtype=torch.float32)[1:]

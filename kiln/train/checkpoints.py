@@ -88,9 +88,7 @@ def read_checkpoint_state(folder: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TrainingFailed(
-            f"unreadable checkpoint {folder}: {exc}", code="resume_invalid"
-        ) from exc
+        raise TrainingFailed(f"unreadable checkpoint {folder}: {exc}", code="resume_invalid") from exc
     if not isinstance(state, dict) or state.get("schema") != CHECKPOINT_SCHEMA:
         raise TrainingFailed(f"not a Kiln training checkpoint: {folder}", code="resume_invalid")
     return state
@@ -108,9 +106,7 @@ def restore_checkpoint(
     tensors = load_file(str(folder / "trainable.safetensors"))
     names = {name for name, _ in params}
     if set(tensors) != names:
-        raise TrainingFailed(
-            "checkpoint parameters do not match the model's LoRA parameters", code="resume_invalid"
-        )
+        raise TrainingFailed("checkpoint parameters do not match the model's LoRA parameters", code="resume_invalid")
     with torch.no_grad():
         for name, param in params:
             param.copy_(tensors[name].to(param.device, param.dtype))
@@ -128,9 +124,14 @@ def parameter_layout(params: list[tuple[str, torch.nn.Parameter]]) -> list[list[
 
 
 def _invalid(message: str, hint: str | None = None) -> TrainingFailed:
-    return TrainingFailed(message, code="resume_invalid", retryable=False,
-                          hint=hint or "continue from the state written with the base adapter's "
-                          "own training (TrainResult.final_state of that iteration)")
+    return TrainingFailed(
+        message,
+        code="resume_invalid",
+        retryable=False,
+        hint=hint
+        or "continue from the state written with the base adapter's "
+        "own training (TrainResult.final_state of that iteration)",
+    )
 
 
 def _check_optimizer_tensors(opt_state: Any, params: list[tuple[str, torch.nn.Parameter]]) -> None:
@@ -139,14 +140,17 @@ def _check_optimizer_tensors(opt_state: Any, params: list[tuple[str, torch.nn.Pa
     groups = opt_state.get("param_groups") if isinstance(opt_state, dict) else None
     indices = [i for g in groups or [] for i in g.get("params", [])]
     if indices != list(range(len(params))):
-        raise _invalid(f"the continuation state's optimizer covers {len(indices)} parameters, "
-                       f"the model has {len(params)}")
+        raise _invalid(
+            f"the continuation state's optimizer covers {len(indices)} parameters, the model has {len(params)}"
+        )
     for index, values in (opt_state.get("state") or {}).items():
         name, param = params[int(index)]
         for key, value in values.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != tuple(param.shape):
-                raise _invalid(f"the continuation state's optimizer {key} of {name} has shape "
-                               f"{tuple(value.shape)}, the parameter {tuple(param.shape)}")
+                raise _invalid(
+                    f"the continuation state's optimizer {key} of {name} has shape "
+                    f"{tuple(value.shape)}, the parameter {tuple(param.shape)}"
+                )
 
 
 def restore_optimizer_state(
@@ -163,15 +167,21 @@ def restore_optimizer_state(
     parameter layout. Weights, RNG and cached log-probs are not touched."""
     state = read_checkpoint_state(folder)
     if state.get("kind") != FINAL_STATE_KIND:
-        raise _invalid("init_state is not a continuation state (kind 'final_state'); a heartbeat "
-                       "checkpoint resumes its own attempt only")
+        raise _invalid(
+            "init_state is not a continuation state (kind 'final_state'); a heartbeat "
+            "checkpoint resumes its own attempt only"
+        )
     if state.get("adapter_sha256") != adapter_sha256:
-        raise _invalid(f"init_state belongs to adapter {state.get('adapter_sha256')}, but training "
-                       f"starts from base adapter {adapter_sha256}")
+        raise _invalid(
+            f"init_state belongs to adapter {state.get('adapter_sha256')}, but training "
+            f"starts from base adapter {adapter_sha256}"
+        )
     if state.get("optimizer") != optimizer_name:
-        raise _invalid(f"init_state holds {state.get('optimizer')!r} optimizer state, the training "
-                       f"config asks for {optimizer_name!r}",
-                       hint="keep training_config.optimizer the same across iterations")
+        raise _invalid(
+            f"init_state holds {state.get('optimizer')!r} optimizer state, the training "
+            f"config asks for {optimizer_name!r}",
+            hint="keep training_config.optimizer the same across iterations",
+        )
     if state.get("parameters") != parameter_layout(params):
         raise _invalid("init_state's LoRA parameter names/shapes differ from the model's")
     try:

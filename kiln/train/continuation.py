@@ -44,8 +44,11 @@ class InitState:
 
     def continued_from(self, adapter_sha256: str | None) -> dict[str, Any]:
         """The receipt's ``continued_from`` block."""
-        return {"adapter_sha256": adapter_sha256, "optimizer_state_sha256": self.sha256,
-                "optimizer_steps_before": int(self.state.get("optimizer_steps_total") or 0)}
+        return {
+            "adapter_sha256": adapter_sha256,
+            "optimizer_state_sha256": self.sha256,
+            "optimizer_steps_before": int(self.state.get("optimizer_steps_total") or 0),
+        }
 
 
 FIRST_MOMENT_KEYS = ("exp_avg", "momentum_buffer")
@@ -78,18 +81,35 @@ def read_init_state(archive: Path, work_dir: Path) -> InitState:
     return InitState(folder=folder, sha256=sha256_bytes(data), state=read_checkpoint_state(folder))
 
 
-def write_final_state(output_dir: Path, *, params: list[tuple[str, torch.nn.Parameter]],
-                      optimizer: torch.optim.Optimizer, identity: dict[str, Any], steps: int,
-                      adapter_sha256: str, optimizer_name: str, steps_before: int) -> tuple[Path, str]:
+def write_final_state(
+    output_dir: Path,
+    *,
+    params: list[tuple[str, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+    identity: dict[str, Any],
+    steps: int,
+    adapter_sha256: str,
+    optimizer_name: str,
+    steps_before: int,
+) -> tuple[Path, str]:
     """Write ``output_dir/final_state.tar``; returns its path and ``sha256:`` digest."""
     folder = output_dir / "final_state"
     if folder.exists():
         shutil.rmtree(folder)
-    save_checkpoint(folder, params=params, optimizer=optimizer, state={
-        **identity, "kind": FINAL_STATE_KIND, "step": steps, "adapter_sha256": adapter_sha256,
-        "optimizer": optimizer_name, "optimizer_steps_total": steps_before + steps,
-        "parameters": parameter_layout(params),
-    })
+    save_checkpoint(
+        folder,
+        params=params,
+        optimizer=optimizer,
+        state={
+            **identity,
+            "kind": FINAL_STATE_KIND,
+            "step": steps,
+            "adapter_sha256": adapter_sha256,
+            "optimizer": optimizer_name,
+            "optimizer_steps_total": steps_before + steps,
+            "parameters": parameter_layout(params),
+        },
+    )
     data = pack_folder(folder)
     shutil.rmtree(folder)
     path = output_dir / FINAL_STATE_FILE

@@ -50,7 +50,7 @@ class RankGroup:
 
     def local_rows(self, rows: list[Any]) -> list[Any]:
         """This rank's shard of a step's rows (every N-th, from its rank)."""
-        return rows[self.rank::self.world_size]
+        return rows[self.rank :: self.world_size]
 
     def most_microbatches(self, count: int) -> int:
         """The largest micro-batch count of any rank this step."""
@@ -68,9 +68,17 @@ class RankGroup:
             logprobs = batch_logprobs(model, collate([row]).to(device), temperature)
             (logprobs.sum() * 0.0).backward()
 
-    def finish_step(self, model: Any, rows: list[Any], microbatches: int, sums: dict[str, float],
-                    peaks: dict[str, float], params: list[torch.nn.Parameter], temperature: float,
-                    device: torch.device) -> tuple[dict, dict]:
+    def finish_step(
+        self,
+        model: Any,
+        rows: list[Any],
+        microbatches: int,
+        sums: dict[str, float],
+        peaks: dict[str, float],
+        params: list[torch.nn.Parameter],
+        temperature: float,
+        device: torch.device,
+    ) -> tuple[dict, dict]:
         """After this rank's ``microbatches`` micro-steps over :meth:`local_rows` of ``rows``: the
         padding passes, then the step's figures and the LoRA gradients summed over the ranks (the
         same collectives in the same order on every rank)."""
@@ -83,11 +91,13 @@ class RankGroup:
         """The step's figures over every rank: ``SUMMED`` added, ``PEAKED`` maxed; a figure only
         some ranks produced (a rank without micro-batches has no IS figures) is kept."""
         known = [k for k in SUMMED] + [k for k in PEAKED]
-        present = torch.tensor([1.0 if (k in sums or k in peaks) else 0.0 for k in known],
-                               dtype=torch.float64, device=self._device())
+        present = torch.tensor(
+            [1.0 if (k in sums or k in peaks) else 0.0 for k in known], dtype=torch.float64, device=self._device()
+        )
         added = torch.tensor([float(sums.get(k, 0.0)) for k in SUMMED], dtype=torch.float64, device=present.device)
-        maxed = torch.tensor([float(peaks.get(k, float("-inf"))) for k in PEAKED], dtype=torch.float64,
-                             device=present.device)
+        maxed = torch.tensor(
+            [float(peaks.get(k, float("-inf"))) for k in PEAKED], dtype=torch.float64, device=present.device
+        )
         op = torch.distributed.ReduceOp
         torch.distributed.all_reduce(present, op=op.MAX)
         torch.distributed.all_reduce(added, op=op.SUM)
@@ -108,7 +118,7 @@ class RankGroup:
         offset = 0
         for param, grad in zip(params, grads):
             n = grad.numel()
-            param.grad = flat[offset:offset + n].view_as(grad).to(grad.dtype)
+            param.grad = flat[offset : offset + n].view_as(grad).to(grad.dtype)
             offset += n
 
     def _device(self) -> torch.device:
@@ -139,9 +149,12 @@ def shard_base_model(model: Any, group: RankGroup, device: torch.device) -> None
     if not layers:
         from kiln.errors import TrainingFailed
 
-        raise TrainingFailed("the model names no repeated layers (_no_split_modules) to shard across ranks",
-                             code="training_unshardable", retryable=False,
-                             hint="train this model on one device (KILN_TRAIN_DEVICES=1)")
+        raise TrainingFailed(
+            "the model names no repeated layers (_no_split_modules) to shard across ranks",
+            code="training_unshardable",
+            retryable=False,
+            hint="train this model on one device (KILN_TRAIN_DEVICES=1)",
+        )
     lm = model.get_base_model()
     decoder = lm.get_decoder()
     for layer in layers:

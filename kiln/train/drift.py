@@ -49,8 +49,9 @@ def _hidden_under(model: Any, adapter: str | None, batch: Any) -> torch.Tensor:
         model.set_adapter(TRAIN_ADAPTER)
 
 
-def _score(model: Any, rows: list[Row], settings: StepSettings, device: torch.device,
-           start: str | None) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+def _score(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, start: str | None
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
     head = output_head(model)
     scored: dict[tuple[int, int], torch.Tensor] = {}
     to_previous: list[float] = []
@@ -59,8 +60,14 @@ def _score(model: Any, rows: list[Row], settings: StepSettings, device: torch.de
     for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
         batch = collate(micro).to(device)
         hidden_new = sequence_hidden(model, batch.input_ids, batch.attention_mask)
-        logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels,
-                                     temperature=settings.temperature, hidden=hidden_new)
+        logprobs = sequence_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.labels,
+            temperature=settings.temperature,
+            hidden=hidden_new,
+        )
         for b, row in enumerate(micro):
             scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
         on = batch.action_mask > 0
@@ -71,15 +78,19 @@ def _score(model: Any, rows: list[Row], settings: StepSettings, device: torch.de
         to_previous.append(float(kls[0].double().sum().item()))
         to_base.append(float(kls[-1].double().sum().item()))
         tokens += int(on.sum().item())
-    figures = {"kl_to_previous": math.fsum(to_previous) / tokens if tokens else None,
-               "kl_to_base": math.fsum(to_base) / tokens if tokens else None,
-               "action_tokens": tokens, "estimator": DRIFT_ESTIMATOR}
+    figures = {
+        "kl_to_previous": math.fsum(to_previous) / tokens if tokens else None,
+        "kl_to_base": math.fsum(to_base) / tokens if tokens else None,
+        "action_tokens": tokens,
+        "estimator": DRIFT_ESTIMATOR,
+    }
     return scored, figures
 
 
 @torch.no_grad()
-def final_pass(model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *,
-               start_adapter_dir: Path | None) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+def final_pass(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *, start_adapter_dir: Path | None
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
     """The post-update pass: every row's log-probs under the trained adapter (as
     :func:`kiln.train.step.score_rows`) and the receipt's ``policy_drift`` block
     ``{kl_to_previous, kl_to_base, action_tokens, estimator}`` (see the module docstring).
@@ -91,8 +102,9 @@ def final_pass(model: Any, rows: list[Row], settings: StepSettings, device: torc
         try:
             model.load_adapter(str(start_adapter_dir), adapter_name=START_ADAPTER, is_trainable=False)
         except (OSError, ValueError) as exc:
-            raise TrainingFailed(f"cannot load the starting adapter {start_adapter_dir}: {exc}",
-                                 code="adapter_load_failed") from exc
+            raise TrainingFailed(
+                f"cannot load the starting adapter {start_adapter_dir}: {exc}", code="adapter_load_failed"
+            ) from exc
         try:
             return _score(model, rows, settings, device, START_ADAPTER)
         finally:

@@ -81,14 +81,17 @@ def launch_for(train_devices: str, device: str, *, collective_timeout_s: float =
     gpus = torch.cuda.device_count() if on_cuda else 0
     count = (gpus if on_cuda else 1) if train_devices == "auto" else int(train_devices)
     if on_cuda and count > gpus:
-        raise DeviceUnavailable(f"KILN_TRAIN_DEVICES={train_devices} but only {gpus} CUDA GPU(s) are visible",
-                                hint="set KILN_TRAIN_DEVICES to at most the visible GPUs, or auto",
-                                details={"field": "KILN_TRAIN_DEVICES"})
+        raise DeviceUnavailable(
+            f"KILN_TRAIN_DEVICES={train_devices} but only {gpus} CUDA GPU(s) are visible",
+            hint="set KILN_TRAIN_DEVICES to at most the visible GPUs, or auto",
+            details={"field": "KILN_TRAIN_DEVICES"},
+        )
     if count <= 1:
         return None
     threads = max(1, torch.get_num_threads() // count) if not on_cuda else 1
-    return Launch(devices=rank_devices(device, count), collective_timeout_s=collective_timeout_s,
-                  threads_per_rank=threads)
+    return Launch(
+        devices=rank_devices(device, count), collective_timeout_s=collective_timeout_s, threads_per_rank=threads
+    )
 
 
 @dataclass
@@ -98,10 +101,16 @@ class RankHandles:
     pids: list[int]
 
 
-def train_across(launch: Launch, *, output_dir: Path, progress: Callable[[dict], None] | None = None,
-                 checkpoint_sink: Callable[[int, Path], None] | None = None,
-                 should_cancel: Callable[[], bool] | None = None,
-                 on_start: Callable[[RankHandles], None] | None = None, **train_kwargs: Any) -> Any:
+def train_across(
+    launch: Launch,
+    *,
+    output_dir: Path,
+    progress: Callable[[dict], None] | None = None,
+    checkpoint_sink: Callable[[int, Path], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    on_start: Callable[[RankHandles], None] | None = None,
+    **train_kwargs: Any,
+) -> Any:
     """``train_grpo(output_dir=…, **train_kwargs)`` across ``launch.world_size`` ranks; returns
     rank 0's :class:`kiln.train.trainer.TrainedAdapter`. ``train_kwargs`` must pickle (paths,
     groups, the config); ``device`` is the launch's per rank. ``on_start`` gets the ranks' PIDs."""
@@ -115,23 +124,32 @@ def train_across(launch: Launch, *, output_dir: Path, progress: Callable[[dict],
         rendezvous.unlink()
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
-    procs = [context.Process(target=rank_main, name=f"kiln-train-rank-{rank}",
-                             args=(rank, launch, str(job), str(rendezvous), os.getpid(), messages))
-             for rank in range(launch.world_size)]
+    procs = [
+        context.Process(
+            target=rank_main,
+            name=f"kiln-train-rank-{rank}",
+            args=(rank, launch, str(job), str(rendezvous), os.getpid(), messages),
+        )
+        for rank in range(launch.world_size)
+    ]
     try:
         for proc in procs:
             proc.start()
         if on_start is not None:
-            on_start(RankHandles(pids=[p.pid for p in procs]))
+            on_start(RankHandles(pids=[p.pid for p in procs if p.pid is not None]))
         return _watch(procs, messages, progress, checkpoint_sink, should_cancel)
     finally:
         _stop(procs)
         messages.close()
 
 
-def _watch(procs: list[Any], messages: Any, progress: Callable[[dict], None] | None,
-           checkpoint_sink: Callable[[int, Path], None] | None,
-           should_cancel: Callable[[], bool] | None) -> Any:
+def _watch(
+    procs: list[Any],
+    messages: Any,
+    progress: Callable[[dict], None] | None,
+    checkpoint_sink: Callable[[int, Path], None] | None,
+    should_cancel: Callable[[], bool] | None,
+) -> Any:
     """Relay rank 0's messages until every rank exited 0 (rank 0's result) or one failed."""
     result: Any = None
     while True:
@@ -174,19 +192,23 @@ def _failure(procs: list[Any], messages: Any, first: tuple | None) -> KilnError:
         if message[0] == "error":
             reports.append(message)
     codes = [p.exitcode for p in procs]  # before the survivors are killed
-    for _, rank, error in reports:
+    for _, _rank, error in reports:
         if error.get("kiln"):
             return error_from_dict(error)
     reported = {rank for _, rank, _ in reports}
     died = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0) and rank not in reported]
     if died:
-        described = ", ".join(f"rank {rank} " + (f"killed by signal {-code}" if code < 0 else f"exit status {code}")
-                              for rank, code in died)
-        return TrainingRankFailed(f"a training rank died ({described}); every rank was stopped",
-                                  details={"ranks": [rank for rank, _ in died]})
+        described = ", ".join(
+            f"rank {rank} " + (f"killed by signal {-code}" if code < 0 else f"exit status {code}")
+            for rank, code in died
+        )
+        return TrainingRankFailed(
+            f"a training rank died ({described}); every rank was stopped", details={"ranks": [rank for rank, _ in died]}
+        )
     _, rank, error = reports[0]
-    return TrainingRankFailed(f"training rank {rank} failed: {error['message']}; every rank was stopped",
-                              details={"ranks": [rank]})
+    return TrainingRankFailed(
+        f"training rank {rank} failed: {error['message']}; every rank was stopped", details={"ranks": [rank]}
+    )
 
 
 def _stop(procs: list[Any]) -> None:
@@ -227,13 +249,19 @@ def rank_main(rank: int, launch: Launch, job: str, rendezvous: str, parent_pid: 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     try:
-        dist.init_process_group(launch.backend, init_method=f"file://{rendezvous}", rank=rank,
-                                world_size=launch.world_size,
-                                timeout=timedelta(seconds=launch.collective_timeout_s))
+        dist.init_process_group(
+            launch.backend,
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=launch.world_size,
+            timeout=timedelta(seconds=launch.collective_timeout_s),
+        )
         kwargs = pickle.loads(Path(job).read_bytes())
         main = rank == 0
         result = train_grpo(
-            **kwargs, device=device, ranks=RankGroup(rank=rank, world_size=launch.world_size, backend=launch.backend),
+            **kwargs,
+            device=device,
+            ranks=RankGroup(rank=rank, world_size=launch.world_size, backend=launch.backend),
             progress=(lambda values: messages.put(("progress", values))) if main else None,
             checkpoint_sink=(lambda step, folder: messages.put(("checkpoint", step, str(folder)))) if main else None,
         )
@@ -242,8 +270,11 @@ def rank_main(rank: int, launch: Launch, job: str, rendezvous: str, parent_pid: 
     except BaseException as exc:  # noqa: BLE001 - every failure leaves as a message and exit status 1
         if not isinstance(exc, KilnError):
             traceback.print_exc()  # the rank's own log (stderr): where an unexpected failure came from
-        error = ({**exc.to_dict(), "kiln": True} if isinstance(exc, KilnError)
-                 else {"message": str(exc)[:2000] or "an unexpected error", "kiln": False})
+        error = (
+            {**exc.to_dict(), "kiln": True}
+            if isinstance(exc, KilnError)
+            else {"message": str(exc)[:2000] or "an unexpected error", "kiln": False}
+        )
         messages.put(("error", rank, error))
         messages.close()
         messages.join_thread()

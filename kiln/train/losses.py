@@ -121,8 +121,14 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
-def exact_kls(head: Any, hidden_p: torch.Tensor, hidden_qs: list[torch.Tensor], *, temperature: float = 1.0,
-              chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> list[torch.Tensor]:
+def exact_kls(
+    head: Any,
+    hidden_p: torch.Tensor,
+    hidden_qs: list[torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+) -> list[torch.Tensor]:
     """Per position, the exact ``KL(p ‖ q) = Σ_v p(v)·(log p(v) − log q(v))`` over the whole
     vocabulary, for each ``q`` in ``hidden_qs``: ``p = softmax(head(hidden_p)/T)``, ``q`` likewise
     from its hidden states (all ``(N, d)``, the same N positions). Returns one ``(N,)`` float64
@@ -201,8 +207,9 @@ def policy_loss(
         per_token = -weight * adv * logprobs
         clipped_mask = ratio.detach() > cispo_max_weight
     elif is_level == "sequence":
-        return _sequence_loss(log_ratio, adv.expand_as(logprobs), action_mask, clip_epsilon, high,
-                              sequence_denominator, is_weights)
+        return _sequence_loss(
+            log_ratio, adv.expand_as(logprobs), action_mask, clip_epsilon, high, sequence_denominator, is_weights
+        )
     else:
         ratio = torch.exp(log_ratio)
         unclipped = ratio * adv
@@ -219,14 +226,25 @@ def policy_loss(
         loss = (per_token * action_mask).sum() / denominator
     with torch.no_grad():
         clipped_count = float((clipped_mask.float() * action_mask).sum().item())
-        deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
-    return loss, {"clipped_tokens": clipped_count, "action_tokens": float(action_mask.sum().item()),
-                  "max_ratio_deviation": float(deviation.item())}
+        deviation = (
+            ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
+        )
+    return loss, {
+        "clipped_tokens": clipped_count,
+        "action_tokens": float(action_mask.sum().item()),
+        "max_ratio_deviation": float(deviation.item()),
+    }
 
 
-def _sequence_loss(log_ratio: torch.Tensor, adv: torch.Tensor, action_mask: torch.Tensor,
-                   low: float, high: float, denominator: float | torch.Tensor | None,
-                   is_weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def _sequence_loss(
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    action_mask: torch.Tensor,
+    low: float,
+    high: float,
+    denominator: float | torch.Tensor | None,
+    is_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The GSPO term of :func:`policy_loss`: one clipped ratio and one advantage per sequence,
     summed over sequences with an action token and divided by ``denominator``."""
     count = action_mask.sum(dim=-1)
@@ -243,14 +261,20 @@ def _sequence_loss(log_ratio: torch.Tensor, adv: torch.Tensor, action_mask: torc
     loss = (per_seq * has_action).sum() / denominator
     with torch.no_grad():
         clipped_seq = (clipped < unclipped).to(log_ratio.dtype) * has_action
-        deviation = ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
-    return loss, {"clipped_tokens": float((clipped_seq * count).sum().item()),
-                  "action_tokens": float(action_mask.sum().item()),
-                  "max_ratio_deviation": float(deviation.item())}
+        deviation = (
+            ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
+        )
+    return loss, {
+        "clipped_tokens": float((clipped_seq * count).sum().item()),
+        "action_tokens": float(action_mask.sum().item()),
+        "max_ratio_deviation": float(deviation.item()),
+    }
 
 
 def truncated_is_weights(
-    proximal_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, action_mask: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    action_mask: torch.Tensor,
     max_weight: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``min(π_prox / π_behaviour, max_weight)`` per action token (no
@@ -305,9 +329,7 @@ def kl_k3(
     return (per_token * action_mask).sum() / denominator
 
 
-def kl_k1_penalty(
-    old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
-) -> torch.Tensor:
+def kl_k1_penalty(old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """k1 per-token KL ``logp_old − logp_ref`` on action tokens (no gradient): subtracted, times
     ``kl_coeff``, from each token's advantage, i.e. a per-token reward penalty."""
     return ((old_logprobs - ref_logprobs) * action_mask).detach()

@@ -16,7 +16,9 @@ from typing import Sequence
 DEFAULT_IS_CAP = 2.0
 
 
-def truncated_is_weights(engine: Sequence[float], trainer: Sequence[float], *, cap: float = DEFAULT_IS_CAP) -> list[float]:
+def truncated_is_weights(
+    engine: Sequence[float], trainer: Sequence[float], *, cap: float = DEFAULT_IS_CAP
+) -> list[float]:
     """``min(exp(trainer - engine), cap)`` per token (same length required)."""
     if len(engine) != len(trainer):
         raise ValueError(f"{len(engine)} engine log-probs for {len(trainer)} trainer log-probs")
@@ -39,8 +41,16 @@ def mismatch_figures(
         weights.extend(truncated_is_weights(e_row, t_row, cap=cap))
         deltas.extend(abs(t - e) for e, t in zip(e_row, t_row))
     if not deltas:
-        return {"tokens": 0, "mean_abs_delta": 0.0, "max_abs_delta": 0.0, "is_weight_mean": 1.0,
-                "is_weight_min": 1.0, "is_weight_max": 1.0, "is_truncated_fraction": 0.0, "is_cap": cap}
+        return {
+            "tokens": 0,
+            "mean_abs_delta": 0.0,
+            "max_abs_delta": 0.0,
+            "is_weight_mean": 1.0,
+            "is_weight_min": 1.0,
+            "is_weight_max": 1.0,
+            "is_truncated_fraction": 0.0,
+            "is_cap": cap,
+        }
     return {
         "tokens": len(deltas),
         "mean_abs_delta": sum(deltas) / len(deltas),

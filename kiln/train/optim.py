@@ -42,22 +42,34 @@ def build_optimizer(config: Any, params: list[torch.nn.Parameter]) -> tuple[torc
         if bad:
             raise TrainingFailed(f"Muon needs 2-D parameters; got shapes {bad[:3]}", code="optimizer_unavailable")
         optimizer = torch.optim.Muon(
-            params, lr=lr, weight_decay=WEIGHT_DECAY, momentum=MUON_MOMENTUM,
-            nesterov=MUON_NESTEROV, ns_steps=MUON_NS_STEPS, adjust_lr_fn=MUON_ADJUST_LR,
+            params,
+            lr=lr,
+            weight_decay=WEIGHT_DECAY,
+            momentum=MUON_MOMENTUM,
+            nesterov=MUON_NESTEROV,
+            ns_steps=MUON_NS_STEPS,
+            adjust_lr_fn=MUON_ADJUST_LR,
         )
-        described = {"name": "muon", "momentum": MUON_MOMENTUM, "nesterov": MUON_NESTEROV,
-                     "ns_iters": MUON_NS_STEPS, "adjust_lr_fn": MUON_ADJUST_LR,
-                     "implementation": "torch.optim.Muon"}
+        described = {
+            "name": "muon",
+            "momentum": MUON_MOMENTUM,
+            "nesterov": MUON_NESTEROV,
+            "ns_iters": MUON_NS_STEPS,
+            "adjust_lr_fn": MUON_ADJUST_LR,
+            "implementation": "torch.optim.Muon",
+        }
     else:
         optimizer = torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
         described = {"name": "adamw", "betas": list(ADAM_BETAS), "eps": ADAM_EPS}
-    described.update({
-        "learning_rate": lr,
-        "learning_rate_source": "config" if config.learning_rate is not None else "optimizer_default",
-        "weight_decay": WEIGHT_DECAY,
-        "schedule": config.lr_schedule,
-        "warmup_steps": config.warmup_steps,
-    })
+    described.update(
+        {
+            "learning_rate": lr,
+            "learning_rate_source": "config" if config.learning_rate is not None else "optimizer_default",
+            "weight_decay": WEIGHT_DECAY,
+            "schedule": config.lr_schedule,
+            "warmup_steps": config.warmup_steps,
+        }
+    )
     return optimizer, described
 
 

@@ -36,8 +36,6 @@ class Plan:
     shaping: RowShaping = field(default_factory=RowShaping)
 
 
-
-
 def _cap(config: Any, sampling: dict[str, Any] | None) -> int | None:
     """The sampler's ``max_action_tokens`` when a setting needs it (overlong handling, the constant
     normaliser); refused when the data's behaviour identity does not record it."""
@@ -48,9 +46,11 @@ def _cap(config: Any, sampling: dict[str, Any] | None) -> int | None:
         needs = f"overlong {config.overlong!r}" if config.overlong != "keep" else "loss_normaliser 'constant'"
         raise TrainingFailed(
             f"training_config {needs} needs the sampler's max_action_tokens, which this data's behaviour "
-            "identity does not record", code="invalid_training_data",
+            "identity does not record",
+            code="invalid_training_data",
             hint="collect the data again with this Kiln version, or leave overlong at 'keep' and "
-            "loss_normaliser at 'tokens'")
+            "loss_normaliser at 'tokens'",
+        )
     return int(cap)
 
 
@@ -64,8 +64,9 @@ def epoch_order(n_groups: int, seed: int, epoch: int, iteration: int | None = No
     return order
 
 
-def step_schedule(n_groups: int, seed: int, epochs: int, groups_per_step: int,
-                  iteration: int | None = None) -> list[tuple[int, list[int]]]:
+def step_schedule(
+    n_groups: int, seed: int, epochs: int, groups_per_step: int, iteration: int | None = None
+) -> list[tuple[int, list[int]]]:
     """``(epoch, group indices)`` of every optimizer step, in order."""
     schedule = []
     for epoch in range(epochs):
@@ -82,8 +83,7 @@ def require_groups_on_policy(groups: list[dict[str, Any]], expected: dict[str, A
             actual = (completion.get("openenv") or {}).get("behavior_policy")
             if actual != expected:
                 raise PolicyIdentityChanged(
-                    f"group {g} completion {c} was sampled by a different policy than the one "
-                    "admitted for training",
+                    f"group {g} completion {c} was sampled by a different policy than the one admitted for training",
                     stage="training",
                     details={"expected": digest_json(expected), "actual": digest_json(actual)},
                 )
@@ -155,11 +155,17 @@ def _echo_block(config: Any, token_counts: dict[str, int]) -> dict[str, Any]:
     return block
 
 
-def plan_training(groups: list[dict], config: Any, expected: dict | None,
-                  base_adapter_sha: str | None,
-                  selected: tuple[list[dict], dict[str, Any]] | None = None, *,
-                  staleness: int = 0, extra_identity: dict[str, Any] | None = None,
-                  iteration: int | None = None) -> Plan:
+def plan_training(
+    groups: list[dict],
+    config: Any,
+    expected: dict | None,
+    base_adapter_sha: str | None,
+    selected: tuple[list[dict], dict[str, Any]] | None = None,
+    *,
+    staleness: int = 0,
+    extra_identity: dict[str, Any] | None = None,
+    iteration: int | None = None,
+) -> Plan:
     """Admission checks, selection, settings and the step schedule (no model needed).
 
     ``selected``: the ``select_groups`` result when the caller already selected (it is not
@@ -179,35 +185,45 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
     engine = engine_of(_identity_of(groups, expected))
     uncorrected = engine_correction(engine, recorded, staleness, sampling)
     warning_filter = True if config.echo is None else bool(config.echo.warning_filter)
-    token_counts = count_tokens(kept, warning_filter=warning_filter,
-                                env_mask_mode="env_only" if config.echo is None else config.echo.env_mask_mode)
+    token_counts = count_tokens(
+        kept,
+        warning_filter=warning_filter,
+        env_mask_mode="env_only" if config.echo is None else config.echo.env_mask_mode,
+    )
     echo = _echo_block(config, token_counts)
     cap = _cap(config, sampling)
-    shaping = RowShaping(advantage_norm=config.advantage_norm, overlong=config.overlong, max_action_tokens=cap,
-                         buffer_tokens=int(config.overlong_buffer_tokens), penalty=float(config.overlong_penalty))
+    shaping = RowShaping(
+        advantage_norm=config.advantage_norm,
+        overlong=config.overlong,
+        max_action_tokens=cap,
+        buffer_tokens=int(config.overlong_buffer_tokens),
+        penalty=float(config.overlong_penalty),
+    )
     gspo = config.is_level == "sequence"
     settings = StepSettings(
         clip_epsilon=float(config.sequence_clip_epsilon if gspo else config.clip_epsilon),
         clip_eps_high=float(config.sequence_clip_epsilon) if gspo else config.clip_eps_high,
-        is_level=config.is_level, cispo_max_weight=float(config.cispo_max_weight),
-        kl_coeff=float(config.kl_coeff), kl_estimator=config.kl_estimator,
+        is_level=config.is_level,
+        cispo_max_weight=float(config.cispo_max_weight),
+        kl_coeff=float(config.kl_coeff),
+        kl_estimator=config.kl_estimator,
         echo_lambda=echo["lambda"] if echo["enabled"] else 0.0,
-        max_grad_norm=float(config.max_grad_norm), recorded=recorded,
+        max_grad_norm=float(config.max_grad_norm),
+        recorded=recorded,
         temperature=float(sampling["temperature"]) if sampling else 1.0,
         max_tokens_per_microbatch=int(config.max_tokens_per_microbatch),
         stale_is_max_weight=float(config.stale_is_max_weight) if staleness > 0 else None,
         target_kl=float(config.target_kl) if config.target_kl is not None else None,
         engine_is_max_weight=float(config.engine_is_max_weight) if uncorrected is None else None,
         loss_normaliser=config.loss_normaliser,
-        loss_constant_tokens=float(cap) if config.loss_normaliser == "constant" else None,
+        loss_constant_tokens=float(cap) if config.loss_normaliser == "constant" and cap is not None else None,
         entropy_coeff=float(config.entropy_coeff),
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
     for key, default in LATER_SETTINGS.items():
         if effective_config.get(key) == default:
             effective_config.pop(key)
-    idle = [*(["stale_is_max_weight"] if staleness == 0 else []),
-            *(["engine_is_max_weight"] if engine == "hf" else [])]
+    idle = [*(["stale_is_max_weight"] if staleness == 0 else []), *(["engine_is_max_weight"] if engine == "hf" else [])]
     for key in idle:
         effective_config.pop(key, None)
     schedule = step_schedule(len(kept), config.seed, config.epochs, config.groups_per_step, iteration)
@@ -219,7 +235,17 @@ def plan_training(groups: list[dict], config: Any, expected: dict | None,
         **({"iteration": iteration} if iteration is not None and iteration > 1 else {}),
         **(extra_identity or {}),
     }
-    return Plan(kept=kept, selection=selection, settings=settings, sampling=sampling, engine=engine,
-                engine_uncorrected=uncorrected, echo=echo,
-                token_counts=token_counts, effective_config=effective_config, identity=identity,
-                schedule=schedule, shaping=shaping)
+    return Plan(
+        kept=kept,
+        selection=selection,
+        settings=settings,
+        sampling=sampling,
+        engine=engine,
+        engine_uncorrected=uncorrected,
+        echo=echo,
+        token_counts=token_counts,
+        effective_config=effective_config,
+        identity=identity,
+        schedule=schedule,
+        shaping=shaping,
+    )

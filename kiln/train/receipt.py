@@ -93,10 +93,16 @@ def runtime_block(device: Any, dtype: str, world_size: int = 1, base_weight_byte
     import torch
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "device": str(device), "dtype": dtype,
-            "torch_threads": torch.get_num_threads(), "world_size": world_size,
-            "base_weight_bytes": base_weight_bytes}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "device": str(device),
+        "dtype": dtype,
+        "torch_threads": torch.get_num_threads(),
+        "world_size": world_size,
+        "base_weight_bytes": base_weight_bytes,
+    }
 
 
 def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[str, Any]:
@@ -104,16 +110,26 @@ def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[s
     s = plan.settings
     extra: dict[str, Any] = {}
     if plan.shaping.overlong != "keep":
-        extra["overlong"] = {"mode": plan.shaping.overlong, "max_action_tokens": plan.shaping.max_action_tokens,
-                             "buffer_tokens": plan.shaping.buffer_tokens, "penalty": plan.shaping.penalty}
+        extra["overlong"] = {
+            "mode": plan.shaping.overlong,
+            "max_action_tokens": plan.shaping.max_action_tokens,
+            "buffer_tokens": plan.shaping.buffer_tokens,
+            "penalty": plan.shaping.penalty,
+        }
     if s.entropy_coeff > 0:
         extra["entropy_coeff"] = s.entropy_coeff
     return {
         **extra,
-        "advantage": {"group_std": "group_normalised_population_std", "none": "group_centred"}[plan.shaping.advantage_norm],
+        "advantage": {"group_std": "group_normalised_population_std", "none": "group_centred"}[
+            plan.shaping.advantage_norm
+        ],
         "advantage_eps": ADVANTAGE_EPS,
-        "loss_aggregation": {"tokens": "token_mean_per_step", "sequences": "sequence_mean_per_step",
-                             "constant": "constant_per_step"}[s.loss_normaliser] if s.is_level != "sequence"
+        "loss_aggregation": {
+            "tokens": "token_mean_per_step",
+            "sequences": "sequence_mean_per_step",
+            "constant": "constant_per_step",
+        }[s.loss_normaliser]
+        if s.is_level != "sequence"
         else "sequence_mean_per_step",
         **({"loss_constant_tokens": s.loss_constant_tokens} if s.loss_normaliser == "constant" else {}),
         "importance": "recorded" if s.recorded else "pre_update_logprobs",
@@ -125,7 +141,8 @@ def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[s
         "kl_estimator": s.kl_estimator if s.kl_on else "none",
         "kl_coeff": s.kl_coeff,
         "kl_application": {"k1": "advantage_penalty_stop_gradient", "k3": "loss_term"}.get(s.kl_estimator)
-        if s.kl_on else None,
+        if s.kl_on
+        else None,
         "kl_reference_policy": {"kind": "base_per_step"},
         "scoring_temperature": s.temperature,
         "sampling": plan.sampling,
@@ -140,14 +157,14 @@ def grpo_block(plan: Any, config: Any, optimizer_info: dict[str, Any]) -> dict[s
     }
 
 
-def online_blocks(*, continued_from: dict[str, Any] | None, staleness: dict[str, Any] | None,
-                  final_state_sha256: str | None) -> dict[str, Any]:
+def online_blocks(
+    *, continued_from: dict[str, Any] | None, staleness: dict[str, Any] | None, final_state_sha256: str | None
+) -> dict[str, Any]:
     """Receipt blocks of an online run's training, each only when it applies (``continued_from``:
     the continuation state used; ``staleness``: stale data's behaviour policy and IS cap;
     ``final_state_sha256``: the continuation state written), so a single-pass receipt keeps
     exactly its earlier keys."""
-    blocks = {"continued_from": continued_from, "staleness": staleness,
-              "final_state_sha256": final_state_sha256}
+    blocks = {"continued_from": continued_from, "staleness": staleness, "final_state_sha256": final_state_sha256}
     return {key: value for key, value in blocks.items() if value is not None}
 
 

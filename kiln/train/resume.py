@@ -50,8 +50,7 @@ def settings_digest(config: Any, left_out: Iterable[str] = ()) -> str:
     return digest_json(settings)
 
 
-def resume_refusal(state: dict[str, Any], identity: dict[str, Any],
-                   effective_config: dict[str, Any]) -> str | None:
+def resume_refusal(state: dict[str, Any], identity: dict[str, Any], effective_config: dict[str, Any]) -> str | None:
     """Why the checkpoint ``state`` (its ``state.json``) cannot resume the training of
     ``identity``; None when it can. ``effective_config`` (the whole dump the receipt records)
     checks a checkpoint written before ``settings_sha256`` existed."""
@@ -59,8 +58,10 @@ def resume_refusal(state: dict[str, Any], identity: dict[str, Any],
     for key in keys:
         if key == SETTINGS_KEY and SETTINGS_KEY not in state:
             if state.get(LEGACY_CONFIG_KEY) != digest_json(effective_config):
-                return ("the checkpoint was written by an earlier release for a training config "
-                        "that differs from this one (config_sha256)")
+                return (
+                    "the checkpoint was written by an earlier release for a training config "
+                    "that differs from this one (config_sha256)"
+                )
             continue
         if state.get(key) != identity.get(key):
             return f"the checkpoint's {key} differs from this training's"
@@ -95,17 +96,24 @@ def code_digest(root: Path) -> str:
 
 def _git_commit(folder: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     commit = out.stdout.strip()
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
-def try_resume(folder: Path | None, *, identity: dict[str, Any], effective_config: dict[str, Any],
-               restore: Any, params: list[tuple[str, torch.nn.Parameter]],
-               optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def try_resume(
+    folder: Path | None,
+    *,
+    identity: dict[str, Any],
+    effective_config: dict[str, Any],
+    restore: Any,
+    params: list[tuple[str, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Resume from the checkpoint ``folder`` when it fits: ``(state, block)`` with the receipt's
     ``checkpoint`` block. ``restore(folder)`` loads it into ``params``/``optimizer`` (and RNG);
     when it fails half-way, the live weights, optimizer and RNG are put back as they were, so
@@ -135,6 +143,10 @@ def try_resume(folder: Path | None, *, identity: dict[str, Any], effective_confi
             optimizer.load_state_dict(opt_state)
             torch.set_rng_state(rng)
             refusal = getattr(exc, "message", None) or "the checkpoint's tensors could not be loaded"
-    block = {"used": refusal is None, "step": step, "reason": refusal,
-             "written_by": written_by if isinstance(written_by, dict) else None}
+    block = {
+        "used": refusal is None,
+        "step": step,
+        "reason": refusal,
+        "written_by": written_by if isinstance(written_by, dict) else None,
+    }
     return (state if refusal is None else None), block

@@ -66,8 +66,7 @@ def select_groups(
         if all(r == rewards[0] for r in rewards):
             no_gradient += 1
             warnings.append(
-                f"group {number} has no reward variation (all rewards {rewards[0]!r}); "
-                "zero-gradient work skipped"
+                f"group {number} has no reward variation (all rewards {rewards[0]!r}); zero-gradient work skipped"
             )
             continue
         if dropped:

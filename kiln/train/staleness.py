@@ -30,8 +30,9 @@ from kiln.train.step import StepSettings, score_rows
 BEHAVIOR_ADAPTER = "kiln-behavior"
 
 
-def stale_origin(staleness: int, behavior_adapter_dir: Path | None,
-                 expected_behavior_policy: dict | None) -> dict[str, Any] | None:
+def stale_origin(
+    staleness: int, behavior_adapter_dir: Path | None, expected_behavior_policy: dict | None
+) -> dict[str, Any] | None:
     """The receipt's ``staleness`` block (None for on-policy data), after checking that the
     behaviour adapter is the one the data's behaviour identity names."""
     if staleness < 0:
@@ -40,19 +41,22 @@ def stale_origin(staleness: int, behavior_adapter_dir: Path | None,
         if behavior_adapter_dir is not None:
             raise TrainingFailed(
                 "behavior_adapter is only for stale data (staleness >= 1); on-policy data was "
-                "sampled by the base adapter itself", code="staleness_invalid",
-                hint="set staleness to how many iterations behind the data's policy is, or drop behavior_adapter")
+                "sampled by the base adapter itself",
+                code="staleness_invalid",
+                hint="set staleness to how many iterations behind the data's policy is, or drop behavior_adapter",
+            )
         return None
     sha = adapter_content_sha256(behavior_adapter_dir) if behavior_adapter_dir is not None else None
     if expected_behavior_policy is not None and expected_behavior_policy.get("adapter_sha256") != sha:
         raise PolicyIdentityChanged(
             "behavior_adapter is not the adapter that sampled the training data",
             stage="training",
-            details={"behavior_adapter_sha256": sha,
-                     "data_adapter_sha256": expected_behavior_policy.get("adapter_sha256")},
+            details={
+                "behavior_adapter_sha256": sha,
+                "data_adapter_sha256": expected_behavior_policy.get("adapter_sha256"),
+            },
         )
-    return {"staleness": staleness, "behavior_adapter_sha256": sha,
-            "behavior_logprobs": "scored_with_behavior_policy"}
+    return {"staleness": staleness, "behavior_adapter_sha256": sha, "behavior_logprobs": "scored_with_behavior_policy"}
 
 
 def _score(model: Any, rows: list[list[Row]], settings: StepSettings, device: torch.device) -> list[list[Row]]:
@@ -63,8 +67,9 @@ def _score(model: Any, rows: list[list[Row]], settings: StepSettings, device: to
     return scored
 
 
-def score_behavior(model: Any, rows: list[list[Row]], behavior_adapter_dir: Path | None,
-                   settings: StepSettings, device: torch.device) -> list[list[Row]]:
+def score_behavior(
+    model: Any, rows: list[list[Row]], behavior_adapter_dir: Path | None, settings: StepSettings, device: torch.device
+) -> list[list[Row]]:
     """``rows`` with ``behavior`` set to the behaviour policy's log-probs (see the module
     docstring). Leaves the model as it found it: the training adapter active and trainable, the
     behaviour adapter deleted, the torch RNG untouched."""
@@ -75,8 +80,9 @@ def score_behavior(model: Any, rows: list[list[Row]], behavior_adapter_dir: Path
         try:
             model.load_adapter(str(behavior_adapter_dir), adapter_name=BEHAVIOR_ADAPTER, is_trainable=False)
         except (OSError, ValueError) as exc:
-            raise TrainingFailed(f"cannot load behavior adapter {behavior_adapter_dir}: {exc}",
-                                 code="adapter_load_failed") from exc
+            raise TrainingFailed(
+                f"cannot load behavior adapter {behavior_adapter_dir}: {exc}", code="adapter_load_failed"
+            ) from exc
         try:
             model.set_adapter(BEHAVIOR_ADAPTER, inference_mode=True)
             return _score(model, rows, settings, device)

@@ -101,9 +101,7 @@ class LogprobCache:
 
 
 def batch_logprobs(model: Any, batch: GroupBatch, temperature: float) -> torch.Tensor:
-    return sequence_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature
-    )
+    return sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature)
 
 
 def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> torch.Tensor:
@@ -115,8 +113,9 @@ def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> to
 
 
 @torch.no_grad()
-def score_rows(model: Any, rows: list[Row], settings: StepSettings,
-               device: torch.device) -> dict[tuple[int, int], torch.Tensor]:
+def score_rows(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device
+) -> dict[tuple[int, int], torch.Tensor]:
     """Per-row log-probs ``(length − 1,)`` on CPU under the model's current adapter state, in
     micro-batches of at most ``max_tokens_per_microbatch`` padded tokens (memory stays bounded by
     one micro-batch whatever the number of rows), without gradients."""
@@ -128,30 +127,34 @@ def score_rows(model: Any, rows: list[Row], settings: StepSettings,
     return scored
 
 
-def score_reference(model: Any, rows: list[Row], settings: StepSettings,
-                    device: torch.device) -> dict[tuple[int, int], torch.Tensor]:
+def score_reference(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device
+) -> dict[tuple[int, int], torch.Tensor]:
     """:func:`score_rows` under the base model (every adapter disabled)."""
     with model.disable_adapter():
         return score_rows(model, rows, settings, device)
 
 
-def score_old_logprobs(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
-                       device: torch.device) -> None:
+def score_old_logprobs(
+    model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings, device: torch.device
+) -> None:
     """Fill ``cache.old`` with every row's log-probs under the current (pre-update) policy: called
     once before step 1 (with ``recorded`` the ratio uses the recorded log-probs; the pass still
     records the starting policy for :mod:`kiln.train.drift`)."""
     cache.old.update(score_rows(model, [r for r in rows if r.key not in cache.old], settings, device))
 
 
-def _fill_reference(model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings,
-                    device: torch.device) -> None:
+def _fill_reference(
+    model: Any, rows: list[Row], cache: LogprobCache, settings: StepSettings, device: torch.device
+) -> None:
     missing = [r for r in rows if r.key not in cache.ref]
     if missing:
         cache.ref.update(score_reference(model, missing, settings, device))
 
 
-def _old_logprobs(rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache,
-                  settings: StepSettings) -> torch.Tensor:
+def _old_logprobs(
+    rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache, settings: StepSettings
+) -> torch.Tensor:
     if settings.recorded:
         return batch.behavior_logprobs
     for b, row in enumerate(rows):
@@ -160,15 +163,27 @@ def _old_logprobs(rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, ca
     return _stack(rows, cache.old, logprobs.shape[1], logprobs.device)
 
 
-def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: LogprobCache,
-                totals: tuple[float, float, float], device: torch.device) -> dict[str, float]:
+def _micro_step(
+    model: Any,
+    rows: list[Row],
+    settings: StepSettings,
+    cache: LogprobCache,
+    totals: tuple[float, float, float],
+    device: torch.device,
+) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its additive contributions."""
     action_total, obs_total, sequence_total = totals
     batch = collate(rows).to(device)
     entropy = None
     if settings.entropy_coeff > 0:
-        logprobs, entropy = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels,
-                                              temperature=settings.temperature, with_entropy=True)
+        logprobs, entropy = sequence_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.labels,
+            temperature=settings.temperature,
+            with_entropy=True,
+        )
     else:
         logprobs = batch_logprobs(model, batch, settings.temperature)
     old = _old_logprobs(rows, batch, logprobs, cache, settings)
@@ -183,16 +198,24 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
             kl = kl_k3(logprobs, ref, batch.action_mask, denominator=action_total)
     weights, is_stats = None, {}
     if settings.stale_is_max_weight is not None and not settings.recorded:
-        weights, is_stats = truncated_is_weights(old, batch.behavior_logprobs, batch.action_mask,
-                                                 settings.stale_is_max_weight)
+        weights, is_stats = truncated_is_weights(
+            old, batch.behavior_logprobs, batch.action_mask, settings.stale_is_max_weight
+        )
     elif settings.engine_is_max_weight is not None:
-        weights, is_stats = truncated_is_weights(old, batch.behavior_logprobs, batch.action_mask,
-                                                 settings.engine_is_max_weight)
+        weights, is_stats = truncated_is_weights(
+            old, batch.behavior_logprobs, batch.action_mask, settings.engine_is_max_weight
+        )
     p_loss, stats = policy_loss(
-        logprobs, old, advantages, batch.action_mask,
-        clip_epsilon=settings.clip_epsilon, clip_eps_high=settings.clip_eps_high,
-        is_level=settings.is_level, cispo_max_weight=settings.cispo_max_weight,
-        denominator=_policy_denominator(batch, settings, action_total, sequence_total), is_weights=weights,
+        logprobs,
+        old,
+        advantages,
+        batch.action_mask,
+        clip_epsilon=settings.clip_epsilon,
+        clip_eps_high=settings.clip_eps_high,
+        is_level=settings.is_level,
+        cispo_max_weight=settings.cispo_max_weight,
+        denominator=_policy_denominator(batch, settings, action_total, sequence_total),
+        is_weights=weights,
         sequence_denominator=sequence_total,
     )
     env = echo_loss(logprobs, batch.env_mask, batch.obs_lengths, denominator=obs_total)
@@ -224,8 +247,9 @@ def _micro_step(model: Any, rows: list[Row], settings: StepSettings, cache: Logp
     }
 
 
-def _policy_denominator(batch: GroupBatch, settings: StepSettings, action_total: float,
-                        sequence_total: float) -> float | torch.Tensor:
+def _policy_denominator(
+    batch: GroupBatch, settings: StepSettings, action_total: float, sequence_total: float
+) -> float | torch.Tensor:
     """The policy term's normaliser (``loss_normaliser``): a scalar, or per row ``(B, 1)``."""
     if settings.loss_normaliser == "sequences":
         return batch.action_mask.sum(dim=-1, keepdim=True).clamp(min=1.0) * sequence_total
@@ -261,12 +285,21 @@ def train_step(
     if settings.kl_on:
         _fill_reference(model, rows, cache, settings, device)
     optimizer.zero_grad(set_to_none=True)
-    sums = {"loss": 0.0, "policy_loss": 0.0, "env_ce": 0.0, "kl": 0.0, "clipped_tokens": 0.0, "tokens": 0.0,
-            "approx_kl": 0.0}
+    sums = {
+        "loss": 0.0,
+        "policy_loss": 0.0,
+        "env_ce": 0.0,
+        "kl": 0.0,
+        "clipped_tokens": 0.0,
+        "tokens": 0.0,
+        "approx_kl": 0.0,
+    }
     peaks = {"max_ratio_deviation": 0.0}
     micro = pack_microbatches(rows if ranks is None else ranks.local_rows(rows), settings.max_tokens_per_microbatch)
     for part in micro:
-        for key, value in _micro_step(model, part, settings, cache, (action_total, obs_total, sequence_total), device).items():
+        for key, value in _micro_step(
+            model, part, settings, cache, (action_total, obs_total, sequence_total), device
+        ).items():
             if key in _PEAKS:
                 peaks[key] = max(peaks.get(key, 0.0), value)
             else:
@@ -296,8 +329,11 @@ def train_step(
     if "entropy" in sums:
         values["entropy"] = sums["entropy"]
     if "is_weight_max" in peaks:  # stale or other-engine data: its truncated importance weights
-        values.update(is_ratio_max=peaks["is_ratio_max"], is_weight_max=peaks["is_weight_max"],
-                      is_truncated_fraction=sums["is_truncated_tokens"] / action_total)
+        values.update(
+            is_ratio_max=peaks["is_ratio_max"],
+            is_weight_max=peaks["is_weight_max"],
+            is_truncated_fraction=sums["is_truncated_tokens"] / action_total,
+        )
     values["tokens"] = int(sums["tokens"])
     if stop:
         values["stopped"] = True

@@ -52,7 +52,10 @@ def _bad(message: str) -> TrainingFailed:
 
 
 def tokenize_completion(
-    completion: dict[str, Any], *, warning_filter: bool, vocab_size: int | None = None,
+    completion: dict[str, Any],
+    *,
+    warning_filter: bool,
+    vocab_size: int | None = None,
     env_mask_mode: str = "env_only",
 ) -> TokenizedCompletion:
     """Flatten ``completion['tokens']['pieces']`` and validate it."""
@@ -116,8 +119,9 @@ def _wrapping(pieces: list[dict[str, Any]], env_mask_mode: str) -> list[bool]:
     return out
 
 
-def count_tokens(groups: list[dict[str, Any]], *, warning_filter: bool,
-                 env_mask_mode: str = "env_only") -> dict[str, int]:
+def count_tokens(
+    groups: list[dict[str, Any]], *, warning_filter: bool, env_mask_mode: str = "env_only"
+) -> dict[str, int]:
     """Receipt token counts over the training groups (each completion counted once). With
     ``full_obs`` the observation turns' template wrapping counts as environment tokens (it is
     trained as such), not as context."""

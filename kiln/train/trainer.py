@@ -146,15 +146,23 @@ def evaluation_of(rows: list[list[Row]], scored: dict[tuple[int, int], torch.Ten
     }
 
 
-def _load_model(model_path: Path, config: Any, base_adapter_dir: Path | None, dev: torch.device,
-                dtype: str, shared_base: Any, ranks: Any = None) -> Any:
+def _load_model(
+    model_path: Path,
+    config: Any,
+    base_adapter_dir: Path | None,
+    dev: torch.device,
+    dtype: str,
+    shared_base: Any,
+    ranks: Any = None,
+) -> Any:
     """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
     it (one copy per worker), else on a freshly loaded one; with ``ranks`` loaded on the CPU and
     sharded across the ranks' devices (:mod:`kiln.train.distributed`)."""
     load_on = torch.device("cpu") if ranks is not None else dev
     base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), load_on, dtype)
-    model = attach_lora(base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed,
-                        base_adapter_dir=base_adapter_dir)
+    model = attach_lora(
+        base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed, base_adapter_dir=base_adapter_dir
+    )
     if shared_base is not None:
         shared_base.trained = model
     if config.gradient_checkpointing:
@@ -200,23 +208,39 @@ class Loop:
     ranks: Any = None  # kiln.train.distributed.RankGroup of a trainer across devices; None: one process
 
 
-def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path,
-                sink: Callable[[int, Path], None] | None) -> None:
+def _checkpoint(loop: Loop, plan: Plan, step: int, output_dir: Path, sink: Callable[[int, Path], None] | None) -> None:
     folder = output_dir / "checkpoints" / f"step-{step:06d}"
     if folder.exists():
         shutil.rmtree(folder)
-    save_checkpoint(folder, params=loop.named, optimizer=loop.optimizer,
-                    state={**plan.identity, "step": step, "history": loop.history,
-                           "initial_eval": loop.initial_eval, **checkpoint_extras(plan.effective_config)},
-                    logprobs=loop.cache.tensors())
+    save_checkpoint(
+        folder,
+        params=loop.named,
+        optimizer=loop.optimizer,
+        state={
+            **plan.identity,
+            "step": step,
+            "history": loop.history,
+            "initial_eval": loop.initial_eval,
+            **checkpoint_extras(plan.effective_config),
+        },
+        logprobs=loop.cache.tensors(),
+    )
     if sink is not None:
         sink(step, folder)
 
 
-def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_step: int,
-              output_dir: Path, progress: Callable[[dict], None] | None,
-              checkpoint_sink: Callable[[int, Path], None] | None,
-              should_cancel: Callable[[], bool] | None) -> None:
+def run_steps(
+    loop: Loop,
+    plan: Plan,
+    config: Any,
+    dev: torch.device,
+    *,
+    start_step: int,
+    output_dir: Path,
+    progress: Callable[[dict], None] | None,
+    checkpoint_sink: Callable[[int, Path], None] | None,
+    should_cancel: Callable[[], bool] | None,
+) -> None:
     """Run the optimizer steps ``start_step+1 … total``; checkpoints and progress included.
 
     The learning rate follows one schedule over the run's global step (``steps_before`` + step,
@@ -231,27 +255,40 @@ def run_steps(loop: Loop, plan: Plan, config: Any, dev: torch.device, *, start_s
             raise RunCancelled(f"training cancelled before step {step} of {total}")
         epoch, group_ids = plan.schedule[step - 1]
         rows = [row for g in group_ids for row in loop.rows[g]]
-        lr = learning_rate_at(loop.steps_before + step, horizon, base_lr, warmup_steps=config.warmup_steps,
-                              schedule=config.lr_schedule)
+        lr = learning_rate_at(
+            loop.steps_before + step, horizon, base_lr, warmup_steps=config.warmup_steps, schedule=config.lr_schedule
+        )
         set_learning_rate(loop.optimizer, lr)
         t0 = time.perf_counter()
-        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev,
-                            ranks=loop.ranks)
+        values = train_step(loop.model, rows, loop.optimizer, params, plan.settings, loop.cache, dev, ranks=loop.ranks)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if values.pop("stopped", False):
-            loop.early_stop = {"target_kl": plan.settings.target_kl, "step": step,
-                               "approx_kl": values["approx_kl"], "steps_taken": step - 1}
+            loop.early_stop = {
+                "target_kl": plan.settings.target_kl,
+                "step": step,
+                "approx_kl": values["approx_kl"],
+                "steps_taken": step - 1,
+            }
             break
         tokens = values.pop("tokens")
         action_tokens = int(sum(float(r.action.sum()) for r in rows))
         group = group_ids[0] if len(group_ids) == 1 else list(group_ids)
         stale = {"staleness": loop.staleness["staleness"]} if loop.staleness is not None else {}
-        loop.history.append({"step": step, "epoch": epoch, "group": group, "lr": lr, **values,
-                             "action_tokens": action_tokens, **stale})
+        loop.history.append(
+            {"step": step, "epoch": epoch, "group": group, "lr": lr, **values, "action_tokens": action_tokens, **stale}
+        )
         if progress is not None and main:
             shown = {**values, "kl": values["kl"] if plan.settings.kl_on else None}  # None: KL is off
-            progress({"step": step, "total_steps": total, **shown, "learning_rate": float(lr),
-                      "action_tokens": action_tokens, "tokens_per_s": tokens / elapsed})
+            progress(
+                {
+                    "step": step,
+                    "total_steps": total,
+                    **shown,
+                    "learning_rate": float(lr),
+                    "action_tokens": action_tokens,
+                    "tokens_per_s": tokens / elapsed,
+                }
+            )
         if main and config.checkpoint_interval and step % config.checkpoint_interval == 0:
             _checkpoint(loop, plan, step, output_dir, checkpoint_sink)
 
@@ -298,22 +335,41 @@ def prepare_training(
     extra: dict[str, Any] = {"init_state_sha256": init.sha256} if init is not None else {}
     if stale is not None:
         extra.update(staleness=staleness, behavior_adapter_sha256=stale["behavior_adapter_sha256"])
-    plan = plan_training(groups, config, expected_behavior_policy, base_adapter_sha, selected,
-                         staleness=staleness, extra_identity=extra, iteration=iteration)
+    plan = plan_training(
+        groups,
+        config,
+        expected_behavior_policy,
+        base_adapter_sha,
+        selected,
+        staleness=staleness,
+        extra_identity=extra,
+        iteration=iteration,
+    )
     dev = torch.device(device or "cpu")
     model = _load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     warning_filter = plan.echo["warning_filter"]
-    rows = [group_rows(g, group_index=i, warning_filter=warning_filter, vocab_size=vocab,
-                       env_mask_mode=plan.echo["env_mask_mode"], shaping=plan.shaping)
-            for i, g in enumerate(plan.kept)]
+    rows = [
+        group_rows(
+            g,
+            group_index=i,
+            warning_filter=warning_filter,
+            vocab_size=vocab,
+            env_mask_mode=plan.echo["env_mask_mode"],
+            shaping=plan.shaping,
+        )
+        for i, g in enumerate(plan.kept)
+    ]
     if plan.settings.recorded and any(r.behavior is None for group in rows for r in group):
-        raise TrainingFailed("behavior_policy 'recorded' needs logprobs on every action piece",
-                             code="invalid_training_data")
+        raise TrainingFailed(
+            "behavior_policy 'recorded' needs logprobs on every action piece", code="invalid_training_data"
+        )
     if plan.settings.engine_is_max_weight is not None and any(r.behavior is None for group in rows for r in group):
-        raise TrainingFailed(f"data sampled by the {plan.engine} engine needs its recorded logprobs on every "
-                             "action piece (the trainer corrects the engine's gap with them)",
-                             code="invalid_training_data")
+        raise TrainingFailed(
+            f"data sampled by the {plan.engine} engine needs its recorded logprobs on every "
+            "action piece (the trainer corrects the engine's gap with them)",
+            code="invalid_training_data",
+        )
     engine_logprobs = None if plan.engine == "hf" else {r.key: r.behavior for group in rows for r in group}
     if plan.settings.stale_is_max_weight is not None and not plan.settings.recorded:
         rows = score_behavior(model, rows, behavior_adapter_dir, plan.settings, dev)
@@ -322,11 +378,22 @@ def prepare_training(
         stale = {**stale, "behavior_logprobs": "recorded", "is_max_weight": None}
     named = trainable_parameters(model)
     optimizer, optimizer_info = build_optimizer(config, [p for _, p in named])
-    loop = Loop(model=model, optimizer=optimizer, named=named, rows=rows, cache=LogprobCache(),
-                history=[], initial_eval={}, optimizer_info=optimizer_info,
-                base_adapter_sha=base_adapter_sha, start_adapter_dir=base_adapter_dir, staleness=stale,
-                engine_logprobs=engine_logprobs, ranks=ranks,
-                continued_from=init.continued_from(base_adapter_sha) if init is not None else None)
+    loop = Loop(
+        model=model,
+        optimizer=optimizer,
+        named=named,
+        rows=rows,
+        cache=LogprobCache(),
+        history=[],
+        initial_eval={},
+        optimizer_info=optimizer_info,
+        base_adapter_sha=base_adapter_sha,
+        start_adapter_dir=base_adapter_dir,
+        staleness=stale,
+        engine_logprobs=engine_logprobs,
+        ranks=ranks,
+        continued_from=init.continued_from(base_adapter_sha) if init is not None else None,
+    )
     loop.steps_before = loop.continued_from["optimizer_steps_before"] if loop.continued_from else 0
     if lr_horizon_steps is not None:
         loop.horizon_steps = lr_horizon_steps
@@ -340,8 +407,13 @@ def prepare_training(
             restored.update(restore_checkpoint(folder, params=named, optimizer=optimizer))
 
         state, loop.checkpoint = try_resume(
-            resume_from, identity=plan.identity, effective_config=plan.effective_config,
-            restore=restore, params=named, optimizer=optimizer)
+            resume_from,
+            identity=plan.identity,
+            effective_config=plan.effective_config,
+            restore=restore,
+            params=named,
+            optimizer=optimizer,
+        )
         if resume_refused is not None:
             loop.checkpoint["reason"] = resume_refused
         if state is not None:
@@ -350,8 +422,13 @@ def prepare_training(
             loop.history, loop.initial_eval = list(state["history"]), state["initial_eval"]
             return loop, plan
     if init is not None:
-        restore_optimizer_state(init.folder, params=named, optimizer=optimizer,
-                                optimizer_name=config.optimizer, adapter_sha256=base_adapter_sha)
+        restore_optimizer_state(
+            init.folder,
+            params=named,
+            optimizer=optimizer,
+            optimizer_name=config.optimizer,
+            adapter_sha256=base_adapter_sha,
+        )
         reset_first_moments(optimizer)
     score_old_logprobs(model, [row for group in rows for row in group], loop.cache, plan.settings, dev)
     loop.initial_eval = evaluation_of(rows, loop.cache.old)
@@ -365,7 +442,8 @@ def refuse_float16(dtype: str) -> None:
     if str(dtype).removeprefix("torch.") == "float16":
         raise TrainingFailed(
             "training in float16 is not supported: its gradients underflow without loss scaling",
-            code="training_dtype_unsupported", retryable=False,
+            code="training_dtype_unsupported",
+            retryable=False,
             hint="train in bfloat16 (KILN_DTYPE=bfloat16, on a device that supports it) or float32 "
             "(KILN_DTYPE=float32); float16 is fine for rollouts and evaluation",
         )
@@ -420,20 +498,53 @@ def train_grpo(
     t_start = time.perf_counter()
     output_dir = Path(output_dir)
     loop, plan = prepare_training(
-        model_path=model_path, groups=groups, config=config, work_dir=output_dir,
-        base_adapter_dir=base_adapter_dir, expected_behavior_policy=expected_behavior_policy,
-        resume_from=resume_from, init_state=init_state, behavior_adapter_dir=behavior_adapter_dir,
-        staleness=staleness, device=device, dtype=dtype, shared_base=shared_base, selected=selected,
-        iteration=iteration, iterations_total=iterations_total, lr_horizon_steps=lr_horizon_steps,
-        resume_refused=resume_refused, ranks=ranks)
+        model_path=model_path,
+        groups=groups,
+        config=config,
+        work_dir=output_dir,
+        base_adapter_dir=base_adapter_dir,
+        expected_behavior_policy=expected_behavior_policy,
+        resume_from=resume_from,
+        init_state=init_state,
+        behavior_adapter_dir=behavior_adapter_dir,
+        staleness=staleness,
+        device=device,
+        dtype=dtype,
+        shared_base=shared_base,
+        selected=selected,
+        iteration=iteration,
+        iterations_total=iterations_total,
+        lr_horizon_steps=lr_horizon_steps,
+        resume_refused=resume_refused,
+        ranks=ranks,
+    )
     dev = torch.device(device or "cpu")
     t_loaded = time.perf_counter()
-    run_steps(loop, plan, config, dev, start_step=loop.start_step, output_dir=output_dir, progress=progress,
-              checkpoint_sink=checkpoint_sink, should_cancel=should_cancel)
+    run_steps(
+        loop,
+        plan,
+        config,
+        dev,
+        start_step=loop.start_step,
+        output_dir=output_dir,
+        progress=progress,
+        checkpoint_sink=checkpoint_sink,
+        should_cancel=should_cancel,
+    )
     t_trained = time.perf_counter()
-    return _finish(loop, plan, config, model_path=model_path, output_dir=output_dir, dev=dev, dtype=dtype,
-                   adapter_name=adapter_name, behavior=expected_behavior_policy, keep_state=keep_state,
-                   timings=(t_start, t_loaded, t_trained))
+    return _finish(
+        loop,
+        plan,
+        config,
+        model_path=model_path,
+        output_dir=output_dir,
+        dev=dev,
+        dtype=dtype,
+        adapter_name=adapter_name,
+        behavior=expected_behavior_policy,
+        keep_state=keep_state,
+        timings=(t_start, t_loaded, t_trained),
+    )
 
 
 def engine_mismatch(loop: Loop, plan: Plan) -> dict[str, Any] | None:
@@ -459,9 +570,20 @@ def engine_mismatch(loop: Loop, plan: Plan) -> dict[str, Any] | None:
     return {"engine": plan.engine, "correction": "truncated_is", **figures}
 
 
-def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir: Path,
-            dev: torch.device, dtype: str, adapter_name: str | None, behavior: dict | None,
-            keep_state: bool, timings: tuple[float, float, float]) -> TrainedAdapter | None:
+def _finish(
+    loop: Loop,
+    plan: Plan,
+    config: Any,
+    *,
+    model_path: Path,
+    output_dir: Path,
+    dev: torch.device,
+    dtype: str,
+    adapter_name: str | None,
+    behavior: dict | None,
+    keep_state: bool,
+    timings: tuple[float, float, float],
+) -> TrainedAdapter | None:
     """Final evaluation, adapter, continuation state, receipt (every rank scores; rank 0 writes)."""
     flat = [row for group in loop.rows for row in group]
     final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
@@ -479,9 +601,15 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
     steps_taken = len(loop.history)
     if keep_state:
         final_state, final_state_sha = write_final_state(
-            output_dir, params=loop.named, optimizer=loop.optimizer, identity=plan.identity,
-            steps=steps_taken, adapter_sha256=adapter_sha, optimizer_name=config.optimizer,
-            steps_before=loop.steps_before)
+            output_dir,
+            params=loop.named,
+            optimizer=loop.optimizer,
+            identity=plan.identity,
+            steps=steps_taken,
+            adapter_sha256=adapter_sha,
+            optimizer_name=config.optimizer,
+            steps_before=loop.steps_before,
+        )
     delta_total, delta_norms = lora_delta_norms(loop.model)
     t_start, t_loaded, t_trained = timings
     echo = {**plan.echo, "initial_env_ce": loop.initial_eval["env_ce"], "final_env_ce": final_eval["env_ce"]}
@@ -501,23 +629,38 @@ def _finish(loop: Loop, plan: Plan, config: Any, *, model_path: Path, output_dir
         lora_delta_norm=delta_total,
         lora_delta_norms=delta_norms,
         behavior_policy=behavior,
-        runtime=runtime_block(dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1,
-                              base_weight_bytes=base_bytes),
-        phase_timings={"setup_s": t_loaded - t_start, "train_s": t_trained - t_loaded,
-                       "save_s": time.perf_counter() - t_trained},
+        runtime=runtime_block(
+            dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1, base_weight_bytes=base_bytes
+        ),
+        phase_timings={
+            "setup_s": t_loaded - t_start,
+            "train_s": t_trained - t_loaded,
+            "save_s": time.perf_counter() - t_trained,
+        },
         resumed_from_step=loop.resumed_from,
-        extra={**online_blocks(continued_from=loop.continued_from, staleness=loop.staleness,
-                               final_state_sha256=final_state_sha),
-               "policy_drift": drift, "early_stop": loop.early_stop, "trainer": trainer_version(),
-               "lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER),
-               **({"checkpoint": loop.checkpoint} if loop.checkpoint is not None else {}),
-               **({"engine_mismatch": mismatch} if mismatch is not None else {})},
+        extra={
+            **online_blocks(
+                continued_from=loop.continued_from, staleness=loop.staleness, final_state_sha256=final_state_sha
+            ),
+            "policy_drift": drift,
+            "early_stop": loop.early_stop,
+            "trainer": trainer_version(),
+            "lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER),
+            **({"checkpoint": loop.checkpoint} if loop.checkpoint is not None else {}),
+            **({"engine_mismatch": mismatch} if mismatch is not None else {}),
+        },
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     write_receipt(output_dir, receipt)
-    return TrainedAdapter(adapter_dir=adapter_dir, receipt=receipt, steps=steps_taken,
-                       final_action_logprob_sums=sums, final_state=final_state,
-                       final_state_sha256=final_state_sha,
-                       kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on and loop.history else None,
-                       kl_to_previous=drift["kl_to_previous"], kl_to_base=drift["kl_to_base"],
-                       early_stop_step=loop.early_stop["step"] if loop.early_stop else None)
+    return TrainedAdapter(
+        adapter_dir=adapter_dir,
+        receipt=receipt,
+        steps=steps_taken,
+        final_action_logprob_sums=sums,
+        final_state=final_state,
+        final_state_sha256=final_state_sha,
+        kl=last_epoch_mean(loop.history, "kl") if plan.settings.kl_on and loop.history else None,
+        kl_to_previous=drift["kl_to_previous"],
+        kl_to_base=drift["kl_to_base"],
+        early_stop_step=loop.early_stop["step"] if loop.early_stop else None,
+    )

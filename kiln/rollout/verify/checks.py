@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.canonical import is_digest
-from kiln.jsondiff import same_json  # noqa: F401 - the verifier modules import it from here
+from kiln.jsondiff import same_json
 from kiln.errors import VerificationFailed
 
 SUMMARY_FILE, DATASET_FILE, REPLAY_FILE = "summary", "dataset", "replay"
@@ -61,9 +61,7 @@ def _bits(value: float) -> bytes:
 
 def same_float(a: Any, b: Any) -> bool:
     """Bitwise equality of two JSON floats (ints and bools never equal a float here)."""
-    return (
-        isinstance(a, float) and isinstance(b, float) and _bits(a) == _bits(b)
-    )
+    return isinstance(a, float) and isinstance(b, float) and _bits(a) == _bits(b)
 
 
 def _is_int(value: Any) -> bool:

@@ -34,8 +34,11 @@ def verify_evaluation(folder: Path, prefix: str) -> dict[str, Any]:
     return ``{decision, outcome, paired_groups}``. Raises ``VerificationFailed``."""
     receipt_name = prefix + "receipt.json"
     sides = {
-        side: load_bundle(folder / f"{prefix}{side}/summary.json", dataset_path=folder / f"{prefix}{side}/rollouts.jsonl",
-                          replay_path=folder / f"{prefix}{side}/replay.json")
+        side: load_bundle(
+            folder / f"{prefix}{side}/summary.json",
+            dataset_path=folder / f"{prefix}{side}/rollouts.jsonl",
+            replay_path=folder / f"{prefix}{side}/replay.json",
+        )
         for side in SIDES
     }
     receipt = parse_json(read_capped(folder / receipt_name, receipt_name), Where(receipt_name))
@@ -47,23 +50,35 @@ def verify_evaluation(folder: Path, prefix: str) -> dict[str, Any]:
     for side in SIDES:
         digest = file_sha256(sides[side].summary_path)
         if receipt[f"{side}_summary_sha256"] != digest:
-            raise fail(Where(receipt_name), f"{side}_summary_sha256",
-                       f"names {receipt[f'{side}_summary_sha256']}, but {prefix}{side}/summary.json hashes to {digest}")
+            raise fail(
+                Where(receipt_name),
+                f"{side}_summary_sha256",
+                f"names {receipt[f'{side}_summary_sha256']}, but {prefix}{side}/summary.json hashes to {digest}",
+            )
     try:
-        paired = pair_summaries(sides["baseline"].summary, sides["candidate"].summary,
-                                sides["baseline"].replay, sides["candidate"].replay)
+        paired = pair_summaries(
+            sides["baseline"].summary, sides["candidate"].summary, sides["baseline"].replay, sides["candidate"].replay
+        )
     except EnvironmentEvaluationFailed as exc:
         raise fail(Where(receipt_name), "evidence", f"its two sides do not pair: {exc.message}") from None
     evidence = receipt["evidence"]
     expected = evidence_and_decision(
-        paired, receipt["config"].get("gate"),
+        paired,
+        receipt["config"].get("gate"),
         minimum_paired_groups=evidence["minimum_paired_groups"],
         alpha=evidence["exact_sign_test_alpha"],
         policy_version=evidence.get("policy_version"),
     )
     if canonical_json(expected) != canonical_json(evidence):
-        changed = sorted(k for k in set(expected) | set(evidence) if canonical_json(expected.get(k)) != canonical_json(evidence.get(k)))
+        changed = sorted(
+            k
+            for k in set(expected) | set(evidence)
+            if canonical_json(expected.get(k)) != canonical_json(evidence.get(k))
+        )
         key = changed[0] if changed else "evidence"
-        raise fail(Where(receipt_name), f"evidence.{key}",
-                   f"is {evidence.get(key)!r}, but pairing the two sides gives {expected.get(key)!r}")
+        raise fail(
+            Where(receipt_name),
+            f"evidence.{key}",
+            f"is {evidence.get(key)!r}, but pairing the two sides gives {expected.get(key)!r}",
+        )
     return {"decision": evidence["decision"], "outcome": receipt["outcome"], "paired_groups": evidence["paired_groups"]}

@@ -42,8 +42,10 @@ def default_paths(summary_path: Path) -> tuple[Path, Path]:
     """``(dataset, replay)`` the summary pairs with: the first of :func:`paired_paths` that exists
     (the first named when none does)."""
     datasets, replays = paired_paths(summary_path)
-    return (next((p for p in datasets if p.is_file()), datasets[0]),
-            next((p for p in replays if p.is_file()), replays[0]))
+    return (
+        next((p for p in datasets if p.is_file()), datasets[0]),
+        next((p for p in replays if p.is_file()), replays[0]),
+    )
 
 
 def bundle_paths(summary_path: Path, dataset_path: Path | None, replay_path: Path | None) -> tuple[Path, Path]:
@@ -52,17 +54,23 @@ def bundle_paths(summary_path: Path, dataset_path: Path | None, replay_path: Pat
     the file it expected and the option that names it."""
     datasets, replays = paired_paths(summary_path)
     out = []
-    for given, candidates, file, option in ((dataset_path, datasets, DATASET_FILE, "--dataset"),
-                                            (replay_path, replays, "replay", "--replay")):
+    for given, candidates, file, option in (
+        (dataset_path, datasets, DATASET_FILE, "--dataset"),
+        (replay_path, replays, "replay", "--replay"),
+    ):
         if given is not None:
             out.append(Path(given))
             continue
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             expected = " or ".join(p.name for p in candidates)
-            raise fail(Where(file), "path", f"the {file} of {summary_path.name} is not beside it: expected "
-                       f"{expected} in {summary_path.parent}; a renamed file is named with {option} FILE "
-                       "(kiln openenv verify and replay)")
+            raise fail(
+                Where(file),
+                "path",
+                f"the {file} of {summary_path.name} is not beside it: expected "
+                f"{expected} in {summary_path.parent}; a renamed file is named with {option} FILE "
+                "(kiln openenv verify and replay)",
+            )
         out.append(found)
     return out[0], out[1]
 
@@ -140,4 +148,3 @@ class Bundle:
     replay: dict
     dataset: list[dict]
     report: dict
-

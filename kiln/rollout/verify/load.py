@@ -38,9 +38,7 @@ VERIFICATION_SCHEMA = "kiln.openenv-verification.v1"
 _COMPLETION_KEYS = frozenset({"text", "reward", "trajectory", "openenv", "harness_code", "tokens"})
 
 
-def check_group(
-    g: int, group: Any, line: dict, summary: dict, contracts: list[ActionContract], records: list
-) -> int:
+def check_group(g: int, group: Any, line: dict, summary: dict, contracts: list[ActionContract], records: list) -> int:
     """All checks of one group; returns its number of environment exchanges."""
     rwhere = Where(REPLAY_FILE, group=g)
     group, reset = check_replay_group(g, group, summary)
@@ -52,8 +50,11 @@ def check_group(
     dwhere = Where(DATASET_FILE, group=g)
     need_keys(line, frozenset({"messages", "completions"}), dwhere, "")
     expected_messages = initial_messages(
-        inspection["identity"]["metadata"], shown_schema, reset,
-        inspection["identity"].get("tools"), inspection["identity"].get("tool_calls"),
+        inspection["identity"]["metadata"],
+        shown_schema,
+        reset,
+        inspection["identity"].get("tools"),
+        inspection["identity"].get("tool_calls"),
     )
     if not same_json(line["messages"], expected_messages):
         raise fail(dwhere, "messages", "is not the recomputed prompt for this group's reset observation")
@@ -64,7 +65,9 @@ def check_group(
     exchanges = 0
     for c, candidate in enumerate(candidates):
         facts = check_replay_candidate(
-            candidate, c, rwhere,
+            candidate,
+            c,
+            rwhere,
             max_steps=summary["max_steps"],
             penalty=summary["protocol_error_reward"],
             max_recoverable=summary["max_recoverable_errors"],
@@ -78,32 +81,46 @@ def check_group(
         if not same_float(completion["reward"], facts.episode_return):
             raise fail(cwhere, "reward", "is not bit-identical to the replay's episode_return")
         check_provenance(
-            completion["openenv"], cwhere, inspection=inspection, group=group, facts=facts,
-            behavior_policy=summary["behavior_policy"], context_policy=summary.get("context_policy", "end"),
+            completion["openenv"],
+            cwhere,
+            inspection=inspection,
+            group=group,
+            facts=facts,
+            behavior_policy=summary["behavior_policy"],
+            context_policy=summary.get("context_policy", "end"),
         )
         if completion["harness_code"] is not None and completion["harness_code"] not in HARNESS_CODES:
             raise fail(cwhere, "harness_code", f"must be null or one of {sorted(HARNESS_CODES)}")
         check_trajectory(
-            completion, facts, cwhere, thinking=summary["thinking"], validator=validator,
+            completion,
+            facts,
+            cwhere,
+            thinking=summary["thinking"],
+            validator=validator,
             max_action_tokens=summary["max_action_tokens"],
         )
         check_pieces(
-            completion, facts, cwhere,
-            model_tokens=candidate["model_tokens"], max_action_tokens=summary["max_action_tokens"],
+            completion,
+            facts,
+            cwhere,
+            model_tokens=candidate["model_tokens"],
+            max_action_tokens=summary["max_action_tokens"],
             context_limit=summary.get("context_tokens"),
         )
         record_index = g * summary["group_size"] + c
         check_record(
-            records[record_index], Where(SUMMARY_FILE, group=g, candidate=c),
-            group=group, candidate=candidate, facts=facts, inspection=inspection,
+            records[record_index],
+            Where(SUMMARY_FILE, group=g, candidate=c),
+            group=group,
+            candidate=candidate,
+            facts=facts,
+            inspection=inspection,
             harness_code=completion["harness_code"],
         )
     return exchanges
 
 
-def load_bundle(
-    summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None
-) -> Bundle:
+def load_bundle(summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None) -> Bundle:
     """Verify the bundle and return its parsed files with the verification report.
 
     Fail closed: a shape the explicit checks did not anticipate (an exception other than
@@ -116,14 +133,18 @@ def load_bundle(
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError, KilnError) as exc:
         raise VerificationFailed(
             f"bundle of {summary_path} field structure: unexpected shape ({type(exc).__name__})",
-            details={"file": None, "group_index": None, "candidate_index": None, "step_index": None,
-                     "field": "structure", "exception": type(exc).__name__},
+            details={
+                "file": None,
+                "group_index": None,
+                "candidate_index": None,
+                "step_index": None,
+                "field": "structure",
+                "exception": type(exc).__name__,
+            },
         ) from exc
 
 
-def _load_bundle(
-    summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None
-) -> Bundle:
+def _load_bundle(summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None) -> Bundle:
     summary_path = Path(summary_path)
     summary_raw = read_capped(summary_path, SUMMARY_FILE)
     dataset_path, replay_path = bundle_paths(summary_path, dataset_path, replay_path)
@@ -183,9 +204,7 @@ def _load_bundle(
     return Bundle(summary_path, dataset_path, replay_path, summary, replay, lines, report)
 
 
-def verify_bundle(
-    summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None
-) -> dict:
+def verify_bundle(summary_path: Path, *, dataset_path: Path | None = None, replay_path: Path | None = None) -> dict:
     """Verify a bundle offline; return the ``kiln.openenv-verification.v1`` report.
 
     Raises :class:`VerificationFailed` (``openenv_verification_failed``) on the first violation.

@@ -26,15 +26,22 @@ from kiln.rollout.verify.checks import (
 )
 
 _REPLAY_KEYS = frozenset(
-    {"schema", "client_profile", "dataset_sha256", "protocol_error_reward", "max_steps",
-     "environments", "groups"}
+    {"schema", "client_profile", "dataset_sha256", "protocol_error_reward", "max_steps", "environments", "groups"}
 )
 _GROUP_KEYS = frozenset(
     {"group_index", "environment_index", "seed", "reset_payload", "reset_observation", "candidates"}
 )
 _CANDIDATE_KEYS = frozenset(
-    {"candidate_index", "exchanges", "episode_return", "terminal_done", "termination",
-     "recoverable_protocol_errors", "capacity_retries", "model_tokens"}
+    {
+        "candidate_index",
+        "exchanges",
+        "episode_return",
+        "terminal_done",
+        "termination",
+        "recoverable_protocol_errors",
+        "capacity_retries",
+        "model_tokens",
+    }
 )
 _EXCHANGE_KEYS = frozenset({"step_index", "action", "result"})
 _TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error", "context_exhausted"})
@@ -59,7 +66,6 @@ def check_replay_header(replay: dict, summary: dict, dataset_sha256: str) -> Non
     groups = need_list(replay["groups"], where, "groups")
     if len(groups) != summary["groups"]:
         raise fail(where, "groups", f"holds {len(groups)} groups, the summary says {summary['groups']}")
-
 
 
 def check_wire_observation(value: Any, where: Where, field: str) -> dict:
@@ -139,7 +145,8 @@ def _check_exchange(exchange: Any, step: int, at: Where, walk: _Walk, max_recove
     expected = protocol_error_continues(error["code"], walk.recoverable, max_recoverable)
     if result["continued"] != expected:
         raise fail(
-            at, "result.continued",
+            at,
+            "result.continued",
             f"must be {str(expected).lower()}: code {error['code']} with {walk.recoverable} "
             f"recoverable errors before it and a budget of {max_recoverable}",
         )
@@ -190,8 +197,15 @@ def _check_context(candidate: dict, where: Where, termination: str, limit: int |
 
 
 def check_replay_candidate(
-    candidate: Any, index: int, where: Where, *, max_steps: int, penalty: float, max_recoverable: int,
-    context_limit: int | None = None, penalise_context: bool = False,
+    candidate: Any,
+    index: int,
+    where: Where,
+    *,
+    max_steps: int,
+    penalty: float,
+    max_recoverable: int,
+    context_limit: int | None = None,
+    penalise_context: bool = False,
 ) -> CandidateFacts:
     """Manifest rules for one candidate."""
     where = where.at(candidate=index)
@@ -215,12 +229,15 @@ def check_replay_candidate(
     need_int(candidate, "model_tokens", where)
     returned = need_float(candidate, "episode_return", where)
     expected_return = recompute_return(
-        walk.values, walk.protocol_errors, penalty,
+        walk.values,
+        walk.protocol_errors,
+        penalty,
         termination == "invalid_model_action" or (termination == "context_exhausted" and penalise_context),
     )
     if not same_float(returned, expected_return):
         raise fail(
-            where, "episode_return",
+            where,
+            "episode_return",
             f"{returned!r} is not the recomputed return {expected_return!r} (bitwise)",
         )
     if walk.last_terminal_code:
@@ -290,4 +307,3 @@ def rebuild_reset_plan(groups: list[dict], environment_count: int) -> list[dict]
         if template is None:
             raise fail(Where(REPLAY_FILE), "groups", f"environment {index} is never exercised")
     return templates  # type: ignore[return-value]
-

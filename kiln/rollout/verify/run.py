@@ -38,8 +38,12 @@ def _check_files(folder: Path, manifest: dict[str, Any]) -> None:
             raise fail(where, "path", "is missing from the run folder (download the run again)")
         size, digest = path.stat().st_size, file_sha256(path)
         if size != entry["bytes"] or digest != entry["sha256"]:
-            raise fail(where, "sha256", f"is {size} bytes hashing to {digest}; the manifest declares "
-                       f"{entry['bytes']} bytes and {entry['sha256']}")
+            raise fail(
+                where,
+                "sha256",
+                f"is {size} bytes hashing to {digest}; the manifest declares "
+                f"{entry['bytes']} bytes and {entry['sha256']}",
+            )
 
 
 def _json(folder: Path, name: str) -> dict[str, Any] | None:
@@ -70,9 +74,12 @@ def _check_chain(folder: Path, iterations: int) -> list[dict[str, Any]]:
             after.append(sampled_by)
         elif k - 1 - staleness < 0 or sampled_by != after[k - 1 - staleness]:
             expected = after[max(0, k - 1 - staleness)]
-            raise fail(Where(prefix + "summary.json"), "behavior_policy.adapter_sha256",
-                       f"was sampled by adapter {sampled_by}, but the on-policy chain expects {expected} "
-                       f"(iteration {k}, staleness {staleness})")
+            raise fail(
+                Where(prefix + "summary.json"),
+                "behavior_policy.adapter_sha256",
+                f"was sampled by adapter {sampled_by}, but the on-policy chain expects {expected} "
+                f"(iteration {k}, staleness {staleness})",
+            )
         after.append((receipt or {}).get("adapter_sha256") or after[-1])
         rows.append({"iteration": k, "sampled_by": sampled_by, "adapter_sha256": after[-1], "staleness": staleness})
     return rows
@@ -84,23 +91,32 @@ def verify_run(folder: Path) -> dict[str, Any]:
     folder = Path(folder)
     manifest = _json(folder, "manifest.json")
     if manifest is None:
-        raise fail(Where("manifest.json"), "path", f"is missing in {folder} (download the run with kiln openenv download)")
+        raise fail(
+            Where("manifest.json"), "path", f"is missing in {folder} (download the run with kiln openenv download)"
+        )
     try:
         validate_manifest(manifest)
     except ValueError as exc:
         raise fail(Where("manifest.json"), "json", f"is not a valid Kiln manifest: {exc}") from None
     _check_files(folder, manifest)
     names = {entry["name"] for entry in manifest["artifacts"]}
-    bundles = sorted(name.removesuffix("summary.json") for name in names
-                     if name.endswith("summary.json") and "environment_eval/" not in name)
+    bundles = sorted(
+        name.removesuffix("summary.json")
+        for name in names
+        if name.endswith("summary.json") and "environment_eval/" not in name
+    )
     reports = {}
     for prefix in bundles:
-        report = verify_bundle(folder / f"{prefix}summary.json", dataset_path=folder / f"{prefix}rollouts.jsonl",
-                               replay_path=folder / f"{prefix}replay.json")
+        report = verify_bundle(
+            folder / f"{prefix}summary.json",
+            dataset_path=folder / f"{prefix}rollouts.jsonl",
+            replay_path=folder / f"{prefix}replay.json",
+        )
         reports[prefix or "."] = {"groups": report["groups"], "rollouts": report["rollouts"]}
     evaluations = {
         name.removesuffix("receipt.json"): verify_evaluation(folder, name.removesuffix("receipt.json"))
-        for name in sorted(names) if name.endswith("environment_eval/receipt.json")
+        for name in sorted(names)
+        if name.endswith("environment_eval/receipt.json")
     }
     iterations = int(manifest.get("iterations") or 1)
     chain = _check_chain(folder, iterations) if iterations > 1 else []

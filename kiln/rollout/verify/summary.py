@@ -40,12 +40,33 @@ UNBOUND_SUMMARY_FIELDS = (
 
 _SUMMARY_KEYS = frozenset(
     {
-        "schema", "prompt_version", "adapter", "adapter_label", "behavior_policy", "environments",
-        "groups", "group_size", "rollout_count", "seed_start", "max_steps", "concurrency",
-        "max_action_tokens", "thinking_budget_tokens", "temperature", "thinking", "constrained_actions",
-        "protocol_error_reward", "max_recoverable_errors", "capacity_wait_seconds",
-        "reset_plan_sha256", "dataset_sha256", "dataset_bytes", "replay_sha256", "replay_bytes",
-        "stats", "rollouts",
+        "schema",
+        "prompt_version",
+        "adapter",
+        "adapter_label",
+        "behavior_policy",
+        "environments",
+        "groups",
+        "group_size",
+        "rollout_count",
+        "seed_start",
+        "max_steps",
+        "concurrency",
+        "max_action_tokens",
+        "thinking_budget_tokens",
+        "temperature",
+        "thinking",
+        "constrained_actions",
+        "protocol_error_reward",
+        "max_recoverable_errors",
+        "capacity_wait_seconds",
+        "reset_plan_sha256",
+        "dataset_sha256",
+        "dataset_bytes",
+        "replay_sha256",
+        "replay_bytes",
+        "stats",
+        "rollouts",
     }
 )
 _SUMMARY_OPTIONAL = frozenset(
@@ -164,9 +185,14 @@ def check_inspection(inspection: Any, where: Where, field: str) -> None:
         raise fail(where, f"{field}.schema.action", "must be a JSON object")
 
 
-
 def check_record(
-    record: Any, where: Where, *, group: dict, candidate: dict, facts: Any, inspection: dict,
+    record: Any,
+    where: Where,
+    *,
+    group: dict,
+    candidate: dict,
+    facts: Any,
+    inspection: dict,
     harness_code: str | None = None,
 ) -> None:
     """One summary ``rollouts`` record against the replay candidate (rebuilt by the collector's builder).

@@ -28,6 +28,7 @@ from kiln.rollout.verify.replay import CandidateFacts
 
 THINK_CLOSE = "</think>"
 
+
 def split_answer(content: str, thinking: bool) -> str | None:
     """The final answer of an action segment: text after the first ``</think>`` when thinking."""
     if not thinking:
@@ -52,7 +53,12 @@ def check_segment(segment: Any, where: Where, field: str, role: str, kind: str, 
 
 
 def check_trajectory(
-    completion: dict, facts: CandidateFacts, where: Where, *, thinking: bool, validator: ActionValidator,
+    completion: dict,
+    facts: CandidateFacts,
+    where: Where,
+    *,
+    thinking: bool,
+    validator: ActionValidator,
     max_action_tokens: int | None = None,
 ) -> None:
     """Structure: actions parse to the exchanged actions, observations are rebuilt."""
@@ -85,7 +91,9 @@ def check_trajectory(
         if outcome is not None and max_action_tokens is not None:
             outcome = truncation_outcome(*outcome, _last_action_ids(completion), max_action_tokens)
         if outcome is None:
-            raise fail(at, f"trajectory[{2 * step}].content", "is a valid action, yet the candidate ended invalid_model_action")
+            raise fail(
+                at, f"trajectory[{2 * step}].content", "is a valid action, yet the candidate ended invalid_model_action"
+            )
         if harness != outcome[0]:
             raise fail(where, "harness_code", f"must be {outcome[0]!r} for the final action text")
         _check_tool_segment(trajectory, step, at, harness_segment(*outcome), "the recomputed harness error")
@@ -119,7 +127,12 @@ def _check_tool_segment(trajectory: list, step: int, at: Where, expected: dict, 
 
 
 def check_pieces(
-    completion: dict, facts: CandidateFacts, where: Where, *, model_tokens: int, max_action_tokens: int,
+    completion: dict,
+    facts: CandidateFacts,
+    where: Where,
+    *,
+    model_tokens: int,
+    max_action_tokens: int,
     context_limit: int | None = None,
 ) -> None:
     """Token pieces: context, then per turn action [+ context, observation, context] (the final
@@ -145,8 +158,10 @@ def check_pieces(
     for index, ((kind, warning), piece) in enumerate(zip(layout, pieces)):
         field = f"tokens.pieces[{index}]"
         piece = need_dict(piece, where, field)
-        keys = {"kind", "ids"} | ({"logprobs"} if kind == "action" else set()) | (
-            {"warning"} if kind == "observation" else set()
+        keys = (
+            {"kind", "ids"}
+            | ({"logprobs"} if kind == "action" else set())
+            | ({"warning"} if kind == "observation" else set())
         )
         need_keys(piece, frozenset(keys), where, field)
         if piece["kind"] != kind:
@@ -181,15 +196,23 @@ def check_context(pieces: list, facts: CandidateFacts, where: Where, limit: int,
         piece = pieces[index]
         if piece["kind"] == "action":
             if seen + max_action_tokens > limit:
-                raise fail(where, f"tokens.pieces[{index}]", f"was sampled from {seen} ids, past the context "
-                           f"({limit}) less max_action_tokens ({max_action_tokens})")
+                raise fail(
+                    where,
+                    f"tokens.pieces[{index}]",
+                    f"was sampled from {seen} ids, past the context "
+                    f"({limit}) less max_action_tokens ({max_action_tokens})",
+                )
             seen += len(piece["ids"])
             index += 1
             continue
         seen += sum(len(p["ids"]) for p in pieces[index : index + 3])
         if seen + max_action_tokens > limit:
-            raise fail(where, f"tokens.pieces[{index + 1}]", f"the turn brings the prompt to {seen} ids, past "
-                       f"the context ({limit}) less max_action_tokens ({max_action_tokens})")
+            raise fail(
+                where,
+                f"tokens.pieces[{index + 1}]",
+                f"the turn brings the prompt to {seen} ids, past "
+                f"the context ({limit}) less max_action_tokens ({max_action_tokens})",
+            )
         index += 3
     record = facts.context
     if record is None:
@@ -198,13 +221,18 @@ def check_context(pieces: list, facts: CandidateFacts, where: Where, limit: int,
         raise fail(where, "context.tokens", f"must be {seen} (the ids of the pieces)")
     omitted = record["omitted_turn_tokens"]
     if seen + omitted + max_action_tokens <= limit:
-        raise fail(where, "context", f"{seen} + {omitted} ids leave room for an action in {limit}: "
-                   "nothing had to end")
+        raise fail(where, "context", f"{seen} + {omitted} ids leave room for an action in {limit}: nothing had to end")
 
 
 def check_provenance(
-    provenance: Any, where: Where, *, inspection: dict, group: dict, facts: CandidateFacts,
-    behavior_policy: dict, context_policy: str = "end",
+    provenance: Any,
+    where: Where,
+    *,
+    inspection: dict,
+    group: dict,
+    facts: CandidateFacts,
+    behavior_policy: dict,
+    context_policy: str = "end",
 ) -> None:
     """``openenv`` provenance, rebuilt by the collector's builder from the inspection, the
     replay and the summary."""
