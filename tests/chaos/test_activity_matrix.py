@@ -65,6 +65,13 @@ def matrix_request(env_url: str) -> dict[str, Any]:
     )
 
 
+def _role(kind: str) -> str:
+    """The worker role that runs ``kind``: its queue's, and for the trainers' queue the gpu worker
+    (it polls both its gpu queue and the trainers' queue beside it)."""
+    queue = OPTIONS[kind].queue
+    return "gpu" if queue == "train" else queue
+
+
 @pytest.mark.timeout(1500)
 async def test_every_activity_recovers_from_a_killed_worker(stack: ChaosStack) -> None:
     client = await connect(stack)
@@ -104,7 +111,7 @@ async def _kill_in_turn(
     # A standby worker per role polls next to the one that will be killed, so the retry waits only
     # for Temporal to notice the death (what the bound says), not for a process to start; after each
     # kill a fresh replacement starts while the run goes on.
-    for role in sorted({OPTIONS[kind].queue for kind in kinds}):
+    for role in sorted({_role(kind) for kind in kinds}):
         await asyncio.to_thread(stack.start_worker, role)
     hooks.set(PARK_ACTIVITY, kinds[0])
     handle = await start()
@@ -115,7 +122,7 @@ async def _kill_in_turn(
                 lambda: hooks.events("activity_parked", run_id=handle.id, type=kind), timeout_s=240,
                 what=f"{kind} to start (parked)",
             )
-            role = OPTIONS[kind].queue
+            role = _role(kind)
             pid = parked[0]["pid"]
             victim = next(proc for proc in stack.every_process if proc.pid == pid)
             assert victim.alive() and "worker-" + role in str(victim.log_path), (kind, victim.log_path)
