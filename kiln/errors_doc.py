@@ -54,6 +54,7 @@ OWN_CODES: dict[str, str] = {
     "post_eval_suite_not_found": "the request's `post_eval.suite` is not an installed static suite",
     "post_eval_suite_invalid": "a static suite file breaks its schema",
     "post_eval_suite_mismatch": "a static suite's recorded digest does not match its file",
+    "training_unshardable": "`KILN_TRAIN_DEVICES` above 1 on a model with no repeated layers to shard: train it on one device",
     "executor_interrupted": "recorded in status for an interruption that was recovered (the attempt was retried)",
 }
 

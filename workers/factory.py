@@ -121,24 +121,26 @@ def _gpu_workers(
         activities.samples = samples  # a trainer alone never loads a policy runtime
         methods = activities.all()
         queue = model_task_queue(settings.gpu_task_queue, name)
-        if samples:
+        sampling = [m for m in methods if m.__name__ not in TRAINING_ACTIVITIES]
+        training = [m for m in methods if m.__name__ in TRAINING_ACTIVITIES]
+        if samples and sampling:
             workers.append(
                 Worker(
                     client,
                     task_queue=queue,
-                    activities=[m for m in methods if m.__name__ not in TRAINING_ACTIVITIES],
+                    activities=sampling,
                     activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
                     max_concurrent_activities=settings.gpu_concurrency,
                     max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                     default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                 )
             )
-        if trains:
+        if trains and training:
             workers.append(
                 Worker(
                     client,
                     task_queue=train_task_queue(queue),
-                    activities=[m for m in methods if m.__name__ in TRAINING_ACTIVITIES],
+                    activities=training,
                     activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=2),
                     # a training across the machine's devices takes them all
                     max_concurrent_activities=1

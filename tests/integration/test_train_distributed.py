@@ -103,7 +103,8 @@ def test_two_ranks_train_what_one_trains(model_path, tmp_path):
     # resident base weights: one rank holds the model file's tensors, each of two ranks about half
     full = _tensor_bytes(model_path)
     assert one.receipt["runtime"]["base_weight_bytes"] == full
-    assert two.receipt["runtime"]["base_weight_bytes"] <= 0.6 * full
+    per_rank = two.receipt["runtime"]["base_weight_bytes"]
+    assert per_rank / full <= 0.6  # bytes held, not time
     assert not list((tmp_path / "two").glob("checkpoints")) and (tmp_path / "two" / "train_receipt.json").is_file()
 
 
