@@ -546,7 +546,7 @@ def error_from_dict(data: dict[str, Any]) -> KilnError:
     )
 
 
-# --- hybrid (issue 37): deterministic model faults ---------------------------------------------
+# --- Deterministic model faults ---------------------------------------------
 class ModelFault(KilnError):
     """The policy model itself fails inside its forward pass (a layer kind the engine cannot
     serve, a config that does not match its architecture). It fails the same way on every
@@ -558,7 +558,7 @@ class ModelFault(KilnError):
     http_status = 500
 
 
-# --- openenv (issue 41): the command line's own parse errors ---------------------------------
+# --- The command line's own parse errors ---------------------------------
 class CliUsageError(KilnError):
     """The command line did not parse (an unknown option or command, a bad choice or type, a
     missing argument); nothing ran. Under ``--json`` it is printed as the usual error envelope."""
@@ -577,7 +577,7 @@ class HarnessUnsupported(KilnError):
     stage = "training"
 
 
-# --- rel (issue 42): reliability -----------------------------------------------------------------
+# --- Reliability: runs ended outside Kiln -----------------------------------------------------------------
 
 
 class RunTerminated(KilnError):
@@ -588,7 +588,7 @@ class RunTerminated(KilnError):
     stage = "orchestration"
 
 
-# --- roles (issue 38): a trainer across devices ---
+# --- A trainer across devices ---
 
 
 class TrainingRankFailed(TrainingFailed):
@@ -599,7 +599,7 @@ class TrainingRankFailed(TrainingFailed):
     retryable = True
 
 
-# --- branch vllm (issue 37): deterministic rollout-engine faults ---------------------------------
+# --- Deterministic rollout-engine faults ---------------------------------
 class EngineFault(KilnError):
     """The rollout engine failed in a way that repeats on every attempt (a kernel its build lacks,
     a layer it cannot run, weights it cannot load): not retried; the message carries the cause from

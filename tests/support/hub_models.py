@@ -10,8 +10,8 @@
 
 Both carry Kiln's Qwen tokenizer and template (:func:`kiln.policy.qwen_vocab.build_qwen_tokenizer`,
 vocabulary 151,936) and weights of ``initializer_range`` 0.2, so sampling is not near-uniform.
-Head sizes are ones vLLM's CPU attention accepts (128). ``kiln model random --shape`` (branch
-``families``) builds the real shapes; these builders stay small on purpose.
+Head sizes are ones vLLM's CPU attention accepts (128). ``kiln model random --shape`` builds the
+real shapes; these builders stay small on purpose.
 """
 
 from __future__ import annotations
@@ -27,15 +27,21 @@ _VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656,
                "vision_start_token_id": 151652, "vision_end_token_id": 151653}
 
 
-# Text-stack sizes of a Qwen3.5 checkpoint for the benchmark (Qwen3.5-4B's, as written here from
-# its published config, not read from a hub file; its vocabulary of 248,320 rows is kept, Kiln's
-# Qwen tokenizer fills the first 151,669). ``kiln model random --shape`` (branch ``families``)
-# owns the full table and should replace this one.
-QWEN35_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3.5-4b": {"vocab_size": 248320, "hidden_size": 2560, "intermediate_size": 9216,
-                   "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
-                   "linear_num_key_heads": 16, "linear_num_value_heads": 32, "initializer_range": 0.02},
-}
+# Text-stack sizes of a Qwen3.5 checkpoint for the benchmark, read from the product's one shape
+# table (``kiln model random --shape``, kiln/policy/random_model.py); its vocabulary of 248,320
+# rows is kept, Kiln's Qwen tokenizer fills the first 151,669.
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "linear_num_key_heads", "linear_num_value_heads")
+
+
+def _real_text_sizes(name: str) -> dict[str, Any]:
+    from kiln.policy.random_model import SHAPES
+
+    text = SHAPES[name].text or {}
+    return {**{key: text[key] for key in _SHAPE_KEYS}, "initializer_range": 0.02}
+
+
+QWEN35_SHAPES: dict[str, dict[str, Any]] = {"qwen3.5-4b": _real_text_sizes("qwen3.5-4b")}
 
 
 def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1, shape: str | None = None) -> Any:
