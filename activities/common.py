@@ -11,9 +11,9 @@ from typing import Any, Callable, TypeVar
 
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from kiln.errors import KilnError
-from kiln.records import ActivityResult
-from kiln.telemetry.prometheus import count_error
+from kiln.core.errors import KilnError
+from kiln.core.records import ActivityResult
+from kiln.core.telemetry.prometheus import count_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -112,7 +112,7 @@ async def run_committing_with_heartbeats(
     """
     from temporalio import activity
 
-    from kiln.errors import RunCancelled
+    from kiln.core.errors import RunCancelled
 
     gate = CommitGate()
     task = asyncio.ensure_future(asyncio.to_thread(fn, *args, may_commit=gate.may_commit, **kwargs))

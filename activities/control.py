@@ -12,14 +12,14 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.artifacts.store import S3Store
-from kiln.contracts import parse_run_request, request_digest, reset_plan_sha256
-from kiln.openenv.urls import normalize_url, require_allowed_host
-from kiln.served_models import model_task_queue, require_served
-from kiln.stages.discovery import discover, revalidate
-from kiln.stages.publication import publish
-from kiln.settings import Settings
-from kiln.records import (
+from kiln.core.artifacts.store import S3Store
+from kiln.core.contracts import parse_run_request, request_digest, reset_plan_sha256
+from kiln.core.openenv.urls import normalize_url, require_allowed_host
+from kiln.core.served_models import model_task_queue, require_served
+from kiln.core.stages.discovery import discover, revalidate
+from kiln.core.stages.publication import publish
+from kiln.core.settings import Settings
+from kiln.core.records import (
     ActivityResult,
     AdmissionInput,
     AdmissionResult,
@@ -33,13 +33,13 @@ from kiln.records import (
     SideBundle,
     SideBundleInput,
 )
-from kiln.evaluation.static_suite import load_suite
-from kiln.openenv.credential_config import check_credential
-from kiln.stages.dataset import split_dataset
-from kiln.stages.evaluation import evaluate, store_side_bundle
-from kiln.stages.publication import publish_training
-from kiln.artifacts.group_sets import group_set
-from kiln.records import (
+from kiln.core.evaluation.static_suite import load_suite
+from kiln.core.openenv.credential_config import check_credential
+from kiln.core.stages.dataset import split_dataset
+from kiln.core.stages.evaluation import evaluate, store_side_bundle
+from kiln.core.stages.publication import publish_training
+from kiln.core.artifacts.group_sets import group_set
+from kiln.core.records import (
     DatasetSplit,
     GroupIndexInput,
     GroupSet,
@@ -48,10 +48,10 @@ from kiln.records import (
     PublishTrainingInput,
     StoredObject,
 )
-from kiln.stages.iteration import store_iteration
+from kiln.core.stages.iteration import store_iteration
 from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
-from kiln.errors import RunCapacityFull
-from kiln.records import QueueState, SlotReply, SlotRequest
+from kiln.core.errors import RunCapacityFull
+from kiln.core.records import QueueState, SlotReply, SlotRequest
 from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
 
 
@@ -152,13 +152,13 @@ class ControlActivities:
     @activity.defn(name="index_groups")
     @kiln_errors
     async def index_groups(self, inp: GroupIndexInput) -> GroupSet:
-        """Store one collection chunk's group references as a group index (kiln.artifacts.group_sets)."""
+        """Store one collection chunk's group references as a group index (kiln.core.artifacts.group_sets)."""
         return await heartbeating(asyncio.to_thread(group_set, self.store, [inp.groups]))
 
     @activity.defn(name="store_iteration")
     @kiln_errors
     async def store_iteration(self, inp: IterationInput) -> IterationFiles:
-        """Store one online-RL iteration's bundle and record (kiln.stages.iteration)."""
+        """Store one online-RL iteration's bundle and record (kiln.core.stages.iteration)."""
         return await heartbeating(asyncio.to_thread(store_iteration, self.store, inp))
 
     @activity.defn(name="store_side_bundle")

@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterator
 
 from temporalio import activity
 
-from kiln.artifacts.store import S3Store
-from kiln.canonical import pretty_json
-from kiln.errors import KilnError
-from kiln.settings import Settings
-from kiln.records import (
+from kiln.core.artifacts.store import S3Store
+from kiln.core.canonical import pretty_json
+from kiln.core.errors import KilnError
+from kiln.core.settings import Settings
+from kiln.core.records import (
     AdapterRef,
     CollectGroupInput,
     CollectGroupResult,
@@ -35,10 +35,10 @@ from kiln.records import (
     WorldModelInput,
     WorldModelResult,
 )
-from kiln.artifacts.adapters import materialise, read_pointer
-from kiln.policy.engine import decode_tile_of, request_tag
-from kiln.policy.identity import with_inference
-from kiln.stages.collection import behavior_policy_of, collect, require_same_policy
+from kiln.core.artifacts.adapters import materialise, read_pointer
+from kiln.core.policy.engine import decode_tile_of, request_tag
+from kiln.core.policy.identity import with_inference
+from kiln.core.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import heartbeating, kiln_errors
 from activities.live_metrics import open_train_stream, publish_group_figures
 
@@ -134,7 +134,7 @@ class GpuActivities:
     def policy(self) -> LockedPolicy:
         with self._load_lock:
             if self._policy is None:
-                from kiln.policy.runtime import PolicyRuntime
+                from kiln.core.policy.runtime import PolicyRuntime
 
                 runtime = PolicyRuntime.load(
                     self.model_path,
@@ -143,7 +143,7 @@ class GpuActivities:
                     decode_tile=self.settings.hf_decode_tile,
                 )
                 if self.settings.engine == "vllm":
-                    from kiln.policy.engine_vllm import engine_for
+                    from kiln.core.policy.engine_vllm import engine_for
 
                     runtime.use_engine(engine_for(self.settings, self.model_path, dtype=runtime.dtype))
                 self._policy = LockedPolicy(runtime)
@@ -223,7 +223,7 @@ class GpuActivities:
     @activity.defn(name="train_adapter")
     @kiln_errors
     def train_adapter(self, inp: TrainInput) -> TrainResult:
-        from kiln.stages.training import train
+        from kiln.core.stages.training import train
 
         details = activity.info().heartbeat_details
         previous = details[-1] if details and isinstance(details[-1], dict) else {}
@@ -275,8 +275,8 @@ class GpuActivities:
         runtime's model (None: it does — one rank on a worker that also samples)."""
         if self.settings.train_devices == "1" and self.samples:
             return None, None
-        from kiln.policy.device import resolve_placement
-        from kiln.train.launch import launch_for
+        from kiln.core.policy.device import resolve_placement
+        from kiln.core.train.launch import launch_for
 
         placement = resolve_placement(self.settings.device, self.settings.dtype)
         launch = launch_for(
@@ -293,7 +293,7 @@ class GpuActivities:
             return self._post_evaluate(inp)
 
     def _post_evaluate(self, inp: PostEvalInput) -> PostEvalResult:
-        from kiln.evaluation.static_suite import evaluate_suite, load_suite, post_eval_outcome
+        from kiln.core.evaluation.static_suite import evaluate_suite, load_suite, post_eval_outcome
 
         cases = load_suite(inp.suite)
         policy = self.policy()
@@ -336,9 +336,9 @@ class GpuActivities:
             return self._world_model_gain(inp)
 
     def _world_model_gain(self, inp: WorldModelInput) -> WorldModelResult:
-        from kiln.evaluation.receipt import world_model_block
-        from kiln.stages.training import load_group_lines
-        from kiln.train.world_model import world_model_comparison
+        from kiln.core.evaluation.receipt import world_model_block
+        from kiln.core.stages.training import load_group_lines
+        from kiln.core.train.world_model import world_model_comparison
 
         lines = load_group_lines(self.store, inp.groups)
         adapter_dir = self._adapter_dir(inp.adapter_ref)

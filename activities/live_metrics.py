@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.store import S3Store
-from kiln.records import CollectGroupInput, CollectGroupResult, TrainInput
-from kiln.telemetry import prometheus as prom
-from kiln.telemetry.live import TrainStream, group_event, put_group, read_events, step_event
-from kiln.telemetry.trackers import open_tracker
+from kiln.core.artifacts.store import S3Store
+from kiln.core.records import CollectGroupInput, CollectGroupResult, TrainInput
+from kiln.core.telemetry import prometheus as prom
+from kiln.core.telemetry.live import TrainStream, group_event, put_group, read_events, step_event
+from kiln.core.telemetry.trackers import open_tracker
 
 
 def publish_group_figures(store: S3Store, inp: CollectGroupInput, result: CollectGroupResult, wall_s: float) -> None:

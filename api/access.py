@@ -17,10 +17,10 @@ import inspect
 import json
 from typing import Any, Awaitable, Callable
 
-from kiln.openenv.urls import is_loopback_host
+from kiln.core.openenv.urls import is_loopback_host
 
-from kiln.errors import RequestTooLarge, Unauthorized
-from kiln.access_rule import configured_token, required_token
+from kiln.core.errors import RequestTooLarge, Unauthorized
+from kiln.core.access_rule import configured_token, required_token
 
 __all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyLimit", "LoopbackOnly"]
 

@@ -21,8 +21,8 @@ from api.page_access import TokenCookie
 from api.services import Services
 from api.strict_json import StrictJson
 from kiln.api_models import Health
-from kiln.artifacts.store import S3Store
-from kiln.settings import Settings
+from kiln.core.artifacts.store import S3Store
+from kiln.core.settings import Settings
 
 MAX_BODY_BYTES = 1024 * 1024
 UPLOAD_TIMEOUT_FACTOR = 10  # a dataset upload (up to 256 MiB) gets 10x the body timeout
@@ -114,7 +114,7 @@ def app_from_env() -> FastAPI:
     The token rule follows the address uvicorn really binds (``--host``), not ``KILN_API_HOST``;
     a bind Kiln can not see (not uvicorn, or an inherited fd) is treated as remote.
     """
-    from kiln.settings import load_settings
+    from kiln.core.settings import load_settings
 
     settings = load_settings()
     host = bound_host()

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from kiln.artifacts.manifest import manifest_key, verified_manifest
-from kiln.artifacts.store import ObjectRef, S3Store
-from kiln.canonical import sha256_bytes
-from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
+from kiln.core.artifacts.manifest import manifest_key, verified_manifest
+from kiln.core.artifacts.store import ObjectRef, S3Store
+from kiln.core.canonical import sha256_bytes
+from kiln.core.errors import ArtifactIntegrityFailed, ArtifactNotFound, KilnError
 
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 SPOOL_MEMORY_BYTES = 8 * 1024 * 1024

@@ -14,8 +14,8 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.access import _send_error as send_error
-from kiln.errors import RequestBodyTimeout
-from kiln.telemetry.prometheus import count_error
+from kiln.core.errors import RequestBodyTimeout
+from kiln.core.telemetry.prometheus import count_error
 
 BODY_TIMEOUT_S = 30.0
 BODY_IDLE_S = 10.0

@@ -18,13 +18,13 @@ from api.run_routes import view_response
 from api.runs import run_id_for_key
 from api.services import Services, services
 from kiln.api_models import DatasetUploaded
-from kiln.artifacts.store import BLOB_PREFIX
-from kiln.canonical import digest_json
-from kiln.contracts import TrainingConfig, check_adapter_name
-from kiln.errors import ArtifactNotFound, InvalidDatasetRef, InvalidRequest
-from kiln.records import StoredObject, TrainDatasetInput
-from kiln.run_view import RunView
-from kiln.stages.dataset import FIRST_LINE_CHECKED_BYTES, check_first_line
+from kiln.core.artifacts.store import BLOB_PREFIX
+from kiln.core.canonical import digest_json
+from kiln.core.contracts import TrainingConfig, check_adapter_name
+from kiln.core.errors import ArtifactNotFound, InvalidDatasetRef, InvalidRequest
+from kiln.core.records import StoredObject, TrainDatasetInput
+from kiln.core.run_view import RunView
+from kiln.core.stages.dataset import FIRST_LINE_CHECKED_BYTES, check_first_line
 from workflows.names import TRAIN_DATASET_WORKFLOW
 
 UPLOAD_PATH = "/v1/datasets"

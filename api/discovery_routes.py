@@ -8,15 +8,15 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.errors import InspectionFailed, TaskCatalogFailed
+from kiln.core.errors import InspectionFailed, TaskCatalogFailed
 from api.preflight import PreflightRequest, preflight
 from api.services import Services, services
 from kiln.api_models import Inspections, PreflightReceipt, TaskCatalogs
-from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable, InvalidRequest, KilnError
-from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.tasks import task_catalog
-from kiln.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
-from kiln.openenv.credential_config import resolve_bearer_token
+from kiln.core.errors import EnvironmentProtocolError, EnvironmentUnavailable, InvalidRequest, KilnError
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.openenv.tasks import task_catalog
+from kiln.core.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
+from kiln.core.openenv.credential_config import resolve_bearer_token
 
 router = APIRouter(prefix="/v1/openenv", tags=["environments"])
 

@@ -19,7 +19,7 @@ from starlette.routing import Match
 
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.errors import (  # the API's own classes live there too; re-exported for old imports
+from kiln.core.errors import (  # the API's own classes live there too; re-exported for old imports
     ApiConfigurationError,
     IdempotencyConflict,
     InspectionFailed,
@@ -34,7 +34,7 @@ from kiln.errors import (  # the API's own classes live there too; re-exported f
     TemporalUnavailable,
     Unauthorized,
 )
-from kiln.telemetry.prometheus import count_error
+from kiln.core.telemetry.prometheus import count_error
 
 __all__ = [
     "ApiConfigurationError",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from api.services import Services
-from kiln.artifacts.outage import probe
+from kiln.core.artifacts.outage import probe
 
 TEMPORAL_CHECK = timedelta(seconds=1)
 TEMPORAL_CHECK_BUDGET_S = 2.0  # connecting included: /healthz answers within ~2 s whatever happens

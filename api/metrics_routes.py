@@ -11,9 +11,9 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.runs import RUN_STATES, RUNS_QUERY
-from kiln.search_attributes import PHASE
+from kiln.core.search_attributes import PHASE
 from api.services import Services, services
-from kiln.telemetry import prometheus as prom
+from kiln.core.telemetry import prometheus as prom
 from workers.metrics import exposition
 
 router = APIRouter(tags=["health"])

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from kiln.canonical import compact_json
+from kiln.core.canonical import compact_json
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 MAX_CELL_CHARS = 2000

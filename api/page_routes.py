@@ -17,9 +17,9 @@ from fastapi.responses import FileResponse, HTMLResponse
 from api.page_data import episode_rows, page
 from api.runs import checked_run_id
 from api.services import Services, services
-from kiln.errors import ArtifactNotFound
+from kiln.core.errors import ArtifactNotFound
 from kiln.api_models import EpisodePage, RunMetrics
-from kiln.telemetry.live import read_events
+from kiln.core.telemetry.live import read_events
 
 STATIC = Path(__file__).with_name("static")
 ASSETS = {

@@ -16,13 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTimeoutError
 
-from kiln.errors import PreflightFailed
+from kiln.core.errors import PreflightFailed
 from kiln.api_models import PreflightReceipt
-from kiln.contracts import TrainingConfig, TrainingContract, check_adapter_name, check_model_name, normalize_adapter
-from kiln.errors import error_from_dict
-from kiln.served_models import model_task_queue, require_served
-from kiln.settings import Settings
-from kiln.records import PreflightInput, PreflightResult
+from kiln.core.contracts import (
+    TrainingConfig,
+    TrainingContract,
+    check_adapter_name,
+    check_model_name,
+    normalize_adapter,
+)
+from kiln.core.errors import error_from_dict
+from kiln.core.served_models import model_task_queue, require_served
+from kiln.core.settings import Settings
+from kiln.core.records import PreflightInput, PreflightResult
 from workflows.names import PREFLIGHT_WORKFLOW
 
 PREFLIGHT_TIMEOUT = timedelta(minutes=6)

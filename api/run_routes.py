@@ -10,14 +10,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api.artifacts import artifact_headers
 from api.errors import ERROR_RESPONSES
 from api.services import Services, services
-from kiln.contracts import RunRequest
+from kiln.core.contracts import RunRequest
 from kiln.api_models import RunManifest
-from kiln.run_view import RunList, RunView
-from kiln.served_models import require_served
-from kiln.errors import ArtifactNotFound
-from kiln.openenv.credential_config import resolve_bearer_token
-from kiln.openenv.reachability import require_healthy
-from kiln.openenv.urls import normalize_url, require_allowed_host
+from kiln.core.run_view import RunList, RunView
+from kiln.core.served_models import require_served
+from kiln.core.errors import ArtifactNotFound
+from kiln.core.openenv.credential_config import resolve_bearer_token
+from kiln.core.openenv.reachability import require_healthy
+from kiln.core.openenv.urls import normalize_url, require_allowed_host
 
 router = APIRouter(prefix="/v1/openenv/runs", tags=["runs"])
 

@@ -24,11 +24,11 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.contracts import RunRequest, request_digest
-from kiln.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound, RunTerminated
-from kiln.run_labels import start_details, start_summary
-from kiln.run_status import Failure, RunStatus
-from kiln.run_view import (
+from kiln.core.contracts import RunRequest, request_digest
+from kiln.core.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound, RunTerminated
+from kiln.core.run_labels import start_details, start_summary
+from kiln.core.run_status import Failure, RunStatus
+from kiln.core.run_view import (
     InFlightActivity,
     RunList,
     RunSummary,
@@ -36,8 +36,8 @@ from kiln.run_view import (
     TrainingProgress,
     placeholder_failure,
 )
-from kiln.settings import Settings
-from kiln.telemetry.live import read_progress
+from kiln.core.settings import Settings
+from kiln.core.telemetry.live import read_progress
 from workflows.names import (
     KILN_ENVIRONMENT,
     KILN_OUTPUT_ADAPTER,
@@ -149,7 +149,7 @@ class RunService:
     def __init__(self, client: Client, settings: Settings, store: Any = None) -> None:
         self.client = client
         self.settings = settings
-        self.store = store  # S3: the live progress the gpu worker writes (kiln.telemetry.live)
+        self.store = store  # S3: the live progress the gpu worker writes (kiln.core.telemetry.live)
 
     # ------------------------------------------------------------------ submit
     async def submit(self, request: RunRequest) -> tuple[RunView, bool]:

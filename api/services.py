@@ -11,9 +11,9 @@ from temporalio.service import RetryConfig
 
 from api.artifacts import ArtifactService
 from api.runs import RunService
-from kiln.artifacts.store import S3Store
-from kiln.errors import KilnError, TemporalUnavailable
-from kiln.settings import Settings
+from kiln.core.artifacts.store import S3Store
+from kiln.core.errors import KilnError, TemporalUnavailable
+from kiln.core.settings import Settings
 from workers.client import connect_client
 
 # An API request waits about a second for an unreachable Temporal, then answers 503

@@ -2,7 +2,7 @@
 
 FastAPI's own parser accepts ``NaN``/``Infinity``/``1e999``, 5000-digit integers (then fails with
 an opaque 400) and nesting deep enough to crash serialization. This middleware parses each
-``application/json`` body once with :mod:`kiln.boundedjson` and answers 400
+``application/json`` body once with :mod:`kiln.core.boundedjson` and answers 400
 ``openenv_invalid_request`` naming the JSON path of the first violation; syntax errors are left to
 FastAPI (which answers the same code). The body is replayed unchanged to the app.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from api.access import ASGIApp, Receive, Scope, Send, _send_error, forward_with_body
-from kiln import boundedjson
-from kiln.errors import InvalidRequest
+from kiln.core import boundedjson
+from kiln.core.errors import InvalidRequest
 
 
 def _is_json(scope: Scope) -> bool:
@@ -25,7 +25,7 @@ def _is_json(scope: Scope) -> bool:
 
 
 class StrictJson:
-    """Refuse JSON bodies that break :mod:`kiln.boundedjson` bounds (400, envelope)."""
+    """Refuse JSON bodies that break :mod:`kiln.core.boundedjson` bounds (400, envelope)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

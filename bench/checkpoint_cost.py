@@ -1,6 +1,6 @@
 """Benchmark: what a training checkpoint costs next to the training steps it protects.
 
-Picks ``checkpoint_interval``'s default (kiln/contracts.py). Both figures are measured in this
+Picks ``checkpoint_interval``'s default (kiln/core/contracts.py). Both figures are measured in this
 process on the same model, LoRA and optimizer: the median Kiln ``train_step`` on a group, and the
 median checkpoint (``save_checkpoint`` of the trainable tensors, the AdamW state, the log-prob
 cache and RNG, then ``pack_folder`` into the blob the activity uploads; the upload itself is not
@@ -24,20 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from training import _groups, _make, _tiny_model  # noqa: E402  (bench/training.py)
 
-from kiln.train.batches import group_rows  # noqa: E402
-from kiln.train.checkpoints import pack_folder, save_checkpoint  # noqa: E402
-from kiln.train.model import trainable_parameters  # noqa: E402
-from kiln.train.step import LogprobCache, StepSettings, train_step  # noqa: E402
+from kiln.core.train.batches import group_rows  # noqa: E402
+from kiln.core.train.checkpoints import pack_folder, save_checkpoint  # noqa: E402
+from kiln.core.train.model import trainable_parameters  # noqa: E402
+from kiln.core.train.step import LogprobCache, StepSettings, train_step  # noqa: E402
 
 INTERVALS = (1, 2, 5, 10, 20)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", help="a real model shape (kiln.policy.random_model), e.g. qwen3-0.6b")
+    parser.add_argument("--shape", help="a real model shape (kiln.core.policy.random_model), e.g. qwen3-0.6b")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
@@ -49,7 +48,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="kiln-ckpt-bench-"))
     if args.shape:
-        from kiln.policy.random_model import build_random_model
+        from kiln.core.policy.random_model import build_random_model
 
         model_path = build_random_model(work / "model", shape=args.shape, layers=args.layers, dtype="bfloat16")
     else:

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.openenv import normalize_url, open_session_and_reset
+from kiln.core.openenv import normalize_url, open_session_and_reset
 from tests.support.servers import serve_example_env
 
 MAX_STEPS = 8
@@ -127,7 +127,7 @@ class ConstantPolicy:
 
 
 async def kiln_groups(base_url: str, inspection: dict, groups: int) -> tuple[float, int]:
-    from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+    from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 
     policy = ConstantPolicy()
     settings = EpisodeSettings(group_size=4, max_steps=MAX_STEPS, concurrency=4, thinking=False)
@@ -157,7 +157,7 @@ async def sequential_episodes(episode, base_url: str, groups: int) -> tuple[floa
 
 
 async def single_session_async(base_url: str, groups: int, rounds: int) -> dict[str, float]:
-    from kiln.openenv.discovery import inspect_environment
+    from kiln.core.openenv.discovery import inspect_environment
 
     inspection = await inspect_environment(base_url)
     await kiln_groups(base_url, inspection, 2)

@@ -7,7 +7,7 @@ Kiln's real counter prompts (system prompt with the embedded policy action schem
 ``input_text``, later turns appended as ids like the collector does), ``--prompts`` of them with
 0, 2, 4, ... previous turns, ``--group`` seeded samples each, for thinking on and off. An action is
 *invalid* when the sample did not finish, has no answer (no ``</think>``), the answer is not JSON,
-or it fails the action schema (:class:`kiln.openenv.schema.ActionValidator`). Each configuration
+or it fails the action schema (:class:`kiln.core.openenv.schema.ActionValidator`). Each configuration
 is sampled once unconstrained and once with ``action_schema=`` (same prompts, same seeds, after a
 warm-up that also compiles the grammar); the script prints the invalid rates, their breakdown, the
 median wall times of ``--repeats`` identical runs and the time ratio (constrained / unconstrained,
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from examples.envs.counter.server import CounterAction  # noqa: E402
-from kiln.openenv.schema import policy_action_schema  # noqa: E402
+from kiln.core.openenv.schema import policy_action_schema  # noqa: E402
 
 # The counter environment's action schema exactly as the policy is shown it.
 COUNTER_SCHEMA = policy_action_schema(CounterAction.model_json_schema())
@@ -41,7 +41,7 @@ METADATA = {
 
 def _prompts(rt, n: int, thinking: bool) -> list[list[int]]:
     """Kiln counter prompts with 0, 2, 4, ... earlier turns (appended ids, never re-rendered)."""
-    from kiln.rollout.prompts import initial_messages, observation_content
+    from kiln.core.rollout.prompts import initial_messages, observation_content
 
     prompts = []
     for p in range(n):
@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kiln.openenv.schema import ActionValidator
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.openenv.schema import ActionValidator
+    from kiln.core.policy.runtime import PolicyRuntime
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            from kiln.policy.tiny import build_tiny_model
+            from kiln.core.policy.tiny import build_tiny_model
 
             model_dir = build_tiny_model(Path(tmp) / "tiny")
         rt = PolicyRuntime.load(model_dir)

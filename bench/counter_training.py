@@ -4,7 +4,7 @@ One real counter server, the tiny demo model (built fresh unless ``--model``), t
 8 training groups × 4 episodes (seeds 0-7) sampled by the base model, then one adapter per setting
 trained on exactly those groups (same seeds, same LoRA init), each evaluated on the same held-out
 seeds (8 … 8+N-1, 2 episodes each) against the base. Observation CE is the token-weighted
-cross-entropy of the held-out base transcripts' observation tokens (``kiln.train.world_model``).
+cross-entropy of the held-out base transcripts' observation tokens (``kiln.core.train.world_model``).
 Prints one table row per setting. A few minutes on 1 CPU thread.
 
 Run: ``python -m bench.counter_training [--lambdas 0 0.05] [--kl 0 0.1] [--learning-rate 1e-3]``.
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.policy.tiny import build_tiny_model
-    from kiln.train.trainer import train_grpo
-    from kiln.train.world_model import world_model_comparison
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.policy.tiny import build_tiny_model
+    from kiln.core.train.trainer import train_grpo
+    from kiln.core.train.world_model import world_model_comparison
     from tests.support.counter_loop import collect, outcome
     from tests.support.servers import serve_example_env
 

@@ -1,7 +1,7 @@
 """Distributed trainer benchmark: training step time and peak memory per rank, 1 rank vs N ranks.
 
-Both sides run the same training (``kiln.train.trainer.train_grpo`` on the same groups and
-config) through the same launcher (:func:`kiln.train.launch.train_across`: fresh spawned ranks,
+Both sides run the same training (``kiln.core.train.trainer.train_grpo`` on the same groups and
+config) through the same launcher (:func:`kiln.core.train.launch.train_across`: fresh spawned ranks,
 FSDP2 over the base model, gloo on the CPU, NCCL on CUDA), so the only difference is the world
 size; one rank holds every base weight. Sides alternate, each repeated ``--repeats`` times; the
 figures are medians. Per side:
@@ -9,7 +9,7 @@ figures are medians. Per side:
 - ``step_s``: the receipt's training time (``phase_timings.train_s``) over its optimizer steps;
   ``tokens_per_s``: the tokens trained (every row's tokens, every step) over that time;
 - ``base_weight_bytes``: the receipt's resident base weights of the rank holding the most (its
-  local FSDP2 shards, :func:`kiln.train.distributed.resident_base_bytes`);
+  local FSDP2 shards, :func:`kiln.core.train.distributed.resident_base_bytes`);
 - ``peak_rss_bytes`` (CPU): the largest ``VmHWM`` (the kernel's peak resident set) of any rank,
   read from ``/proc/<pid>/status`` while the ranks run: everything the rank held, the model load
   (every rank loads the whole model on the CPU before sharding) and the gathered units included;
@@ -123,7 +123,7 @@ def run_side(world: int, *, model: Path, groups: list[dict], config: Any, device
     """One training across ``world`` ranks; its figures and adapter tensors."""
     from safetensors.torch import load_file
 
-    from kiln.train.launch import Launch, rank_devices, train_across
+    from kiln.core.train.launch import Launch, rank_devices, train_across
 
     threads = max(1, torch.get_num_threads() // world) if device == "cpu" else 1
     launch = Launch(devices=rank_devices(device, world), collective_timeout_s=600.0, threads_per_rank=threads)
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.random_model import build_random_model
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.policy.random_model import build_random_model
 
     on_cuda = args.device == "cuda"
     layers = args.layers if args.layers is not None else (None if on_cuda else 2)

@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 async def collect_all(runtime, base_url: str, inspection: dict, args, *, first_seed: int) -> tuple[float, int, int]:
     """(seconds, episodes, generated tokens) of collecting every group at once (group ``g`` at seed
     ``first_seed + g``)."""
-    from kiln.contracts import EpisodeSettings
-    from kiln.rollout.group import GroupCollector, GroupTask
+    from kiln.core.contracts import EpisodeSettings
+    from kiln.core.rollout.group import GroupCollector, GroupTask
 
     settings = EpisodeSettings(group_size=args.group_size, max_steps=args.max_steps, concurrency=args.group_size,
                                thinking=False, max_action_tokens=args.tokens)
@@ -80,7 +80,7 @@ async def collect_all(runtime, base_url: str, inspection: dict, args, *, first_s
 
 def recording_engine(config):
     """A :class:`VllmEngine` that records each request it sends: prompt ids, seed, tokens produced."""
-    from kiln.policy.engine_vllm import VllmEngine
+    from kiln.core.policy.engine_vllm import VllmEngine
 
     class Recording(VllmEngine):
         def __init__(self, cfg) -> None:
@@ -111,7 +111,7 @@ def raw_vllm(model: Path, workload: list[dict], work: Path, max_num_seqs: int, *
     import json
     import subprocess
 
-    from kiln.policy.engine_vllm import default_python
+    from kiln.core.policy.engine_vllm import default_python
 
     path = work / "workload.json"
     path.write_text(json.dumps(workload), encoding="utf-8")
@@ -142,7 +142,7 @@ def build_model(shape: str, layers: int | None, folder: Path) -> Path:
         if layers % 4:
             raise SystemExit("--layers of a qwen3.5 shape must be a multiple of 4 (3 linear + 1 full attention)")
         return build_qwen35_hub_model(folder, shape=shape, groups=layers // 4, dtype="bfloat16")
-    from kiln.policy.random_model import build_random_model
+    from kiln.core.policy.random_model import build_random_model
 
     return build_random_model(folder, shape=shape, layers=layers or 2, dtype="bfloat16")
 
@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from kiln.openenv.discovery import inspect_environment
-    from kiln.policy.engine_vllm import VllmConfig, default_python
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.openenv.discovery import inspect_environment
+    from kiln.core.policy.engine_vllm import VllmConfig, default_python
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.support.servers import example_env_argv, serve_app_process
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))

@@ -21,7 +21,7 @@ Qwen's real 151k vocabulary (weights random: throughput and memory are real, qua
 
 5. the trainer across GPUs (``--distributed``, on by default on CUDA): the same training (``--train-rows``
    rows of ``--train-tokens`` tokens a step, 3 steps, LoRA r16, AdamW) through the ranks launcher
-   (:func:`kiln.train.launch.train_across`, FSDP2 + NCCL) on N = 1, 2 and all GPUs
+   (:func:`kiln.core.train.launch.train_across`, FSDP2 + NCCL) on N = 1, 2 and all GPUs
    (``bench/distributed.py``): trainer tokens/s, seconds per step, the resident base weights per
    rank and the peak memory in use per GPU, and the adapter's largest relative difference from
    N = 1. The reference point: prime-rl publishes 13.3k tok/s (Qwen3-0.6B) and 6.2k tok/s
@@ -72,10 +72,10 @@ def build_runtime(folder: Path, shape: str, layers: int | None, device: str, dty
     """The runtime over an in-memory random model (tokenizer + config on disk for its identity)."""
     from transformers import Qwen3ForCausalLM
 
-    from kiln.policy.device import TORCH_DTYPES
-    from kiln.policy.qwen_vocab import build_qwen_tokenizer
-    from kiln.policy.random_model import shape_config
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.device import TORCH_DTYPES
+    from kiln.core.policy.qwen_vocab import build_qwen_tokenizer
+    from kiln.core.policy.random_model import shape_config
+    from kiln.core.policy.runtime import PolicyRuntime
 
     tok = build_qwen_tokenizer()
     tok.save_pretrained(str(folder))
@@ -153,7 +153,7 @@ def bench_engines(rt, folder: Path, engines: list[str], *, groups: int, prompt_t
                   device: str) -> dict:
     """``groups`` concurrent groups of 8 rows through each engine of the port (see the docstring).
     Leaves the vllm engine running (returned under ``"_engine"``) so training can be measured beside it."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     prompts = [_prompt(rt, prompt_tokens, 10 + g) for g in range(groups)]
     out: dict = {"groups": groups, "rows": 8 * groups, "new_tokens": new_tokens}
@@ -181,8 +181,8 @@ def bench_engines(rt, folder: Path, engines: list[str], *, groups: int, prompt_t
             tokens, seconds = collect(rt)
             out["hf"] = {"tokens_per_s": tokens / seconds, "tokens": tokens}
             continue
-        from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
-        from kiln.settings import Settings
+        from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+        from kiln.core.settings import Settings
 
         settings = Settings()
         rt.model.save_pretrained(str(folder))  # vLLM loads the same weights from disk
@@ -213,7 +213,7 @@ def bench_engines(rt, folder: Path, engines: list[str], *, groups: int, prompt_t
 
 def _synthetic_rows(rows: int, tokens: int, vocab: int):
     """``rows`` completions of ``tokens`` tokens with alternating observation/action spans."""
-    from kiln.train.batches import Row
+    from kiln.core.train.batches import Row
 
     gen = torch.Generator().manual_seed(0)
     out = []
@@ -241,10 +241,10 @@ def _reset_peak(device: str) -> None:
 
 
 def bench_training(rt, *, rows: int, tokens: int, repeats: int, device: str) -> dict:
-    from kiln.train.batches import collate
-    from kiln.train.losses import token_logprobs
-    from kiln.train.model import attach_lora, trainable_parameters
-    from kiln.train.step import LogprobCache, StepSettings, train_step
+    from kiln.core.train.batches import collate
+    from kiln.core.train.losses import token_logprobs
+    from kiln.core.train.model import attach_lora, trainable_parameters
+    from kiln.core.train.step import LogprobCache, StepSettings, train_step
 
     vocab = int(rt.model.get_input_embeddings().weight.shape[0])
     step_rows = _synthetic_rows(rows, tokens, vocab)
@@ -285,8 +285,8 @@ def bench_distributed(folder: Path, shape: str, layers: int | None, *, device: s
                       tokens: int, repeats: int) -> dict:
     """Rows of the trainer across devices: N = 1, 2 and every GPU (CPU: 1 and 2 gloo ranks)."""
     from bench.distributed import compare, synthetic_groups
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.random_model import build_random_model
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.policy.random_model import build_random_model
 
     on_cuda = device.startswith("cuda")
     gpus = torch.cuda.device_count() if on_cuda else 2
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distributed", action=argparse.BooleanOptionalAction, default=True,
                         help="the trainer-across-GPUs rows (N = 1, 2, all GPUs)")
     args = parser.parse_args(argv)
-    from kiln.policy.engine_vllm import default_python
+    from kiln.core.policy.engine_vllm import default_python
 
     vllm_installed = default_python().is_file()
     engines = args.engines.split(",") if args.engines else ["hf"] + (["vllm"] if vllm_installed else [])

@@ -4,7 +4,7 @@ A random-weight Qwen3.5-shaped model (3 Gated DeltaNet layers + 1 full-attention
 ``--hidden``) plays a ``--turns``-turn episode with a group of ``--group`` candidates: each turn's
 prompt is the whole context so far (a ``--prompt``-token start, then per turn the candidate's
 ``--action``-token action and a ``--observation``-token observation turn). Both sides decode the
-same rows with the same canonical chunked prefill (``kiln.policy.prefix_states``), so their bytes
+same rows with the same canonical chunked prefill (``kiln.core.policy.prefix_states``), so their bytes
 are equal (checked); one keeps the row states between turns, the other keeps none and re-prefills
 every turn's whole context. Printed: the prompt tokens each side prefilled per turn, and the
 episode's wall time, median of ``--repeats`` alternating runs, as a ratio.
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen3_5TextConfig  # noqa: E402
 
-from kiln.policy.prefix_states import PREFILL_CHUNK, PrefixStates  # noqa: E402
-from kiln.policy.sampling import sample_batch  # noqa: E402
+from kiln.core.policy.prefix_states import PREFILL_CHUNK, PrefixStates  # noqa: E402
+from kiln.core.policy.sampling import sample_batch  # noqa: E402
 
 
 def _model(hidden: int):

@@ -65,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     tmp = None
     model_dir = args.model
     if model_dir is None:
-        from kiln.policy.tiny import build_tiny_model
+        from kiln.core.policy.tiny import build_tiny_model
 
         tmp = tempfile.TemporaryDirectory(prefix="kiln-bench-")
         t0 = time.perf_counter()

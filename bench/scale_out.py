@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.topology import Topology  # noqa: E402
 
-
 SHAPE = {"max_steps": 6, "max_action_tokens": 32}
 
 
@@ -73,7 +72,7 @@ def main() -> None:
     parser.add_argument("--max-action-tokens", type=int, default=SHAPE["max_action_tokens"])
     args = parser.parse_args()
     SHAPE.update(max_steps=args.max_steps, max_action_tokens=args.max_action_tokens)
-    from kiln.policy.tiny import build_tiny_model
+    from kiln.core.policy.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="kiln-scale-out-") as tmp:
         root = Path(tmp)

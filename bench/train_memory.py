@@ -8,8 +8,8 @@ is 4 × 2048), every target an action token, advantage ±1.
 One step = forward, token log-probs of the targets, policy-gradient loss, backward:
 
 - ``full``: ``model(...).logits`` (B × T × V fp32) then ``log_softmax`` over them — what the trainer
-  did before (:func:`kiln.train.losses.token_logprobs`);
-- ``chunked``: :func:`kiln.train.losses.sequence_logprobs` — the backbone once, then the output head
+  did before (:func:`kiln.core.train.losses.token_logprobs`);
+- ``chunked``: :func:`kiln.core.train.losses.sequence_logprobs` — the backbone once, then the output head
   over chunks of positions under activation checkpointing (the trainer's path).
 
 Measurement: each variant runs in a fresh child process. On CUDA the figure is
@@ -44,7 +44,7 @@ def _build(device: str):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from kiln.train.model import LORA_TARGETS
+    from kiln.core.train.model import LORA_TARGETS
 
     torch.manual_seed(0)
     config = Qwen3Config(
@@ -67,7 +67,7 @@ def _rss_kib(field: str) -> int:
 def child(variant: str, batch: int, seq: int, device: str, threads: int) -> dict:
     import torch
 
-    from kiln.train.losses import sequence_logprobs, token_logprobs
+    from kiln.core.train.losses import sequence_logprobs, token_logprobs
 
     torch.set_num_threads(threads)
     model = _build(device)

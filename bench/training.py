@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kiln.train.batches import collate, group_rows  # noqa: E402
-from kiln.train.losses import token_logprobs  # noqa: E402
-from kiln.train.model import attach_lora, load_base_model, trainable_parameters  # noqa: E402
-from kiln.train.step import LogprobCache, StepSettings, train_step  # noqa: E402
+from kiln.core.train.batches import collate, group_rows  # noqa: E402
+from kiln.core.train.losses import token_logprobs  # noqa: E402
+from kiln.core.train.model import attach_lora, load_base_model, trainable_parameters  # noqa: E402
+from kiln.core.train.step import LogprobCache, StepSettings, train_step  # noqa: E402
 
 
 def _tiny_model(folder: Path) -> Path:

@@ -2,8 +2,8 @@
 compares Kiln's collection with.
 
 Runs with the vllm engine's Python (``.venv-vllm/bin/python bench/vllm_raw.py ...``) and imports
-nothing from Kiln's package, only, by path, ``kiln/policy/vllm_server.py``'s prompt scheduling and
-(with ``--lora grouped``) ``kiln/policy/vllm_lora_cpu.py`` and ``kiln/policy/vllm_cpu_wait.py``, as
+nothing from Kiln's package, only, by path, ``kiln/core/policy/vllm_server.py``'s prompt scheduling and
+(with ``--lora grouped``) ``kiln/core/policy/vllm_lora_cpu.py`` and ``kiln/core/policy/vllm_cpu_wait.py``, as
 Kiln's server does. The workload is a JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}``
 (``bench.engine`` records every request its vllm collection sent, with the number of tokens each
 produced). All of them are given to one ``LLM.generate`` call, as token ids, with the engine
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kiln" / "policy"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kiln" / "core" / "policy"))
 
 # vLLM's CPU build spawns its engine core, which runs this script again as ``__mp_main__`` with the
 # same argv: the grouped products and the reader wait go in there, as in Kiln's server.

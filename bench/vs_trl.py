@@ -48,7 +48,7 @@ TRL's own vLLM mode is not a side: its server mode sends weights over NCCL (CUDA
 ``--env guess`` runs the same comparison on ``examples/envs/guess`` (guess a number from 1 to 64 in
 up to 8 guesses, told only "too low" / "too high"; the reward comes only at the end, out-of-range
 and repeated guesses lose a turn): both sides play 8-step episodes there. The tiny demo model's
-format warm-up teaches it only the counter's ``{"amount": N}`` (``kiln.policy.tiny``), so on the
+format warm-up teaches it only the counter's ``{"amount": N}`` (``kiln.core.policy.tiny``), so on the
 guess env every one of its actions is a protocol error (base held-out −1.000, measured) and the
 Kiln side stops at ``zero_groups``: that comparison needs a model that writes ``{"guess": N}``.
 
@@ -117,7 +117,7 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 def training_config(args: argparse.Namespace) -> Any:
-    from kiln.contracts import TrainingConfig
+    from kiln.core.contracts import TrainingConfig
 
     echo = {"lambda": args.echo_lambda} if args.echo_lambda > 0 else None
     return TrainingConfig(learning_rate=args.learning_rate, echo=echo)
@@ -127,9 +127,9 @@ def system_prompt_of(env_url: str) -> str:
     """The system prompt Kiln shows the policy for this environment (the TRL side uses it too)."""
     import asyncio
 
-    from kiln.openenv.discovery import inspect_environment
-    from kiln.openenv.schema import policy_action_schema
-    from kiln.rollout.prompts import system_prompt
+    from kiln.core.openenv.discovery import inspect_environment
+    from kiln.core.openenv.schema import policy_action_schema
+    from kiln.core.rollout.prompts import system_prompt
 
     inspection = asyncio.run(inspect_environment(env_url))
     identity = inspection["identity"]
@@ -139,8 +139,8 @@ def system_prompt_of(env_url: str) -> str:
 
 def run_trl(args: argparse.Namespace, env_url: str, model_dir: Path, work: Path, start: int,
             evaluate: Any) -> SideRun:
-    from kiln.contracts import RunRequest
-    from kiln.train.model import LORA_TARGETS
+    from kiln.core.contracts import RunRequest
+    from kiln.core.train.model import LORA_TARGETS
     from tests.support.counter_loop import DEMO_SETTINGS
 
     training = training_config(args)
@@ -284,8 +284,8 @@ def head_dim_of(args: argparse.Namespace) -> int:
 
 def vllm_runtime(model_dir: Path, work: Path) -> Any:
     """A second runtime on the same model whose engine is a vLLM server process (the vllm side)."""
-    from kiln.policy.engine_vllm import VllmConfig, VllmEngine, default_python
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine, default_python
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(model_dir)
     engine = VllmEngine(VllmConfig(model_path=model_dir, python=default_python(), log_path=work / "vllm.log",
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print(SETUP_LINE)
         return 2
     if "vllm" in args.kiln_engines and args.sides != "trl":
-        from kiln.policy.engine_vllm import default_python
+        from kiln.core.policy.engine_vllm import default_python
 
         if not default_python().is_file():
             print(VLLM_SETUP_LINE)
@@ -314,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.policy.tiny import build_tiny_model
-    from kiln.settings import Settings
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.policy.tiny import build_tiny_model
+    from kiln.core.settings import Settings
     from tests.support.online_loop import held_out
     from tests.support.servers import example_env_argv, serve_app_process
 

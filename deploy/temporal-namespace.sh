@@ -1,7 +1,7 @@
 #!/bin/sh
 # Create the Temporal namespace Kiln uses (idempotent). Kiln's search attributes are then created
 # by `python -m workers ensure-search-attributes` (the `kiln-init` service) from the one list in
-# kiln/search_attributes.py; every worker checks them again at start.
+# kiln/core/search_attributes.py; every worker checks them again at start.
 set -eu
 ns="${KILN_TEMPORAL_NAMESPACE:-default}"
 addr="${TEMPORAL_ADDRESS:-temporal:7233}"

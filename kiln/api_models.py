@@ -1,4 +1,4 @@
-"""The typed bodies of the API's answers other than runs (``kiln.run_view`` has those).
+"""The typed bodies of the API's answers other than runs (``kiln.core.run_view`` has those).
 
 Each route declares one of these as its ``response_model``, so the OpenAPI document describes
 every answer, and ``kiln.client`` parses the same models. Bodies that carry a document Kiln does
@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.artifacts.manifest import MANIFEST_SCHEMA
-from kiln.openenv.tasks import TASK_CATALOG_SCHEMA
-from kiln.run_status import ArtifactStatus
-from kiln.telemetry.live import METRICS_SCHEMA
+from kiln.core.artifacts.manifest import MANIFEST_SCHEMA
+from kiln.core.openenv.tasks import TASK_CATALOG_SCHEMA
+from kiln.core.run_status import ArtifactStatus
+from kiln.core.telemetry.live import METRICS_SCHEMA
 
 INSPECTION_SCHEMA = "kiln.openenv-inspection.v1"
 PREFLIGHT_SCHEMA = "kiln.openenv-training-preflight.v1"

@@ -43,7 +43,7 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = "0" ] && command -v apt-get >/de
 fi
 python - <<'PY'
 import temporalio, transformers, peft, openenv, xgrammar  # noqa: F401
-from kiln.policy.qwen_vocab import qwen_tiktoken_path
+from kiln.core.policy.qwen_vocab import qwen_tiktoken_path
 
 qwen_tiktoken_path()
 PY

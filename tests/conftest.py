@@ -83,7 +83,7 @@ def kiln_settings(
     temporal_server: str, s3_server: dict[str, str], tiny_model_dir: Path, tmp_path: Path
 ) -> Callable[..., object]:
     """Settings pointing at the session's servers, with task queues unique to the test."""
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
     from tests.support.kiln_workers import settings_for_tests
 
     def make(**overrides: object) -> Settings:

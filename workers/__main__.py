@@ -21,9 +21,9 @@ import os
 import signal
 import sys
 
-from kiln.artifacts.store import S3Store
-from kiln.errors import KilnError
-from kiln.settings import Settings, load_settings
+from kiln.core.artifacts.store import S3Store
+from kiln.core.errors import KilnError
+from kiln.core.settings import Settings, load_settings
 from workers.client import connect_with_retry
 from workers.factory import GPU_ROLES, ROLES, build_workers
 from workers.search_attributes import ensure_search_attributes
@@ -65,7 +65,7 @@ async def _main(roles: list[str]) -> None:
     if set(roles) & set(GPU_ROLES):
         # Import torch/transformers before polling: a gpu worker that says "polling" takes a task
         # at once, instead of spending its first heartbeat timeout importing (cold-start timeouts).
-        import kiln.policy.runtime  # noqa: F401
+        import kiln.core.policy.runtime  # noqa: F401
     workers = build_workers(client, settings, roles, store=store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -17,8 +17,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RetryConfig, TLSConfig
 from temporalio.runtime import Runtime
 
-from kiln.errors import TemporalConfigInvalid, TemporalUnavailable
-from kiln.settings import Settings
+from kiln.core.errors import TemporalConfigInvalid, TemporalUnavailable
+from kiln.core.settings import Settings
 
 log = logging.getLogger("kiln.workers")
 
@@ -58,7 +58,7 @@ async def connect_client(
 ) -> Client:
     """Connect to the configured Temporal frontend with Kiln's pydantic data converter.
 
-    ``runtime``: a Temporal runtime exporting SDK metrics (see ``kiln.telemetry.prometheus``);
+    ``runtime``: a Temporal runtime exporting SDK metrics (see ``kiln.core.telemetry.prometheus``);
     ``retry_config``: how long each call retries an unreachable server (the SDK's default if None).
     """
     api_key = settings.temporal_api_key.get_secret_value() if settings.temporal_api_key else None

@@ -19,9 +19,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from kiln.artifacts.store import S3Store
-from kiln.served_models import model_task_queue, servable_split, served_models
-from kiln.settings import Settings
+from kiln.core.artifacts.store import S3Store
+from kiln.core.served_models import model_task_queue, servable_split, served_models
+from kiln.core.settings import Settings
 from workers.sandbox import workflow_runner
 from workflows.names import train_task_queue
 from workflows.chunk import CollectChunkWorkflow
@@ -78,8 +78,8 @@ def build_workers(
 def _on_cpu(device: str) -> bool | None:
     """Whether ``KILN_DEVICE`` places models on the CPU (None: a device this machine lacks; the
     first task reports ``device_unavailable``)."""
-    from kiln.errors import DeviceUnavailable
-    from kiln.policy.device import resolve_device
+    from kiln.core.errors import DeviceUnavailable
+    from kiln.core.policy.device import resolve_device
 
     try:
         return resolve_device(device) == "cpu"

@@ -2,7 +2,7 @@
 
 The Temporal SDK exports its metrics (workflow/activity task latencies, pollers, slots, …) from a
 Temporal ``Runtime`` whose Prometheus endpoint binds a private loopback port; ``exposition``
-serves Kiln's series (``kiln.telemetry.prometheus``) and that text together. A worker serves
+serves Kiln's series (``kiln.core.telemetry.prometheus``) and that text together. A worker serves
 ``/metrics`` on ``KILN_METRICS_PORT`` (``MetricsServer``); the API on its own port.
 """
 

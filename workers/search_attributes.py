@@ -1,6 +1,6 @@
 """Make sure Kiln's search attributes exist on the namespace a worker serves (idempotent).
 
-Owns: comparing the namespace's attributes with :data:`kiln.search_attributes.SEARCH_ATTRIBUTES`,
+Owns: comparing the namespace's attributes with :data:`kiln.core.search_attributes.SEARCH_ATTRIBUTES`,
 creating the missing ones through the operator service, and — where the namespace refuses
 (Temporal Cloud, missing permission, a full attribute table) — one error line that gives the
 operator the exact ``temporal operator search-attribute create`` command to run once. Where the
@@ -20,8 +20,8 @@ from temporalio.api.workflowservice.v1 import CountWorkflowExecutionsRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.errors import SearchAttributesMissing
-from kiln.search_attributes import SEARCH_ATTRIBUTES
+from kiln.core.errors import SearchAttributesMissing
+from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
 VISIBLE_WITHIN_S = 15.0
 

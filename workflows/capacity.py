@@ -1,13 +1,13 @@
 """Waiting for environment capacity in the workflow (timers, no gpu slot held) — issue 14.
 
-The rule lives in ``kiln.openenv.capacity``; this module only reads an activity failure.
+The rule lives in ``kiln.core.openenv.capacity``; this module only reads an activity failure.
 """
 
 from __future__ import annotations
 
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from kiln.openenv.capacity import (
+from kiln.core.openenv.capacity import (
     CAPACITY_WAIT_CODE,
     capacity_exhausted,
     capacity_wait_decision,

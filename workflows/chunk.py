@@ -1,6 +1,6 @@
 """``KilnCollectChunkWorkflow``: one chunk of a large collection, in its own bounded history.
 
-A run collecting more than ``CHUNK_GROUPS`` groups (kiln.run_plan) starts one of these per chunk,
+A run collecting more than ``CHUNK_GROUPS`` groups (kiln.core.run_plan) starts one of these per chunk,
 as a child workflow ``<run id>.<scope>.chunk-<n>``; it collects the chunk's slots with the same
 code as an unchunked run, stores their references as one group index and returns the index and
 the groups' outcomes for the run's status. Cancelling the run cancels it; a failure fails the run
@@ -13,7 +13,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from kiln.records import ChunkResult, CollectionPlan, GroupIndexInput, GroupOutcome
+    from kiln.core.records import ChunkResult, CollectionPlan, GroupIndexInput, GroupOutcome
     from workflows.collection import caller_for, collect_slots
     from workflows.names import CHUNK_WORKFLOW
 

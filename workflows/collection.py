@@ -1,7 +1,7 @@
 """Collection inside a run workflow: one ``collect_group`` activity per scheduled seed group.
 
 Used for the run's own groups (every iteration's) and for both sides of the paired evaluation.
-The schedule (which seed on which environment) comes from ``kiln.run_plan``; this module fans the
+The schedule (which seed on which environment) comes from ``kiln.core.run_plan``; this module fans the
 activities out (at most the plan's ``parallel_groups`` in flight: the ``KILN_RUN_PARALLEL_GROUPS``
 setting the run was admitted with) and folds their outcomes into the run's
 status. A collection of more than ``CHUNK_GROUPS`` groups runs chunk by chunk in child workflows
@@ -22,8 +22,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.contracts import EpisodeFields, EpisodeSettings, RunRequest, reset_payload
-    from kiln.records import (
+    from kiln.core.contracts import EpisodeFields, EpisodeSettings, RunRequest, reset_payload
+    from kiln.core.records import (
         AdapterRef,
         AdmissionResult,
         ChunkResult,
@@ -38,11 +38,11 @@ with workflow.unsafe.imports_passed_through():
         PolicyResult,
         StoredObject,
     )
-    from kiln.run_plan import CHUNK_GROUPS, GroupSlot, chunks
-    from kiln.run_status import Interruption, Progress, RunStatus, reset_warning
-    from kiln.unfinished_thinking import unfinished_thinking_message
+    from kiln.core.run_plan import CHUNK_GROUPS, GroupSlot, chunks
+    from kiln.core.run_status import Interruption, Progress, RunStatus, reset_warning
+    from kiln.core.unfinished_thinking import unfinished_thinking_message
     from workflows import ui
-    from kiln.openenv.capacity import merge_capacity
+    from kiln.core.openenv.capacity import merge_capacity
     from workflows.capacity import capacity_failure, capacity_refusals, capacity_wait_for
     from workflows.names import CHUNK_WORKFLOW
     from workflows.options import ActivityCaller
@@ -98,7 +98,7 @@ async def _collect_waiting_for_capacity(
 
     An attempt at a full environment ends within seconds (``environment_at_capacity``); the wait
     happens here, outside ``gate``, so it holds no gpu slot. It is bounded by the request's
-    ``capacity_wait_seconds`` counted from the first refusal (``kiln.openenv.capacity``).
+    ``capacity_wait_seconds`` counted from the first refusal (``kiln.core.openenv.capacity``).
     """
     waited_from = None
     retries = 0
@@ -174,7 +174,7 @@ def fold_outcome(
 ) -> None:
     """One collected group (from the environment at ``environment_url``) into the run's status
     (progress, capacity, interruptions)."""
-    if outcome.capacity is not None:  # per run: summed over its groups (kiln.openenv.capacity)
+    if outcome.capacity is not None:  # per run: summed over its groups (kiln.core.openenv.capacity)
         status.environment_capacity[environment_url] = merge_capacity(
             status.environment_capacity.get(environment_url), outcome.capacity
         )

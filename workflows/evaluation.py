@@ -1,7 +1,7 @@
 """The paired held-out evaluation stage of a train run, and the static post-evaluation.
 
 Baseline (the behavior policy) then candidate (the trained adapter) are collected on the seeds of
-the ``EvaluationPlan`` (kiln.run_plan); each side's bundle is stored, the world-model gain is
+the ``EvaluationPlan`` (kiln.core.run_plan); each side's bundle is stored, the world-model gain is
 measured, and ``evaluate_run`` pairs the sides and applies the gate. Sequencing only.
 """
 
@@ -12,7 +12,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.records import (
+    from kiln.core.records import (
         AdapterRef,
         EvaluateInput,
         EvaluationResult,
@@ -27,8 +27,8 @@ with workflow.unsafe.imports_passed_through():
         WorldModelInput,
         WorldModelResult,
     )
-    from kiln.run_plan import EvaluationPlan
-    from kiln.run_status import EvaluationStatus, PostEvaluationStatus, Progress
+    from kiln.core.run_plan import EvaluationPlan
+    from kiln.core.run_status import EvaluationStatus, PostEvaluationStatus, Progress
     from workflows.collection import RunContext, collect_groups, resolve_policy
 
 

@@ -3,12 +3,12 @@ activities submit, signal, or query Temporal's visibility store by.
 
 No workflow code: a process that starts or lists workflows by name (the API, the control
 activities' update-with-start) imports this module and nothing else from ``workflows/``. The
-attribute names themselves live in ``kiln.search_attributes`` (the dev server registers them).
+attribute names themselves live in ``kiln.core.search_attributes`` (the dev server registers them).
 """
 
 from temporalio.common import SearchAttributeKey
 
-from kiln import search_attributes as _attributes
+from kiln.core import search_attributes as _attributes
 
 WORKFLOW_NAME = "OpenEnvRunWorkflow"
 TRAIN_DATASET_WORKFLOW = "KilnTrainDatasetWorkflow"

@@ -2,8 +2,8 @@
 evaluation → post_evaluation → publication.
 
 One workflow per run; the workflow id is the run id. History carries only small typed records
-(``kiln.records``); every stage's work happens in an activity, every rule (seed schedule,
-evaluation plan, bundle specs, promotion) in ``kiln.run_plan``. The workflow only sequences them
+(``kiln.core.records``); every stage's work happens in an activity, every rule (seed schedule,
+evaluation plan, bundle specs, promotion) in ``kiln.core.run_plan``. The workflow only sequences them
 and keeps the ``RunStatus`` its ``status`` query returns to the API, the CLI and the Web UI.
 
 Its input is the submission as given (a JSON object): the admission activity validates it — the
@@ -20,9 +20,9 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
-    from kiln.contracts import RunRequest
-    from kiln.openenv.urls import normalize_url
-    from kiln.records import (
+    from kiln.core.contracts import RunRequest
+    from kiln.core.openenv.urls import normalize_url
+    from kiln.core.records import (
         AdmissionInput,
         AdmissionResult,
         DiscoveryInput,
@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         SlotRequest,
         TrainedPolicy,
     )
-    from kiln.run_status import (
+    from kiln.core.run_status import (
         Admission,
         EnvironmentStatus,
         Progress,

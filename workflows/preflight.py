@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.gpu import GpuActivities
-    from kiln.records import PolicyInput, PolicyResult, PreflightInput, PreflightResult
+    from kiln.core.records import PolicyInput, PolicyResult, PreflightInput, PreflightResult
     from workflows.names import PREFLIGHT_WORKFLOW
     from workflows.options import ActivityCaller
 

@@ -3,7 +3,7 @@ after iteration for online RL), evaluation, post-evaluation and publication.
 
 ``RunStages`` is the base of ``OpenEnvRunWorkflow`` (workflows/openenv_run.py, which owns admission,
 the queue and discovery). A one-iteration train run is one pass of ``_iterate``; with
-``iterations`` > 1 each iteration collects fresh seeds (``kiln.run_plan.iteration_schedule``) with
+``iterations`` > 1 each iteration collects fresh seeds (``kiln.core.run_plan.iteration_schedule``) with
 the adapter the previous one trained, trains from that adapter and its optimizer state, and is
 stored as an iteration record whose digest extends the run's chain. With ``max_staleness`` 1 the
 next iteration's collection runs while the current one trains. Whenever the history has grown
@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.records import (
+    from kiln.core.records import (
         EvaluationResult,
         GroupSet,
         IterationFiles,
@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainResult,
     )
-    from kiln.run_plan import (
+    from kiln.core.run_plan import (
         BundleSpec,
         EvaluationPlan,
         behavior_lag,
@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         promotion_decision,
         should_continue_as_new,
     )
-    from kiln.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
+    from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
     from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
     from workflows.status import StatusKeeper, failure_from

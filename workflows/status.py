@@ -21,7 +21,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.run_status import TERMINAL_STATES, Failure, RunStatus
+    from kiln.core.run_status import TERMINAL_STATES, Failure, RunStatus
     from workflows import ui
     from workflows.names import (  # noqa: F401 - re-exported: the run workflows set these
         KILN_ENVIRONMENT,

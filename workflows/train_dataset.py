@@ -14,7 +14,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.records import (
+    from kiln.core.records import (
         DatasetSplit,
         PublishResult,
         PublishTrainingInput,
@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
         TrainInput,
         TrainResult,
     )
-    from kiln.run_status import Progress, RunStatus
+    from kiln.core.run_status import Progress, RunStatus
     from workflows.names import TRAIN_DATASET_WORKFLOW
     from workflows.options import ActivityCaller
     from workflows.status import StatusKeeper

@@ -1,7 +1,7 @@
 """What the Temporal Web UI shows of a run: static summary, live current details, outcome memo.
 
 ``show_progress`` and ``record_outcome`` are called from workflow code; the static summary and
-details a run is started with come from ``kiln.run_labels``.
+details a run is started with come from ``kiln.core.run_labels``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.run_status import RunStatus
+    from kiln.core.run_status import RunStatus
 
 OUTCOME_MEMO_PATCH = "kiln-outcome-memo-v1"
 FAILURE_MEMO_PATCH = "kiln-failure-code-memo-v1"

@@ -10,15 +10,22 @@ from typing import Any, Optional
 
 import typer
 
-from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, RunRequest, TrainingConfig
+from kiln.core.contracts import (
+    EchoConfig,
+    EnvironmentEvalConfig,
+    GateConfig,
+    PostEvalConfig,
+    RunRequest,
+    TrainingConfig,
+)
 from kiln.cli.console import JsonAwareGroup, console, fail as _fail, print_json, progress
 from kiln.cli.flags import check_request, literal_choices
 from kiln.cli.follow import FOLLOW_OPT
 
 # Help panels of `openenv train`/`rollout` (kiln.cli.help draws them; unpanelled options come last).
 from kiln.cli.help import COLLECTION, EVALUATION, ONLINE_RL, OUTPUT, POLICY, TRAINING
-from kiln.errors import KilnError
-from kiln.settings import load_settings
+from kiln.core.errors import KilnError
+from kiln.core.settings import load_settings
 
 
 from kiln.cli.model_options import default, describe
@@ -53,7 +60,7 @@ def _api() -> Any:
 def _serve_help() -> str:
     """``kiln serve --help``: what it starts, where, and the variables that move it (defaults
     read from ``Settings``, where they live)."""
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     d = {name: field.default for name, field in Settings.model_fields.items()}
     return (
@@ -82,7 +89,7 @@ def serve() -> None:
 @model_app.command("tiny")
 def model_tiny(directory: Path = typer.Argument(..., help="Folder to write the tiny model into.")) -> None:
     """Build the deterministic tiny Qwen3-architecture demo model (same bytes every time)."""
-    from kiln.policy.tiny import build_tiny_model
+    from kiln.core.policy.tiny import build_tiny_model
 
     path = build_tiny_model(directory)
     console.print(f"tiny model written to {path}")
@@ -108,7 +115,7 @@ def model_random(
     """Random-init model of a real architecture (the hub's folder layout: Qwen3.5 as its
     vision-language checkpoint) with Qwen's real tokenizer and Qwen3 chat template (weights
     random: for throughput/memory/scale tests). Needs qwen.tiktoken from scripts/setup.sh."""
-    from kiln.policy.random_model import SHAPES, build_random_model, shape_config
+    from kiln.core.policy.random_model import SHAPES, build_random_model, shape_config
 
     if shape not in SHAPES or dtype not in ("bfloat16", "float16", "float32"):
         _fail(
@@ -151,8 +158,8 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
 ) -> None:
     """Discover an environment: identity, digests and action schema (direct, no server needed)."""
-    from kiln.openenv.discovery import inspect_environment
-    from kiln.openenv.urls import normalize_url, require_allowed_host
+    from kiln.core.openenv.discovery import inspect_environment
+    from kiln.core.openenv.urls import normalize_url, require_allowed_host
 
     settings = load_settings()
     try:
@@ -160,11 +167,11 @@ def inspect_cmd(
         require_allowed_host(url, allow_remote=settings.allow_remote_environments)
         token = None
         if credential_id:
-            from kiln.openenv.credential_config import resolve_bearer_token
+            from kiln.core.openenv.credential_config import resolve_bearer_token
 
             token = resolve_bearer_token(settings.credentials, credential_id, url)
         elif credential_env:
-            from kiln.openenv.credentials import prepare_token, read_token_from_env
+            from kiln.core.openenv.credentials import prepare_token, read_token_from_env
 
             token = prepare_token(url, read_token_from_env(credential_env))
         inspection = asyncio.run(inspect_environment(url, bearer_token=token))
@@ -702,7 +709,7 @@ def rollout_cmd(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
     if exit_code == 0 and output is not None and replay_output is not None and summary_output is not None:
-        from kiln.rollout.verify.files import verify_command
+        from kiln.core.rollout.verify.files import verify_command
 
         command = verify_command(summary_output, output, replay_output)
         if command is not None:  # names the summary does not pair with by itself

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from typer.core import TyperGroup
 
-from kiln.errors import KilnError
+from kiln.core.errors import KilnError
 
 try:  # Typer vendors its own Click: its parse errors are not click's classes
     from typer._click.exceptions import UsageError as _VendoredUsageError
@@ -120,7 +120,7 @@ def usage_error(error: Any, argv: list[str]) -> None:
     """A Click parse error (``click.UsageError``): pydantic's ``Value error,`` prefix removed from
     its message, and, when ``--json`` was typed, one ``{"error": …}`` envelope (code
     ``cli_usage_error``, exit status 2) on stdout; Click still prints its usage on stderr."""
-    from kiln.errors import CliUsageError
+    from kiln.core.errors import CliUsageError
 
     error.message = str(error.message).replace("Value error, ", "")
     if getattr(error, "_kiln_reported", False) or "--json" not in argv:

@@ -18,9 +18,9 @@ from kiln.cli.flags import literal_enum
 from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.client.downloads import download_artifact, download_run_outputs
 from kiln.client.http import ApiClient
-from kiln.contracts import RunRequest
-from kiln.errors import KilnError
-from kiln.run_view import RunState, RunSummary
+from kiln.core.contracts import RunRequest
+from kiln.core.errors import KilnError
+from kiln.core.run_view import RunState, RunSummary
 
 RunStateChoice = literal_enum("RunStateChoice", RunState)
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kiln.cli.model_options import choices
-from kiln.errors import InvalidRequest
+from kiln.core.errors import InvalidRequest
 
 # Request paths whose flag is not simply ``--`` + the last name with dashes.
 _FLAG_OF_PATH = {

@@ -28,9 +28,9 @@ from rich.text import Text
 from kiln.cli.console import err_console, link
 from kiln.cli.help import OUTPUT
 from kiln.client.follow import watch
-from kiln.errors import UNCLAIMED_HINT
-from kiln.run_status import Progress
-from kiln.run_view import RunView, TrainingProgress
+from kiln.core.errors import UNCLAIMED_HINT
+from kiln.core.run_status import Progress
+from kiln.core.run_view import RunView, TrainingProgress
 
 TERMINAL = {"completed", "failed", "cancelled"}
 TIMED_OUT_NOTICE = "status query timed out, retrying"
@@ -200,7 +200,7 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
     console.print(f"state    {state}")
     console.print(f"progress {progress_line(status)}")
     stats = status.rollout_stats or {}
-    if stats and stats["mean_episode_return"] is not None:  # the figures of kiln.rollout.bundle
+    if stats and stats["mean_episode_return"] is not None:  # the figures of kiln.core.rollout.bundle
         console.print(
             f"episodes {stats['rollouts']}  mean return {num(stats['mean_episode_return'])}  "
             f"min {num(stats['min_episode_return'])}  max {num(stats['max_episode_return'])}  "
@@ -233,7 +233,7 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
         )
         # The verdict names the outcome itself ("Promoted: …", "Rejected: …"): said once.
         console.print(f"gate     {evaluation.verdict or f'{evaluation.decision} → {evaluation.outcome}'}")
-        world = evaluation.world_model  # kiln.evaluation.receipt's world-model block
+        world = evaluation.world_model  # kiln.core.evaluation.receipt's world-model block
         if world and world["world_model_gain"] is not None:
             console.print(
                 f"world model: observation CE base {num(world['base_mean_env_ce'])} -> adapter "

@@ -1,6 +1,6 @@
 """What a CLI option reads from the request model it fills: default, description, bounds, choices.
 
-Each default, bound and description lives once, on the pydantic field (``kiln.contracts``); the
+Each default, bound and description lives once, on the pydantic field (``kiln.core.contracts``); the
 CLI builds its options from them, and the API's ``/docs`` shows the very same text.
 """
 

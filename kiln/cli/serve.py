@@ -22,15 +22,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kiln.access_rule import required_token
+from kiln.core.access_rule import required_token
 from kiln.client.http import ApiClient
 from kiln.devstack import DevStack, DevStackError, start_devstack
 from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_process, wait_until
 from kiln.devstack.stack import check_stack_config
 from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
-from kiln.home import PRIVATE_UMASK, secure_home, write_private_json
-from kiln.errors import ServeConfigurationInvalid, ServeGaveUp, ServeStartFailed
-from kiln.settings import Settings
+from kiln.core.home import PRIVATE_UMASK, secure_home, write_private_json
+from kiln.core.errors import ServeConfigurationInvalid, ServeGaveUp, ServeStartFailed
+from kiln.core.settings import Settings
 
 SUPERVISE_INTERVAL_S = 0.5
 RESECURE_INTERVAL_S = 60.0
@@ -43,21 +43,21 @@ def ensure_model(settings: Settings, console: Console) -> Path:
     if settings.model_path is not None:
         path = Path(settings.model_path)
         if not (path / "config.json").is_file():
-            from kiln.errors import ModelNotFound
+            from kiln.core.errors import ModelNotFound
 
             raise ModelNotFound(
                 f"KILN_MODEL_PATH={path} is not a local model folder (no config.json)",
                 hint="point KILN_MODEL_PATH at a folder saved with save_pretrained, or unset it "
                 "to use the tiny demo model",
             )
-        from kiln.policy.families import require_servable
+        from kiln.core.policy.families import require_servable
 
         require_servable(path, settings.engine, cpu=True if settings.device == "cpu" else None)
         return path.resolve()
     path = settings.default_model_path
     if not (path / "config.json").is_file():
         console.print(f"building the tiny demo model in {path} …")
-        from kiln.policy.tiny import build_tiny_model
+        from kiln.core.policy.tiny import build_tiny_model
 
         build_tiny_model(path)
     return path.resolve()

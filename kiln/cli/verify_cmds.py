@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import typer
 
-from kiln.errors import KilnError
+from kiln.core.errors import KilnError
 
 from kiln.cli.console import console, fail as _fail, print_json as _print_json
 
@@ -47,7 +47,7 @@ def _report(make: Callable[[], dict], as_json: bool) -> dict | None:
 
 
 def _verify_run(folder: Path, as_json: bool) -> None:
-    from kiln.rollout.verify.run import verify_run
+    from kiln.core.rollout.verify.run import verify_run
 
     report = _report(lambda: verify_run(folder), as_json)
     if report is None:
@@ -107,7 +107,7 @@ def register(openenv_app: typer.Typer) -> None:
         """Verify a rollout bundle offline (no network): digests, replay rules, prompts, rewards.
         With --run: every artifact against the manifest, every bundle (each iteration's of an
         online-RL run), and the on-policy chain from iteration to iteration."""
-        from kiln.rollout.verify import verify_bundle
+        from kiln.core.rollout.verify import verify_bundle
 
         if (summary is None) == (run is None):
             _fail(
@@ -158,11 +158,11 @@ def register(openenv_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the replay report as JSON."),
     ) -> None:
         """Verify offline, then replay every recorded action live and require identical answers."""
-        from kiln.openenv.credentials import parse_credential_env_args, read_token_from_env
-        from kiln.openenv.urls import normalize_url, require_allowed_host
-        from kiln.rollout.replay_live import replay_bundle
-        from kiln.rollout.verify import load_bundle
-        from kiln.settings import load_settings
+        from kiln.core.openenv.credentials import parse_credential_env_args, read_token_from_env
+        from kiln.core.openenv.urls import normalize_url, require_allowed_host
+        from kiln.core.rollout.replay_live import replay_bundle
+        from kiln.core.rollout.verify import load_bundle
+        from kiln.core.settings import load_settings
 
         try:
             bundle = load_bundle(summary, dataset_path=dataset, replay_path=replay)
@@ -171,7 +171,7 @@ def register(openenv_app: typer.Typer) -> None:
                 require_allowed_host(normalize_url(inspection["identity"]["base_url"]), allow_remote=allow_remote)
             environments = bundle.summary["environments"]
             if credential_id:
-                from kiln.openenv.credential_config import resolve_bearer_token
+                from kiln.core.openenv.credential_config import resolve_bearer_token
 
                 ids = parse_credential_env_args(
                     credential_id, len(environments), flag="--credential-id", validate=False

@@ -7,7 +7,7 @@
 Answers are typed (``RunView``, ``RunList``, follow events); failures raise the ``KilnError`` of
 the same ``code`` the API, CLI and run status use. Every error class is importable from here
 (``from kiln.client import EnvironmentEvaluationFailed, ApiUnavailable``): they all live in
-``kiln.errors``, registered as they are defined, so which class a code rebuilds never depends on
+``kiln.core.errors``, registered as they are defined, so which class a code rebuilds never depends on
 what else was imported.
 """
 
@@ -22,14 +22,14 @@ from kiln.client.events import (
     TrainingStep,
     WarningRaised,
 )
-from kiln.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
-from kiln import errors as _errors
-from kiln.errors import ApiUnavailable, KilnError
-from kiln.run_view import RunList, RunSummary, RunView
+from kiln.core.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.core import errors as _errors
+from kiln.core.errors import ApiUnavailable, KilnError
+from kiln.core.run_view import RunList, RunSummary, RunView
 
 
 def __getattr__(name: str) -> Any:
-    """Every ``KilnError`` class by its name (``kiln.client.ReplayDrift`` is ``kiln.errors.ReplayDrift``)."""
+    """Every ``KilnError`` class by its name (``kiln.client.ReplayDrift`` is ``kiln.core.errors.ReplayDrift``)."""
     value = getattr(_errors, name, None)
     if isinstance(value, type) and issubclass(value, KilnError):
         return value

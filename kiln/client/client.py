@@ -19,9 +19,9 @@ from kiln.client.downloads import download_run
 from kiln.client.events import RunEnded, RunEvent, events_between
 from kiln.client.follow import watch
 from kiln.client.http import ApiClient
-from kiln.contracts import RunRequest, TrainingConfig, parse_run_request
-from kiln.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
-from kiln.run_view import RunList, RunView
+from kiln.core.contracts import RunRequest, TrainingConfig, parse_run_request
+from kiln.core.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
+from kiln.core.run_view import RunList, RunView
 
 
 def _view(answer: Any) -> RunView:
@@ -163,7 +163,7 @@ class Client:
     def verify(directory: str | Path) -> dict[str, Any]:
         """Verify a downloaded run offline (``kiln openenv verify --run``): the report, or
         ``openenv_verification_failed`` naming the file and field."""
-        from kiln.rollout.verify.run import verify_run
+        from kiln.core.rollout.verify.run import verify_run
 
         return verify_run(Path(directory))
 

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.manifest import verified_manifest
+from kiln.core.artifacts.manifest import verified_manifest
 from kiln.client.http import ApiClient, artifact_path
-from kiln.errors import ArtifactIntegrityFailed, ArtifactNotFound, OutputExists
+from kiln.core.errors import ArtifactIntegrityFailed, ArtifactNotFound, OutputExists
 
 DOWNLOAD_RECEIPT_SCHEMA = "kiln.openenv-artifact-download.v1"
 MAX_DOWNLOAD_BYTES = 256 * 1024 * 1024

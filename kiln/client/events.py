@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kiln.run_status import Progress
-from kiln.run_view import RunView
+from kiln.core.run_status import Progress
+from kiln.core.run_view import RunView
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from kiln.run_view import RunView
+from kiln.core.run_view import RunView
 
 
 def follow_ends(view: RunView) -> bool:

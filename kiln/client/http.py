@@ -3,7 +3,7 @@
 Where: ``KILN_API_URL``, else the settings' ``KILN_API_HOST``/``KILN_API_PORT`` (the same default
 the API binds, ``Settings.api_port``; a wildcard bind is reached on loopback). Sends
 ``Authorization: Bearer $KILN_API_TOKEN`` when a token is set; never follows redirects; turns error envelopes back into KilnErrors with the same code; run payloads are
-parsed into ``kiln.run_view`` models (``RunView``, ``RunSummary``). A request that is safe to
+parsed into ``kiln.core.run_view`` models (``RunView``, ``RunSummary``). A request that is safe to
 repeat (a GET, a submission with an idempotency key) is retried with backoff while the API
 answers 503 ``temporal_unavailable`` (Temporal restarting), for up to ``outage_wait_s``.
 """
@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 import httpx
 
-from kiln.errors import ApiUnavailable, KilnError, error_from_dict
-from kiln.run_view import RunList, RunView
+from kiln.core.errors import ApiUnavailable, KilnError, error_from_dict
+from kiln.core.run_view import RunList, RunView
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
@@ -30,7 +30,7 @@ def resolve_api_url(url: str | None = None) -> str:
     own defaults (a wildcard bind such as ``0.0.0.0`` is reached at 127.0.0.1)."""
     if url:
         return url.rstrip("/")
-    from kiln.settings import load_settings
+    from kiln.core.settings import load_settings
 
     settings = load_settings()
     if settings.api_url:

@@ -13,7 +13,7 @@ from kiln.devstack.common import GRPC_OFFSET, DevStackError
 from kiln.devstack.seaweedfs import s3_healthy, start_seaweedfs, weed_binary
 from kiln.devstack.stack import DevStack, StartError, start_devstack
 from kiln.devstack.temporal import start_temporal, temporal_binary, temporal_healthy
-from kiln.search_attributes import SEARCH_ATTRIBUTES
+from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
 __all__ = [
     "GRPC_OFFSET",

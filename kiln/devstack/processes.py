@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
-from kiln.home import create_private_dirs
+from kiln.core.home import create_private_dirs
 
 __all__ = [
     "ManagedProcess",

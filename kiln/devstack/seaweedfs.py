@@ -19,7 +19,7 @@ import ssl
 import urllib.request
 from pathlib import Path
 
-from kiln.home import make_private_dir, write_private
+from kiln.core.home import make_private_dir, write_private
 from kiln.devstack.common import GRPC_OFFSET, DevStackError, find_binary, require_free
 from kiln.devstack.seaweedfs_security import write_security
 from kiln.devstack.processes import (
@@ -180,7 +180,7 @@ def start_seaweedfs(
             f"with the master on port {internal['master']}",
             process=proc,
         )
-        from kiln.artifacts.store import S3Store  # boto3 only when S3 is actually started
+        from kiln.core.artifacts.store import S3Store  # boto3 only when S3 is actually started
 
         store = S3Store(
             endpoint=endpoint,

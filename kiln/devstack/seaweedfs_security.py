@@ -24,7 +24,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.home import make_private_dir, write_private
+from kiln.core.home import make_private_dir, write_private
 
 _GRPC_ROLES = ("master", "volume", "filer", "s3", "client", "admin", "msg_broker")
 _HTTPS_ROLES = ("master", "volume", "filer")

@@ -14,8 +14,8 @@ from kiln.devstack.common import GRPC_OFFSET, DevStackError
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, ProcessStartError, port_is_free
 from kiln.devstack.seaweedfs import start_seaweedfs
 from kiln.devstack.temporal import start_temporal
-from kiln.home import make_private_dir, secure_home, write_private
-from kiln.settings import Settings
+from kiln.core.home import make_private_dir, secure_home, write_private
+from kiln.core.settings import Settings
 
 
 @dataclass

@@ -14,10 +14,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kiln.home import make_private_dir
+from kiln.core.home import make_private_dir
 from kiln.devstack.common import find_binary, require_free
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
-from kiln.search_attributes import SEARCH_ATTRIBUTES
+from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
 TEMPORAL_START_TIMEOUT_S = 60.0
 SQLITE_PRAGMAS = ("journal_mode=WAL", "synchronous=FULL")

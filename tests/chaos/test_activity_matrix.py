@@ -159,8 +159,8 @@ async def _kill_in_turn(
 async def test_dataset_training_activities_recover_from_a_killed_worker(
     stack: ChaosStack, reference_train: RunOutcome
 ) -> None:
-    from kiln.contracts import TrainingConfig
-    from kiln.records import StoredObject, TrainDatasetInput
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.records import StoredObject, TrainDatasetInput
 
     store = stack.store()
     rollouts = read_uri(store, next(a["uri"] for a in reference_train.status["artifacts"] if a["name"] == "rollouts.jsonl"))

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from kiln.devstack.processes import free_port_block
 from tests.chaos.conftest import rollout_request, train_request
 from tests.support.chaos.assertions import read_uri, record
 from tests.support.chaos.environments import SessionHolder, wait_env_idle
@@ -27,7 +28,6 @@ from tests.support.chaos.runs import (
     wait_activity,
 )
 from tests.support.chaos.stack import ChaosStack, serve_counter
-from kiln.devstack.processes import free_port_block
 
 pytestmark = pytest.mark.asyncio
 

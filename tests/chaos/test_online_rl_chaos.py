@@ -66,7 +66,7 @@ class OnlineOutcome:
 
     @classmethod
     def of(cls, stack: ChaosStack, run_id: str, status: dict[str, Any], seconds: float) -> "OnlineOutcome":
-        from kiln.artifacts.manifest import manifest_key
+        from kiln.core.artifacts.manifest import manifest_key
 
         store = stack.store()
         keys = [k for k in store.list_keys(f"runs/{run_id}/") if k.endswith("manifest.json")]
@@ -287,8 +287,8 @@ async def test_control_worker_killed_storing_iteration_1_then_temporal_restart(
 
 
 async def test_cancel_in_iteration_3_publishes_nothing(stack: ChaosStack) -> None:
-    from kiln.artifacts.adapters import pointer_key
-    from kiln.artifacts.iterations import iteration_key
+    from kiln.core.artifacts.adapters import pointer_key
+    from kiln.core.artifacts.iterations import iteration_key
 
     hooks = stack.hooks
     adapter = f"chaos-online-cancel-{uuid.uuid4().hex[:6]}"  # a name no other run promotes

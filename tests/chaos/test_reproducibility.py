@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from tests.support.chaos.assertions import expect_fixed
 from tests.support.chaos.stack import REPO_ROOT
 
@@ -24,7 +23,7 @@ import json, sys
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from kiln.train.model import attach_lora, load_base_model, save_adapter
+from kiln.core.train.model import attach_lora, load_base_model, save_adapter
 model = attach_lora(load_base_model(Path(sys.argv[1]), torch.device("cpu")), rank=4, alpha=8, seed=0,
                     base_adapter_dir=None)
 out = Path(sys.argv[2])

@@ -115,7 +115,7 @@ class _ManifestWatcher:
 
 async def test_s3_outage_during_publication(stack: ChaosStack, reference_train: RunOutcome) -> None:
     """S3 stopped while publication runs, restarted (same data dir and port) after S3_DOWN_S."""
-    from kiln.artifacts.manifest import manifest_key
+    from kiln.core.artifacts.manifest import manifest_key
 
     hooks = stack.hooks
     hooks.set(PUBLISH_HOLD)  # publication waits at its start until the outage has begun
@@ -153,7 +153,7 @@ async def test_s3_outage_during_publication(stack: ChaosStack, reference_train: 
         manifest_reads_absent=watcher.absent,
         manifest_reads_unreachable=watcher.unreachable,
     )
-    # The worker's store waits the outage out (kiln/artifacts/outage.py): one attempt, no retry.
+    # The worker's store waits the outage out (kiln/core/artifacts/outage.py): one attempt, no retry.
     assert [e["outcome"] for e in attempts] == ["ok"], attempts
     assert watcher.unreachable > 0  # the watcher did see the outage
     published = stack.store().get_key(manifest_key(handle.id))

@@ -8,6 +8,7 @@ byte-identical to the undisturbed reference run of the same request.
 from __future__ import annotations
 
 import time
+
 import pytest
 
 from tests.chaos.conftest import train_request
@@ -16,8 +17,8 @@ from tests.support.chaos.faults import (
     POLICY_LOAD_DELAY,
     SAMPLE_DELAY,
     TRAIN_FAIL_NOW,
-    TRAIN_LOAD_DELAY,
     TRAIN_FAIL_RESUMED,
+    TRAIN_LOAD_DELAY,
     TRAIN_SETUP_DELAY,
     TRAIN_STEP_DELAY,
 )

@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from kiln.errors import KilnError
-from kiln.settings import Settings
+from kiln.core.errors import KilnError
+from kiln.core.settings import Settings
 from tests.integration.test_api_helpers import asgi_client, unreachable_url
 from tests.support.servers import serve_module
-
 
 TOKEN = "kiln-test-token-7f3a9c"
 # A request that passes access control and fails validation without needing Temporal.

@@ -19,10 +19,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kiln.artifacts.manifest import manifest_key
-from kiln.client.http import ApiClient
 from kiln.cli.control_cmds import register
 from kiln.client.downloads import download_run_outputs
+from kiln.client.http import ApiClient
+from kiln.core.artifacts.manifest import manifest_key
 from tests.integration.test_api_helpers import TINY_ROLLOUT, serve_api, wait_for
 from tests.support.kiln_workers import running_workers
 from tests.support.raw_http import raw_get

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.support.servers import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.integration.test_api_helpers import asgi_client, serve_api
 
 BODY_TIMEOUT_S = 3.0

@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import response_schema_conformance
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.integration.test_api_fuzz import _ControlWorker
 from tests.integration.test_api_helpers import NO_PREFLIGHT, TINY_ROLLOUT, serve_api, unreachable_url
 

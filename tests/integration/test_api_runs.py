@@ -13,10 +13,10 @@ import pytest
 
 from api.app import create_app
 from api.runs import run_id_for
-from kiln.contracts import parse_run_request
+from kiln.core.contracts import parse_run_request
 from tests.integration.test_api_helpers import (
-    TINY_ROLLOUT,
     NO_PREFLIGHT,
+    TINY_ROLLOUT,
     BlackHole,
     asgi_client,
     unreachable_url,

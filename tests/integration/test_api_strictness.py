@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.integration.test_api_helpers import BlackHole, asgi_client, unreachable_url
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
@@ -66,8 +66,8 @@ async def test_non_finite_and_huge_numbers_are_400_naming_the_field(app: Any, ra
 
 async def test_non_finite_floats_are_rejected_by_the_model_too() -> None:
     # The workflow parses requests from Python dicts (never through the API's JSON check).
-    from kiln.contracts import parse_run_request
-    from kiln.errors import InvalidRequest
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.errors import InvalidRequest
 
     for bad in (
         {"training_config": {"learning_rate": float("inf")}},

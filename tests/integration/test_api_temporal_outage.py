@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from kiln.client.http import ApiClient
+from kiln.core.errors import KilnError
+from kiln.core.settings import Settings
 from kiln.devstack import start_temporal
-from kiln.errors import KilnError
-from kiln.settings import Settings
 from tests.integration.test_api_helpers import serve_api
 from tests.support.stack import start_test_temporal
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from kiln.artifacts.manifest import (
+from kiln.core.artifacts.manifest import (
     build_manifest,
     manifest_bytes,
     manifest_key,
     parse_manifest,
     verify_manifest_against_store,
 )
-from kiln.artifacts.store import ObjectRef, S3Store
-from kiln.errors import (
+from kiln.core.artifacts.store import ObjectRef, S3Store
+from kiln.core.errors import (
     ArtifactIntegrityFailed,
     ArtifactNotFound,
     ArtifactPublicationFailed,

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from kiln.openenv.session import open_session_and_reset
-from kiln.openenv.urls import normalize_url
+from kiln.core.openenv.session import open_session_and_reset
+from kiln.core.openenv.urls import normalize_url
 from tests.support.history_spans import RunHistory, run_history
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import serve_example_env
-from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
+from workflows.options import WORKFLOW_NAME
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(420), pytest.mark.slow]
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from kiln.openenv.capacity import CAPACITY
-from kiln.openenv.session import EnvSession, open_session_and_reset
-from kiln.openenv.urls import normalize_url
-from kiln.rollout.sessions import SessionPlanner
+from kiln.core.openenv.capacity import CAPACITY
+from kiln.core.openenv.session import EnvSession, open_session_and_reset
+from kiln.core.openenv.urls import normalize_url
+from kiln.core.rollout.sessions import SessionPlanner
 from tests.support.servers import serve_example_env
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]

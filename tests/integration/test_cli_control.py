@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from kiln.cli.control_cmds import register
 from tests.integration.test_api_helpers import (
-    TINY_ROLLOUT,
     NO_PREFLIGHT,
+    TINY_ROLLOUT,
     BlackHole,
     serve_api,
     unreachable_url,

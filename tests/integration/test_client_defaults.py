@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.settings import Settings
 from kiln.devstack.processes import port_accepts
-from kiln.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PORTS = (7233, 8233, 8333, 8780)

@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from kiln.canonical import canonical_json
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.context import served_context
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.rollout.verify import verify_bundle
-from kiln.run_status import RunStatus
-from kiln.train.selection import select_groups
+from kiln.core.canonical import canonical_json
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.context import served_context
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.rollout.verify import verify_bundle
+from kiln.core.run_status import RunStatus
+from kiln.core.train.selection import select_groups
 from tests.support.servers import serve_module
 from tests.unit.test_verify_support import parse, reseal, spec_for, write_bundle
 
@@ -51,7 +51,7 @@ def _small_context_model(tiny_model_dir: Path, folder: Path, limit: int) -> Path
 
 def _prompt_tokens(tiny_model_dir: Path, url: str) -> int:
     """The first prompt's length for this server (one real step with the unchanged tiny model)."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(tiny_model_dir)
 
@@ -67,7 +67,7 @@ def _prompt_tokens(tiny_model_dir: Path, url: str) -> int:
 
 
 def _collect(model_dir: Path, url: str, policy: str) -> dict[str, bytes]:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(model_dir)
     settings = EpisodeSettings(
@@ -140,7 +140,7 @@ def test_episodes_end_at_the_context_and_no_recorded_id_lies_past_it(bundles: di
     report = verify_bundle(summary_path)
     assert report["rollouts"] == GROUPS * GROUP_SIZE
     # live replay sends every recorded exchange (the left-out turns' included) and matches
-    from kiln.rollout.replay_live import replay_bundle
+    from kiln.core.rollout.replay_live import replay_bundle
 
     replayed = asyncio.run(replay_bundle(summary_path, concurrency=2))
     assert replayed["environment_exchanges"] == report["environment_exchanges"]
@@ -175,7 +175,7 @@ def test_verify_catches_context_tampering(bundles: dict, tmp_path: Path) -> None
     group = next(g for g in replay["groups"] if any(c["termination"] == "context_exhausted" for c in g["candidates"]))
     candidate = next(c for c in group["candidates"] if c["termination"] == "context_exhausted")
     candidate["context"]["tokens"] += 1
-    from kiln.rollout.verify.checks import VerificationFailed
+    from kiln.core.rollout.verify.checks import VerificationFailed
 
     with pytest.raises(VerificationFailed) as caught:
         verify_bundle(write_bundle(tmp_path / "a", reseal(lines, replay, summary)))
@@ -202,7 +202,7 @@ async def test_a_run_warns_in_status_and_its_bundle_keeps_inside_the_context(
     """A real run (Temporal, SeaweedFS, workers) on the growing server: status counts the episodes
     that hit the context and warns; the published bundle verifies with no id past the context."""
     from api.runs import RunService
-    from kiln.contracts import parse_run_request
+    from kiln.core.contracts import parse_run_request
     from tests.integration.test_real_shape_run import _fetch
     from tests.support.kiln_workers import running_workers
     from tests.support.waiting import workflow_result

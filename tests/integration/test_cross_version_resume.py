@@ -18,9 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,9 +31,9 @@ import json, sys
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from kiln.contracts import TrainingConfig
-from kiln.errors import RunCancelled
-from kiln.train.trainer import train_grpo
+from kiln.core.contracts import TrainingConfig
+from kiln.core.errors import RunCancelled
+from kiln.core.train.trainer import train_grpo
 model, groups_file, out = sys.argv[1:4]
 calls = {"n": 0}
 def cancel_after_three():

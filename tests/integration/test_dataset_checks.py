@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from kiln.artifacts.store import S3Store
+from kiln.core.artifacts.store import S3Store
 from tests.integration.test_api_helpers import asgi_client
 
 ROLLOUT_LINE = json.dumps({"completions": [{

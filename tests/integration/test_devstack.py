@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.artifacts.store import S3Store
+from kiln.core.artifacts.store import S3Store
+from kiln.core.settings import Settings
 from kiln.devstack import (
     SEARCH_ATTRIBUTES,
     DevStackError,
@@ -27,7 +28,6 @@ from kiln.devstack.processes import (
     start_process,
     wait_until,
 )
-from kiln.settings import Settings
 from tests.support.stack import (
     assert_nothing_listening,
     pid_listening_sockets,
@@ -44,7 +44,6 @@ from temporalio.common import (  # noqa: E402
     SearchAttributePair,
     TypedSearchAttributes,
 )
-
 
 # --------------------------------------------------------------------------------- processes
 

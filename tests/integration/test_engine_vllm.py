@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from kiln.policy.engine_vllm import default_python
+from kiln.core.policy.engine_vllm import default_python
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,8 +50,8 @@ def vrt(model_dir: Path, tmp_path_factory):
     """A PolicyRuntime whose engine is a real vLLM server process."""
     import torch
 
-    from kiln.policy.engine_vllm import VllmConfig, VllmEngine
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine
+    from kiln.core.policy.runtime import PolicyRuntime
 
     torch.set_num_threads(1)
     rt = PolicyRuntime.load(model_dir)
@@ -94,7 +94,7 @@ def test_same_prompt_seed_and_adapter_give_the_same_ids_twice(vrt, adapter: Path
 def test_trainer_logprobs_of_the_returned_ids_match_vllms_within_tolerance(vrt, adapter: Path) -> None:
     """Base and adapter rows go to the engine in one call, so they are decoded in the same batches:
     the grouped LoRA products (``vllm_lora_cpu``) give each row its own adapter's, or none."""
-    from kiln.policy.engine import GenerationRequest
+    from kiln.core.policy.engine import GenerationRequest
 
     assert vrt.engine.lora_products == "grouped"  # as the server's /health reported it
     assert vrt.engine.reader_wait == "napping"  # vllm_cpu_wait is in place on the CPU build
@@ -174,7 +174,7 @@ def test_prompts_beyond_one_steps_token_budget_arrive_together_without_killing_t
     ("CPU Generator does not use offset"); the server turns chunking off on CPU."""
     import random
 
-    from kiln.policy.engine import GenerationRequest
+    from kiln.core.policy.engine import GenerationRequest
 
     restarts = vrt.engine.restarts
     rng = random.Random(5)
@@ -254,11 +254,11 @@ async def test_two_iterations_and_two_runs_at_once_on_one_vllm_engine_worker(
 
     from activities.gpu import GpuActivities, LockedPolicy
     from api.runs import RunService
-    from kiln.artifacts.store import S3Store
-    from kiln.canonical import canonical_json
-    from kiln.contracts import parse_run_request
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.rollout.verify.run import verify_run
+    from kiln.core.artifacts.store import S3Store
+    from kiln.core.canonical import canonical_json
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.rollout.verify.run import verify_run
     from tests.integration.test_real_shape_run import RUN
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import download_run

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.policy.engine_vllm import default_python
+from kiln.core.policy.engine_vllm import default_python
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,7 +44,7 @@ TORCHVISION = _engine_has_torchvision()
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from kiln.policy.qwen_vocab import build_qwen_tokenizer
+    from kiln.core.policy.qwen_vocab import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
 
@@ -71,7 +71,7 @@ def qwen35_dir(tmp_path_factory, tokenizer) -> Path:
 
 
 def _engine(model: Path, log: Path):
-    from kiln.policy.engine_vllm import VllmConfig, VllmEngine
+    from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine
 
     return VllmEngine(VllmConfig(model_path=model, python=default_python(), log_path=log, max_model_len=2048,
                                  cpu_kvcache_gb=1, max_num_seqs=64))
@@ -79,8 +79,8 @@ def _engine(model: Path, log: Path):
 
 @pytest.mark.timeout(900)  # pays for the module's model builds
 def test_moe_is_refused_when_the_engine_starts_naming_what_is_missing(moe_dir: Path, tmp_path: Path) -> None:
-    from kiln.errors import ModelUnsupported
-    from kiln.policy.vllm_server import FAULT_MARK, MOE_ON_CPU
+    from kiln.core.errors import ModelUnsupported
+    from kiln.core.policy.vllm_server import FAULT_MARK, MOE_ON_CPU
 
     engine = _engine(moe_dir, tmp_path / "engine.log")
     try:
@@ -101,8 +101,8 @@ async def _train_two_iterations(kiln_settings, env_url: str, model: Path, engine
 
     from activities.gpu import GpuActivities, LockedPolicy
     from api.runs import RunService
-    from kiln.contracts import parse_run_request
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.integration.test_real_shape_run import RUN
     from tests.support.kiln_workers import running_workers
     from tests.support.waiting import workflow_result
@@ -135,7 +135,7 @@ def _assert_on_policy(status: dict) -> None:  # as tests/integration/test_engine
 @pytest.mark.skipif(TORCHVISION, reason="the engine's venv has torchvision: the model is served (next test)")
 @pytest.mark.timeout(900)
 def test_qwen35_hub_checkpoint_is_refused_at_engine_start_naming_what_is_missing(qwen35_dir: Path, tmp_path) -> None:
-    from kiln.errors import ModelUnsupported
+    from kiln.core.errors import ModelUnsupported
 
     engine = _engine(qwen35_dir, tmp_path / "engine.log")
     try:
@@ -182,9 +182,9 @@ async def test_weights_that_cannot_load_end_the_run_on_its_first_attempt_with_en
 
     from activities.gpu import GpuActivities, LockedPolicy
     from api.runs import RunService
-    from kiln.contracts import parse_run_request
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.policy.vllm_server import FAULT_MARK
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.policy.vllm_server import FAULT_MARK
     from tests.support.kiln_workers import running_workers
     from tests.support.waiting import workflow_result
 

@@ -11,10 +11,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from api.app import create_app
-from kiln.errors import EnvironmentProtocolError, EnvironmentUnavailable, KilnError
-from kiln.openenv import EnvSession, inspect_environment, normalize_url, open_session_and_reset
-from kiln.rollout.episode import CandidateEpisode
-from kiln.settings import Settings
+from kiln.core.errors import EnvironmentProtocolError, EnvironmentUnavailable, KilnError
+from kiln.core.openenv import EnvSession, inspect_environment, normalize_url, open_session_and_reset
+from kiln.core.rollout.episode import CandidateEpisode
+from kiln.core.settings import Settings
 from tests.integration.test_api_helpers import asgi_client
 from tests.support.servers import serve_module
 from workflows.status import failure_from

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from api.runs import RunService
-from kiln.artifacts.store import S3Store
-from kiln.contracts import parse_run_request
-from kiln.evaluation.receipt import validate_receipt
-from kiln.evaluation.sign_test import exact_sign_test_p_value
-from kiln.artifacts.adapters import pointer_key
+from kiln.core.artifacts.adapters import pointer_key
+from kiln.core.artifacts.store import S3Store
+from kiln.core.contracts import parse_run_request
+from kiln.core.evaluation.receipt import validate_receipt
+from kiln.core.evaluation.sign_test import exact_sign_test_p_value
 from tests.support.kiln_workers import child_gpu_worker, running_workers, settings_for_tests
 from tests.support.waiting import workflow_result
 
@@ -86,7 +86,7 @@ def gate_runs(temporal_server: str, s3_server: dict[str, str], tiny_model_dir: P
 def _receipt(settings: Any, final: dict[str, Any]) -> dict[str, Any]:
     store = S3Store.from_settings(settings)
     entry = next(a for a in final["artifacts"] if a["name"] == "environment_eval/receipt.json")
-    from kiln.artifacts.store import ObjectRef
+    from kiln.core.artifacts.store import ObjectRef
 
     return json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
 
@@ -137,7 +137,7 @@ def test_gate_rejects_a_worse_adapter_and_does_not_promote(gate_runs: dict[str, 
     assert receipt["outcome"] == "rejected"
     # ECHO was on: the trainer's receipt shows the observation cross-entropy falling.
     store = S3Store.from_settings(settings)
-    from kiln.artifacts.store import ObjectRef
+    from kiln.core.artifacts.store import ObjectRef
 
     entry = next(a for a in final["artifacts"] if a["name"] == "train_receipt.json")
     train_receipt = json.loads(store.get_bytes(ObjectRef(uri=entry["uri"], sha256=entry["sha256"], bytes=entry["bytes"])))
@@ -174,7 +174,7 @@ async def test_post_eval_static_suite_owns_promotion(kiln_settings: Any, counter
     assert post["gate_outcome"] == "promoted"
     assert final["promoted"] is True
     report_entry = next(a for a in final["artifacts"] if a["name"] == "post_eval/report.json")
-    from kiln.artifacts.store import ObjectRef
+    from kiln.core.artifacts.store import ObjectRef
 
     store = S3Store.from_settings(settings)
     report = json.loads(store.get_bytes(ObjectRef(uri=report_entry["uri"], sha256=report_entry["sha256"], bytes=report_entry["bytes"])))
@@ -186,7 +186,7 @@ async def test_post_eval_static_suite_owns_promotion(kiln_settings: Any, counter
 
 
 def test_post_eval_and_environment_gate_cannot_both_own_promotion() -> None:
-    from kiln.errors import InvalidRequest
+    from kiln.core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="only one may own it"):
         parse_run_request(

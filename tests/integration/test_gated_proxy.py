@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from kiln.openenv.session import EnvSession
+from kiln.core.openenv.session import EnvSession
 from tests.support.gated_proxy import GatedProxy
 
 pytestmark = pytest.mark.asyncio

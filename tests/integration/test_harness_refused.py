@@ -10,8 +10,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kiln.errors import HarnessUnsupported
-from kiln.openenv.discovery import inspect_environment
+from kiln.core.errors import HarnessUnsupported
+from kiln.core.openenv.discovery import inspect_environment
 from tests.support.servers import serve_module
 
 

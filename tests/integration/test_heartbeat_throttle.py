@@ -20,7 +20,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.support.waiting import workflow_result
 from workers.factory import HEARTBEAT_THROTTLE, build_workers
 

@@ -40,9 +40,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from api.runs import RunService
-from kiln.artifacts.store import ObjectRef, S3Store
-from kiln.contracts import parse_run_request
-from kiln.run_plan import CHUNK_GROUPS
+from kiln.core.artifacts.store import ObjectRef, S3Store
+from kiln.core.contracts import parse_run_request
+from kiln.core.run_plan import CHUNK_GROUPS
 from tests.support.kiln_workers import running_workers
 from tests.support.scripted_gpu import scripted_gpu_factory
 from tests.support.scripted_policy import FixedActionPolicy
@@ -51,7 +51,7 @@ from workflows.names import CHUNK_WORKFLOW, WORKFLOW_NAME
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
-CHUNKS = 2  # full chunks of kiln.run_plan.CHUNK_GROUPS = 256 groups
+CHUNKS = 2  # full chunks of kiln.core.run_plan.CHUNK_GROUPS = 256 groups
 GROUPS, GROUP_SIZE = CHUNKS * CHUNK_GROUPS, 2
 MAX_GROUPS = 16_384  # the documented maximum of a run
 MAX_CHUNKS = MAX_GROUPS // CHUNK_GROUPS  # 64
@@ -200,7 +200,7 @@ async def test_history_and_payloads_stay_bounded_by_the_chunk(
     assert max(events.values()) < MAX_EVENTS
     assert max(largest.values()) < MAX_PAYLOAD_BYTES
     assert largest_event < MAX_PAYLOAD_BYTES  # the whole event (an upper bound of its payloads), too
-    # A chunk's history stays near its documented size (kiln.run_plan: ≈7 events per group),
+    # A chunk's history stays near its documented size (kiln.core.run_plan: ≈7 events per group),
     # whatever the run's size: every chunk here is a full one.
     chunk_events = [n for key, n in events.items() if key != run_key]
     assert len(chunk_events) == CHUNKS and max(chunk_events) <= 7 * CHUNK_GROUPS

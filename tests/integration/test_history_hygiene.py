@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tests.support.kiln_workers import running_workers
-from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
+from workflows.options import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 

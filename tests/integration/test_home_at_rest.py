@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.artifacts.store import S3Store
+from kiln.core.artifacts.store import S3Store
+from kiln.core.home import S3_CREDENTIALS_FILE, home_s3_key_pair, secure_home
+from kiln.core.settings import Settings
 from kiln.devstack import start_devstack
 from kiln.devstack.common import GRPC_OFFSET
 from kiln.devstack.processes import free_port_block
-from kiln.home import S3_CREDENTIALS_FILE, home_s3_key_pair, secure_home
-from kiln.settings import Settings
 
 OLD_DEFAULT_KEYS = ("kiln", "kiln-secret-key")  # what Kiln used to configure for every home
 OTHER_USER = "nobody"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from kiln.unfinished_thinking import FIX
+from kiln.core.unfinished_thinking import FIX
 from tests.support.hybrid_models import hybrid_model_dir
 from tests.support.kiln_workers import running_workers
 from tests.support.waiting import workflow_result

@@ -8,9 +8,16 @@ from typing import Any
 
 import pytest
 
-from kiln.artifacts.store import S3Store
-from kiln.telemetry.live import (
-    TrainStream, group_event, metrics_jsonl, progress_key, put_group, read_events, read_progress, train_key,
+from kiln.core.artifacts.store import S3Store
+from kiln.core.telemetry.live import (
+    TrainStream,
+    group_event,
+    metrics_jsonl,
+    progress_key,
+    put_group,
+    read_events,
+    read_progress,
+    train_key,
 )
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.tool_calls import TOOL_CALLS_VERSION
-from kiln.rollout.group import EpisodeSettings
-from kiln.rollout.verify import verify_bundle
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.openenv.tool_calls import TOOL_CALLS_VERSION
+from kiln.core.rollout.group import EpisodeSettings
+from kiln.core.rollout.verify import verify_bundle
 from tests.integration.test_openenv_wild import _collect
 from tests.support.servers import free_port, serve_app_process
 from tests.support.tool_servers import TOOL_SCHEMAS, call_is_valid
@@ -31,7 +31,7 @@ def _exchanges(files: dict[str, bytes]) -> list[dict]:
 
 
 def test_tool_calls_constrained_and_unconstrained_through_the_collector(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(tiny_model_dir)
     port = free_port()

@@ -20,14 +20,14 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from api.runs import RunService
-from kiln.contracts import parse_run_request
-from kiln.policy.identity import model_content_sha256
-from kiln.policy.runtime import PolicyRuntime
+from kiln.core.contracts import parse_run_request
+from kiln.core.policy.identity import model_content_sha256
+from kiln.core.policy.runtime import PolicyRuntime
+from tests.support.connection_counter import ConnectionCounter
 from tests.support.kiln_workers import running_workers
 from tests.support.models import shared_family_model
-from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
-from tests.support.connection_counter import ConnectionCounter
+from workflows.options import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,9 +25,9 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from api.runs import RunService
-from kiln.contracts import parse_run_request
-from kiln.policy.families import FAMILIES
-from kiln.rollout.verify import verify_bundle
+from kiln.core.contracts import parse_run_request
+from kiln.core.policy.families import FAMILIES
+from kiln.core.rollout.verify import verify_bundle
 from tests.integration.test_api_helpers import serve_api
 from tests.support.family_models import build_family_folder
 from tests.support.kiln_workers import running_workers

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.evaluation.sign_test import exact_sign_test_p_value
+from kiln.core.evaluation.sign_test import exact_sign_test_p_value
 from tests.support.background import LEARNING_EVALUATE_FROM, LEARNING_ITERATIONS, LEARNING_RANGES, BackgroundJobs
 from tests.support.online_loop import IterationFigures, figures_from_json
 

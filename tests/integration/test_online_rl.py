@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from api.runs import RunService
-from kiln.artifacts.store import S3Store
-from kiln.contracts import parse_run_request
-from kiln.evaluation.sign_test import exact_sign_test_p_value
-from kiln.rollout.verify import VerificationFailed
-from kiln.rollout.verify.run import verify_run
+from kiln.core.artifacts.store import S3Store
+from kiln.core.contracts import parse_run_request
+from kiln.core.evaluation.sign_test import exact_sign_test_p_value
+from kiln.core.rollout.verify import VerificationFailed
+from kiln.core.rollout.verify.run import verify_run
 from tests.support.counter_loop import ONE_PASS_TRAINING
 from tests.support.kiln_workers import child_gpu_worker, running_workers
 from tests.support.run_folders import artifact_bytes, download_run
@@ -75,7 +75,7 @@ def four_iteration_run(settings: dict[str, str], url: str) -> dict[str, Any]:
     second gpu worker in a child process (so an iteration's adapter is also fetched by the other
     worker): the run's final status. Runs in the session's ``background`` child
     (``tests/support/background.py``); ``settings`` are ``Settings`` fields as strings."""
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     config = Settings(**settings)
     request = parse_run_request({**ONLINE_RUN, "environment_urls": [url]})
@@ -92,8 +92,7 @@ def four_iteration_run(settings: dict[str, str], url: str) -> dict[str, Any]:
 @pytest.mark.background("four_iteration_run")
 @pytest.mark.timeout(900)
 async def test_four_iterations_learn_on_policy(background_jobs: Any, tmp_path: Path) -> None:
-    from kiln.settings import Settings
-
+    from kiln.core.settings import Settings
     from tests.support.background import four_iteration_settings
 
     final = await asyncio.to_thread(background_jobs.result, "four_iteration_run", 880)
@@ -199,9 +198,9 @@ async def test_stale_overlap_across_continue_as_new(
     trains with truncated IS. With a history budget of 1 event the run also continues as new after
     every iteration (carrying status, adapter, optimizer state, chain and the next iteration's
     already-collected groups): it ends as one completed run with all three iterations."""
-    import kiln.run_plan
+    import kiln.core.run_plan
 
-    monkeypatch.setattr(kiln.run_plan, "HISTORY_EVENTS_BUDGET", 1)
+    monkeypatch.setattr(kiln.core.run_plan, "HISTORY_EVENTS_BUDGET", 1)
     settings = kiln_settings()
     request = parse_run_request({**STALE_RUN, "groups": 2, "environment_urls": [counter_env_url]})
     async with running_workers(settings) as client:

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from kiln.canonical import canonical_json, sha256_bytes
-from kiln.errors import EnvironmentCapacityExhausted, RunCancelled
-from kiln.openenv.capacity import CAPACITY, EnvironmentAtCapacity
-from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.session import open_session_and_reset
-from kiln.openenv.urls import normalize_url
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.canonical import canonical_json, sha256_bytes
+from kiln.core.errors import EnvironmentCapacityExhausted, RunCancelled
+from kiln.core.openenv.capacity import CAPACITY, EnvironmentAtCapacity
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.openenv.session import open_session_and_reset
+from kiln.core.openenv.urls import normalize_url
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from tests.support.servers import example_env_argv, free_port, serve_app_process
 from tests.unit.test_verify_support import _collect
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _bundle(port: int, sessions: int, model_dir: Path) -> dict[str, bytes]:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     settings = EpisodeSettings(group_size=4, max_steps=3, max_action_tokens=48)  # default concurrency
     argv = example_env_argv("counter", port, max_concurrent_envs=sessions)

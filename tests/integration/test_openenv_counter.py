@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from kiln.canonical import digest_json
-from kiln.errors import EnvironmentCapacityExhausted, EnvironmentProtocolError, EnvironmentUnavailable
-from kiln.openenv import (
+from kiln.core.canonical import digest_json
+from kiln.core.errors import EnvironmentCapacityExhausted, EnvironmentProtocolError, EnvironmentUnavailable
+from kiln.core.openenv import (
     ActionValidator,
     EnvSession,
     identity_differences,
@@ -213,7 +213,7 @@ async def test_unreachable_server_names_route_and_reason():
 
 
 async def test_counter_has_no_task_provider(counter_url):
-    from kiln.openenv.tasks import task_catalog
+    from kiln.core.openenv.tasks import task_catalog
 
     catalog = await task_catalog(counter_url)
     assert catalog == {"environment_name": "counter", "task_api": "unsupported", "splits": [], "tasks": []}

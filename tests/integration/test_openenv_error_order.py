@@ -19,11 +19,11 @@ from typing import Iterator
 import pytest
 from websockets.asyncio.client import connect
 
-from kiln.canonical import canonical_json
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.canonical import canonical_json
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from tests.support.error_env import JAM_MESSAGE
 from tests.support.scripted_policy import ScriptedPolicy
 from tests.support.servers import serve_module

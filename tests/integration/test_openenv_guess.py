@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kiln.openenv import inspect_environment, normalize_url, open_session_and_reset
+from kiln.core.openenv import inspect_environment, normalize_url, open_session_and_reset
 from tests.support.servers import serve_example_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,9 +94,9 @@ def test_kiln_collects_and_trains_on_guess(guess_url, tiny_model_dir, tmp_path):
     one epoch on the groups: the receipt's token counts are the collected pieces', and the drift
     KL is positive (the policy moved)."""
     torch = pytest.importorskip("torch")
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.train.trainer import train_grpo
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.train.trainer import train_grpo
     from tests.support.counter_loop import collect
 
     torch.set_num_threads(1)

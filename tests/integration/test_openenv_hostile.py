@@ -8,14 +8,14 @@ import time
 import httpx
 import pytest
 
-from kiln.errors import (
+from kiln.core.errors import (
     EnvironmentCapacityExhausted,
     EnvironmentProtocolError,
     EnvironmentUnavailable,
     InvalidActionSchema,
     KilnError,
 )
-from kiln.openenv import EnvSession, inspect_environment, normalize_url, open_session_and_reset
+from kiln.core.openenv import EnvSession, inspect_environment, normalize_url, open_session_and_reset
 from tests.support.servers import serve_module
 
 TOKEN = "kiln-test-SECRET-9f8e7d6c5b4a"

@@ -3,9 +3,9 @@ no Task API, no reset_observation, observation metadata dropped."""
 
 import pytest
 
-from kiln.errors import EnvironmentCapacityExhausted
-from kiln.openenv import inspect_environment, normalize_url, open_session_and_reset
-from kiln.openenv.tasks import task_catalog
+from kiln.core.errors import EnvironmentCapacityExhausted
+from kiln.core.openenv import inspect_environment, normalize_url, open_session_and_reset
+from kiln.core.openenv.tasks import task_catalog
 from tests.support.servers import serve_module
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kiln.errors import EnvironmentUnavailable, InvalidRequest
-from kiln.openenv import inspect_environment, normalize_url, open_session_and_reset
-from kiln.openenv.tasks import TaskClient, task_catalog
-from kiln.openenv.httpio import make_client
+from kiln.core.errors import EnvironmentUnavailable, InvalidRequest
+from kiln.core.openenv import inspect_environment, normalize_url, open_session_and_reset
+from kiln.core.openenv.httpio import make_client
+from kiln.core.openenv.tasks import TaskClient, task_catalog
 from tests.support.servers import serve_module
 
 

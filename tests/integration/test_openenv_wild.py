@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from kiln.canonical import canonical_json
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.errors import CollectionFailed
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.rollout.replay_live import replay_bundle
-from kiln.rollout.verify import verify_bundle
+from kiln.core.canonical import canonical_json
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.errors import CollectionFailed
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.rollout.replay_live import replay_bundle
+from kiln.core.rollout.verify import verify_bundle
 from tests.support.servers import free_port, serve_app_process
 from tests.unit.test_verify_support import spec_for, write_bundle
 
@@ -52,7 +52,7 @@ async def _collect(url: str, runtime, settings: EpisodeSettings, *, groups: int 
 
 
 def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(tiny_model_dir)
     port = free_port()
@@ -85,7 +85,7 @@ def test_seed_ignoring_reset_strict_names_fields_warn_proceeds(tiny_model_dir: P
 def test_truncated_actions_get_their_own_code_and_count(tiny_model_dir: Path, counter_env_url: str, tmp_path: Path) -> None:
     """An answer cut at max_action_tokens is MODEL_ACTION_TRUNCATED (not INVALID_MODEL_ACTION),
     counted in the summary stats, and the bundle verifies."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.unit.test_verify_support import _collect as collect_counter
 
     settings = EpisodeSettings(group_size=4, max_steps=2, max_action_tokens=3, thinking=False)
@@ -110,8 +110,8 @@ def test_mcp_tools_reach_the_prompt_and_the_identity(tiny_model_dir: Path, tmp_p
     from typer.testing import CliRunner
 
     from kiln.cli.app import app
-    from kiln.openenv.discovery import identity_differences
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.openenv.discovery import identity_differences
+    from kiln.core.policy.runtime import PolicyRuntime
 
     port = free_port()
     base = ["--tool-variant"]
@@ -146,11 +146,11 @@ async def test_warn_mode_goes_through_the_paired_gate(kiln_settings, tmp_path: P
     from typer.testing import CliRunner
 
     from api.runs import RunService
-    from kiln.artifacts.store import S3Store
     from kiln.cli.app import app as cli_app
-    from kiln.contracts import parse_run_request
-    from kiln.evaluation.receipt import validate_receipt
-    from kiln.rollout.verify.run import verify_run
+    from kiln.core.artifacts.store import S3Store
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.evaluation.receipt import validate_receipt
+    from kiln.core.rollout.verify.run import verify_run
     from tests.support.counter_loop import ONE_PASS_TRAINING
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import artifact_bytes, download_run
@@ -199,8 +199,8 @@ def test_replay_ignore_leaves_out_a_wall_clock_step_field(tiny_model_dir: Path, 
     """A step observation with a wall-clock ``metadata.execution_time``: replay drifts on it unless
     the run named it in ``replay_ignore``, which the summary records, so replay (told nothing)
     leaves it out and lists it."""
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.rollout.replay_live import ReplayDrift
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.rollout.replay_live import ReplayDrift
 
     runtime = PolicyRuntime.load(tiny_model_dir)
     field = "result.observation.metadata.execution_time"

@@ -12,10 +12,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.group import EpisodeSettings
-from kiln.rollout.replay_live import replay_bundle
-from kiln.rollout.verify import verify_bundle
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.group import EpisodeSettings
+from kiln.core.rollout.replay_live import replay_bundle
+from kiln.core.rollout.verify import verify_bundle
 from tests.support.servers import example_env_argv, serve_app_process
 from tests.unit.test_verify_support import _collect, write_bundle
 
@@ -34,7 +34,7 @@ def _status(url: str, method: str, path: str) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_production_mode_server_inspects_collects_verifies_and_replays(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(tiny_model_dir)
     argv = lambda port: example_env_argv("counter", port, max_concurrent_envs=4)  # noqa: E731

@@ -18,13 +18,13 @@ import boto3
 import pytest
 
 from api.runs import RunService
-from kiln.contracts import parse_run_request
-from kiln.rollout.replay_live import replay_bundle
-from kiln.rollout.verify import verify_bundle
+from kiln.core.contracts import parse_run_request
+from kiln.core.rollout.replay_live import replay_bundle
+from kiln.core.rollout.verify import verify_bundle
 from tests.support.kiln_workers import running_workers
 from tests.support.models import shared_random_qwen
-from tests.unit.test_verify_support import write_bundle
 from tests.support.waiting import workflow_result
+from tests.unit.test_verify_support import write_bundle
 
 pytestmark = pytest.mark.asyncio
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kiln.rollout.group import EpisodeSettings
-from kiln.rollout.replay_drift import ReplayDrift
-from kiln.rollout.replay_live import replay_bundle
+from kiln.core.rollout.group import EpisodeSettings
+from kiln.core.rollout.replay_drift import ReplayDrift
+from kiln.core.rollout.replay_live import replay_bundle
 from tests.support.servers import serve_module
 from tests.unit.test_verify_support import _collect, parse, write_bundle
 
@@ -41,7 +41,7 @@ def _nonce_at(exchange: dict) -> str:
 
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> Any:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     return PolicyRuntime.load(tiny_model_dir)
 
@@ -131,7 +131,7 @@ async def test_a_train_runs_bundle_replays_after_the_fact(
     """A train run (Temporal, SeaweedFS, workers) on the volatile server sealed no ignore: its
     published bundle drifts in the nonces, and replays after the fact with one --ignore wildcard."""
     from api.runs import RunService
-    from kiln.contracts import parse_run_request
+    from kiln.core.contracts import parse_run_request
     from tests.integration.test_real_shape_run import _fetch
     from tests.support.kiln_workers import running_workers
     from tests.support.waiting import workflow_result

@@ -16,9 +16,9 @@ from typing import Iterator
 
 import pytest
 
-from kiln.errors import EnvironmentIdentityChanged
-from kiln.rollout.replay_live import REPLAY_RUN_SCHEMA, ReplayDrift, replay_bundle
-from kiln.rollout.verify import VerificationFailed, verify_bundle
+from kiln.core.errors import EnvironmentIdentityChanged
+from kiln.core.rollout.replay_live import REPLAY_RUN_SCHEMA, ReplayDrift, replay_bundle
+from kiln.core.rollout.verify import VerificationFailed, verify_bundle
 from tests.support.servers import example_env_argv, free_port, serve_app_process
 from tests.unit.test_verify_support import collect_bundle, parse, reseal, write_bundle
 

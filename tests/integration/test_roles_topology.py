@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.rollout.verify.run import verify_run
-from kiln.settings import Settings
+from kiln.core.rollout.verify.run import verify_run
+from kiln.core.settings import Settings
 from tests.support.run_folders import download_run
 from tests.support.stack import assert_nothing_listening
 from tests.support.topology import Topology

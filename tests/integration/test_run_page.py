@@ -10,10 +10,9 @@ screenshot in docs/operations.md), otherwise it goes to the test's temporary fol
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +91,8 @@ async def _wait(http: Any, run_id: str, states: tuple[str, ...], timeout_s: floa
 async def test_run_pages_in_a_real_browser(kiln_settings: Any, counter_env_url: str, tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian chromium is missing: run scripts/setup.sh as root (apt-get install chromium)")
-    from playwright.async_api import async_playwright
-
     import httpx
+    from playwright.async_api import async_playwright
 
     settings = kiln_settings(api_token=TOKEN)
     hole = BlackHole()

@@ -18,7 +18,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from api.runs import RunService
-from kiln.contracts import parse_run_request
+from kiln.core.contracts import parse_run_request
 from tests.support.kiln_workers import running_workers
 from tests.support.scripted_gpu import scripted_gpu_factory
 from tests.support.scripted_policy import FixedActionPolicy

@@ -11,8 +11,8 @@ from temporalio.client import WorkflowFailureError
 
 from tests.integration.test_api_helpers import TINY_ROLLOUT, BlackHole
 from tests.support.kiln_workers import running_workers
-from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
+from workflows.options import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 

@@ -11,7 +11,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from api.runs import RunService
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from workflows.names import WORKFLOW_NAME
 
 

@@ -17,16 +17,16 @@ from temporalio.client import WorkflowFailureError
 
 from activities.control import ControlActivities
 from api.runs import RunService
-from kiln.artifacts.adapters import pointer_key
-from kiln.artifacts.manifest import manifest_key
-from kiln.artifacts.store import S3Store
-from kiln.contracts import parse_run_request
-from kiln.records import RevalidationInput
+from kiln.core.artifacts.adapters import pointer_key
+from kiln.core.artifacts.manifest import manifest_key
+from kiln.core.artifacts.store import S3Store
+from kiln.core.contracts import parse_run_request
+from kiln.core.records import RevalidationInput
+from tests.support.connection_counter import ConnectionCounter
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import example_env_argv, free_port, serve_app_process
-from workflows.options import WORKFLOW_NAME
 from tests.support.waiting import workflow_result
-from tests.support.connection_counter import ConnectionCounter
+from workflows.options import WORKFLOW_NAME
 
 pytestmark = pytest.mark.asyncio
 
@@ -221,7 +221,7 @@ async def test_invalid_request_rejected_at_admission_without_contact(kiln_settin
     assert "group_size" in status["failure"]["message"]
     assert listener.accepted == 0
     # The API rejects the same request before any workflow starts, with the same code.
-    from kiln.errors import InvalidRequest
+    from kiln.core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest) as api_error:
         parse_run_request(bad)
@@ -321,7 +321,7 @@ async def test_over_budget_run_publishes_nothing(kiln_settings: Any, counter_env
     assert "4096" in status["failure"]["message"]
     store = S3Store.from_settings(settings)
     assert not store.exists(manifest_key(run_id))
-    from kiln.artifacts.adapters import pointer_key
+    from kiln.core.artifacts.adapters import pointer_key
 
     assert store.get_key(pointer_key(adapter)) is None
     assert status["manifest"] is None and status["artifacts"] == []
@@ -354,7 +354,7 @@ async def test_constrained_actions_run_never_emits_invalid_actions(kiln_settings
 
 async def test_portfolio_round_robin_with_per_environment_reset_options(kiln_settings: Any) -> None:
     """Two environments, whole groups round-robin, per-URL reset templates, seed inserted."""
-    from kiln.canonical import digest_json
+    from kiln.core.canonical import digest_json
     from tests.support.servers import serve_example_env
 
     settings = kiln_settings()

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from kiln.search_attributes import SEARCH_ATTRIBUTES
-from kiln.settings import Settings
+from kiln.core.search_attributes import SEARCH_ATTRIBUTES
+from kiln.core.settings import Settings
 from tests.support.stack import assert_nothing_listening
 from tests.support.topology import Topology
 from workers.client import connect_client

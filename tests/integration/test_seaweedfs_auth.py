@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from kiln.artifacts.store import S3Store
+from kiln.core.artifacts.store import S3Store
 from tests.support.stack import start_test_seaweedfs
 
 BUCKET = "kiln-auth"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.artifacts.outage import OUTAGE_WAIT_S, probe, ride_out
-from kiln.artifacts.store import S3Store
-from kiln.errors import StorageUnavailable
-from kiln.settings import Settings
+from kiln.core.artifacts.outage import OUTAGE_WAIT_S, probe, ride_out
+from kiln.core.artifacts.store import S3Store
+from kiln.core.errors import StorageUnavailable
+from kiln.core.settings import Settings
 from tests.support.stack import start_test_seaweedfs
 
 BUCKET = "kiln-outage"

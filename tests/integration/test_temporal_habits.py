@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from kiln.client import Client, RunNotCancellable, RunUnclaimed
-from kiln.search_attributes import ENVIRONMENT
+from kiln.core.search_attributes import ENVIRONMENT
 from tests.integration.test_api_helpers import TINY_ROLLOUT, serve_api
 from tests.support.kiln_workers import running_workers
 from workflows.names import KILN_ENVIRONMENT, WORKFLOW_NAME

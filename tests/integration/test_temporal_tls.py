@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
-from kiln.errors import TemporalConfigInvalid, TemporalUnavailable  # noqa: E402
-from kiln.settings import Settings  # noqa: E402
+from kiln.core.errors import TemporalConfigInvalid, TemporalUnavailable  # noqa: E402
+from kiln.core.settings import Settings  # noqa: E402
 from workers.client import connect_client, connect_with_retry, temporal_tls  # noqa: E402
 
 

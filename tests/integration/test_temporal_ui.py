@@ -15,12 +15,12 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from api.runs import RunService
-from kiln.contracts import parse_run_request
+from kiln.core.contracts import parse_run_request
 from tests.integration.test_api_helpers import unreachable_url
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import free_port, stop_process
-from tests.support.watching import parse_scrape
 from tests.support.waiting import workflow_result
+from tests.support.watching import parse_scrape
 
 pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kiln.openenv.discovery import inspect_environment
-from kiln.policy.runtime import PolicyRuntime
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.policy.runtime import PolicyRuntime
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ FAMILY_RUNS = [
 def test_template_families_roll_out_with_aligned_tokens(
     family: str, thinking: bool, constrained: bool, counter_env_url: str, tmp_path_factory
 ) -> None:
-    from kiln.openenv.schema import policy_action_schema
+    from kiln.core.openenv.schema import policy_action_schema
     from tests.support.models import shared_family_model
 
     runtime = PolicyRuntime.load(shared_family_model(family, tmp_path_factory), device="cpu")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kiln.contracts import TrainingConfig
+from kiln.core.contracts import TrainingConfig
 from tests.support.counter_loop import ONE_PASS_TRAINING, Outcome, collect, train_and_play
 
 torch = pytest.importorskip("torch")
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> Any:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     torch.set_num_threads(1)
     return PolicyRuntime.load(tiny_model_dir)
@@ -29,8 +29,8 @@ def runtime(tiny_model_dir: Path) -> Any:
 
 @pytest.mark.timeout(300)
 def test_first_step_ratio_is_one_at_the_sampling_temperature(runtime, tiny_model_dir, counter_env_url, tmp_path):
-    from kiln.train.selection import select_groups
-    from kiln.train.trainer import train_grpo
+    from kiln.core.train.selection import select_groups
+    from kiln.core.train.trainer import train_grpo
 
     documents = collect(runtime, counter_env_url, [300, 301, 302, 303], group_size=3, temperature=0.7)
     lines = [d["line"] for d in documents]
@@ -64,8 +64,8 @@ def echo_comparison(url: str, model_path: str, work: str) -> dict[str, Any]:
     figures as JSON. Runs in the session's ``background`` child (``tests/support/background.py``)."""
     from dataclasses import asdict
 
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.train.world_model import world_model_comparison
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.train.world_model import world_model_comparison
 
     runtime, model_dir, work_dir = PolicyRuntime.load(Path(model_path)), Path(model_path), Path(work)
     train_lines = [d["line"] for d in collect(runtime, url, list(range(8)), group_size=4)]

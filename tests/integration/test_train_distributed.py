@@ -1,4 +1,4 @@
-"""A training across ranks (kiln.train.launch + kiln.train.distributed): real spawned processes,
+"""A training across ranks (kiln.core.train.launch + kiln.core.train.distributed): real spawned processes,
 torch.distributed over gloo on the CPU, FSDP2 over the base model.
 
 - 2 ranks vs 1 on the same global batch: the adapter tensors, the loss curve and the gradient
@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import TrainingRankFailed  # noqa: E402
-from kiln.train.launch import Launch, launch_for, train_across  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import TrainingRankFailed  # noqa: E402
+from kiln.core.train.launch import Launch, launch_for, train_across  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 
 TWO = Launch(devices=("cpu", "cpu"), collective_timeout_s=60.0)
@@ -202,7 +202,7 @@ def test_train_devices_setting_resolves_to_ranks():
     launch = launch_for("3", "cpu", collective_timeout_s=42.0)
     assert launch is not None and launch.devices == ("cpu", "cpu", "cpu") and launch.backend == "gloo"
     assert launch.world_size == 3 and launch.collective_timeout_s == 42.0
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     assert Settings().train_devices == "1"
     assert Settings(train_devices="auto").train_devices == "auto"

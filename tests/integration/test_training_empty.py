@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from kiln.artifacts.group_sets import group_set
-from kiln.artifacts.selections import full_selection
-from kiln.artifacts.store import S3Store
-from kiln.canonical import canonical_json, sha256_bytes
-from kiln.errors import TrainingFailed
-from kiln.records import StoredObject, TrainInput
-from kiln.stages.training import train
+from kiln.core.artifacts.group_sets import group_set
+from kiln.core.artifacts.selections import full_selection
+from kiln.core.artifacts.store import S3Store
+from kiln.core.canonical import canonical_json, sha256_bytes
+from kiln.core.errors import TrainingFailed
+from kiln.core.records import StoredObject, TrainInput
+from kiln.core.stages.training import train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,10 +73,10 @@ async def test_a_train_run_failing_zero_groups_keeps_its_collected_episodes(
     from typer.testing import CliRunner
 
     from api.runs import RunService
-    from kiln.artifacts.adapters import pointer_key
     from kiln.cli.app import app as cli_app
-    from kiln.contracts import parse_run_request
-    from kiln.rollout.verify.run import verify_run
+    from kiln.core.artifacts.adapters import pointer_key
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.rollout.verify.run import verify_run
     from tests.support.counter_loop import ONE_PASS_TRAINING
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import download_run

@@ -11,15 +11,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.artifacts.adapters import adapter_ref_from_files  # noqa: E402
-from kiln.artifacts.group_sets import group_set  # noqa: E402
-from kiln.artifacts.store import S3Store  # noqa: E402
-from kiln.canonical import canonical_json  # noqa: E402
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import TrainingFailed  # noqa: E402
-from kiln.policy.identity import model_content_sha256  # noqa: E402
-from kiln.records import AdapterRef, StoredObject, TrainInput, TrainResult  # noqa: E402
-from kiln.stages.training import train  # noqa: E402
+from kiln.core.artifacts.adapters import adapter_ref_from_files  # noqa: E402
+from kiln.core.artifacts.group_sets import group_set  # noqa: E402
+from kiln.core.artifacts.store import S3Store  # noqa: E402
+from kiln.core.canonical import canonical_json  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import TrainingFailed  # noqa: E402
+from kiln.core.policy.identity import model_content_sha256  # noqa: E402
+from kiln.core.records import AdapterRef, StoredObject, TrainInput, TrainResult  # noqa: E402
+from kiln.core.stages.training import train  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -102,9 +102,9 @@ def test_stale_behaviour_logprobs_reproduce_the_samplers(tiny_model_dir: Path, c
     """Groups sampled by adapter A (T=0.7, unconstrained) on the counter environment, trained stale
     from adapter B: the behaviour log-probs the trainer scores with A equal the sampler's recorded
     ones on every action token."""
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.train.batches import collate
-    from kiln.train.trainer import prepare_training
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.train.batches import collate
+    from kiln.core.train.trainer import prepare_training
     from tests.support.counter_loop import collect
     from tests.support.models import make_lora_adapter
 
@@ -121,9 +121,8 @@ def test_stale_behaviour_logprobs_reproduce_the_samplers(tiny_model_dir: Path, c
                                   base_adapter_dir=start, expected_behavior_policy=identity,
                                   behavior_adapter_dir=sampler, staleness=1)
     assert plan.settings.temperature == 0.7 and len(plan.kept) >= 2
-    from kiln.train.batches import group_rows
-
-    from kiln.train.step import batch_logprobs
+    from kiln.core.train.batches import group_rows
+    from kiln.core.train.step import batch_logprobs
 
     checked, start_deviation = 0, 0.0
     for index, (group, rows) in enumerate(zip(plan.kept, loop.rows)):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 from tests.integration.test_api_helpers import asgi_client
 from tests.support.watching import metered_workers, parse_scrape, scrape_url, total, value
 

@@ -15,10 +15,10 @@ import pytest
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 
+from kiln.core.errors import TemporalUnavailable
+from kiln.core.search_attributes import SEARCH_ATTRIBUTES
+from kiln.core.settings import Settings
 from kiln.devstack.processes import free_port_block, start_process, wait_until
-from kiln.errors import TemporalUnavailable
-from kiln.search_attributes import SEARCH_ATTRIBUTES
-from kiln.settings import Settings
 from tests.support.topology import REPO_ROOT, child_env, start_bare_temporal
 from workers.client import connect_client, connect_with_retry
 from workers.search_attributes import ensure_search_attributes

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 
 DEMO_SETTINGS = {"max_steps": 6, "max_action_tokens": 48}
 
@@ -29,8 +29,8 @@ class Outcome:
 async def _collect_async(runtime: Any, url: str, seeds: list[int], group_size: int,
                          adapter_dir: Path | None, settings: dict[str, Any],
                          concurrency: int | None = None) -> list[dict[str, Any]]:
-    from kiln.policy.identity import with_inference
-    from kiln.settings import Settings
+    from kiln.core.policy.identity import with_inference
+    from kiln.core.settings import Settings
 
     inspection = await inspect_environment(url)
     episode = EpisodeSettings(group_size=group_size, **{**DEMO_SETTINGS, **settings})
@@ -84,7 +84,7 @@ def train_and_play(runtime: Any, url: str, model_path: Path, lines: list[dict[st
     folder, the held-out ``Outcome`` (as a dict) and the trainer receipt's ``echo`` block."""
     from dataclasses import asdict
 
-    from kiln.train.trainer import train_grpo
+    from kiln.core.train.trainer import train_grpo
 
     trained = train_grpo(model_path=model_path, groups=lines, config=config, output_dir=output_dir)
     documents = collect(runtime, url, seeds, group_size=group_size, adapter_dir=trained.adapter_dir)

@@ -2,12 +2,12 @@
 logits (a model that knows nothing), temperature 1, thinking off.
 
 Each step draws standard-normal logits for every row, masks them with the real
-:func:`kiln.policy.constrained.allowed_tokens` (the same call the sampler makes), and samples from
+:func:`kiln.core.policy.constrained.allowed_tokens` (the same call the sampler makes), and samples from
 the masked softmax, until the stop token or ``max_new_tokens``. Everything the grammar allows gets
 a fair chance, so long strings, many digits and full objects are reached far more often than a
 trained model would: the worst case the bounds must hold against. The answers then go through
-Kiln's own :func:`kiln.rollout.exchange.judge_answer` (bounded parser + local validation) and
-:func:`kiln.rollout.exchange.truncation_outcome`.
+Kiln's own :func:`kiln.core.rollout.exchange.judge_answer` (bounded parser + local validation) and
+:func:`kiln.core.rollout.exchange.truncation_outcome`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ _TOKENIZERS: dict[str, Any] = {}
 def random_policy_tokenizer(tmp_dir: Path):
     """The tiny model's tokenizer (trained in-process; no model weights), cached per process."""
     if "tok" not in _TOKENIZERS:
-        from kiln.policy import tiny
-        from kiln.policy.tokenizer import train_and_save
+        from kiln.core.policy import tiny
+        from kiln.core.policy.tokenizer import train_and_save
 
         _TOKENIZERS["tok"] = train_and_save(
             tiny._tokenizer_corpus(random.Random(tiny.SEED)), Path(tmp_dir), tiny.VOCAB_SIZE
@@ -45,8 +45,8 @@ class Outcomes:
 
 
 def grammar_cache(tokenizer):
-    from kiln.policy.chat_template import IM_END
-    from kiln.policy.constrained import ActionGrammarCache
+    from kiln.core.policy.chat_template import IM_END
+    from kiln.core.policy.constrained import ActionGrammarCache
 
     return ActionGrammarCache(
         tokenizer,
@@ -62,10 +62,10 @@ def sample_random_actions(
     """``n`` answers of the random policy under the grammar of ``shown_schema``, judged by Kiln."""
     import torch
 
-    from kiln.policy.constrained import allowed_tokens
+    from kiln.core.policy.constrained import allowed_tokens
 
     torch.set_num_threads(1)  # tiny tensors: threads only contend
-    from kiln.rollout.exchange import judge_answer, truncation_outcome
+    from kiln.core.rollout.exchange import judge_answer, truncation_outcome
 
     grammar = cache.get(shown_schema)
     vocab = grammar.vocab_size

@@ -8,7 +8,7 @@
 - :func:`build_qwen3_moe_model`: a ``Qwen3MoeForCausalLM`` with a few small experts, and
   :func:`build_qwen3_dense_model`, a ``Qwen3ForCausalLM`` of the same small sizes.
 
-Both carry Kiln's Qwen tokenizer and template (:func:`kiln.policy.qwen_vocab.build_qwen_tokenizer`,
+Both carry Kiln's Qwen tokenizer and template (:func:`kiln.core.policy.qwen_vocab.build_qwen_tokenizer`,
 vocabulary 151,936) and weights of ``initializer_range`` 0.2, so sampling is not near-uniform.
 Head sizes are ones vLLM's CPU attention accepts (128). ``kiln model random --shape`` builds the
 real shapes; these builders stay small on purpose.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.policy.qwen_vocab import QWEN3_VOCAB_SIZE
+from kiln.core.policy.qwen_vocab import QWEN3_VOCAB_SIZE
 
 _SPECIAL_IDS = {"bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643}
 # Qwen3's vision token ids in its tokenizer (the hub's Qwen3.5 ids are those of its larger vocabulary)
@@ -28,14 +28,14 @@ _VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656,
 
 
 # Text-stack sizes of a Qwen3.5 checkpoint for the benchmark, read from the product's one shape
-# table (``kiln model random --shape``, kiln/policy/random_model.py); its vocabulary of 248,320
+# table (``kiln model random --shape``, kiln/core/policy/random_model.py); its vocabulary of 248,320
 # rows is kept, Kiln's Qwen tokenizer fills the first 151,669.
 _SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "linear_num_key_heads", "linear_num_value_heads")
 
 
 def _real_text_sizes(name: str) -> dict[str, Any]:
-    from kiln.policy.random_model import SHAPES
+    from kiln.core.policy.random_model import SHAPES
 
     text = SHAPES[name].text or {}
     return {**{key: text[key] for key in _SHAPE_KEYS}, "initializer_range": 0.02}
@@ -72,7 +72,7 @@ def _save(model: Any, out_dir: Path, tokenizer: Any) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = tokenizer
     if tok is None:
-        from kiln.policy.qwen_vocab import build_qwen_tokenizer
+        from kiln.core.policy.qwen_vocab import build_qwen_tokenizer
 
         tok = build_qwen_tokenizer()
     tok.save_pretrained(str(out_dir))
@@ -89,7 +89,7 @@ def build_qwen35_hub_model(out_dir: Path, *, hidden_size: int = 256, groups: int
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from kiln.policy.device import TORCH_DTYPES
+    from kiln.core.policy.device import TORCH_DTYPES
 
     config = qwen35_hub_config(hidden_size=hidden_size, groups=groups, shape=shape)
     previous = torch.get_default_dtype()

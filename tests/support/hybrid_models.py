@@ -6,7 +6,7 @@ qwen3_next, Mamba beside attention for granitemoehybrid, short ``conv`` layers f
 experts for qwen3_moe, sliding-window attention with sinks and experts for gpt_oss), a tiny
 hidden size and the tiny model's vocabulary (1024), and seeds the random init. :func:`hybrid_model` returns the model in memory (sampler tests);
 :func:`hybrid_model_dir` saves it beside a copy of the tiny model's tokenizer and chat template
-(a folder :class:`kiln.policy.runtime.PolicyRuntime` loads). :func:`reference_decode` is the
+(a folder :class:`kiln.core.policy.runtime.PolicyRuntime` loads). :func:`reference_decode` is the
 brute-force batch-of-one decode the tiled sampler is checked against: transformers' own
 ``DynamicCache`` and the model's own attention, one row, one token per forward.
 """
@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-VOCAB = 1024  # the tiny model's tokenizer (kiln.policy.tiny.VOCAB_SIZE)
+VOCAB = 1024  # the tiny model's tokenizer (kiln.core.policy.tiny.VOCAB_SIZE)
 
 FAMILIES = ("qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2", "qwen3_moe", "gpt_oss")
 HYBRID = ("qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2")

@@ -36,7 +36,7 @@ def settings_for_tests(temporal_server: str, s3_server: dict[str, str], model_pa
                        **overrides: object) -> Any:
     """Settings pointing at the session's servers, with task queues of their own; ``overrides``
     (any setting, ``model_path`` and ``home`` included) win."""
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     suffix = uuid.uuid4().hex[:8]
     values: dict[str, object] = {
@@ -80,7 +80,7 @@ def serve_gpu_worker(settings: dict[str, str]) -> None:
     import asyncio
     import os
 
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     parent = os.getppid()
 

@@ -22,7 +22,7 @@ def shared_tiny_model(tmp_path_factory) -> Path:
     """The process-wide tiny model directory (built on first use)."""
     global _BUILT
     if _BUILT is None or not (_BUILT / "config.json").is_file():
-        from kiln.policy.tiny import build_tiny_model
+        from kiln.core.policy.tiny import build_tiny_model
 
         _BUILT = build_tiny_model(Path(tmp_path_factory.mktemp("tiny-model")))
     return _BUILT
@@ -31,8 +31,8 @@ def shared_tiny_model(tmp_path_factory) -> Path:
 def tiny_model_digests(out_dir: str) -> dict[str, Any]:
     """Build the tiny model again into ``out_dir`` (``tests.support.background``): its files'
     digests and its content digest, to compare with the session's build."""
-    from kiln.policy.identity import file_sha256, model_content_sha256
-    from kiln.policy.tiny import build_tiny_model
+    from kiln.core.policy.identity import file_sha256, model_content_sha256
+    from kiln.core.policy.tiny import build_tiny_model
 
     built = build_tiny_model(Path(out_dir))
     return {"files": {p.name: file_sha256(p) for p in sorted(built.iterdir()) if p.is_file()},
@@ -66,7 +66,7 @@ def family_corpus(family: str) -> list[str]:
 
     from jinja2 import Environment
 
-    from kiln.policy.templates import FAMILIES
+    from kiln.core.policy.templates import FAMILIES
 
     spec = FAMILIES[family]
     env = Environment()
@@ -86,8 +86,8 @@ def family_corpus(family: str) -> list[str]:
 def family_tokenizer(family: str) -> tuple[Any, dict[str, int]]:
     """The in-process BPE tokenizer of template family ``family`` (its special tokens and chat
     template) and its ``eos_token_id`` / ``pad_token_id``."""
-    from kiln.policy.templates import FAMILIES
-    from kiln.policy.tokenizer import train_bpe, wrap_fast
+    from kiln.core.policy.templates import FAMILIES
+    from kiln.core.policy.tokenizer import train_bpe, wrap_fast
 
     spec = FAMILIES[family]
     raw = train_bpe(family_corpus(family), 600, spec.special_tokens, spec.added_tokens)
@@ -102,7 +102,7 @@ def build_family_model(family: str, out_dir: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM
 
-    from kiln.policy.tiny import tiny_qwen3_config
+    from kiln.core.policy.tiny import tiny_qwen3_config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +137,7 @@ def shared_random_qwen(tmp_path_factory, *, shape: str = "qwen3-0.6b", layers: i
     """A random-init model of a real Qwen3 shape with the real vocabulary (built on first use)."""
     key = f"{shape}-{layers}"
     if key not in _REAL_VOCAB:
-        from kiln.policy.random_model import build_random_model
+        from kiln.core.policy.random_model import build_random_model
 
         folder = Path(tmp_path_factory.mktemp(f"random-{key}"))
         _REAL_VOCAB[key] = build_random_model(folder, shape=shape, layers=layers, dtype="bfloat16")

@@ -63,8 +63,8 @@ def run_online(runtime: Any, url: str, model_path: Path, work: Path, *, config: 
     demo's episode settings (e.g. ``max_steps``) for collection and held-out play. ``runtime`` collects
     (``concurrency`` groups at once, default a default gpu worker's) and trains; ``evaluator`` (a
     runtime, default ``runtime``) plays the held-out seeds."""
-    from kiln.errors import TrainingFailed
-    from kiln.train.trainer import train_grpo
+    from kiln.core.errors import TrainingFailed
+    from kiln.core.train.trainer import train_grpo
 
     evaluator = evaluator or runtime
     episode = episode or {}
@@ -110,8 +110,8 @@ def learning_ranges(url: str, model_path: str, work: str, seed_starts: list[int]
     per-seed returns and each range's iterations' figures, as JSON."""
     from dataclasses import asdict
 
-    from kiln.contracts import TrainingConfig
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(Path(model_path))
     base = held_out(runtime, url, None)

@@ -30,10 +30,10 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.control import ControlActivities
 from activities.gpu import GpuActivities
-from kiln.errors import CollectionFailed
-from kiln.policy.tiny import build_tiny_model
-from kiln.records import CollectGroupInput, CollectGroupResult, RevalidationInput, StoredObject, TrainDatasetInput
-from kiln.settings import Settings
+from kiln.core.errors import CollectionFailed
+from kiln.core.policy.tiny import build_tiny_model
+from kiln.core.records import CollectGroupInput, CollectGroupResult, RevalidationInput, StoredObject, TrainDatasetInput
+from kiln.core.settings import Settings
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import free_port, serve_example_env
 from tests.support.stack import start_test_seaweedfs, start_test_temporal

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.store import ObjectRef, S3Store
+from kiln.core.artifacts.store import ObjectRef, S3Store
 
 
 def artifact_bytes(store: S3Store, entry: dict[str, Any]) -> bytes:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from activities.gpu import GpuActivities, LockedPolicy
-from kiln.artifacts.store import S3Store
-from kiln.settings import Settings
+from kiln.core.artifacts.store import S3Store
+from kiln.core.settings import Settings
 
 
 class ScriptedGpuActivities(GpuActivities):

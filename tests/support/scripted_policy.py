@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.rollout.seeds import generation_seed
+from kiln.core.rollout.seeds import generation_seed
 
 STOP, THINK = 1_000_000, 1_000_001
 

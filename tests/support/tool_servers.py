@@ -27,6 +27,7 @@ from openenv.core.env_server.mcp_types import (
     Tool,
 )
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+
 from tests.support.server_main import serve_main
 
 CALLS_PER_EPISODE = 3

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.devstack import start_seaweedfs, temporal_binary, temporal_healthy
-from kiln.devstack.temporal import SQLITE_PRAGMAS
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, free_port_block, start_process, wait_until
+from kiln.devstack.temporal import SQLITE_PRAGMAS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DELAY_FILE_ENV = "KILN_TEST_SAMPLE_DELAY_FILE"
@@ -145,7 +145,7 @@ class Topology:
         )
 
     def store(self) -> Any:
-        from kiln.artifacts.store import S3Store
+        from kiln.core.artifacts.store import S3Store
 
         return S3Store(endpoint=self.s3_endpoint, access_key=self.access_key, secret_key=self.secret_key,
                        bucket=self.bucket, connect_timeout_s=2, read_timeout_s=10, max_attempts=2)

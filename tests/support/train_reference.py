@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from kiln.train.batches import GroupBatch
-from kiln.train.losses import echo_loss, sequence_logprobs
+from kiln.core.train.batches import GroupBatch
+from kiln.core.train.losses import echo_loss, sequence_logprobs
 
 
 @torch.no_grad()

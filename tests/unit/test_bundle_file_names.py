@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from kiln.cli.app import app
 from kiln.cli.help import plain_command
-from kiln.rollout.verify import VerificationFailed, verify_bundle
-from kiln.rollout.verify.files import verify_command
+from kiln.core.rollout.verify import VerificationFailed, verify_bundle
+from kiln.core.rollout.verify.files import verify_command
 from tests.unit.test_verify_support import real_bundle
 
 pytestmark = pytest.mark.timeout(300)

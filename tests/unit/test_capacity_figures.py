@@ -3,7 +3,7 @@ sum over the run; the per-run session counts of a long-lived worker stay bounded
 
 from __future__ import annotations
 
-from kiln.openenv.capacity import MAX_HOLDERS, CapacityBook, group_capacity, merge_capacity
+from kiln.core.openenv.capacity import MAX_HOLDERS, CapacityBook, group_capacity, merge_capacity
 
 
 def test_refusals_and_waves_add_up_and_the_most_held_is_the_largest() -> None:

@@ -4,7 +4,7 @@ that names an interval keeps it, and null still turns them off."""
 
 from __future__ import annotations
 
-from kiln.contracts import parse_run_request
+from kiln.core.contracts import parse_run_request
 
 BASE = {"kind": "train", "environment_urls": ["http://127.0.0.1:9"], "output_adapter": "a"}
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli import app as cli
-from kiln.contracts import RunRequest, parse_run_request
-from kiln.errors import InvalidRequest
+from kiln.core.contracts import RunRequest, parse_run_request
+from kiln.core.errors import InvalidRequest
 
 ROLLOUT = ["openenv", "rollout", "--environment", "http://127.0.0.1:9", "--no-follow"]
 TRAIN = ["openenv", "train", "--environment", "http://127.0.0.1:9", "--output-adapter", "a", "--no-follow"]

@@ -13,7 +13,7 @@ from rich.console import Console
 from kiln.cli.console import KilnConsole
 from kiln.cli.control_cmds import runs_header, runs_row
 from kiln.cli.follow import TIMED_OUT_NOTICE, follow, num, print_outcome, progress_line, progress_view
-from kiln.run_view import RunSummary, RunView
+from kiln.core.run_view import RunSummary, RunView
 
 DIGEST = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 

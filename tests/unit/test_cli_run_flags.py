@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli import app as cli
-from kiln.contracts import parse_run_request
+from kiln.core.contracts import parse_run_request
 
 BASE = ["openenv", "rollout", "--environment", "http://127.0.0.1:9", "--no-follow"]
 

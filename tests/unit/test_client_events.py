@@ -6,9 +6,9 @@ import pytest
 
 from kiln.client import PhaseChanged, ProgressMade, RunEnded, TrainingStep, WarningRaised, raise_for_outcome
 from kiln.client.events import events_between
-from kiln.errors import EnvironmentUnavailable, RunCancelled
-from kiln.run_status import Failure, Progress
-from kiln.run_view import RunView, TrainingProgress
+from kiln.core.errors import EnvironmentUnavailable, RunCancelled
+from kiln.core.run_status import Failure, Progress
+from kiln.core.run_view import RunView, TrainingProgress
 
 
 def _view(**fields: object) -> RunView:
@@ -68,7 +68,7 @@ def test_outcomes_raise_the_run_failure_code() -> None:
 
 @pytest.mark.timeout(30)
 def test_every_declared_code_comes_back_as_its_own_class() -> None:
-    from kiln.errors import ModelNotServed, TrackerUnavailable, error_from_dict
+    from kiln.core.errors import ModelNotServed, TrackerUnavailable, error_from_dict
 
     served = error_from_dict({"code": "model_not_served", "message": "m", "details": {"served": []}})
     assert type(served) is ModelNotServed and served.details == {"served": []}

@@ -12,8 +12,8 @@ import pytest
 
 from kiln.client import ApiUnavailable, Client
 from kiln.client.follow import watch
-from kiln.run_view import RunView
-from kiln.settings import Settings
+from kiln.core.run_view import RunView
+from kiln.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_the_default_port_is_written_once_in_the_product() -> None:
             tree = ast.parse(path.read_text(encoding="utf-8"))
             if any(isinstance(n, ast.Constant) and n.value in (8780, "8780") for n in ast.walk(tree)):
                 places.append(path.relative_to(ROOT).as_posix())
-    assert places == ["kiln/settings.py"]
+    assert places == ["kiln/core/settings.py"]
 
 
 def _view(state: str = "running", source: str = "query", **fields: object) -> RunView:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

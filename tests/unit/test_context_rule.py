@@ -1,4 +1,4 @@
-"""The context rule (kiln.rollout.context) on its own: the served context, the per-turn decision
+"""The context rule (kiln.core.rollout.context) on its own: the served context, the per-turn decision
 and the status warning's threshold, checked against hand-counted figures."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiln.rollout.context import context_warning, served_context
-from kiln.rollout.episode import CandidateEpisode
+from kiln.core.rollout.context import context_warning, served_context
+from kiln.core.rollout.episode import CandidateEpisode
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,7 +66,7 @@ def test_the_outcome_line_counts_context_exhausted_episodes() -> None:
     from rich.console import Console
 
     from kiln.cli.follow import print_outcome
-    from kiln.run_view import RunView
+    from kiln.core.run_view import RunView
 
     stats = {"rollouts": 4, "mean_episode_return": 1.0, "min_episode_return": 0.0, "max_episode_return": 2.0,
              "done_count": 0, "invalid_model_action_count": 1, "context_exhausted_count": 3, "context_tokens": 409}

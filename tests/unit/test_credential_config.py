@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.errors import InvalidCredential
-from kiln.openenv.credential_config import check_credential, resolve_bearer_token
+from kiln.core.errors import InvalidCredential
+from kiln.core.openenv.credential_config import check_credential, resolve_bearer_token
 
 CONFIG = {
     "hub": {"origin": "https://env.example.test", "bearer_token_env": "KILN_TEST_HUB_TOKEN"},

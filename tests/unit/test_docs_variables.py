@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli.app import app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Every KilnError class lives in ``kiln/errors.py`` and registers its code when it is defined, so
+"""Every KilnError class lives in ``kiln/core/errors.py`` and registers its code when it is defined, so
 ``error_from_dict`` rebuilds the same class whatever else the process imported."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import KilnError, error_from_dict, error_type, registered_errors
+from kiln.core.errors import KilnError, error_from_dict, error_type, registered_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("kiln", "api", "activities", "workers", "workflows")
 
 
 def _error_classes_outside_errors_module() -> list[str]:
-    """``module:Class`` for every class in the product folders deriving from a kiln.errors class."""
+    """``module:Class`` for every class in the product folders deriving from a kiln.core.errors class."""
     known = set(registered_errors().values())
     names = {cls.__name__ for cls in known} | {"KilnError"}
     found = []
     for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path == ROOT / "kiln" / "errors.py":
+            if path == ROOT / "kiln" / "core" / "errors.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ClassDef):
@@ -81,7 +81,7 @@ def test_a_fresh_interpreter_catches_the_class_after_importing_the_client_alone(
         "except EnvironmentEvaluationFailed as error:\n"
         "    print('caught', error.code, error.retryable)\n"
         "import sys\n"
-        "print(sorted(m for m in sys.modules if m == 'kiln.cli' or m.startswith(('kiln.evaluation', 'kiln.cli.'))))\n"
+        "print(sorted(m for m in sys.modules if m == 'kiln.cli' or m.startswith(('kiln.core.evaluation', 'kiln.cli.'))))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=100,

@@ -1,4 +1,4 @@
-"""``docs/errors.md`` is generated from ``kiln/errors.py`` and names every code the product raises."""
+"""``docs/errors.md`` is generated from ``kiln/core/errors.py`` and names every code the product raises."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import registered_errors
-from kiln.errors_doc import render
+from kiln.core.errors import registered_errors
+from kiln.core.errors_doc import render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(30)
 def test_docs_errors_md_is_what_the_generator_prints() -> None:
     assert (ROOT / "docs" / "errors.md").read_text(encoding="utf-8") == render(), (
-        "regenerate: python -m kiln.errors_doc > docs/errors.md"
+        "regenerate: python -m kiln.core.errors_doc > docs/errors.md"
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.contracts import GateConfig
-from kiln.evaluation.gate import evidence_and_decision, outcome_for
-from kiln.evaluation.pairing import EnvironmentEvaluationFailed, PairedGroup, pair_summaries
+from kiln.core.contracts import GateConfig
+from kiln.core.evaluation.gate import evidence_and_decision, outcome_for
+from kiln.core.evaluation.pairing import EnvironmentEvaluationFailed, PairedGroup, pair_summaries
 from tests.unit.test_evaluation_support import constant, paired_bundles
 
 

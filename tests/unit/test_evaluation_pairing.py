@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kiln.evaluation.pairing import EnvironmentEvaluationFailed, PairedGroup, pair_summaries
+from kiln.core.evaluation.pairing import EnvironmentEvaluationFailed, PairedGroup, pair_summaries
 from tests.unit.test_evaluation_support import constant, paired_bundles
 
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kiln.canonical import pretty_json, sha256_bytes
-from kiln.contracts import EnvironmentEvalConfig, GateConfig
-from kiln.evaluation.gate import evidence_and_decision, outcome_for
-from kiln.evaluation.pairing import PairedGroup
-from kiln.evaluation.receipt import (
+from kiln.core.canonical import pretty_json, sha256_bytes
+from kiln.core.contracts import EnvironmentEvalConfig, GateConfig
+from kiln.core.evaluation.gate import evidence_and_decision, outcome_for
+from kiln.core.evaluation.pairing import PairedGroup
+from kiln.core.evaluation.receipt import (
     RECEIPT_SCHEMA,
     EvaluationReceiptInvalid,
     build_receipt,

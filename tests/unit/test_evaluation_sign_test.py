@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from kiln.evaluation.sign_test import exact_sign_test_fraction, exact_sign_test_p_value
+from kiln.core.evaluation.sign_test import exact_sign_test_fraction, exact_sign_test_p_value
 
 
 @pytest.mark.parametrize(

@@ -23,13 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kiln.canonical import canonical_json
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.openenv.discovery import inspect_environment
-from kiln.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES, StepResult
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.rollout.verify import verify_bundle
+from kiln.core.canonical import canonical_json
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES, StepResult
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.rollout.verify import verify_bundle
 from tests.support.scripted_policy import ScriptedPolicy
 from tests.unit.test_verify_support import spec_for, write_bundle
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.boundedjson import MAX_INT_DIGITS
-from kiln.openenv.schema import ActionValidator
-from kiln.policy.grammar_schema import (
+from kiln.core.boundedjson import MAX_INT_DIGITS
+from kiln.core.openenv.schema import ActionValidator
+from kiln.core.policy.grammar_schema import (
     DEFAULT_MAX_STRING_CHARS,
     FREE_KEY_PATTERN,
     FREE_MAX_PROPERTIES,
@@ -202,7 +202,7 @@ def test_grammar_refuses_what_kiln_cannot_parse_or_validate(cache, schema: dict,
 def test_action_grammar_exposes_the_tightened_schema(cache) -> None:
     import json
 
-    from kiln.canonical import sha256_bytes
+    from kiln.core.canonical import sha256_bytes
 
     schema = _obj(x={"type": "integer"})
     grammar = cache.get(schema)

@@ -1,6 +1,6 @@
 """The house rules of the layout, enforced (docs/architecture.md draws them):
 
-- the domain core ``kiln/`` never imports temporalio or fastapi; only kiln/policy and kiln/train
+- the domain core ``kiln/`` never imports temporalio or fastapi; only kiln/core/policy and kiln/core/train
   import torch/transformers/peft;
 - ``workflows/`` do no I/O: they import no I/O library and, from ``kiln``, only the pure modules in
   ``WORKFLOW_KILN_MODULES``; from ``activities`` only the activity classes they call by reference;
@@ -45,14 +45,14 @@ def _full_imports(path: Path) -> set[str]:
 # The kiln modules a workflow may import: pure records, rules and status, no I/O.
 WORKFLOW_KILN_MODULES = {
     "kiln",
-    "kiln.records",
-    "kiln.contracts",
-    "kiln.run_plan",
-    "kiln.openenv.capacity",
-    "kiln.openenv.urls",
-    "kiln.run_status",
-    "kiln.search_attributes",
-    "kiln.unfinished_thinking",
+    "kiln.core.records",
+    "kiln.core.contracts",
+    "kiln.core.run_plan",
+    "kiln.core.openenv.capacity",
+    "kiln.core.openenv.urls",
+    "kiln.core.run_status",
+    "kiln.core.search_attributes",
+    "kiln.core.unfinished_thinking",
 }
 WORKFLOW_ACTIVITY_MODULES = {"activities.control", "activities.gpu"}
 
@@ -75,7 +75,7 @@ def test_only_policy_and_train_import_torch() -> None:
     offenders = {}
     for path in _modules("kiln"):
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith(("kiln/policy/", "kiln/train/")):
+        if relative.startswith(("kiln/core/policy/", "kiln/core/train/")):
             continue
         found = _imports(path) & heavy
         if found:
@@ -197,9 +197,9 @@ def test_nothing_but_the_cli_imports_the_cli_and_the_cli_reaches_the_api_through
 
 
 def test_the_floor_rule_catches_a_planted_upward_import(tmp_path: Path) -> None:
-    planted = ROOT / "kiln" / "rollout" / "_planted_upward_import.py"
+    planted = ROOT / "kiln" / "core" / "rollout" / "_planted_upward_import.py"
     planted.write_text("from kiln.cli.console import console\n", encoding="utf-8")
     try:
-        assert _floor_offenders([planted]) == {"kiln/rollout/_planted_upward_import.py": ["kiln.cli.console"]}
+        assert _floor_offenders([planted]) == {"kiln/core/rollout/_planted_upward_import.py": ["kiln.cli.console"]}
     finally:
         planted.unlink()

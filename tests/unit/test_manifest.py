@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from kiln.artifacts.budget import RetainedBudget
-from kiln.artifacts.manifest import (
+from kiln.core.artifacts.budget import RetainedBudget
+from kiln.core.artifacts.manifest import (
     MANIFEST_SCHEMA,
     build_manifest,
     manifest_bytes,
@@ -15,9 +15,9 @@ from kiln.artifacts.manifest import (
     parse_manifest,
     validate_manifest,
 )
-from kiln.artifacts.store import ObjectRef, blob_key
-from kiln.canonical import pretty_json
-from kiln.errors import RetainedBudgetExceeded
+from kiln.core.artifacts.store import ObjectRef, blob_key
+from kiln.core.canonical import pretty_json
+from kiln.core.errors import RetainedBudgetExceeded
 
 
 def _artifact(name: str, data: bytes, media: str = "application/octet-stream") -> dict:

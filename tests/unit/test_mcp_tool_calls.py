@@ -11,12 +11,12 @@ import copy
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
-from kiln.errors import InvalidActionSchema
-from kiln.openenv.mcp_tools import normalize_tools
-from kiln.openenv.schema import ActionValidator, policy_action_schema
-from kiln.openenv.tool_calls import TOOL_CALLS_VERSION, ToolCallValidator, action_contract, tool_call_schema
-from kiln.rollout.exchange import SCHEMA_FAILED, judge_answer
-from kiln.rollout.prompts import system_prompt
+from kiln.core.errors import InvalidActionSchema
+from kiln.core.openenv.mcp_tools import normalize_tools
+from kiln.core.openenv.schema import ActionValidator, policy_action_schema
+from kiln.core.openenv.tool_calls import TOOL_CALLS_VERSION, ToolCallValidator, action_contract, tool_call_schema
+from kiln.core.rollout.exchange import SCHEMA_FAILED, judge_answer
+from kiln.core.rollout.prompts import system_prompt
 from tests.support.grammar_sampling import grammar_cache, random_policy_tokenizer, sample_random_actions
 from tests.support.tool_servers import DESCRIPTIONS, TOOL_SCHEMAS, call_is_valid
 

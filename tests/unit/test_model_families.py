@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.errors import ModelUnsupported
-from kiln.policy.device import Placement
-from kiln.policy.families import FAMILIES, family_of, load_identity_fields, require_servable
-from kiln.policy.identity import model_part_of
-from kiln.policy.loading import load_causal_lm
-from kiln.train.model import adapted_targets, attach_lora, save_adapter
+from kiln.core.errors import ModelUnsupported
+from kiln.core.policy.device import Placement
+from kiln.core.policy.families import FAMILIES, family_of, load_identity_fields, require_servable
+from kiln.core.policy.identity import model_part_of
+from kiln.core.policy.loading import load_causal_lm
+from kiln.core.train.model import adapted_targets, attach_lora, save_adapter
 from tests.support.family_models import TINY, build_family_folder
 
 CPU = Placement("cpu", "float32")
@@ -100,7 +100,7 @@ def test_the_hub_layout_loads_its_language_model_only(folders: dict[str, Path]) 
 
 @pytest.mark.timeout(120)
 def test_the_behaviour_identity_records_the_language_model_only_choice(tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     hub = PolicyRuntime.load(build_family_folder("qwen3_5", tmp_path / "hub", template="qwen3"), device="cpu")
     text = PolicyRuntime.load(build_family_folder("qwen3_5_text", tmp_path / "text", template="qwen3"), device="cpu")
@@ -152,7 +152,7 @@ def test_engines_refuse_what_they_cannot_serve(folders: dict[str, Path]) -> None
 
 @pytest.mark.timeout(300)
 def test_gpt_oss_loads_eager_samples_and_trains_one_step(tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     folder = build_family_folder("gpt_oss", tmp_path / "gpt-oss", template="qwen3")
     runtime = PolicyRuntime.load(folder, device="cpu", dtype="float32")

@@ -9,7 +9,7 @@ import pytest
 
 from api.app import create_app
 from kiln.cli.model_options import bounds, choices, default, describe
-from kiln.contracts import (
+from kiln.core.contracts import (
     EchoConfig,
     EnvironmentEvalConfig,
     GateConfig,
@@ -17,7 +17,7 @@ from kiln.contracts import (
     RunRequest,
     TrainingConfig,
 )
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 
 REQUEST_MODELS = (RunRequest, TrainingConfig, EchoConfig, GateConfig, EnvironmentEvalConfig, PostEvalConfig)
 

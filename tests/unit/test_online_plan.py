@@ -1,4 +1,4 @@
-"""The online-RL rules of kiln.run_plan and kiln.contracts: seed plan, evaluation schedule,
+"""The online-RL rules of kiln.core.run_plan and kiln.core.contracts: seed plan, evaluation schedule,
 staleness, chunks, the record chain, request validation and digest compatibility."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from kiln.contracts import parse_run_request, request_digest
-from kiln.errors import InvalidRequest
-from kiln.run_plan import (
+from kiln.core.contracts import parse_run_request, request_digest
+from kiln.core.errors import InvalidRequest
+from kiln.core.run_plan import (
     CHAIN_START,
     EvaluationPlan,
     behavior_lag,
@@ -20,7 +20,7 @@ from kiln.run_plan import (
     iteration_schedule,
     should_continue_as_new,
 )
-from kiln.run_status import MAX_ITERATION_RECORDS, IterationStatus, RunStatus
+from kiln.core.run_status import MAX_ITERATION_RECORDS, IterationStatus, RunStatus
 
 pytestmark = pytest.mark.timeout(30)
 

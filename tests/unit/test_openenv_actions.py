@@ -4,16 +4,16 @@ import math
 
 import pytest
 
-from kiln.canonical import digest_json
-from kiln.errors import EnvironmentProtocolError, InvalidActionSchema
-from kiln.openenv.actions import (
+from kiln.core.canonical import digest_json
+from kiln.core.errors import EnvironmentProtocolError, InvalidActionSchema
+from kiln.core.openenv.actions import (
     ActionParseError,
     ActionSchemaValidationError,
     parse_action_text,
     parse_and_validate_action,
 )
-from kiln.openenv.rewards import training_reward
-from kiln.openenv.schema import ActionValidator, policy_action_schema
+from kiln.core.openenv.rewards import training_reward
+from kiln.core.openenv.schema import ActionValidator, policy_action_schema
 
 COUNTER_SCHEMA = {
     "$defs": {

@@ -2,8 +2,8 @@
 
 import pytest
 
-from kiln.errors import InvalidCredential
-from kiln.openenv.credentials import (
+from kiln.core.errors import InvalidCredential
+from kiln.core.openenv.credentials import (
     bearer_headers,
     contains_token,
     parse_credential_env_args,
@@ -12,7 +12,7 @@ from kiln.openenv.credentials import (
     redact,
     validate_bearer_token,
 )
-from kiln.openenv.urls import normalize_url
+from kiln.core.openenv.urls import normalize_url
 
 
 @pytest.mark.parametrize("token", [" \t", "abc\ndef", " leading", "trailing ", "in ternal", "", "a\x01b", "\u00a0x"])

@@ -3,9 +3,9 @@
 import copy
 import json
 
-from kiln.canonical import digest_json
-from kiln.openenv.discovery import build_identity, discovery_digest, identity_differences
-from kiln.openenv.urls import normalize_url
+from kiln.core.canonical import digest_json
+from kiln.core.openenv.discovery import build_identity, discovery_digest, identity_differences
+from kiln.core.openenv.urls import normalize_url
 
 METADATA = {"name": "counter", "description": "Counts", "readme_content": None, "version": "1",
             "author": None, "documentation_url": None}

@@ -2,8 +2,8 @@
 
 import pytest
 
-from kiln.errors import InvalidUrl, RemoteEnvironmentForbidden
-from kiln.openenv.urls import is_loopback_host, normalize_url, require_allowed_host
+from kiln.core.errors import InvalidUrl, RemoteEnvironmentForbidden
+from kiln.core.openenv.urls import is_loopback_host, normalize_url, require_allowed_host
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_require_allowed_host():
 
 
 def test_task_route_encodes_environment_name_as_one_segment():
-    from kiln.openenv.tasks import task_route
+    from kiln.core.openenv.tasks import task_route
 
     url = normalize_url("http://127.0.0.1:9/prefix/")
     assert task_route(url, "task env/β?#", "splits") == (

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from kiln.settings import Settings
+from kiln.core.settings import Settings
 
 pytestmark = pytest.mark.asyncio
 TOKEN = "page-token-123"

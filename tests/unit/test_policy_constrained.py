@@ -1,4 +1,4 @@
-"""Schema-constrained decoding of the final answer (kiln.policy.constrained, PolicyRuntime.sample)."""
+"""Schema-constrained decoding of the final answer (kiln.core.policy.constrained, PolicyRuntime.sample)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import xgrammar  # noqa: F401  (installed by scripts/setup.sh: a missing install must fail, not skip)
 
 from examples.envs.counter.server import CounterAction
-from kiln.openenv.schema import policy_action_schema
+from kiln.core.openenv.schema import policy_action_schema
 from tests.support.models import shared_tiny_model
 
 # The counter environment's action schema exactly as the policy is shown it.
@@ -57,13 +57,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_dir: Path):
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     return PolicyRuntime.load(tiny_model_dir)
 
 
 def _invalid(rt, samples, schema: dict, thinking: bool) -> int:
-    from kiln.openenv.schema import ActionValidator
+    from kiln.core.openenv.schema import ActionValidator
 
     validator = ActionValidator.compile(schema)
     bad = 0
@@ -94,7 +94,7 @@ VALIDITY_CASES = {
 def validity_samples(model_path: str) -> dict[str, dict[str, list[dict]]]:
     """Every validity case's free and constrained samples (seeds 0..N−1) as JSON, computed in a
     ``background`` child process (``tests/support/background.py``)."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     rt = PolicyRuntime.load(Path(model_path))
     out = {}
@@ -214,7 +214,7 @@ def test_seeded_determinism_and_row_independence(rt) -> None:
 
 
 def test_unconstrained_row_in_a_constrained_batch_is_untouched(rt) -> None:
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.policy.sampling import sample_batch
 
     prompt = rt.encode_prompt(MESSAGES, thinking=False)
     grammar = rt.action_grammar(RICH_SCHEMA)
@@ -228,7 +228,7 @@ def test_unconstrained_row_in_a_constrained_batch_is_untouched(rt) -> None:
 
 
 def test_absent_schema_is_identical_to_before(rt) -> None:
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.policy.sampling import sample_batch
 
     for thinking in (True, False):
         prompt = rt.encode_prompt(MESSAGES, thinking=thinking)
@@ -264,7 +264,7 @@ def test_grammar_compiled_once_per_schema_digest(rt) -> None:
     other = dict(COUNTER_SCHEMA, title="Other")
     assert rt.action_grammar(other) is not first
     assert rt._action_grammars.compilations == count + 1
-    from kiln.canonical import digest_json
+    from kiln.core.canonical import digest_json
 
     assert first.schema_sha256 == digest_json(COUNTER_SCHEMA)
     identity = first.identity()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.errors import DeviceUnavailable
-from kiln.policy.device import resolve_placement
-from kiln.settings import Settings
+from kiln.core.errors import DeviceUnavailable
+from kiln.core.policy.device import resolve_placement
+from kiln.core.settings import Settings
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only resolution")
 

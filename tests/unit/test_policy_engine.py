@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.policy.engine import GenerationRequest, engine_identity_fields
-from kiln.settings import Settings
+from kiln.core.policy.engine import GenerationRequest, engine_identity_fields
+from kiln.core.settings import Settings
 from tests.support.models import shared_tiny_model
 
 MESSAGES = [{"role": "user", "content": 'Count is 0. Reply with {"amount": N}.'}]
@@ -20,14 +20,14 @@ MESSAGES = [{"role": "user", "content": 'Count is 0. Reply with {"amount": N}.'}
 def rt(tmp_path_factory):
     import torch
 
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     torch.set_num_threads(1)
     return PolicyRuntime.load(shared_tiny_model(tmp_path_factory))
 
 
 def test_runtime_samples_through_the_hf_engine_with_the_samplers_bytes(rt) -> None:
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.policy.sampling import sample_batch
 
     prompt = rt.encode_prompt(MESSAGES, thinking=False)
     other = prompt + rt.encode_observation_turn("Count is 3.", thinking=False)[1]
@@ -57,7 +57,7 @@ def test_concurrent_calls_share_decode_forwards_and_keep_their_bytes(rt) -> None
     of both, and every row's bytes equal those of the same call made alone."""
     import torch
 
-    from kiln.policy.engine import request_tag
+    from kiln.core.policy.engine import request_tag
 
     prompt = rt.encode_prompt(MESSAGES, thinking=True)
     turns = [prompt + rt.encode_observation_turn(f"Count is {k}.", thinking=True)[1] for k in range(4)]
@@ -94,7 +94,7 @@ def test_concurrent_calls_share_decode_forwards_and_keep_their_bytes(rt) -> None
 
 def test_hf_identity_names_its_decode_tile_and_other_engines_add_name_and_version(rt) -> None:
     import kiln
-    from kiln.policy.engine_hf import HfEngine
+    from kiln.core.policy.engine_hf import HfEngine
 
     assert rt.engine.name == "hf"
     hf = {"name": "hf", "version": kiln.__version__, "decode_tile": 8}
@@ -118,10 +118,10 @@ def test_hf_identity_names_its_decode_tile_and_other_engines_add_name_and_versio
 def test_a_run_is_served_at_the_decode_tile_its_identity_names(rt) -> None:
     """An identity recorded at tile 1 (or before the tile existed: no engine block) is served at
     tile 1 by a worker whose default is 8: the same identity, and the bytes of a tile-1 engine."""
-    from kiln.policy.engine import decode_tile_of
-    from kiln.policy.engine_hf import HfEngine
-    from kiln.policy.sampling import sample_batch
-    from kiln.stages.collection import behavior_policy_of
+    from kiln.core.policy.engine import decode_tile_of
+    from kiln.core.policy.engine_hf import HfEngine
+    from kiln.core.policy.sampling import sample_batch
+    from kiln.core.stages.collection import behavior_policy_of
 
     assert rt.engine.decode_tile == 8
     admitted_now = rt.identity()
@@ -163,7 +163,7 @@ def test_generation_request_rejects_bad_values(kwargs, message) -> None:
 
 
 def test_training_gate_waits_for_rows_in_flight_and_blocks_new_ones() -> None:
-    from kiln.policy.engine_vllm import _Gate
+    from kiln.core.policy.engine_vllm import _Gate
 
     gate, events = _Gate(), []
     release = threading.Event()
@@ -205,7 +205,7 @@ def test_engine_setting_sizes_the_gpu_worker() -> None:
 
 
 def test_a_vllm_worker_configures_its_engine_from_its_settings(tmp_path: Path) -> None:
-    from kiln.policy.engine_vllm import default_python, engine_for
+    from kiln.core.policy.engine_vllm import default_python, engine_for
 
     settings = Settings(home=tmp_path / "home", engine="vllm", vllm_max_concurrent_activities=12,
                         vllm_gpu_memory_utilization=0.35, vllm_cpu_kvcache_gb=3, vllm_max_model_len=1536)
@@ -226,8 +226,8 @@ def test_a_vllm_worker_configures_its_engine_from_its_settings(tmp_path: Path) -
 
 
 def test_a_missing_engine_python_is_a_clear_non_retryable_error(tmp_path: Path) -> None:
-    from kiln.errors import EngineUnavailable
-    from kiln.policy.engine_vllm import VllmConfig, VllmEngine
+    from kiln.core.errors import EngineUnavailable
+    from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine
 
     engine = VllmEngine(VllmConfig(model_path=tmp_path, python=tmp_path / "no-python"))
     with pytest.raises(EngineUnavailable) as err:

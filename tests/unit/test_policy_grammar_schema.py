@@ -12,8 +12,8 @@ import pytest
 from openenv.core.env_server.types import Action
 from pydantic import BaseModel, Field
 
-from kiln.openenv.schema import policy_action_schema
-from kiln.policy.grammar_schema import DEFAULT_MAX_STRING_CHARS, grammar_schema
+from kiln.core.openenv.schema import policy_action_schema
+from kiln.core.policy.grammar_schema import DEFAULT_MAX_STRING_CHARS, grammar_schema
 from tests.support.models import shared_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,7 +55,7 @@ def test_tightened_schema_requires_fixed_values_and_bounds_strings() -> None:
 def rt(tmp_path_factory):
     import torch
 
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     torch.set_num_threads(1)
     return PolicyRuntime.load(shared_tiny_model(tmp_path_factory))
@@ -67,7 +67,7 @@ UNION_SAMPLES = 256
 def union_samples(model_path: str) -> list[dict]:
     """The tiny model's ``UNION_SAMPLES`` constrained answers (seeds 0..n−1, T=1, thinking off) as
     JSON, computed in a ``background`` child process (``tests/support/background.py``)."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     rt = PolicyRuntime.load(Path(model_path))
     prompt = rt.encode_prompt(MESSAGES, thinking=False)

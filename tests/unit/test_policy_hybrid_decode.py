@@ -16,9 +16,9 @@ What is asserted, per family:
   tile size is part of the behaviour identity;
 * **batch invariance at a fixed tile**: a row's ids and log-probs are bit-identical alone, beside
   other rows, in any slot, for every family here, routed ones included (experts run token by token
-  in the tile, :mod:`kiln.policy.row_attention`);
+  in the tile, :mod:`kiln.core.policy.row_attention`);
 * **multi-turn keep-state** (qwen3_5): an episode whose later turns start from kept row states
-  gives bitwise the bytes of one re-prefilling every turn (:mod:`kiln.policy.prefix_states`).
+  gives bitwise the bytes of one re-prefilling every turn (:mod:`kiln.core.policy.prefix_states`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ALL_EXPERTS = {"qwen3_next": {"num_experts_per_tok": 4}, "granitemoehybrid": {"n
 
 
 def _sample(model, prompts, seeds, tile):
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.policy.sampling import sample_batch
 
     return sample_batch(model, prompts, seeds, max_new_tokens=STEPS, temperature=1.0, stop_id=2, tile=tile)
 
@@ -81,7 +81,7 @@ def test_which_layer_kinds_the_tile_keeps_per_row() -> None:
     keys the tile does not keep) is named, from its real config class."""
     from transformers import DeepseekV32Config, Gemma3TextConfig
 
-    from kiln.policy.row_attention import batch_invariant, unsupported_layer_kinds
+    from kiln.core.policy.row_attention import batch_invariant, unsupported_layer_kinds
     from tests.support.hybrid_models import hybrid_config
 
     for family in FAMILIES:
@@ -96,8 +96,8 @@ def test_a_config_that_does_not_match_its_layers_is_a_model_fault() -> None:
     """A qwen3_5 model whose config calls its full-attention layer ``linear_attention`` fails inside
     transformers' own forward: a non-retryable model_fault naming the family and where, no Python
     exception class name."""
-    from kiln.errors import ModelFault
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.errors import ModelFault
+    from kiln.core.policy.sampling import sample_batch
 
     model = hybrid_model("qwen3_5")
     model.config.layer_types = ["linear_attention"] * 4  # the 4th layer is full attention in the model
@@ -121,7 +121,7 @@ def tiny_dir(tmp_path_factory):
 def test_the_runtime_serves_the_family_batch_invariantly(family: str, tiny_dir, tmp_path) -> None:
     """A saved model folder of the family loads in the PolicyRuntime; its engine says its rows are
     batch-invariant, and a group sampled in one call equals its rows sampled one by one."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.support.hybrid_models import hybrid_model_dir
 
     rt = PolicyRuntime.load(hybrid_model_dir(family, tmp_path / family, tiny_dir), decode_tile=4)
@@ -169,8 +169,8 @@ def test_a_three_turn_episode_keeps_state_and_equals_re_prefilling_each_turn(tin
     log-probs equal, bitwise, those of the same episode on an engine that keeps no state (every
     turn re-prefills its whole context), and per turn a batch-of-one decode of the whole context
     through transformers' own cache (within TOLERANCE) and the trainer's teacher-forced log-probs."""
-    from kiln.policy.engine_hf import HfEngine
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.engine_hf import HfEngine
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.support.hybrid_models import hybrid_model_dir
 
     rt = PolicyRuntime.load(hybrid_model_dir("qwen3_5", tmp_path / "qwen3_5", tiny_dir), decode_tile=4)

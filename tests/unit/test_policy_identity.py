@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.canonical import is_digest
-from kiln.errors import KilnError
-from kiln.policy.identity import adapter_content_sha256, model_content_sha256
+from kiln.core.canonical import is_digest
+from kiln.core.errors import KilnError
+from kiln.core.policy.identity import adapter_content_sha256, model_content_sha256
 
 
 def _make_model_dir(root: Path) -> Path:
@@ -73,5 +73,5 @@ def test_identity_module_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, kiln.policy, kiln.policy.identity; assert 'torch' not in sys.modules"
+    code = "import sys, kiln.core.policy, kiln.core.policy.identity; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

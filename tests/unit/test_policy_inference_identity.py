@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import PolicyIdentityChanged
-from kiln.policy.identity import inference_config_sha256, sampling_of
-from kiln.stages.collection import behavior_policy_of, require_same_policy
+from kiln.core.errors import PolicyIdentityChanged
+from kiln.core.policy.identity import inference_config_sha256, sampling_of
+from kiln.core.stages.collection import behavior_policy_of, require_same_policy
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_collection_check_covers_sampling_settings(tiny_model_dir: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(tiny_model_dir)
     settings = {"group_size": 4, "max_steps": 6, "max_action_tokens": 48, "temperature": 0.7, "thinking": True}

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.policy.random_model import shape_config
+from kiln.core.policy.random_model import shape_config
 
 
 @pytest.fixture(scope="module")
 def qwen_tok():
-    from kiln.policy.qwen_vocab import build_qwen_tokenizer
+    from kiln.core.policy.qwen_vocab import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
 
@@ -42,8 +42,8 @@ def test_real_vocabulary_and_special_ids(qwen_tok) -> None:
 
 @pytest.mark.timeout(300)
 def test_same_seed_same_bytes_and_the_runtime_derives_qwen3_glue(qwen_tok, tmp_path: Path) -> None:
-    from kiln.policy.random_model import build_random_model
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.random_model import build_random_model
+    from kiln.core.policy.runtime import PolicyRuntime
 
     first = build_random_model(tmp_path / "a", shape="tiny", tokenizer=qwen_tok, dtype="float32")
     second = build_random_model(tmp_path / "b", shape="tiny", tokenizer=qwen_tok, dtype="float32")
@@ -87,12 +87,12 @@ def test_the_qwen3_5_hub_layout_is_written_and_served_as_its_language_model(qwen
     from typer.testing import CliRunner
 
     from kiln.cli.app import app as cli_app
-    from kiln.policy.families import family_of
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.families import family_of
+    from kiln.core.policy.runtime import PolicyRuntime
 
     refused = CliRunner().invoke(cli_app, ["model", "random", "--shape", "qwen3.5-tiny", "--layers", "3", str(tmp_path / "x")])
     assert refused.exit_code == 2 and "multiple of 4" in refused.output and not (tmp_path / "x").exists()
-    from kiln.policy.random_model import build_random_model
+    from kiln.core.policy.random_model import build_random_model
 
     folder = build_random_model(tmp_path / "hub", shape="qwen3.5-tiny", tokenizer=qwen_tok, dtype="float32")
     config = json.loads((folder / "config.json").read_text())
@@ -113,7 +113,7 @@ def test_the_moe_shapes_have_their_published_parameter_counts() -> None:
     import torch
     import transformers
 
-    from kiln.policy.random_model import SHAPES
+    from kiln.core.policy.random_model import SHAPES
 
     def count(shape: str) -> tuple[float, float]:
         with torch.device("meta"):

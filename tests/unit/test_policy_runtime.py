@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import AdapterNotFound, ModelNotFound
+from kiln.core.errors import AdapterNotFound, ModelNotFound
 from tests.support.models import make_lora_adapter, shared_tiny_model
 
 COUNTER_TEXT = 'Count is {c}. Target is 10. Reply with {{"amount": N}} where N is 1-5.'
@@ -28,7 +28,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_dir: Path):
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     return PolicyRuntime.load(tiny_model_dir)
 
@@ -151,7 +151,7 @@ def test_max_new_tokens_leaves_row_unfinished(rt) -> None:
 
 # ------------------------------------------------------------------------------- identity/load
 def test_identity(rt, tiny_model_dir: Path) -> None:
-    from kiln.policy.identity import model_content_sha256
+    from kiln.core.policy.identity import model_content_sha256
 
     ident = rt.identity()
     assert ident["base_model_sha256"] == model_content_sha256(tiny_model_dir)
@@ -162,7 +162,7 @@ def test_identity(rt, tiny_model_dir: Path) -> None:
 
 
 def test_missing_model(tmp_path: Path) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     with pytest.raises(ModelNotFound) as info:
         PolicyRuntime.load(tmp_path / "missing")
@@ -172,8 +172,8 @@ def test_missing_model(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------ adapters
 def test_adapters_lru_and_logprobs(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from kiln.policy.identity import adapter_content_sha256
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.identity import adapter_content_sha256
+    from kiln.core.policy.runtime import PolicyRuntime
 
     rt = PolicyRuntime.load(tiny_model_dir, max_adapters=1)
     a = make_lora_adapter(tiny_model_dir, tmp_path / "a", seed=1)
@@ -205,7 +205,7 @@ def test_missing_adapter(rt, tmp_path: Path) -> None:
 
 
 def test_model_copy_has_same_identity_until_a_byte_changes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from kiln.policy.identity import model_content_sha256
+    from kiln.core.policy.identity import model_content_sha256
 
     copy = Path(shutil.copytree(tiny_model_dir, tmp_path / "copy"))
     assert model_content_sha256(copy) == model_content_sha256(tiny_model_dir)
@@ -248,7 +248,7 @@ def test_rows_beyond_one_tile_take_freed_slots_with_the_same_bytes(rt) -> None:
     """Eleven rows through a tile of 4: rows wait for a free slot and enter it mid-decode, beside
     rows of other prompt lengths and ages; every row's bytes equal its bytes alone, in any order.
     A tile of 1 (one row per forward) decodes every row too."""
-    from kiln.policy.sampling import sample_batch
+    from kiln.core.policy.sampling import sample_batch
 
     base = rt.encode_prompt(MESSAGES, thinking=True)
     prompts = [base + rt.encode_observation_turn(f"Count is {k}.", thinking=True)[1] * (k % 3) for k in range(11)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.contracts import TrainingConfig
-from kiln.policy.identity import ADAPTER_FILES
+from kiln.core.contracts import TrainingConfig
+from kiln.core.policy.identity import ADAPTER_FILES
 from tests.support.models import make_lora_adapter, shared_tiny_model
 from tests.unit.test_train_support import bandit_groups
 
@@ -30,8 +30,8 @@ def _sample(rt, adapter_dir=None):
 def test_training_on_the_shared_base_matches_standalone_and_restores_it(tmp_path, tmp_path_factory) -> None:
     from peft.tuners.lora import LoraLayer
 
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.train.trainer import train_grpo
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.train.trainer import train_grpo
 
     model_dir = shared_tiny_model(tmp_path_factory)
     groups = bandit_groups(2)
@@ -95,8 +95,8 @@ def test_a_worker_that_served_adapters_and_training_samples_the_base_like_a_fres
     and PEFT (adapter load, training lease) leaves them ``False``; ATen's matmul decomposes a
     stacked (batch > 1) input differently depending on that flag, even under inference mode, so
     the same rows rounded differently afterwards. The runtime freezes its model at load."""
-    from kiln.policy.runtime import PolicyRuntime
-    from kiln.train.trainer import train_grpo
+    from kiln.core.policy.runtime import PolicyRuntime
+    from kiln.core.train.trainer import train_grpo
 
     model_dir = shared_tiny_model(tmp_path_factory)
     config = CONFIG.model_copy(update={"gradient_checkpointing": True})

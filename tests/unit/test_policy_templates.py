@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from kiln.errors import ModelUnsupported
+from kiln.core.errors import ModelUnsupported
 from tests.support.models import shared_family_model
 
 MESSAGES = [
@@ -29,7 +29,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
 def family(request, tmp_path_factory):
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     path = shared_family_model(request.param, tmp_path_factory)
     return request.param, PolicyRuntime.load(path, device="cpu", dtype="float32")
@@ -86,7 +86,7 @@ def test_thinking_on_needs_a_thinking_template(family) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_model_without_chat_template_is_refused_naming_it(tmp_path, tmp_path_factory) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     folder = tmp_path / "no-template"
     shutil.copytree(shared_family_model("llama3", tmp_path_factory), folder)
@@ -104,7 +104,7 @@ def test_a_model_without_chat_template_is_refused_naming_it(tmp_path, tmp_path_f
 
 @pytest.mark.timeout(120)
 def test_qwen3_template_keeps_only_reasoning_after_the_last_query(tmp_path_factory) -> None:
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     rt = PolicyRuntime.load(shared_family_model("qwen3", tmp_path_factory), device="cpu")
     messages = [

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.policy.chat_template import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS, render
-from kiln.policy.identity import file_sha256, model_content_sha256
+from kiln.core.policy.chat_template import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS, render
+from kiln.core.policy.identity import file_sha256, model_content_sha256
 from tests.support.background import BackgroundJobs
 from tests.support.models import shared_tiny_model
 

@@ -1,11 +1,11 @@
-"""Replay-ignore wildcards (kiln.rollout.replay_ignore) and the drift report's bounds."""
+"""Replay-ignore wildcards (kiln.core.rollout.replay_ignore) and the drift report's bounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from kiln.rollout.replay_drift import MAX_VALUE_CHARS, Difference, drift_error, leaf_differences, shown
-from kiln.rollout.replay_ignore import check_paths, matches, path_error, without_matching
+from kiln.core.rollout.replay_drift import MAX_VALUE_CHARS, Difference, drift_error, leaf_differences, shown
+from kiln.core.rollout.replay_ignore import check_paths, matches, path_error, without_matching
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""The rules the run workflow sequences (kiln.run_plan) and the run status it keeps (kiln.run_status)."""
+"""The rules the run workflow sequences (kiln.core.run_plan) and the run status it keeps (kiln.core.run_status)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic_core import to_json
 
-from kiln.contracts import EpisodeSettings, parse_run_request
-from kiln.run_plan import BundleSpec, EvaluationPlan, group_schedule, promotion_decision
-from kiln.run_status import Failure, Progress, RunStatus
+from kiln.core.contracts import EpisodeSettings, parse_run_request
+from kiln.core.run_plan import BundleSpec, EvaluationPlan, group_schedule, promotion_decision
+from kiln.core.run_status import Failure, Progress, RunStatus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -128,7 +128,7 @@ def test_typed_records_cross_the_data_converter_unchanged() -> None:
     """What admission returns is what the workflow and the activities receive (aliases included)."""
     from temporalio.contrib.pydantic import pydantic_data_converter
 
-    from kiln.records import AdmissionResult, GroupSet, TrainInput
+    from kiln.core.records import AdmissionResult, GroupSet, TrainInput
 
     request = parse_run_request({**TRAIN, "training_config": {"learning_rate": 3e-4, "echo": {"lambda": 0.2}}})
     admitted = AdmissionResult(
@@ -152,8 +152,8 @@ def test_a_run_admitted_before_run_parallel_groups_existed_keeps_four_groups_in_
     admission result and the collection plan say 4, the gate those runs were recorded with."""
     from pydantic import ValidationError
 
-    from kiln.records import AdmissionResult, CollectionPlan
-    from kiln.settings import Settings
+    from kiln.core.records import AdmissionResult, CollectionPlan
+    from kiln.core.settings import Settings
 
     admission = AdmissionResult.model_validate({
         "request": parse_run_request({"kind": "rollout", "environment_urls": ["http://127.0.0.1:1"]}).model_dump(),
@@ -176,7 +176,7 @@ def test_a_run_admitted_before_run_parallel_groups_existed_keeps_four_groups_in_
 def test_groups_in_flight_per_run_default_to_the_engines_size() -> None:
     """Unset, a run keeps 4 groups in flight with hf and, with vllm, as many as a gpu worker runs
     at once (capped at 256); a set value wins on either engine."""
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     assert Settings(engine="hf", run_parallel_groups=None).parallel_groups_per_run == 4
     assert Settings(engine="vllm", run_parallel_groups=None).parallel_groups_per_run == 32

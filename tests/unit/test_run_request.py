@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.contracts import parse_run_request, reset_plan_sha256
-from kiln.errors import InvalidRequest
+from kiln.core.contracts import parse_run_request, reset_plan_sha256
+from kiln.core.errors import InvalidRequest
 
 BASE = {"kind": "train", "environment_urls": ["http://127.0.0.1:8990"], "output_adapter": "a"}
 
@@ -54,7 +54,7 @@ def test_reset_plan_digest_ignores_key_order_and_caller_seed() -> None:
 
 
 def test_seed_in_reset_options_is_dropped_with_a_warning() -> None:
-    from kiln.contracts import parse_run_request
+    from kiln.core.contracts import parse_run_request
 
     request = parse_run_request(
         {"kind": "rollout", "environment_urls": ["http://127.0.0.1:1"], "reset_options": {"seed": 5, "level": 2}}

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kiln.run_status import RunStatus
-from kiln.run_view import RunList, RunView
+from kiln.core.run_status import RunStatus
+from kiln.core.run_view import RunList, RunView
 
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 

@@ -4,8 +4,8 @@ candidates saw different resets adds one warning naming the fields."""
 
 from __future__ import annotations
 
-from kiln.records import TrainResult
-from kiln.run_status import RunStatus
+from kiln.core.records import TrainResult
+from kiln.core.run_status import RunStatus
 
 SKIPPED = "group 0 has no reward variation (every candidate returned 1.0); skipped"
 
@@ -30,7 +30,7 @@ def test_a_one_iteration_run_keeps_its_warnings_as_they_are() -> None:
 
 
 def test_reset_differences_name_the_group_and_the_fields() -> None:
-    from kiln.run_status import reset_warning
+    from kiln.core.run_status import reset_warning
 
     fields = ["reset_observation.observation.side", "reset_observation.observation.turn"]
     assert reset_warning("group", 3, fields) == (

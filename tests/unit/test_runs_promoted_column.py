@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.cli.control_cmds import promotion_label, runs_row
-from kiln.run_view import RunSummary
+from kiln.core.run_view import RunSummary
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.contracts import parse_run_request, request_digest
-from kiln.errors import InvalidRequest, ModelNotServed
-from kiln.served_models import model_task_queue, require_served, served_models
+from kiln.core.contracts import parse_run_request, request_digest
+from kiln.core.errors import InvalidRequest, ModelNotServed
+from kiln.core.served_models import model_task_queue, require_served, served_models
 
 
 def _model(root: Path, name: str) -> Path:
@@ -63,8 +63,8 @@ def test_unset_model_keeps_the_request_digest_of_a_default_request() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits_its_models(tmp_path: Path) -> None:
-    from kiln.errors import ModelUnsupported
-    from kiln.served_models import servable_split
+    from kiln.core.errors import ModelUnsupported
+    from kiln.core.served_models import servable_split
 
     qwen = _model(tmp_path, "qwen")
     made_up = _model(tmp_path, "made-up")

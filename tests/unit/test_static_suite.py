@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiln.canonical import digest_json
-from kiln.errors import KilnError
-from kiln.evaluation import static_suite
-from kiln.evaluation.static_suite import (
+from kiln.core.canonical import digest_json
+from kiln.core.errors import KilnError
+from kiln.core.evaluation import static_suite
+from kiln.core.evaluation.static_suite import (
     evaluate_suite,
     installed_suites,
     load_suite,
@@ -27,7 +27,7 @@ SUITE = "counter-format"
 def test_module_does_not_import_torch():
     import subprocess
 
-    code = "import sys, kiln.evaluation.static_suite; print('torch' in sys.modules)"
+    code = "import sys, kiln.core.evaluation.static_suite; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -161,7 +161,7 @@ def test_evaluate_empty_suite():
 def tiny_runtime(tmp_path_factory):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
     from tests.support.models import shared_tiny_model
 
     model_dir = shared_tiny_model(tmp_path_factory)

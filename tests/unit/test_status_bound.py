@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from kiln.run_status import Interruption, IterationStatus, Progress, RunStatus
+from kiln.core.run_status import Interruption, IterationStatus, Progress, RunStatus
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 GROUPS, ITERATIONS = 16_384, 1_000

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from api.page_data import episode_rows, page, split_reasoning
-from kiln.errors import TrackerUnavailable
-from kiln.telemetry.live import group_event
-from kiln.telemetry.trackers import open_tracker, scalars_of
+from kiln.core.errors import TrackerUnavailable
+from kiln.core.telemetry.live import group_event
+from kiln.core.telemetry.trackers import open_tracker, scalars_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = [
@@ -60,7 +60,7 @@ def test_trackio_and_wandb_offline_read_back(tmp_path: Path) -> None:
     script = f"""
 import json, os
 from pathlib import Path
-from kiln.telemetry.trackers import open_tracker
+from kiln.core.telemetry.trackers import open_tracker
 events = json.loads({json.dumps(json.dumps(EVENTS))})
 for kind in ("trackio", "wandb"):
     tracker = open_tracker(kind, run_id=kind + "-run", home=Path({str(tmp_path)!r}), config={{"epochs": 1}})

@@ -14,16 +14,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.canonical import digest_json, sha256_bytes  # noqa: E402
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
-from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
-from kiln.train.batches import build_group_batch  # noqa: E402
-from kiln.train.checkpoints import pack_folder, unpack_folder  # noqa: E402
-from kiln.train.model import adapter_content_sha256  # noqa: E402
-from kiln.train.trainer import prepare_training, train_grpo  # noqa: E402
-from tests.support.train_reference import evaluate  # noqa: E402
+from kiln.core.canonical import digest_json, sha256_bytes  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
+from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
+from kiln.core.train.batches import build_group_batch  # noqa: E402
+from kiln.core.train.checkpoints import pack_folder, unpack_folder  # noqa: E402
+from kiln.core.train.model import adapter_content_sha256  # noqa: E402
+from kiln.core.train.trainer import prepare_training, train_grpo  # noqa: E402
 from tests.support.models import make_lora_adapter  # noqa: E402
+from tests.support.train_reference import evaluate  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 
 WALL_CLOCK = ("produced_at", "phase_timings")

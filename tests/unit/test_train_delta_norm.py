@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.policy.families import FAMILIES  # noqa: E402 - after the torch skip
-from kiln.train.model import TRAIN_ADAPTER, _lora_config, lora_delta_norms  # noqa: E402 - after the torch skip
+from kiln.core.policy.families import FAMILIES  # noqa: E402 - after the torch skip
+from kiln.core.train.model import TRAIN_ADAPTER, _lora_config, lora_delta_norms  # noqa: E402 - after the torch skip
 from tests.unit.test_train_support import build_tiny_qwen3  # noqa: E402
 
 

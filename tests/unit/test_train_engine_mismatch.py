@@ -12,14 +12,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import TrainingFailed  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import TrainingFailed  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
-# what the vllm engine's behaviour identity adds (kiln.policy.engine.engine_identity_fields)
+# what the vllm engine's behaviour identity adds (kiln.core.policy.engine.engine_identity_fields)
 VLLM = {**BEHAVIOR, "runtime": {**BEHAVIOR["runtime"], "engine": {"name": "vllm", "version": "0.32.0"}}}
 
 

@@ -18,9 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.train.batches import collate, group_rows
-from kiln.train.model import attach_lora, load_base_model, trainable_parameters
-from kiln.train.step import (
+from kiln.core.train.batches import collate, group_rows
+from kiln.core.train.model import attach_lora, load_base_model, trainable_parameters
+from kiln.core.train.step import (
     LogprobCache,
     StepSettings,
     score_old_logprobs,
@@ -179,7 +179,7 @@ def test_step_figures_equal_a_brute_force_computation(model_path, case):
 
 def test_lora_delta_norm_is_the_merged_weight_change(model_path, tmp_path):
     """``lora_delta_norm`` (and each module's) = Frobenius norm of (merged − base) weights."""
-    from kiln.train.model import lora_delta_norms
+    from kiln.core.train.model import lora_delta_norms
 
     model, _params, _, _ = _moved_model(model_path)
     total, norms = lora_delta_norms(model)
@@ -201,8 +201,8 @@ def test_run_summaries_are_those_of_the_steps(model_path, tmp_path):
     ``TrainResult.kl`` (the mean step KL of the last epoch) recomputed from the steps and rows."""
     import math
 
-    from kiln.contracts import TrainingConfig
-    from kiln.train.trainer import train_grpo
+    from kiln.core.contracts import TrainingConfig
+    from kiln.core.train.trainer import train_grpo
 
     config = TrainingConfig(seed=2, epochs=2, optimizer="adamw", learning_rate=1e-2, kl_coeff=0.1,
                             kl_estimator="k3", groups_per_step=1)

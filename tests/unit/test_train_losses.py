@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.train.batches import build_group_batch  # noqa: E402
-from kiln.train.losses import (  # noqa: E402
+from kiln.core.train.batches import build_group_batch  # noqa: E402
+from kiln.core.train.losses import (  # noqa: E402
     echo_loss,
     kl_k1_penalty,
     kl_k3,
@@ -246,7 +246,7 @@ def test_sequence_level_term_weighs_every_sequence_the_same():
 
 
 def test_sequence_level_has_its_own_small_epsilon():
-    from kiln.contracts import TrainingConfig
+    from kiln.core.contracts import TrainingConfig
 
     config = TrainingConfig()
     assert config.sequence_clip_epsilon == 3e-4 and config.clip_epsilon == 0.2
@@ -256,7 +256,7 @@ def test_sequence_level_has_its_own_small_epsilon():
 def test_exact_kls_match_a_full_softmax_whatever_the_chunk():
     """:func:`exact_kls` equals ``Σ p·(log p − log q)`` from full softmaxes, at a temperature,
     for chunks of one position, of three, and all at once."""
-    from kiln.train.losses import exact_kls
+    from kiln.core.train.losses import exact_kls
 
     torch.manual_seed(3)
     head = torch.nn.Linear(8, 50, bias=False)

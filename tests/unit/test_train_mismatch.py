@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kiln.train.mismatch import mismatch_figures, truncated_is_weights
+from kiln.core.train.mismatch import mismatch_figures, truncated_is_weights
 
 
 def test_weights_are_the_probability_ratio_truncated_at_the_cap() -> None:

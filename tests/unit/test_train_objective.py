@@ -11,10 +11,10 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import PolicyIdentityChanged, TrainingFailed  # noqa: E402
-from kiln.policy.identity import inference_config, with_inference  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import PolicyIdentityChanged, TrainingFailed  # noqa: E402
+from kiln.core.policy.identity import inference_config, with_inference  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -177,7 +177,7 @@ def test_gradient_checkpointing_gives_the_same_step(model_path, tmp_path):
 
 
 def test_learning_rate_schedule_values():
-    from kiln.train.optim import learning_rate_at
+    from kiln.core.train.optim import learning_rate_at
 
     constant = [learning_rate_at(s, 6, 1.0, warmup_steps=2, schedule="constant") for s in range(1, 7)]
     assert constant == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.contracts import TrainingConfig
-from kiln.train.selection import select_groups
+from kiln.core.contracts import TrainingConfig
+from kiln.core.train.selection import select_groups
 from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, completion
 
 NO_OUT = "MODEL_ACTION_NO_OUTPUT"

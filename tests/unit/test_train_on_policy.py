@@ -14,17 +14,24 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import TrainingFailed  # noqa: E402
-from kiln.train.batches import group_rows, pack_microbatches, collate  # noqa: E402
-from kiln.train.checkpoints import unpack_folder  # noqa: E402
-from kiln.train.losses import sequence_logprobs  # noqa: E402
-from kiln.train.model import attach_lora, load_base_model  # noqa: E402
-from kiln.train.optim import build_optimizer  # noqa: E402
-from kiln.train.plan import epoch_order, step_schedule  # noqa: E402
-from kiln.train.trainer import prepare_training, train_grpo  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import TrainingFailed  # noqa: E402
+from kiln.core.train.batches import collate, group_rows, pack_microbatches  # noqa: E402
+from kiln.core.train.checkpoints import unpack_folder  # noqa: E402
+from kiln.core.train.losses import sequence_logprobs  # noqa: E402
+from kiln.core.train.model import attach_lora, load_base_model  # noqa: E402
+from kiln.core.train.optim import build_optimizer  # noqa: E402
+from kiln.core.train.plan import epoch_order, step_schedule  # noqa: E402
+from kiln.core.train.trainer import prepare_training, train_grpo  # noqa: E402
 from tests.unit.test_train_support import (  # noqa: E402
-    BEHAVIOR, X_TOKEN, Y_TOKEN, bandit_groups, build_tiny_qwen3, completion, context, logprob_of,
+    BEHAVIOR,
+    X_TOKEN,
+    Y_TOKEN,
+    bandit_groups,
+    build_tiny_qwen3,
+    completion,
+    context,
+    logprob_of,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -140,7 +147,7 @@ def _independent_logprobs(model_path: Path, adapter_dir: Path | None, groups) ->
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from kiln.train.batches import build_group_batch
+    from kiln.core.train.batches import build_group_batch
 
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
     if adapter_dir is not None:
@@ -279,7 +286,7 @@ def test_cosine_horizon_is_the_runs_plan_and_dropped_groups_do_not_bend_it(model
     on the same cosine curve, where the per-iteration estimate (no lr_horizon_steps) bent it."""
     import math
 
-    from kiln.contracts import RunRequest
+    from kiln.core.contracts import RunRequest
 
     request = RunRequest.model_validate({"kind": "train", "output_adapter": "a", "environment_urls": ["http://127.0.0.1:9"], "groups": 4, "iterations": 2,
                                          "training_config": {"epochs": 1, "groups_per_step": 1}})

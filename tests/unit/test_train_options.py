@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file
 
-from kiln.contracts import EchoConfig, TrainingConfig
-from kiln.policy.identity import with_inference
-from kiln.train.trainer import train_grpo
+from kiln.core.contracts import EchoConfig, TrainingConfig
+from kiln.core.policy.identity import with_inference
+from kiln.core.train.trainer import train_grpo
 from tests.unit.test_train_support import (
     BEHAVIOR,
     END_TOKEN,

@@ -1,5 +1,5 @@
 """The checkpoint identity rule and what a retried training does with a checkpoint it cannot use
-(kiln.train.resume): a setting added at its default keeps every checkpoint usable, any changed
+(kiln.core.train.resume): a setting added at its default keeps every checkpoint usable, any changed
 value changes the identity, and an unusable checkpoint restarts the training (never fails it)."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ torch = pytest.importorskip("torch")
 
 from pydantic import Field  # noqa: E402
 
-import kiln.train  # noqa: E402
-from kiln.canonical import digest_json  # noqa: E402
-from kiln.contracts import EchoConfig, TrainingConfig  # noqa: E402
-from kiln.errors import RunCancelled  # noqa: E402
-from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
-from kiln.train.resume import code_digest, resume_refusal, settings_digest, trainer_version  # noqa: E402
-from kiln.train.plan import LATER_SETTINGS  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+import kiln.core.train  # noqa: E402
+from kiln.core.canonical import digest_json  # noqa: E402
+from kiln.core.contracts import EchoConfig, TrainingConfig  # noqa: E402
+from kiln.core.errors import RunCancelled  # noqa: E402
+from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
+from kiln.core.train.plan import LATER_SETTINGS  # noqa: E402
+from kiln.core.train.resume import code_digest, resume_refusal, settings_digest, trainer_version  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
 
 
@@ -71,11 +71,11 @@ def test_resume_refusal_names_the_differing_key_and_reads_earlier_checkpoints():
 
 
 def test_trainer_version_digests_the_training_sources(tmp_path):
-    root = Path(kiln.train.__file__).parent
+    root = Path(kiln.core.train.__file__).parent
     version = trainer_version()
     assert version["kiln"] == kiln.__version__
     expected = hashlib.sha256()
-    for path in sorted(root.glob("*.py"), key=lambda p: p.name):  # kiln/train has no sub-packages
+    for path in sorted(root.glob("*.py"), key=lambda p: p.name):  # kiln/core/train has no sub-packages
         expected.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     assert version["train_code_sha256"] == "sha256:" + expected.hexdigest()
     assert version["commit"] is None or len(version["commit"]) == 40
@@ -131,7 +131,7 @@ def test_a_checkpoint_survives_a_release_that_adds_a_defaulted_setting(model_pat
     state = json.loads((legacy / "state.json").read_text())
     state.pop("settings_sha256")
     state.pop("trainer")
-    # What that release digested: it had none of the later settings (kiln.train.plan.LATER_SETTINGS).
+    # What that release digested: it had none of the later settings (kiln.core.train.plan.LATER_SETTINGS).
     state_dump = {k: v for k, v in config.model_dump(mode="json", by_alias=True).items()
                   if k not in ("stale_is_max_weight", "engine_is_max_weight", *LATER_SETTINGS)}
     # This release writes that digest too (so a rollback to such a release can still resume).

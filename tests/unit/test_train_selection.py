@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from kiln.train.advantages import group_advantages
-from kiln.train.selection import select_groups
-from kiln.train.tokens import count_tokens, tokenize_completion
+from kiln.core.train.advantages import group_advantages
+from kiln.core.train.selection import select_groups
+from kiln.core.train.tokens import count_tokens, tokenize_completion
 from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, completion
 
 
@@ -97,8 +97,8 @@ def test_pure_modules_import_without_torch():
     import sys
 
     code = (
-        "import sys; import kiln.train, kiln.train.selection, kiln.train.advantages, "
-        "kiln.train.tokens; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys; import kiln.core.train, kiln.core.train.selection, kiln.core.train.advantages, "
+        "kiln.core.train.tokens; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

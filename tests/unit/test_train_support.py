@@ -25,7 +25,7 @@ def build_tiny_qwen3(path: Path) -> Path:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from kiln.policy.tiny import tiny_qwen3_config
+    from kiln.core.policy.tiny import tiny_qwen3_config
 
     torch.manual_seed(1234)
     config = tiny_qwen3_config(

@@ -9,13 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.canonical import pretty_json  # noqa: E402
-from kiln.contracts import TrainingConfig  # noqa: E402
-from kiln.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
-from kiln.train.batches import build_group_batch  # noqa: E402
-from kiln.policy.identity import ADAPTER_FILES  # noqa: E402
-from kiln.train.model import adapter_content_sha256  # noqa: E402
-from kiln.train.trainer import train_grpo  # noqa: E402
+from kiln.core.canonical import pretty_json  # noqa: E402
+from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
+from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
+from kiln.core.train.batches import build_group_batch  # noqa: E402
+from kiln.core.train.model import adapter_content_sha256  # noqa: E402
+from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.support.train_reference import evaluate  # noqa: E402
 from tests.unit.test_train_support import (  # noqa: E402
     BEHAVIOR,
@@ -99,11 +99,11 @@ def test_receipt_contents(model_path, bandit_run):
     receipt = result.receipt
     assert receipt["schema"] == "kiln.train-receipt.v1" and receipt["status"] == "success"
     assert receipt["adapter_sha256"] == adapter_content_sha256(result.adapter_dir)
-    from kiln.canonical import digest_json
+    from kiln.core.canonical import digest_json
 
     assert receipt["training_data_sha256"] == digest_json(bandit_groups(4))
-    from kiln.policy.identity import adapter_content_sha256 as runtime_adapter_digest
-    from kiln.policy.identity import model_content_sha256
+    from kiln.core.policy.identity import adapter_content_sha256 as runtime_adapter_digest
+    from kiln.core.policy.identity import model_content_sha256
 
     assert receipt["adapter_sha256"] == runtime_adapter_digest(result.adapter_dir)
     assert receipt["base_model_sha256"] == model_content_sha256(model_path)

@@ -9,12 +9,12 @@ torch = pytest.importorskip("torch")
 
 from pydantic import ValidationError
 
-from kiln.contracts import TrainingConfig
-from kiln.errors import TrainingFailed
-from kiln.policy.identity import with_inference
-from kiln.train.advantages import group_advantages
-from kiln.train.batches import RowShaping, group_rows
-from kiln.train.plan import LATER_SETTINGS, plan_training
+from kiln.core.contracts import TrainingConfig
+from kiln.core.errors import TrainingFailed
+from kiln.core.policy.identity import with_inference
+from kiln.core.train.advantages import group_advantages
+from kiln.core.train.batches import RowShaping, group_rows
+from kiln.core.train.plan import LATER_SETTINGS, plan_training
 from tests.unit.test_train_support import (
     BEHAVIOR,
     END_TOKEN,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.run_status import EvaluationStatus, Failure, PostEvaluationStatus, Progress, RunStatus
+from kiln.core.run_status import EvaluationStatus, Failure, PostEvaluationStatus, Progress, RunStatus
 from workflows.ui import outcome_details
 
 VERDICT = "Promoted: the trained adapter passed the gate and is now served; 5 wins of 5; mean return 0.2 -> 0.8."

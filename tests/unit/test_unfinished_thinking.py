@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.unfinished_thinking import (
+from kiln.core.unfinished_thinking import (
     FIX,
     ended_inside_thinking,
     group_ended_inside_thinking,

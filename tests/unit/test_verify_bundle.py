@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-from kiln.canonical import sha256_bytes
-from kiln.rollout.verify import VERIFICATION_SCHEMA, VerificationFailed, default_paths, verify_bundle
+from kiln.core.canonical import sha256_bytes
+from kiln.core.rollout.verify import VERIFICATION_SCHEMA, VerificationFailed, default_paths, verify_bundle
 from tests.unit.test_verify_support import parse, real_bundle, reseal, write_bundle
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.rollout.verify import UNBOUND_SUMMARY_FIELDS, VerificationFailed, verify_bundle
+from kiln.core.rollout.verify import UNBOUND_SUMMARY_FIELDS, VerificationFailed, verify_bundle
 from tests.unit.test_verify_support import FILES, real_bundle, write_bundle
 
 SEED = 20240611
@@ -114,7 +114,7 @@ def test_raw_file_mutations_are_detected(name, mutate, bundle: dict[str, bytes],
 def test_unbound_settings_are_exactly_the_documented_ones(bundle: dict[str, bytes], tmp_path: Path) -> None:
     """Changing an unbound setting within its range passes (documented gap); leaving it fails."""
     summary = json.loads(bundle["summary.json"])
-    from kiln.canonical import pretty_json
+    from kiln.core.canonical import pretty_json
 
     for key, inside, outside in (
         ("concurrency", 7, 0),

@@ -1,7 +1,7 @@
 """Helpers for the verify/replay tests: collect a REAL bundle without Temporal, reseal edits.
 
-``collect_bundle`` runs :class:`kiln.rollout.group.GroupCollector` with the tiny model against a
-live counter environment and builds the three files with :func:`kiln.rollout.bundle.build_bundle`,
+``collect_bundle`` runs :class:`kiln.core.rollout.group.GroupCollector` with the tiny model against a
+live counter environment and builds the three files with :func:`kiln.core.rollout.bundle.build_bundle`,
 mirroring production: the inspection and every group document travel through canonical JSON (the
 store does that in a run). ``reseal`` re-serialises edited documents and recomputes every digest
 and byte count that binds them, so an edit is only caught by the verifier's semantic checks.
@@ -15,12 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln.canonical import canonical_json, pretty_json, sha256_bytes
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.run_plan import BundleSpec
+from kiln.core.canonical import canonical_json, pretty_json, sha256_bytes
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.run_plan import BundleSpec
 
 FILES = ("rollouts.jsonl", "replay.json", "summary.json")
 
@@ -70,7 +70,7 @@ def collect_bundle(
     thinking: bool = True,
 ) -> dict[str, bytes]:
     """``{"rollouts.jsonl", "replay.json", "summary.json"}`` → bytes of a real collection."""
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(model_dir)
     settings = EpisodeSettings(group_size=group_size, max_steps=max_steps, max_action_tokens=48, thinking=thinking)

@@ -1,6 +1,6 @@
 """Replay validation vectors (reference-behaviour §11, adapted to Kiln's format) and invalid tails.
 
-* Synthetic replay candidates drive :func:`kiln.rollout.verify.check_replay_candidate` directly.
+* Synthetic replay candidates drive :func:`kiln.core.rollout.verify.check_replay_candidate` directly.
 * A scripted policy (no model) drives the REAL ``GroupCollector`` against the counter env to
   produce the three harness outcomes (invalid JSON, schema failure, no output) and a fenced action;
   the resulting bundle verifies, and edits of its invalid tails are caught.
@@ -15,12 +15,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from kiln.canonical import canonical_json
-from kiln.contracts import reset_payload, reset_plan_sha256
-from kiln.openenv.discovery import inspect_environment
-from kiln.rollout.bundle import build_bundle
-from kiln.rollout.group import EpisodeSettings, GroupCollector, GroupTask
-from kiln.rollout.verify import (
+from kiln.core.canonical import canonical_json
+from kiln.core.contracts import reset_payload, reset_plan_sha256
+from kiln.core.openenv.discovery import inspect_environment
+from kiln.core.rollout.bundle import build_bundle
+from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
+from kiln.core.rollout.verify import (
     VerificationFailed,
     Where,
     check_replay_candidate,
@@ -207,7 +207,7 @@ def _edit_return_everywhere(lines, replay, summary, c: int, value: float) -> Non
     lines[0]["completions"][c]["openenv"]["episode_return"] = value
     replay["groups"][0]["candidates"][c]["episode_return"] = value
     summary["rollouts"][c]["episode_return"] = value
-    from kiln.rollout.bundle import rollout_stats
+    from kiln.core.rollout.bundle import rollout_stats
 
     summary["stats"] = rollout_stats(summary["rollouts"])
 

@@ -1,4 +1,4 @@
-"""The reader wait the vLLM server installs on vLLM's CPU platform (kiln/policy/vllm_cpu_wait.py):
+"""The reader wait the vLLM server installs on vLLM's CPU platform (kiln/core/policy/vllm_cpu_wait.py):
 yield right after a read, sleep for the rest of vLLM's busy window, vLLM's own wait after it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kiln.policy import vllm_cpu_wait
+from kiln.core.policy import vllm_cpu_wait
 
 pytestmark = pytest.mark.timeout(60)
 

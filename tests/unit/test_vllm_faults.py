@@ -1,5 +1,5 @@
-"""How the vllm engine's failures are classified (kiln/policy/vllm_faults.py) and what the server
-decides from a model folder (kiln/policy/vllm_server.py), without starting an engine. The log
+"""How the vllm engine's failures are classified (kiln/core/policy/vllm_faults.py) and what the server
+decides from a model folder (kiln/core/policy/vllm_server.py), without starting an engine. The log
 lines are vLLM 0.32's own, as its CPU build wrote them for the faults named (the engine tests in
 tests/integration/test_engine_vllm_families.py produce the start faults for real)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.errors import EngineFault, EngineUnavailable, ModelUnsupported, error_type
-from kiln.policy import vllm_faults, vllm_server
+from kiln.core.errors import EngineFault, EngineUnavailable, ModelUnsupported, error_type
+from kiln.core.policy import vllm_faults, vllm_server
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The grouped LoRA products the vLLM server installs on vLLM's CPU path (kiln/policy/vllm_lora_cpu.py):
+"""The grouped LoRA products the vLLM server installs on vLLM's CPU path (kiln/core/policy/vllm_lora_cpu.py):
 each row gets its own adapter's product, rows without an adapter (-1) get none, and the
 write/accumulate and width rules are those of the per-token products they replace."""
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(60)
 
 import torch
 
-from kiln.policy import vllm_lora_cpu as ops
+from kiln.core.policy import vllm_lora_cpu as ops
 
 torch.set_num_threads(1)
 

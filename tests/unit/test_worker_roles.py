@@ -28,8 +28,8 @@ def test_training_has_its_own_queue_and_every_other_gpu_activity_samples() -> No
 def test_a_sampler_keeps_more_adapters_than_a_run_can_be_stale() -> None:
     """An episode finishes under the adapter it began with: the runtime's LRU holds at least
     ``max_staleness + 1`` adapters for the largest staleness a run may ask for."""
-    from kiln.contracts import RunRequest
-    from kiln.policy.runtime import PolicyRuntime
+    from kiln.core.contracts import RunRequest
+    from kiln.core.policy.runtime import PolicyRuntime
 
     largest = max(get_args(RunRequest.model_fields["max_staleness"].annotation))
     held = inspect.signature(PolicyRuntime.load).parameters["max_adapters"].default
@@ -44,7 +44,7 @@ def test_the_worker_entry_accepts_every_role(role: str) -> None:
 
 
 def test_a_trainer_alone_trains_on_its_own_model_and_a_gpu_worker_borrows_the_runtime(tmp_path) -> None:
-    from kiln.settings import Settings
+    from kiln.core.settings import Settings
 
     gpu = GpuActivities(Settings(home=tmp_path, device="cpu"), store=None, model_path=tmp_path)
     assert gpu.samples and gpu._train_launch() == (None, None)  # the runtime's model, in this process

@@ -1,4 +1,4 @@
-"""Observation cross-entropy of a policy on evaluation transcripts (kiln.train.world_model)."""
+"""Observation cross-entropy of a policy on evaluation transcripts (kiln.core.train.world_model)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from kiln.train.world_model import (  # noqa: E402
+from kiln.core.train.world_model import (  # noqa: E402
     observation_cross_entropy,
     world_model_comparison,
 )
@@ -172,7 +172,7 @@ def test_no_observation_tokens_gives_none(model_path) -> None:
 
 
 def test_missing_adapter_raises(model_path, tmp_path) -> None:
-    from kiln.errors import AdapterNotFound
+    from kiln.core.errors import AdapterNotFound
 
     with pytest.raises(AdapterNotFound):
         observation_cross_entropy(model_path, _lines(), adapter_dir=tmp_path / "nope")

@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any
 
+
 class BugReproduced(AssertionError):
     """Raised by the assertion that shows a known product bug (``xfail(raises=BugReproduced)``),
     so that any other failure of such a test still fails the suite."""
@@ -41,7 +42,7 @@ def _text_diff(name: str, ours: bytes, theirs: bytes, limit: int = 40) -> str:
 
 def verify_published(store: Any, run_id: str, status: dict[str, Any]) -> dict[str, Any]:
     """Exactly one manifest for the run, equal to what status names; every listed object intact."""
-    from kiln.artifacts.manifest import manifest_key
+    from kiln.core.artifacts.manifest import manifest_key
 
     key = manifest_key(run_id)
     keys = [k for k in store.list_keys(f"runs/{run_id}/") if k.endswith("manifest.json")]
@@ -57,7 +58,7 @@ def verify_published(store: Any, run_id: str, status: dict[str, Any]) -> dict[st
 
 
 def manifest_absent(store: Any, run_id: str) -> bool:
-    from kiln.artifacts.manifest import manifest_key
+    from kiln.core.artifacts.manifest import manifest_key
 
     return not store.exists(manifest_key(run_id))
 

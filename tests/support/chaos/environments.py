@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.support.chaos.stack import LOOPBACK
 
+
 def ws_url(base_url: str) -> str:
     return base_url.replace("http://", "ws://", 1).rstrip("/") + "/ws"
 

@@ -10,10 +10,10 @@ present the workers behave exactly like ``python -m workers``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
-import asyncio
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -163,7 +163,7 @@ def install_hooks(role: str, hooks: FaultHooks) -> None:
     """Wrap the worker's activity bodies with the hook points (see the module docstring)."""
     _hook_activity_starts(hooks)
     if role in ("gpu", "all"):
-        import kiln.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
+        import kiln.core.policy.runtime  # noqa: F401 - import torch before polling: "ready" means ready
 
         _hook_collection(hooks)
         _hook_training(hooks)
@@ -245,7 +245,7 @@ def _hook_collection(hooks: FaultHooks) -> None:
 
 def _hook_training(hooks: FaultHooks) -> None:
     """Log training steps/checkpoints/attempts; inject the one-shot training faults and delays."""
-    import kiln.stages.training as training_mod
+    import kiln.core.stages.training as training_mod
 
     original_train = training_mod.train
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from tests.support.chaos.assertions import _text_diff, read_uri, verify_published
 from tests.support.chaos.stack import ChaosStack
 
+
 async def connect(stack: ChaosStack) -> Any:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter

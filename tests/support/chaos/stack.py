@@ -87,7 +87,7 @@ class ChaosStack:
 
     def settings(self) -> Any:
         """The Settings the workers run with (for S3 access from the test process)."""
-        from kiln.settings import Settings
+        from kiln.core.settings import Settings
 
         return Settings(
             home=self.root / "kiln-home",
@@ -104,7 +104,7 @@ class ChaosStack:
         )
 
     def store(self) -> Any:
-        from kiln.artifacts.store import S3Store
+        from kiln.core.artifacts.store import S3Store
 
         return S3Store(
             endpoint=self.s3_endpoint,

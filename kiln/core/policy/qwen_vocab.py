@@ -1,0 +1,118 @@
+"""Qwen's real BPE vocabulary, offline: ``qwen.tiktoken`` → a transformers fast tokenizer.
+
+The ranks file ships inside the ``dashscope`` wheel (``dashscope/resources/qwen.tiktoken``,
+151,643 byte-level BPE ranks); ``scripts/setup.sh`` installs that wheel with ``--no-deps``, so the
+file is on disk after setup and nothing is downloaded when a model is built. ``KILN_QWEN_TIKTOKEN``
+points at another copy. Conversion uses transformers' ``TikTokenConverter`` (merges recovered from
+the ranks) with Qwen's pre-tokenizer split (single digits) and Qwen3's special tokens at their real
+ids (151643…151668); the vocabulary is padded to Qwen3's 151,936 embedding rows by the model config.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+from pathlib import Path
+
+from kiln.core.errors import ModelNotFound
+from kiln.core.policy.templates import QWEN3_TEMPLATE
+from kiln.core.policy.tokenizer import QWEN_SPLIT_PATTERN
+
+QWEN_RANKS = 151643
+QWEN3_VOCAB_SIZE = 151936
+# Qwen3's added tokens, in id order from 151643; True = special (skipped when decoding without specials).
+QWEN3_ADDED = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
+
+
+def qwen_tiktoken_path() -> Path:
+    """Where ``qwen.tiktoken`` is: ``KILN_QWEN_TIKTOKEN``, else inside the installed dashscope
+    package (located without importing it)."""
+    explicit = os.environ.get("KILN_QWEN_TIKTOKEN")
+    if explicit:
+        path = Path(explicit)
+    else:
+        spec = importlib.util.find_spec("dashscope")
+        origin = spec.origin if spec is not None else None
+        path = Path(origin).parent / "resources" / "qwen.tiktoken" if origin else Path("qwen.tiktoken")
+    if not path.is_file():
+        raise ModelNotFound(
+            f"Qwen's BPE ranks file is not installed ({path})",
+            hint="run scripts/setup.sh (it installs `dashscope==2.0.2` with --no-deps, which ships "
+            "qwen.tiktoken), or set KILN_QWEN_TIKTOKEN to a copy of the file",
+            details={"path": str(path)},
+        )
+    return path
+
+
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """``base64-token rank`` lines → {token bytes: rank}."""
+    ranks: dict[bytes, int] = {}
+    for line in Path(path).read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def build_qwen_tokenizer(path: Path | None = None, *, chat_template: str = QWEN3_TEMPLATE):
+    """The Qwen3 fast tokenizer (real vocabulary, special tokens at their real ids)."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class _Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+            return read_ranks(Path(tiktoken_url))
+
+    source = Path(path) if path is not None else qwen_tiktoken_path()
+    tok = _Converter(vocab_file=str(source), pattern=QWEN_SPLIT_PATTERN).converted()
+    tok.post_processor = None
+    base = tok.get_vocab_size(with_added_tokens=False)
+    if base != QWEN_RANKS:
+        raise ModelNotFound(f"{source} holds {base} ranks, expected Qwen's {QWEN_RANKS}")
+    tok.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in QWEN3_ADDED])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=40960,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    fast.chat_template = chat_template
+    return fast
+
+
+__all__ = ["QWEN3_ADDED", "QWEN3_VOCAB_SIZE", "build_qwen_tokenizer", "qwen_tiktoken_path", "read_ranks"]

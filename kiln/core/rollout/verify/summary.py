@@ -1,0 +1,216 @@
+"""Summary checks: the settings, the behaviour policy, the inspections and each rollout record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.core.canonical import digest_json, is_digest
+from kiln.core.contracts import MAX_SEED
+from kiln.core.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
+from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
+from kiln.core.rollout.prompts import PROMPT_VERSION
+from kiln.core.rollout.replay_ignore import check_paths
+from kiln.core.rollout.provenance import rollout_record
+from kiln.core.rollout.verify.checks import (
+    SUMMARY_FILE,
+    Where,
+    _is_number,
+    fail,
+    need_bool,
+    need_dict,
+    need_digest,
+    need_float,
+    need_int,
+    need_keys,
+    need_list,
+    need_match,
+)
+
+#: Summary settings that nothing else in the bundle records: only their type/range is checked
+#: (``max_action_tokens`` is also held to the context rule when the summary records ``context_tokens``).
+UNBOUND_SUMMARY_FIELDS = (
+    "concurrency",
+    "temperature",
+    "capacity_wait_seconds",
+    "max_action_tokens",
+    "thinking_budget_tokens",
+    "max_recoverable_errors",
+    "constrained_actions",
+)
+
+_SUMMARY_KEYS = frozenset(
+    {
+        "schema",
+        "prompt_version",
+        "adapter",
+        "adapter_label",
+        "behavior_policy",
+        "environments",
+        "groups",
+        "group_size",
+        "rollout_count",
+        "seed_start",
+        "max_steps",
+        "concurrency",
+        "max_action_tokens",
+        "thinking_budget_tokens",
+        "temperature",
+        "thinking",
+        "constrained_actions",
+        "protocol_error_reward",
+        "max_recoverable_errors",
+        "capacity_wait_seconds",
+        "reset_plan_sha256",
+        "dataset_sha256",
+        "dataset_bytes",
+        "replay_sha256",
+        "replay_bytes",
+        "stats",
+        "rollouts",
+    }
+)
+_SUMMARY_OPTIONAL = frozenset(
+    {"training_selection", "reset_determinism", "replay_ignore", "context_tokens", "context_policy"}
+)
+
+
+def check_summary(summary: dict) -> None:
+    where = Where(SUMMARY_FILE)
+    need_keys(summary, _SUMMARY_KEYS, where, "", _SUMMARY_OPTIONAL)
+    if summary["schema"] != SUMMARY_SCHEMA:
+        raise fail(where, "schema", f"must be {SUMMARY_SCHEMA!r}")
+    if summary["prompt_version"] != PROMPT_VERSION:
+        raise fail(where, "prompt_version", f"must be {PROMPT_VERSION!r} (the prompt this verifier recomputes)")
+    adapter = summary["adapter"]
+    if adapter is not None and (not isinstance(adapter, str) or adapter in ("", "base")):
+        raise fail(where, "adapter", "must be null (base) or an adapter name")
+    if summary["adapter_label"] != (adapter or "base"):
+        raise fail(where, "adapter_label", "must be the adapter name, or 'base' when adapter is null")
+    check_behavior_policy(summary["behavior_policy"], adapter, where)
+    environments = need_list(summary["environments"], where, "environments")
+    if not 1 <= len(environments) <= 64:
+        raise fail(where, "environments", "must hold 1..64 inspections")
+    for index, inspection in enumerate(environments):
+        check_inspection(inspection, where, f"environments[{index}]")
+    groups = need_int(summary, "groups", where, 1, 16384)
+    if groups < len(environments):
+        raise fail(where, "groups", "must be >= the number of environments")
+    group_size = need_int(summary, "group_size", where, 1, 256)
+    if need_int(summary, "rollout_count", where) != groups * group_size:
+        raise fail(where, "rollout_count", "must equal groups × group_size")
+    seed_start = need_int(summary, "seed_start", where, 0, MAX_SEED)
+    if seed_start + groups - 1 > MAX_SEED:
+        raise fail(where, "seed_start", "seed_start + groups - 1 exceeds 2^63-1")
+    need_int(summary, "max_steps", where, 1, 256)
+    need_int(summary, "concurrency", where, 1, 256)
+    max_tokens = need_int(summary, "max_action_tokens", where, 1, 16384)
+    thinking = need_bool(summary, "thinking", where)
+    need_bool(summary, "constrained_actions", where)
+    budget = summary["thinking_budget_tokens"]
+    if budget is not None:
+        need_int(summary, "thinking_budget_tokens", where, 1, max_tokens - 1)
+        if not thinking:
+            raise fail(where, "thinking_budget_tokens", "requires thinking=true")
+    temperature = summary["temperature"]
+    if not _is_number(temperature) or temperature < 0:
+        raise fail(where, "temperature", "must be a finite number >= 0")
+    need_float(summary, "protocol_error_reward", where)
+    need_int(summary, "max_recoverable_errors", where, 0, 64)
+    need_int(summary, "capacity_wait_seconds", where, 1, 3600)
+    for key in ("reset_plan_sha256", "dataset_sha256", "replay_sha256"):
+        need_digest(summary, key, where)
+    need_int(summary, "dataset_bytes", where, 0, MAX_ARTIFACT_BYTES)
+    need_int(summary, "replay_bytes", where, 1, MAX_ARTIFACT_BYTES)
+    need_dict(summary["stats"], where, "stats")
+    records = need_list(summary["rollouts"], where, "rollouts")
+    if len(records) != groups * group_size:
+        raise fail(where, "rollouts", "must hold rollout_count records")
+    if ("context_tokens" in summary) != ("context_policy" in summary):
+        raise fail(where, "context_policy", "context_tokens and context_policy come together")
+    if "context_tokens" in summary:
+        need_int(summary, "context_tokens", where, 1)
+        if summary["context_policy"] not in ("end", "end_penalised"):
+            raise fail(where, "context_policy", "must be 'end' or 'end_penalised'")
+    if "training_selection" in summary:
+        need_dict(summary["training_selection"], where, "training_selection")
+    if "replay_ignore" in summary:
+        paths = need_list(summary["replay_ignore"], where, "replay_ignore")
+        try:
+            if not paths or check_paths(paths) != paths:
+                raise ValueError("must be a non-empty, sorted list of unique paths")
+        except ValueError as exc:
+            raise fail(where, "replay_ignore", str(exc)) from None
+
+
+def check_behavior_policy(policy: Any, adapter: str | None, where: Where) -> None:
+    """v5: a valid behaviour-policy identity whose adapter name equals the summary's ``adapter``."""
+    policy = need_dict(policy, where, "behavior_policy")
+    if not is_digest(policy.get("base_model_sha256")):
+        raise fail(where, "behavior_policy.base_model_sha256", "must be a sha256 digest")
+    if not isinstance(policy.get("runtime"), dict):
+        raise fail(where, "behavior_policy.runtime", "must be a JSON object")
+    adapter_digest = policy.get("adapter_sha256")
+    if adapter is None and adapter_digest is not None:
+        raise fail(where, "behavior_policy.adapter_sha256", "must be null for the base model")
+    if adapter is not None and not is_digest(adapter_digest):
+        raise fail(where, "behavior_policy.adapter_sha256", "must be the adapter's sha256 digest")
+    if "adapter" in policy and policy["adapter"] != adapter:
+        raise fail(where, "behavior_policy.adapter", "differs from the summary's adapter")
+
+
+def check_inspection(inspection: Any, where: Where, field: str) -> None:
+    """An inspection ``{identity, schema}`` whose schema digest matches its schema document."""
+    inspection = need_dict(inspection, where, field)
+    need_keys(inspection, frozenset({"identity", "schema"}), where, field)
+    identity = need_dict(inspection["identity"], where, f"{field}.identity")
+    schema = need_dict(inspection["schema"], where, f"{field}.schema")
+    if identity.get("schema") != IDENTITY_SCHEMA:
+        raise fail(where, f"{field}.identity.schema", f"must be {IDENTITY_SCHEMA!r}")
+    if identity.get("client_profile") != CLIENT_PROFILE:
+        raise fail(where, f"{field}.identity.client_profile", f"must be {CLIENT_PROFILE!r}")
+    for key in ("base_url", "websocket_url"):
+        if not isinstance(identity.get(key), str):
+            raise fail(where, f"{field}.identity.{key}", "must be a string")
+    if identity.get("authentication") not in ("none", "bearer"):
+        raise fail(where, f"{field}.identity.authentication", "must be 'none' or 'bearer'")
+    if not isinstance(identity.get("metadata"), dict):
+        raise fail(where, f"{field}.identity.metadata", "must be a JSON object")
+    if not isinstance(identity.get("environments"), list):
+        raise fail(where, f"{field}.identity.environments", "must be a JSON array")
+    if identity.get("schema_sha256") != digest_json(schema):
+        raise fail(where, f"{field}.identity.schema_sha256", "is not the digest of the schema document")
+    if "discovery_sha256" in identity and not is_digest(identity["discovery_sha256"]):
+        raise fail(where, f"{field}.identity.discovery_sha256", "must be a sha256 digest")
+    if not isinstance(schema.get("action"), dict):
+        raise fail(where, f"{field}.schema.action", "must be a JSON object")
+
+
+def check_record(
+    record: Any,
+    where: Where,
+    *,
+    group: dict,
+    candidate: dict,
+    facts: Any,
+    inspection: dict,
+    harness_code: str | None = None,
+) -> None:
+    """One summary ``rollouts`` record against the replay candidate (rebuilt by the collector's builder).
+
+    ``harness_code`` (the completion's) is optional in a record: bundles written before it
+    existed omit it; when present it must be the completion's."""
+    expected = rollout_record(
+        inspection["identity"],
+        group_index=group["group_index"],
+        candidate_index=candidate["candidate_index"],
+        seed=group["seed"],
+        steps=len(facts.exchanges),
+        episode_return=facts.episode_return,
+        termination=facts.termination,
+        protocol_error_code=facts.protocol_error_code,
+        recoverable_protocol_errors=candidate["recoverable_protocol_errors"],
+        capacity_retries=candidate["capacity_retries"],
+        model_tokens=candidate["model_tokens"],
+        harness_code=harness_code if isinstance(record, dict) and "harness_code" in record else None,
+    )
+    need_match(record, expected, where, "rollouts[]", "the replay")

@@ -1,0 +1,100 @@
+"""Storing one online-RL iteration: its bundle, its record, and its row of the learning curve.
+
+Runs on the control worker after iteration ``k`` trained (and was evaluated, when scheduled). The
+bundle (rollouts.jsonl, replay.json, summary.json) is built by the same code as a run's published
+bundle, so every iteration verifies on its own; the record (``kiln.core.artifacts.iterations``) binds
+it to the adapter and receipt the iteration trained and to the identity that sampled it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.core.artifacts.iterations import iteration_key, record_bytes
+from kiln.core.artifacts.selections import full_selection
+from kiln.core.artifacts.store import S3Store
+from kiln.core.canonical import sha256_bytes
+from kiln.core.records import IterationFiles, IterationInput
+from kiln.core.run_status import invalid_action_rate
+from kiln.core.stages.evaluation import store_bundle
+from kiln.core.telemetry.live import put_iteration
+
+
+def _training_block(inp: IterationInput) -> dict[str, Any] | None:
+    training = inp.training
+    if training is None:
+        return None
+    return {
+        "trained": training.trained,
+        "skip_reason": training.skip_reason,
+        "adapter_sha256": training.adapter_sha256,
+        "adapter_files": [{"name": f.name, **f.object.model_dump()} for f in training.adapter_files],
+        "receipt": training.receipt.model_dump() if training.receipt else None,
+        "steps": training.steps,
+    }
+
+
+def _evaluation_block(inp: IterationInput) -> dict[str, Any] | None:
+    evaluation = inp.evaluation
+    if evaluation is None:
+        return None
+    return {
+        "decision": evaluation.decision,
+        "outcome": evaluation.outcome,
+        "receipt": evaluation.receipt.model_dump(),
+        "sides": {
+            side.side: {name: obj.model_dump() for name, obj in sorted(side.files.items())}
+            for side in (evaluation.baseline, evaluation.candidate)
+        },
+    }
+
+
+def curve_row(inp: IterationInput, stats: dict[str, Any]) -> dict[str, Any]:
+    """The iteration's figures for status and ``metrics.jsonl`` (kind ``iteration``)."""
+    training = inp.training
+    evaluation = inp.evaluation
+    return {
+        "kind": "iteration",
+        "iteration": inp.iteration,
+        "seed_start": inp.bundle.seed_start,
+        "staleness": inp.staleness,
+        "mean_return": stats.get("mean_episode_return"),
+        "invalid_action_rate": invalid_action_rate(stats),
+        "trained": bool(training and training.trained),
+        "steps": training.steps if training else 0,
+        "loss": training.final_loss if training else None,
+        "kl": training.kl if training else None,
+        "kl_to_previous": training.kl_to_previous if training else None,
+        "kl_to_base": training.kl_to_base if training else None,
+        "early_stop_step": training.early_stop_step if training else None,
+        "adapter_sha256": training.adapter_sha256 if training else None,
+        "eval_mean_return": evaluation.candidate.stats.get("mean_episode_return") if evaluation else None,
+        "eval_baseline_mean_return": evaluation.baseline.stats.get("mean_episode_return") if evaluation else None,
+    }
+
+
+def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
+    stored, stats = store_bundle(
+        store,
+        spec=inp.bundle,
+        environments=inp.environments,
+        groups=inp.groups,
+        behavior_policy=inp.behavior_policy,
+        reset_plan_sha256=inp.reset_plan_sha256,
+        training_selection=full_selection(store, inp.training),
+    )
+    data = record_bytes(
+        {
+            "iteration": inp.iteration,
+            "run_id": inp.run_id,
+            "staleness": inp.staleness,
+            "behavior_policy": inp.behavior_policy,
+            "files": {name: obj.model_dump() for name, obj in sorted(stored.items())},
+            "stats": stats,
+            "training": _training_block(inp),
+            "evaluation": _evaluation_block(inp),
+        }
+    )
+    store.put_key(iteration_key(inp.run_id, inp.iteration), data, action="put iteration record")
+    put_iteration(store, inp.run_id, curve_row(inp, stats))
+    return IterationFiles(iteration=inp.iteration, record_sha256=sha256_bytes(data), stats=stats)

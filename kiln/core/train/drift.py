@@ -1,0 +1,112 @@
+"""How far a training moved the policy: the exact KL to the policy it started from and to the base.
+
+Measured once after the last step, on the training's own rows (every kept completion), at every
+action token's position, per position over the **whole vocabulary** and averaged over all of them:
+
+- ``kl_to_previous`` = mean over action positions of KL(π_new ‖ π_start) =
+  ``Σ_v π_new(v)·(log π_new(v) − log π_start(v))``. In an online run π_start is the previous
+  iteration's adapter, so this is KL(π_k ‖ π_{k−1}).
+- ``kl_to_base`` = the same with π_base (the base model, every adapter disabled).
+
+Both are exact per position (no sampling estimate), at the sampling temperature, with no gradient.
+They are computed inside the trainer's post-update scoring pass (:func:`final_pass`, which also gives
+the final evaluation's log-probs): per micro-batch, one backbone forward under the trained adapter,
+one under π_start and (when π_start is not the base) one with every adapter disabled; the hidden
+states of the action positions go through the output head in chunks of positions
+(:func:`kiln.core.train.losses.exact_kls`), so no full-vocabulary tensor of a batch is ever built.
+π_start is the base model itself for a training from the base (a fresh LoRA's B is zero, so it
+adds exactly nothing), else ``base_adapter_dir`` loaded next to the trained adapter, frozen, and
+removed afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.core.errors import TrainingFailed
+from kiln.core.train.batches import Row, collate, pack_microbatches
+from kiln.core.train.losses import exact_kls, output_head, sequence_hidden, sequence_logprobs
+from kiln.core.train.model import TRAIN_ADAPTER
+from kiln.core.train.step import StepSettings
+
+DRIFT_ESTIMATOR = "exact_full_vocabulary"
+START_ADAPTER = "kiln-start"
+
+
+def _hidden_under(model: Any, adapter: str | None, batch: Any) -> torch.Tensor:
+    """Hidden states of ``batch`` under ``adapter`` (None: every adapter disabled)."""
+    if adapter is None:
+        with model.disable_adapter():
+            return sequence_hidden(model, batch.input_ids, batch.attention_mask)
+    model.set_adapter(adapter)
+    try:
+        return sequence_hidden(model, batch.input_ids, batch.attention_mask)
+    finally:
+        model.set_adapter(TRAIN_ADAPTER)
+
+
+def _score(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, start: str | None
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    head = output_head(model)
+    scored: dict[tuple[int, int], torch.Tensor] = {}
+    to_previous: list[float] = []
+    to_base: list[float] = []
+    tokens = 0
+    for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
+        batch = collate(micro).to(device)
+        hidden_new = sequence_hidden(model, batch.input_ids, batch.attention_mask)
+        logprobs = sequence_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.labels,
+            temperature=settings.temperature,
+            hidden=hidden_new,
+        )
+        for b, row in enumerate(micro):
+            scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
+        on = batch.action_mask > 0
+        hiddens = [_hidden_under(model, start, batch)[on]]
+        if start is not None:
+            hiddens.append(_hidden_under(model, None, batch)[on])
+        kls = exact_kls(head, hidden_new[on], hiddens, temperature=settings.temperature)
+        to_previous.append(float(kls[0].double().sum().item()))
+        to_base.append(float(kls[-1].double().sum().item()))
+        tokens += int(on.sum().item())
+    figures = {
+        "kl_to_previous": math.fsum(to_previous) / tokens if tokens else None,
+        "kl_to_base": math.fsum(to_base) / tokens if tokens else None,
+        "action_tokens": tokens,
+        "estimator": DRIFT_ESTIMATOR,
+    }
+    return scored, figures
+
+
+@torch.no_grad()
+def final_pass(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *, start_adapter_dir: Path | None
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    """The post-update pass: every row's log-probs under the trained adapter (as
+    :func:`kiln.core.train.step.score_rows`) and the receipt's ``policy_drift`` block
+    ``{kl_to_previous, kl_to_base, action_tokens, estimator}`` (see the module docstring).
+    ``start_adapter_dir``: the adapter training started from (None: the base model). Leaves the
+    model with only its trained adapter, active, and the torch RNG untouched."""
+    with torch.random.fork_rng(devices=[]):
+        if start_adapter_dir is None:
+            return _score(model, rows, settings, device, None)
+        try:
+            model.load_adapter(str(start_adapter_dir), adapter_name=START_ADAPTER, is_trainable=False)
+        except (OSError, ValueError) as exc:
+            raise TrainingFailed(
+                f"cannot load the starting adapter {start_adapter_dir}: {exc}", code="adapter_load_failed"
+            ) from exc
+        try:
+            return _score(model, rows, settings, device, START_ADAPTER)
+        finally:
+            model.set_adapter(TRAIN_ADAPTER)
+            model.delete_adapter(START_ADAPTER)

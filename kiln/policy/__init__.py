@@ -1,8 +1,0 @@
-"""The policy: model loading on a device/dtype, chat-template glue, tokenizers, sampling runtime.
-
-Importing this package must not import torch: ``kiln.policy.identity``, ``kiln.policy.chat_glue``,
-``kiln.policy.chat_template``, ``kiln.policy.templates`` and ``kiln.policy.families`` (the model
-family table) are pure; ``device``, ``loading``,
-``runtime``, ``sampling``, ``tiny``, ``qwen_vocab`` and ``random_model`` need torch/transformers
-(the ``train`` extra) and are imported explicitly by the gpu worker, the CLI and the benches.
-"""
