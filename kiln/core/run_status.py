@@ -29,7 +29,8 @@ RUN_STAGES = (
     "publication",
 )
 DATASET_STAGES = ("split", "training", "publication")
-TERMINAL_STATES = ("completed", "failed", "cancelled")
+# ``terminated`` is set by the API only (the workflow cannot see its own termination).
+TERMINAL_STATES = ("completed", "failed", "cancelled", "terminated")
 Stage = Literal[
     "admission",
     "queue",
@@ -237,7 +238,7 @@ class RunStatus(_Status):
     run_id: str = ""
     kind: str | None = None
     phase: str = "admission"
-    state: Literal["running", "completed", "failed", "cancelled"] = "running"
+    state: Literal["running", "completed", "failed", "cancelled", "terminated"] = "running"
     progress: Progress = Field(default_factory=Progress)
     mean_return: float | None = None
     environments: list[EnvironmentStatus] = Field(default_factory=list)

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.core.run_status import Failure, RunStatus
 
 RUN_LIST_SCHEMA = "kiln.openenv-run-list.v1"
-RunState = Literal["running", "completed", "failed", "cancelled"]
+# ``terminated``: ended through Temporal (``temporal workflow terminate``), not by Kiln.
+RunState = Literal["running", "completed", "failed", "cancelled", "terminated"]
 # Where the workflow-owned fields of a view came from.
 StatusSource = Literal["query", "result", "history"]
 
@@ -58,6 +59,16 @@ class TrainingProgress(BaseModel):
     tokens_per_s: float | None = None
 
 
+class Termination(BaseModel):
+    """Who terminated a run through Temporal, and why, as Temporal's history recorded it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    identity: str = Field(description="The identity of the client that terminated the workflow.")
+    reason: str = Field(description="The reason it gave (`temporal workflow terminate --reason`).")
+    stage: str = Field(description="The stage the run was in when it was terminated.")
+
+
 class RunView(RunStatus):
     """One run as the API answers it: the workflow's ``RunStatus`` plus the API's own fields."""
 
@@ -79,6 +90,9 @@ class RunView(RunStatus):
     )
     live_training: dict[str, Any] | None = Field(
         default=None, description="The raw live progress record the gpu worker last wrote to S3."
+    )
+    termination: Termination | None = Field(
+        default=None, description="Set when `state` is `terminated`: who ended the run through Temporal, and why."
     )
     cancel_requested: bool = Field(default=False, description="True in the answer to a cancel request.")
     unclaimed: str | None = Field(
@@ -144,6 +158,7 @@ __all__ = [
     "RunState",
     "RunSummary",
     "RunView",
+    "Termination",
     "TrainingProgress",
     "placeholder_failure",
 ]
