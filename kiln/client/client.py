@@ -22,10 +22,11 @@ from kiln.client.http import ApiClient
 from kiln.core.contracts import RunRequest, TrainingConfig, parse_run_request
 from kiln.core.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
 from kiln.core.run_view import RunList, RunView
+from kiln.core.tolerant import TOLERANT_CONTEXT
 
 
 def _view(answer: Any) -> RunView:
-    return answer if isinstance(answer, RunView) else RunView.model_validate(answer)
+    return answer if isinstance(answer, RunView) else RunView.model_validate(answer, context=TOLERANT_CONTEXT)
 
 
 def _request(kind: str, environments: str | list[str], fields: dict[str, Any]) -> RunRequest:

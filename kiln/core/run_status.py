@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kiln.core.rollout.context import context_warning
+from kiln.core.tolerant import Tolerant
 
 STATUS_SCHEMA = "kiln.run-status.v1"
 
@@ -51,7 +52,7 @@ def invalid_action_rate(stats: dict[str, Any]) -> float | None:
     return stats.get("invalid_model_action_count", 0) / rollouts if rollouts else None
 
 
-class _Status(BaseModel):
+class _Status(Tolerant):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.core.run_status import Failure, RunStatus
+from kiln.core.tolerant import Tolerant
 
 RUN_LIST_SCHEMA = "kiln.openenv-run-list.v1"
 # ``terminated``: ended through Temporal (``temporal workflow terminate``), not by Kiln.
@@ -26,7 +27,7 @@ RunState = Literal["running", "completed", "failed", "cancelled", "terminated"]
 StatusSource = Literal["query", "result", "history"]
 
 
-class InFlightActivity(BaseModel):
+class InFlightActivity(Tolerant):
     """One pending activity of a running run, as Temporal describes it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -59,7 +60,7 @@ class TrainingProgress(BaseModel):
     tokens_per_s: float | None = None
 
 
-class Termination(BaseModel):
+class Termination(Tolerant):
     """Who terminated a run through Temporal, and why, as Temporal's history recorded it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -112,7 +113,7 @@ class RunView(RunStatus):
         return self.status_source == "history" and self.state == "running"
 
 
-class RunSummary(BaseModel):
+class RunSummary(Tolerant):
     """One row of the run list (from Temporal's visibility store, no worker needed)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -137,7 +138,7 @@ class RunSummary(BaseModel):
     closed_at: str | None = None
 
 
-class RunList(BaseModel):
+class RunList(Tolerant):
     """``GET /v1/openenv/runs``: runs newest first."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
