@@ -13,7 +13,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.core.artifacts.store import S3Store
-from kiln.core.contracts import parse_run_request, request_digest, reset_plan_sha256
+from kiln.core.contracts import parse_run_request, reset_plan_sha256
+from kiln.core.request_digest import request_digest
 from kiln.core.openenv.urls import normalize_url, require_allowed_host
 from kiln.core.served_models import model_task_queue, require_served
 from kiln.core.stages.discovery import discover, revalidate

@@ -10,14 +10,8 @@ from typing import Any, Optional
 
 import typer
 
-from kiln.core.contracts import (
-    EchoConfig,
-    EnvironmentEvalConfig,
-    GateConfig,
-    PostEvalConfig,
-    RunRequest,
-    TrainingConfig,
-)
+from kiln.core.contracts import RunRequest
+from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, TrainingConfig
 from kiln.cli.console import JsonAwareGroup, console, fail as _fail, print_json, progress
 from kiln.cli.flags import check_request, literal_choices
 from kiln.cli.follow import FOLLOW_OPT

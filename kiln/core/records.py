@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.core.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
+from kiln.core.contracts import EpisodeSettings, RunRequest
+from kiln.core.training_config import EnvironmentEvalConfig, TrainingConfig
 from kiln.core.run_plan import PARALLEL_GROUPS, BundleSpec, GroupSlot
 from kiln.core.run_status import Progress, RunStatus
 

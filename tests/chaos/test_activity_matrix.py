@@ -159,7 +159,7 @@ async def _kill_in_turn(
 async def test_dataset_training_activities_recover_from_a_killed_worker(
     stack: ChaosStack, reference_train: RunOutcome
 ) -> None:
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.records import StoredObject, TrainDatasetInput
 
     store = stack.store()

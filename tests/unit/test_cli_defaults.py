@@ -11,7 +11,8 @@ from typer.models import OptionInfo
 
 from kiln.cli import app as cli
 from kiln.cli import control_cmds
-from kiln.core.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.core.contracts import RunRequest
+from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, TrainingConfig
 
 # CLI parameters whose name differs from the model field they set.
 RENAMED = {
