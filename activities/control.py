@@ -40,19 +40,12 @@ from kiln.core.stages.dataset import split_dataset
 from kiln.core.stages.evaluation import evaluate, store_side_bundle
 from kiln.core.stages.publication import publish_training
 from kiln.core.artifacts.group_sets import group_set
-from kiln.core.records import (
-    DatasetSplit,
-    GroupIndexInput,
-    GroupSet,
-    IterationFiles,
-    IterationInput,
-    PublishTrainingInput,
-    StoredObject,
-)
+from kiln.core.records import GroupIndexInput, GroupSet, IterationFiles, IterationInput, StoredObject
+from kiln.core.side_records import DatasetSplit, PublishTrainingInput
 from kiln.core.stages.iteration import store_iteration
 from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.core.errors import RunCapacityFull
-from kiln.core.records import QueueState, SlotReply, SlotRequest
+from kiln.core.side_records import QueueState, SlotReply, SlotRequest
 from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
 
 

@@ -160,7 +160,8 @@ async def test_dataset_training_activities_recover_from_a_killed_worker(
     stack: ChaosStack, reference_train: RunOutcome
 ) -> None:
     from kiln.core.training_config import TrainingConfig
-    from kiln.core.records import StoredObject, TrainDatasetInput
+    from kiln.core.records import StoredObject
+    from kiln.core.side_records import TrainDatasetInput
 
     store = stack.store()
     rollouts = read_uri(store, next(a["uri"] for a in reference_train.status["artifacts"] if a["name"] == "rollouts.jsonl"))
