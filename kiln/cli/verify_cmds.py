@@ -79,11 +79,11 @@ def register(openenv_app: typer.Typer) -> None:
     ) -> None:
         """Download a run's manifest and every artifact it lists (each size and SHA-256 rechecked);
         `kiln openenv verify --run FOLDER` then verifies the whole run offline."""
-        from kiln.cli.app import _api
+        from kiln.cli.control_cmds import api_client
         from kiln.client.downloads import download_run
 
         try:
-            receipts = download_run(_api(), run_id, folder, force=force)
+            receipts = download_run(api_client(), run_id, folder, force=force)
         except KilnError as error:
             _fail(error)
             return

@@ -128,8 +128,8 @@ class RunRequest(EpisodeFields):
         description="A model the workers serve (a KILN_MODELS_DIR folder name); default: the workers' default model.",
     )
     # "auto" is resolved by the gpu worker with the policy; the resolved bool is what collection
-    # uses and bundles record.
-    thinking: bool | Literal["auto"] = Field(
+    # uses and bundles record (``episode_settings`` resolves it: a request is never read as settings).
+    thinking: bool | Literal["auto"] = Field(  # type: ignore[assignment]  # the request widens the settings' bool by "auto"
         default="auto",
         description="Reason in <think> first: auto (when the model's chat template supports it), true or false.",
     )

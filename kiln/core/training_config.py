@@ -6,7 +6,7 @@ its gate, the static post-evaluation suite, and the sealed training contract (py
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -175,7 +175,7 @@ class TrainingConfig(StrictModel):
         return DEFAULT_LEARNING_RATES[self.optimizer]
 
 
-TRAINING_CONTRACT_SCHEMA = "kiln.openenv-training-contract.v1"
+TRAINING_CONTRACT_SCHEMA: Final = "kiln.openenv-training-contract.v1"
 
 
 class GateConfig(StrictModel):
