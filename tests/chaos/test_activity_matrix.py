@@ -30,7 +30,9 @@ from tests.support.chaos.faults import PARK_ACTIVITY
 from tests.support.chaos.runs import RunOutcome, connect, drive, result_within, start_run, wait_until_async
 from tests.support.chaos.stack import ChaosStack
 from workflows.names import TRAIN_DATASET_WORKFLOW
-from workflows.options import GROUP_HEARTBEAT, OPTIONS
+from workflows.options import GROUP_HEARTBEAT, OPTIONS as BY_ACTIVITY
+
+OPTIONS = {activity.__name__: options for activity, options in BY_ACTIVITY.items()}  # by activity name
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
