@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kiln.core.canonical import compact_json, digest_json
 from kiln.core.errors import InvalidRequest
 from kiln.core.request_fields import (
+    ENVIRONMENT_URLS,
     CREDENTIAL_ID_RE,
     IDEMPOTENCY_RE,
     MAX_ITERATIONS,
@@ -138,7 +139,7 @@ class RunRequest(EpisodeFields):
         description="Retry-safe submission key: the same key and body answer the existing run (200).",
     )
     environment_urls: list[str] = Field(
-        alias="environments",
+        validation_alias=ENVIRONMENT_URLS,
         min_length=1,
         max_length=64,
         description="Environment base URLs (more than one: a portfolio, groups spread over them).",

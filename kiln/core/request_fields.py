@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
 
 from kiln.core import boundedjson
 from kiln.core.canonical import compact_json
@@ -20,6 +20,9 @@ _ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 CREDENTIAL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The environment URLs field has one documented name, environment_urls; "environments" (the name
+# the OpenAPI document once required) is still accepted from older clients, never written.
+ENVIRONMENT_URLS = AliasChoices("environment_urls", "environments")
 BASE_ADAPTER_ALIASES = {"base", "none", "null"}
 
 
