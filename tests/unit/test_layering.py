@@ -52,7 +52,9 @@ def _full_imports(path: Path) -> set[str]:
 # The kiln modules a workflow may import: pure records, rules and status, no I/O.
 WORKFLOW_KILN_MODULES = {
     "kiln",
+    "kiln.core",
     "kiln.core.records",
+    "kiln.core.side_records",
     "kiln.core.contracts",
     "kiln.core.run_plan",
     "kiln.core.openenv.capacity",
