@@ -538,7 +538,7 @@ async def open_session_and_reset(
 ) -> tuple[EnvSession, StepResult, int]:
     """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED``.
 
-    Returns ``(session, reset_result, capacity_retries)``. Raises
+    Returns ``(session, reset_result, refusals)`` (the ``CAPACITY_REACHED`` refusals met). Raises
     ``EnvironmentCapacityExhausted`` once ``capacity_wait_s`` has elapsed, ``RunCancelled`` when
     ``should_cancel()`` turns true, or the session's own errors. ``on_wait(retries)`` is called
     after every refusal (callers heartbeat there: a long wait for capacity is not a hang).
@@ -591,7 +591,7 @@ async def open_session_and_reset(
                 f"{coerce_url(url).websocket_url}: still at capacity after {elapsed:.1f}s and {retries} retries",
                 details={
                     "protocol_code": CAPACITY_REACHED,
-                    "capacity_retries": retries,
+                    "refusals": retries,
                     "active_sessions": active if isinstance(active, int) else None,
                     "max_sessions": maximum if isinstance(maximum, int) else None,
                 },

@@ -35,7 +35,6 @@ class CandidateEpisode:
     prompt_ids: list[int]
     protocol_error_reward: float
     max_recoverable_errors: int
-    capacity_retries: int = 0
     pieces: list[dict[str, Any]] = field(default_factory=list)
     trajectory: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
