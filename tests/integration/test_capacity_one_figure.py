@@ -1,4 +1,4 @@
-"""One capacity figure (issue 41): ``environment_capacity.<ws url>.refusals`` in a collection's
+"""One capacity figure (issue 41): ``environment_capacity.<url>.refusals`` in a collection's
 figures (what run status sums) and in the replay report, checked against the server's own count.
 
 The server is the real ``openenv`` counter with ONE session, behind an ASGI wrapper that counts
@@ -92,4 +92,4 @@ def test_collection_and_replay_count_the_refusals_the_server_sent(url: str, tiny
     report = asyncio.run(replay_bundle(summary_path, concurrency=4))  # 4 candidates, 1 session
     replayed = server_refusals(url) - before
     assert replayed > 0
-    assert report["environment_capacity"] == {ws: {"refusals": replayed}}
+    assert report["environment_capacity"] == {url: {"refusals": replayed}}

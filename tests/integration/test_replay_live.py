@@ -17,7 +17,6 @@ from typing import Iterator
 import pytest
 
 from kiln.core.errors import EnvironmentIdentityChanged
-from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.replay_live import REPLAY_RUN_SCHEMA, ReplayDrift, replay_bundle
 from kiln.core.rollout.verify import VerificationFailed, verify_bundle
 from tests.support.servers import example_env_argv, free_port, serve_app_process
@@ -65,7 +64,7 @@ def test_replay_passes_against_the_same_environment(bundle: dict[str, bytes], po
         "groups": 2,
         "rollouts": 4,
         "environment_exchanges": offline["environment_exchanges"],
-        "environment_capacity": {normalize_url(f"http://127.0.0.1:{port}").websocket_url: {"refusals": 0}},
+        "environment_capacity": {f"http://127.0.0.1:{port}": {"refusals": 0}},
         "environment_prefix_only_rollouts": sum(
             r["termination"] == "invalid_model_action" for r in json.loads(bundle["summary.json"])["rollouts"]
         ),

@@ -25,7 +25,7 @@ step observation, say) are left out too, and listed; so are the patterns given t
 (``--ignore``), listed apart as replay-time ignores. The two same-payload resets also tell a
 random-reset environment (its reset observations differ), which a reset drift's hint then names.
 Ordinary capacity refusals are retried
-quietly and counted per environment: ``environment_capacity.<ws url>.refusals``, the same name and
+quietly and counted per environment: ``environment_capacity.<url>.refusals``, the same name and
 meaning as in run status (``CAPACITY_REACHED`` refusals met opening this replay's sessions).
 """
 
@@ -323,9 +323,9 @@ def _report(
         "groups": len(bundle.replay["groups"]),
         "rollouts": len(work),
         "environment_exchanges": bundle.report["environment_exchanges"],
-        # CAPACITY_REACHED refusals per environment (its WebSocket URL), named as in run status.
+        # CAPACITY_REACHED refusals per environment (its URL), named as in run status.
         "environment_capacity": {
-            normalize_url(env["identity"]["base_url"]).websocket_url: {"refusals": refusals[index]}
+            env["identity"]["base_url"]: {"refusals": refusals[index]}
             for index, env in enumerate(environments)
         },
         "environment_prefix_only_rollouts": prefix_only,
