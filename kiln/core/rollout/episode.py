@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.core.errors import EnvironmentProtocolError
-from kiln.core.openenv.session import RECOVERABLE_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES
 from kiln.core.rollout.context import TERMINATION as CONTEXT_TERMINATION
 from kiln.core.rollout.context import context_record, has_room
 from kiln.core.rollout.exchange import (

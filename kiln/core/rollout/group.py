@@ -21,7 +21,8 @@ from kiln.core.contracts import EpisodeSettings
 from kiln.core.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
 from kiln.core.jsondiff import differing_paths
 from kiln.core.openenv.tool_calls import action_contract
-from kiln.core.openenv.session import TERMINAL_CODES, EnvSession
+from kiln.core.openenv.replies import TERMINAL_CODES
+from kiln.core.openenv.session import EnvSession
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.context import served_context
 from kiln.core.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms

@@ -41,12 +41,9 @@ from kiln.core.canonical import canonical_json
 from kiln.core.errors import EnvironmentIdentityChanged, InvalidRequest, RunCancelled
 from kiln.core.jsondiff import differing_paths, without_paths
 from kiln.core.openenv.discovery import identity_differences, inspect_environment
-from kiln.core.openenv.session import (
-    TERMINAL_CODES,
-    EnvSession,
-    StepResult,
-    open_session_and_reset,
-)
+from kiln.core.openenv.replies import TERMINAL_CODES, StepResult
+from kiln.core.openenv.session import EnvSession
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.replay_drift import (  # noqa: F401  (ReplayDrift re-exported: callers catch it here)
     Difference,
@@ -325,8 +322,7 @@ def _report(
         "environment_exchanges": bundle.report["environment_exchanges"],
         # CAPACITY_REACHED refusals per environment (its URL), named as in run status.
         "environment_capacity": {
-            env["identity"]["base_url"]: {"refusals": refusals[index]}
-            for index, env in enumerate(environments)
+            env["identity"]["base_url"]: {"refusals": refusals[index]} for index, env in enumerate(environments)
         },
         "environment_prefix_only_rollouts": prefix_only,
         "replay_ignore": {"sealed": sealed, "replay_time": extra},

@@ -7,7 +7,7 @@ from typing import Any
 
 from kiln.core.openenv.discovery import CLIENT_PROFILE
 from kiln.core.openenv.rewards import is_valid_wire_reward, training_reward
-from kiln.core.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES, TERMINAL_CODES
 from kiln.core.rollout.bundle import REPLAY_SCHEMA
 from kiln.core.rollout.exchange import protocol_error_continues
 from kiln.core.rollout.verify.checks import (
