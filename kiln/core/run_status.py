@@ -153,6 +153,24 @@ MAX_INTERRUPTION_RECORDS = 256
 MAX_ITERATION_RECORDS = 100
 
 
+# A training whose adapter is further than this from the base model (KL(π ‖ π_base), nats per
+# action token, exact over the vocabulary: kiln.core.train.drift) gets a status warning.
+KL_TO_BASE_WARN_NATS = 1.0
+
+
+def kl_to_base_warning(kl_to_base: float | None) -> str | None:
+    """The status warning of a training that moved the policy far from the base model (None when
+    ``kl_to_base`` is unknown or at most :data:`KL_TO_BASE_WARN_NATS`)."""
+    if kl_to_base is None or not kl_to_base > KL_TO_BASE_WARN_NATS:
+        return None
+    return (
+        f"the trained adapter is {kl_to_base:.2f} nats per action token from the base model "
+        f"(KL to base above {KL_TO_BASE_WARN_NATS:g}): the policy moved far in one training; lower "
+        "training_config.learning_rate or epochs, set training_config.target_kl to end the training "
+        "early, or add a kl_coeff penalty"
+    )
+
+
 def reset_warning(label: str, group_index: int, fields: list[str]) -> str:
     """The status warning of a group whose candidates saw different resets (``reset_determinism:
     warn``); ``label`` is the collection's ("group", "iteration 2 group", "eval baseline" …)."""
@@ -302,6 +320,9 @@ class RunStatus(_Status):
             skip_reason=training.skip_reason,
         )
         self.warn(*training.selection.get("warnings", []))
+        drifted = kl_to_base_warning(getattr(training, "kl_to_base", None))
+        if drifted is not None:
+            self.warn(drifted)
 
     def warn(self, *messages: str) -> None:
         """Add warnings (bounded: an online-RL run trains many times); in a run of several
