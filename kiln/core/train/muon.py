@@ -16,8 +16,10 @@ micro-batches in another order — round to different bfloat16 updates (6e-3 rel
 after a few steps); in float32 they stay within 1e-5. LoRA matrices are thin (``r`` rows on the
 wide side), so the Gram matrices are ``r × r`` and float32 costs next to nothing.
 
-The state per parameter is ``momentum_buffer`` (as torch's), so checkpoints and continuation
-(:mod:`kiln.core.train.continuation`) treat both alike.
+The state per parameter is ``momentum_buffer`` and the parameter groups carry torch's keys
+(``ns_coefficients``, ``eps``, ``adjust_lr_fn``), so a checkpoint or continuation state
+(:mod:`kiln.core.train.continuation`) of either optimizer loads into the other: a training
+checkpointed by an earlier release resumes here, and one checkpointed here resumes after a rollback.
 """
 
 from __future__ import annotations
@@ -30,16 +32,22 @@ import torch
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 NS_DTYPE = "float32"
+ADJUST_LR_FN = "match_rms_adamw"  # the only scaling Kiln's Muon applies (torch's name for it)
 
 
-def orthogonalise(update: torch.Tensor, steps: int) -> torch.Tensor:
+def orthogonalise(
+    update: torch.Tensor,
+    steps: int,
+    coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+    eps: float = NS_EPS,
+) -> torch.Tensor:
     """:math:`NS_{steps}` of a 2-D ``update`` in float32 (float64 kept): about ``U·Vᵀ`` of its
     SVD ``U·S·Vᵀ``, in the update's shape and the working dtype."""
-    a, b, c = NS_COEFFICIENTS
+    a, b, c = coefficients
     work = update.to(torch.float64 if update.dtype == torch.float64 else torch.float32)
     tall = work.size(0) > work.size(1)
     x = work.T if tall else work
-    x = x / x.norm().clamp_min(NS_EPS)
+    x = x / x.norm().clamp_min(eps)
     for _ in range(steps):
         gram = x @ x.T
         x = a * x + (b * gram + c * (gram @ gram)) @ x
@@ -70,6 +78,9 @@ class Muon(torch.optim.Optimizer):
             "nesterov": nesterov,
             "ns_steps": ns_steps,
             "weight_decay": weight_decay,
+            "ns_coefficients": NS_COEFFICIENTS,
+            "eps": NS_EPS,
+            "adjust_lr_fn": ADJUST_LR_FN,
         }
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -83,6 +94,8 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("Kiln's Muon takes no closure")
         for group in self.param_groups:
+            if group["adjust_lr_fn"] != ADJUST_LR_FN:  # a state loaded from another scaling's optimizer
+                raise ValueError(f"Kiln's Muon scales by {ADJUST_LR_FN}, not {group['adjust_lr_fn']}")
             momentum = group["momentum"]
             for param in group["params"]:
                 if param.grad is None:
@@ -94,6 +107,6 @@ class Muon(torch.optim.Optimizer):
                 buffer = state["momentum_buffer"]
                 buffer.lerp_(grad, 1.0 - momentum)
                 direction = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-                update = orthogonalise(direction, group["ns_steps"])
+                update = orthogonalise(direction, group["ns_steps"], tuple(group["ns_coefficients"]), group["eps"])
                 param.mul_(1.0 - group["lr"] * group["weight_decay"])
                 param.add_(update.to(param.dtype), alpha=-rms_matched_lr(group["lr"], param.shape))

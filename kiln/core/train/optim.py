@@ -19,14 +19,13 @@ from typing import Any
 import torch
 
 from kiln.core.errors import TrainingFailed
-from kiln.core.train.muon import NS_DTYPE, Muon
+from kiln.core.train.muon import ADJUST_LR_FN, NS_DTYPE, Muon
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 MUON_MOMENTUM = 0.95
 MUON_NESTEROV = True
 MUON_NS_STEPS = 5
-MUON_ADJUST_LR = "match_rms_adamw"
 MUON_IMPLEMENTATION = "kiln.core.train.muon"  # torch.optim.Muon before (bfloat16 Newton–Schulz)
 WEIGHT_DECAY = 0.0
 
@@ -52,7 +51,7 @@ def build_optimizer(config: Any, params: list[torch.nn.Parameter]) -> tuple[torc
             "nesterov": MUON_NESTEROV,
             "ns_iters": MUON_NS_STEPS,
             "ns_dtype": NS_DTYPE,
-            "adjust_lr_fn": MUON_ADJUST_LR,
+            "adjust_lr_fn": ADJUST_LR_FN,
             "implementation": MUON_IMPLEMENTATION,
         }
     else:
