@@ -119,28 +119,23 @@ def channel_header(thinking: bool) -> str:
     return ANALYSIS_HEADER if thinking else FINAL_HEADER
 
 
-def _first_message(text: str) -> str:
-    """The text of one message: up to its ``<|end|>`` (or all of it)."""
-    return text.split(END, 1)[0]
-
-
 def split_action(text: str, *, thinking: bool) -> tuple[str, str | None]:
     """(reasoning, answer) of an action's text (specials kept, the stop token removed).
 
-    Thinking (the prompt opened the analysis channel): reasoning = the analysis message's text;
-    answer = the next message's text, stripped, when its header names the final channel, else None
-    (no next message yet, or a commentary / tool message). Not thinking (the prompt opened the final
-    channel): ("", the message's text stripped)."""
+    Thinking (the prompt opened the analysis channel): reasoning = the analysis message's text (up
+    to its ``<|end|>``); answer = everything after the first ``<|message|>``, stripped, when the
+    header before it names the final channel, else None (no next message yet, or a commentary /
+    tool message). Not thinking (the prompt opened the final channel): ("", the text stripped)."""
     if not thinking:
-        return "", _first_message(text).strip()
+        return "", text.strip()
     cut = text.find(MESSAGE)
     if cut < 0:
-        return _first_message(text), None
+        return text.split(END, 1)[0], None
     head, body = text[:cut], text[cut + len(MESSAGE) :]
     header = head.rsplit(START, 1)[-1] if START in head else ""
-    channel = header.split(CHANNEL, 1)[1] if CHANNEL in header else ""
-    final = channel.split()[0] == "final" if channel.split() else False
-    return _first_message(head), (_first_message(body).strip() if final else None)
+    channel = header.split(CHANNEL, 1)[1].split() if CHANNEL in header else []
+    final = bool(channel) and channel[0] == "final"
+    return head.split(END, 1)[0], (body.strip() if final else None)
 
 
 __all__ = [
