@@ -32,7 +32,9 @@ def test_engines_on_a_cpu_share_its_cores_in_slices() -> None:
     assert engine_envs(1, 1, on_cuda=False, gpus=[], cores=[0, 1]) == [{}]
     assert engine_envs(1, 2, on_cuda=False, gpus=[], cores=[0, 1]) == [
         {"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"}]
-    assert engine_envs(2, 1, on_cuda=False, gpus=[], cores=list(range(8))) == [{}]  # vLLM binds its ranks
+    # one engine of 2 ranks: a slice per rank (vLLM's own binding wants a NUMA node per rank)
+    assert engine_envs(2, 1, on_cuda=False, gpus=[], cores=list(range(8))) == [{"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}]
+    assert engine_envs(2, 1, on_cuda=False, gpus=[], cores=[0]) == [{}]
     assert engine_envs(2, 2, on_cuda=False, gpus=[], cores=list(range(9))) == [
         {"VLLM_CPU_OMP_THREADS_BIND": "0-2|3-4"}, {"VLLM_CPU_OMP_THREADS_BIND": "5-6|7-8"}]
     assert engine_envs(1, 2, on_cuda=False, gpus=[], cores=[0, 2, 4, 6]) == [

@@ -9,10 +9,11 @@ Two settings shape it (:class:`kiln.core.settings.Settings`, docs/engines.md):
 
 On CUDA, engine ``i`` gets the visible GPUs ``i*tp … (i+1)*tp - 1`` as its ``CUDA_VISIBLE_DEVICES``;
 asking for more GPUs than are visible is :class:`kiln.core.errors.EngineSettingsInvalid`. On a CPU
-the servers share the machine: with several engines each is bound to a slice of the worker's cores
-(vLLM's ``VLLM_CPU_OMP_THREADS_BIND``; its ranks' slices joined by ``|``), where there are cores
-enough to give every rank one; else vLLM binds each as it would alone. One engine with one device
-keeps today's environment exactly.
+the servers share the machine: with several engines or ranks, each engine is bound to a slice of
+the worker's cores and each of its ranks to a slice of that (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``,
+the ranks' slices joined by ``|``; vLLM's own binding wants a NUMA node per rank), where there are
+cores enough to give every rank one; else vLLM binds each as it would alone. One engine with one
+device keeps today's environment exactly.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def engine_envs(
             {"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * tensor_parallel : (i + 1) * tensor_parallel])}
             for i in range(engines)
         ]
-    if engines == 1 or len(cores) < engines * tensor_parallel:
+    if engines * tensor_parallel == 1 or len(cores) < engines * tensor_parallel:
         return [{} for _ in range(engines)]
     return [
         {CPU_BIND_ENV: "|".join(_cpu_bind(rank) for rank in _slices(own, tensor_parallel))}
