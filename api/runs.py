@@ -24,7 +24,8 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.core.contracts import RunRequest, request_digest
+from kiln.core.contracts import RunRequest
+from kiln.core.request_digest import request_digest
 from kiln.core.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound, RunTerminated
 from kiln.core.run_labels import start_details, start_summary
 from kiln.core.run_status import DATASET_STAGES, RUN_STAGES, Failure, RunStatus

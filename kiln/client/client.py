@@ -19,7 +19,8 @@ from kiln.client.downloads import download_run
 from kiln.client.events import RunEnded, RunEvent, events_between
 from kiln.client.follow import watch
 from kiln.client.http import ApiClient
-from kiln.core.contracts import RunRequest, TrainingConfig, parse_run_request
+from kiln.core.contracts import RunRequest, parse_run_request
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
 from kiln.core.run_view import RunList, RunView
 from kiln.core.tolerant import TOLERANT_CONTEXT

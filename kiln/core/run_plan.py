@@ -11,7 +11,9 @@ import hashlib
 
 from pydantic import ConfigDict
 
-from kiln.core.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, normalize_adapter
+from kiln.core.contracts import EpisodeSettings, RunRequest
+from kiln.core.request_fields import normalize_adapter
+from kiln.core.training_config import EnvironmentEvalConfig
 from kiln.core.tolerant import Tolerant
 
 

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import TrainingRankFailed  # noqa: E402
 from kiln.core.train.launch import Launch, launch_for, train_across  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402

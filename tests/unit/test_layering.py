@@ -38,14 +38,23 @@ def _full_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+            # ``from kiln.core import records`` imports the module kiln.core.records.
+            folder = ROOT.joinpath(*node.module.split("."))
+            for alias in node.names:
+                child = folder / alias.name
+                if child.with_suffix(".py").is_file() or (child / "__init__.py").is_file():
+                    names.add(f"{node.module}.{alias.name}")
+                else:
+                    names.add(node.module)
     return names
 
 
 # The kiln modules a workflow may import: pure records, rules and status, no I/O.
 WORKFLOW_KILN_MODULES = {
     "kiln",
+    "kiln.core",
     "kiln.core.records",
+    "kiln.core.side_records",
     "kiln.core.contracts",
     "kiln.core.run_plan",
     "kiln.core.openenv.capacity",

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import PolicyIdentityChanged, TrainingFailed  # noqa: E402
 from kiln.core.policy.identity import inference_config, with_inference  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402
