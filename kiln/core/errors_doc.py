@@ -46,6 +46,8 @@ OWN_CODES: dict[str, str] = {
     "adapter_load_failed": "the base adapter of a training could not be loaded",
     "training_recorded_constrained": "`behavior_policy: recorded` on actions sampled with constrained decoding, "
     "whose grammar mask the trainer does not reproduce",
+    "packing_unsupported": "`training_config.packing` on a model whose recurrent layers (Gated DeltaNet, Mamba, "
+    "short convolutions) would carry state from one packed row into the next",
     "training_dtype_unsupported": "training in float16 is refused: use bfloat16 or float32",
     "optimizer_unavailable": "Muon asked for over a LoRA parameter that is not a 2-D matrix",
     "staleness_invalid": "a training input names a behaviour adapter for on-policy data (docs/training.md)",

@@ -20,6 +20,7 @@ LATER_SETTINGS: dict[str, Any] = {
     "overlong_buffer_tokens": 0,
     "overlong_penalty": 1.0,
     "entropy_coeff": 0.0,
+    "packing": False,
 }
 
 

@@ -158,6 +158,12 @@ class TrainingConfig(StrictModel):
         ge=0.0,
         description="Entropy bonus: subtract this times the mean policy entropy over action tokens from the loss (0 = off).",
     )
+    packing: bool = Field(
+        default=False,
+        description="Sequence packing: train several completions in one sequence (position ids restart per "
+        "completion, attention stays within it): the same loss and gradient as padded rows, less padding. "
+        "Refused for models with recurrent layers (Gated DeltaNet, Mamba, short convolutions).",
+    )
 
     @model_validator(mode="after")
     def _normaliser_fits_the_objective(self) -> "TrainingConfig":

@@ -63,6 +63,11 @@ def _split(model: Any) -> tuple[Any, Any]:
     return lm.get_decoder(), lm.get_output_embeddings()
 
 
+def backbone(model: Any) -> Any:
+    """The decoder backbone (ids → last hidden states) of a causal LM, PEFT-wrapped or not."""
+    return _split(model)[0]
+
+
 def output_head(model: Any) -> Any:
     """The output head (hidden state → vocabulary logits) of a causal LM, PEFT-wrapped or not."""
     return _split(model)[1]
@@ -78,8 +83,8 @@ def sequence_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
 
 def sequence_logprobs(
     model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
     labels: torch.Tensor,
     *,
     temperature: float = 1.0,
@@ -99,6 +104,8 @@ def sequence_logprobs(
     """
     head = output_head(model)
     if hidden is None:
+        if input_ids is None or attention_mask is None:
+            raise ValueError("sequence_logprobs needs input_ids and attention_mask, or hidden")
         hidden = sequence_hidden(model, input_ids, attention_mask)
     t = _scoring_temperature(temperature)
     rows, length = labels.shape

@@ -218,6 +218,7 @@ def plan_training(
         loss_normaliser=config.loss_normaliser,
         loss_constant_tokens=float(cap) if config.loss_normaliser == "constant" and cap is not None else None,
         entropy_coeff=float(config.entropy_coeff),
+        packing=bool(config.packing),
     )
     effective_config = config.model_dump(mode="json", by_alias=True)
     for key, default in LATER_SETTINGS.items():

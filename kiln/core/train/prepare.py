@@ -21,6 +21,7 @@ from kiln.core.train.continuation import read_init_state, reset_first_moments
 from kiln.core.train.loop import Loop
 from kiln.core.train.model import adapter_content_sha256, attach_lora, load_base_model, trainable_parameters
 from kiln.core.train.optim import build_optimizer
+from kiln.core.train.packing import require_packable
 from kiln.core.train.plan import Plan, plan_training
 from kiln.core.train.receipt import evaluation_of
 from kiln.core.train.resume import try_resume
@@ -116,6 +117,8 @@ def prepare_training(
     )
     dev = torch.device(device or "cpu")
     model = load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
+    if plan.settings.packing:
+        require_packable(model)
     rows = training_rows(model, plan)
     engine_logprobs = None if plan.engine == "hf" else {r.key: r.behavior for group in rows for r in group}
     if plan.settings.stale_is_max_weight is not None and not plan.settings.recorded:

@@ -35,6 +35,7 @@ import torch
 
 from kiln.core.errors import TrainingFailed
 from kiln.core.train.batches import GroupBatch, Row, collate, pack_microbatches
+from kiln.core.train.packing import packed_logprobs, packed_microbatches
 from kiln.core.train.losses import (
     echo_loss,
     kl_k1_penalty,
@@ -73,6 +74,8 @@ class StepSettings:
     loss_constant_tokens: float | None = None
     # Entropy bonus: − entropy_coeff · mean entropy over the step's action tokens (0: off, not computed).
     entropy_coeff: float = 0.0
+    # Sequence packing: several rows per sequence, position ids restarting per row (kiln.core.train.packing).
+    packing: bool = False
 
     @property
     def kl_on(self) -> bool:
@@ -104,6 +107,43 @@ def batch_logprobs(model: Any, batch: GroupBatch, temperature: float) -> torch.T
     return sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature)
 
 
+Micro = tuple[list[Row], list[list[Row]] | None]  # a micro-batch's rows, and its bins when packed
+
+
+def microbatches(rows: list[Row], settings: StepSettings) -> list[Micro]:
+    """The micro-batches of ``rows``: padded (rows × longest row ≤ the token budget) or, with
+    ``packing``, bins of packed rows (:func:`kiln.core.train.packing.packed_microbatches`)."""
+    if settings.packing:
+        return [
+            ([r for b in bins for r in b], bins)
+            for bins in packed_microbatches(rows, settings.max_tokens_per_microbatch)
+        ]
+    return [(part, None) for part in pack_microbatches(rows, settings.max_tokens_per_microbatch)]
+
+
+def micro_logprobs(
+    model: Any,
+    batch: GroupBatch,
+    bins: list[list[Row]] | None,
+    settings: StepSettings,
+    device: torch.device,
+    with_entropy: bool = False,
+) -> Any:
+    """:func:`sequence_logprobs` of ``batch`` (``(B, T-1)``), from one packed forward over ``bins``
+    when they are given (the same values, zeros at padding)."""
+    if bins is not None:
+        width = int(batch.input_ids.shape[1])
+        return packed_logprobs(model, bins, width, settings.temperature, device, with_entropy)
+    return sequence_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.labels,
+        temperature=settings.temperature,
+        with_entropy=with_entropy,
+    )
+
+
 def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.float32, device=device)
     for b, row in enumerate(rows):
@@ -120,8 +160,8 @@ def score_rows(
     micro-batches of at most ``max_tokens_per_microbatch`` padded tokens (memory stays bounded by
     one micro-batch whatever the number of rows), without gradients."""
     scored: dict[tuple[int, int], torch.Tensor] = {}
-    for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
-        logprobs = batch_logprobs(model, collate(micro).to(device), settings.temperature)
+    for micro, bins in microbatches(rows, settings):
+        logprobs = micro_logprobs(model, collate(micro).to(device), bins, settings, device)
         for b, row in enumerate(micro):
             scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
     return scored
@@ -165,7 +205,7 @@ def _old_logprobs(
 
 def _micro_step(
     model: Any,
-    rows: list[Row],
+    micro: Micro,
     settings: StepSettings,
     cache: LogprobCache,
     totals: tuple[float, float, float],
@@ -173,19 +213,13 @@ def _micro_step(
 ) -> dict[str, float]:
     """Forward + backward of one micro-batch; returns its additive contributions."""
     action_total, obs_total, sequence_total = totals
+    rows, bins = micro
     batch = collate(rows).to(device)
     entropy = None
     if settings.entropy_coeff > 0:
-        logprobs, entropy = sequence_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.labels,
-            temperature=settings.temperature,
-            with_entropy=True,
-        )
+        logprobs, entropy = micro_logprobs(model, batch, bins, settings, device, with_entropy=True)
     else:
-        logprobs = batch_logprobs(model, batch, settings.temperature)
+        logprobs = micro_logprobs(model, batch, bins, settings, device)
     old = _old_logprobs(rows, batch, logprobs, cache, settings)
     advantages = batch.advantages.unsqueeze(-1).expand_as(logprobs)
     kl = torch.zeros((), device=device)
@@ -295,7 +329,7 @@ def train_step(
         "approx_kl": 0.0,
     }
     peaks = {"max_ratio_deviation": 0.0}
-    micro = pack_microbatches(rows if ranks is None else ranks.local_rows(rows), settings.max_tokens_per_microbatch)
+    micro = microbatches(rows if ranks is None else ranks.local_rows(rows), settings)
     for part in micro:
         for key, value in _micro_step(
             model, part, settings, cache, (action_total, obs_total, sequence_total), device
