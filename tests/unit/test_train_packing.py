@@ -163,3 +163,44 @@ def test_collate_order_matches_the_bins():
                                                      max_tokens_per_microbatch=1 << 20))
     assert [r.key for r in micro] == [r.key for b in bins for r in b]
     assert collate(micro).keys == [r.key for r in micro]
+
+
+def test_train_grpo_with_packing_gives_the_padded_adapter(qwen3_path, tmp_path):
+    """Through the trainer: fewer micro-batches, the same adapter to float tolerance, and the
+    setting recorded in the receipt's effective config only when on."""
+    from safetensors.torch import load_file
+
+    from kiln.core.train.trainer import train_grpo
+    from kiln.core.training_config import TrainingConfig
+
+    weights, steps, configs = {}, {}, {}
+    for packing in (False, True):
+        config = TrainingConfig(seed=1, epochs=2, groups_per_step=2, max_tokens_per_microbatch=96,
+                                learning_rate=1e-2, kl_coeff=0.05, kl_estimator="k3", packing=packing)
+        result = train_grpo(model_path=qwen3_path, groups=_groups(), config=config, output_dir=tmp_path / str(packing))
+        weights[packing] = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+        steps[packing] = result.receipt["steps"]
+        configs[packing] = result.receipt["config"]
+    assert configs[True]["packing"] is True and "packing" not in configs[False]  # later settings: off = absent
+    assert len(steps[True]) == len(steps[False]) == 2
+    for padded, packed in zip(steps[False], steps[True]):
+        assert packed["microbatches"] < padded["microbatches"]
+        for key in ("loss", "policy_loss", "env_ce", "kl", "grad_norm"):
+            assert packed[key] == pytest.approx(padded[key], abs=2e-5, rel=1e-4), key
+    moved = 0.0
+    for key, tensor in weights[False].items():
+        assert torch.allclose(weights[True][key], tensor, atol=1e-5, rtol=0), key
+        moved = max(moved, float(tensor.abs().max()))
+    assert moved > 1e-3
+
+
+def test_train_grpo_refuses_packing_on_a_recurrent_family(tmp_path):
+    from kiln.core.train.trainer import train_grpo
+    from kiln.core.training_config import TrainingConfig
+
+    folder = tmp_path / "lfm2"
+    hybrid_model("lfm2").save_pretrained(str(folder))
+    with pytest.raises(TrainingFailed) as err:
+        train_grpo(model_path=folder, groups=_groups(), config=TrainingConfig(packing=True),
+                   output_dir=tmp_path / "out")
+    assert err.value.code == "packing_unsupported" and "lfm2" in err.value.message
