@@ -5,8 +5,8 @@ The settings are discovered from the config models (every ``Literal`` and ``bool
 same short training (tiny random Qwen3, groups with reward variation, warnings and one no-output
 completion) runs once per value; the trained adapters must differ pairwise (the gradient or the
 update differed), and where a value selects other tokens the receipt's token counts differ too.
-``gradient_checkpointing`` is the exception by design: it trades memory for time and must train
-the very same adapter.
+``gradient_checkpointing`` and ``packing`` are the exceptions by design: they trade memory or padding
+for time and must train the very same adapter (packing's fewer forwards: tests/unit/test_train_packing.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ BASE = {"seed": 3, "epochs": 2, "optimizer": "adamw", "learning_rate": 3e-2, "kl
 SELECTING = {"on_no_output", "echo.env_mask_mode", "echo.warning_filter"}
 # overlong mask selects other action tokens (the receipt's token counts are of the kept completions).
 MASKING = {"overlong"}
-SAME_TRAINING = {"gradient_checkpointing"}
+SAME_TRAINING = {"gradient_checkpointing", "packing"}
 
 
 def _choices(model: type, prefix: str = "") -> dict[str, list]:
