@@ -111,6 +111,22 @@ def test_two_ranks_train_what_one_trains(model_path, tmp_path, optimizer):
 
 
 @pytest.mark.timeout(240)
+def test_two_ranks_packed_train_what_one_trains_padded(model_path, tmp_path):
+    """Packing on each rank's shard (sequence packing, kiln.core.train.packing): the adapter and
+    figures of one rank's padded training."""
+    kwargs = dict(model_path=model_path, groups=bandit_groups(4), expected_behavior_policy=BEHAVIOR)
+    one = train_grpo(output_dir=tmp_path / "one", config=_config(), **kwargs)
+    two = train_across(TWO, output_dir=tmp_path / "two", config=_config(packing=True), **kwargs)
+    a, b = _adapter(one), _adapter(two)
+    assert sorted(a) == sorted(b) and len(a) > 0
+    worst = max(_relative(b[name], a[name]) for name in a)
+    assert worst <= 1e-5, worst
+    for key in ("loss", "policy_loss", "env_ce", "kl", "grad_norm", "clip_fraction"):
+        for x, y in zip(_curve(one, key), _curve(two, key)):
+            assert abs(x - y) <= 1e-5 * max(1.0, abs(x)), (key, x, y)
+
+
+@pytest.mark.timeout(240)
 def test_two_ranks_continue_an_iteration_as_one_does(model_path, tmp_path):
     """An online run's next iteration: the previous training's adapter and continuation state
     (``init_state``), which every rank unpacks at once."""
