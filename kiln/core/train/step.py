@@ -22,7 +22,9 @@ term's divisor follows ``loss_normaliser``: the step's action tokens (``tokens``
 tokens times the step's sequences (``sequences``: a mean of per-sequence token means) or the step's
 sequences times the sampler's ``max_action_tokens`` (``constant``, Dr. GRPO). With
 ``entropy_coeff`` > 0 the loss also gets ``− entropy_coeff · mean entropy`` over the step's action
-tokens, from the same chunked log-prob pass, and the step records ``entropy``.
+tokens, from the same chunked log-prob pass, and the step records ``entropy``. With ``packing`` the
+micro-batches are bins of rows sharing sequences (:mod:`kiln.core.train.packing`) and their
+log-probs come back in the padded layout, so every term below reads the same tensors.
 """
 
 from __future__ import annotations
