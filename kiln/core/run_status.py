@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kiln.core.rollout.context import context_warning
+from kiln.core.tolerant import Tolerant
 
 STATUS_SCHEMA = "kiln.run-status.v1"
 
@@ -29,7 +30,8 @@ RUN_STAGES = (
     "publication",
 )
 DATASET_STAGES = ("split", "training", "publication")
-TERMINAL_STATES = ("completed", "failed", "cancelled")
+# ``terminated`` is set by the API only (the workflow cannot see its own termination).
+TERMINAL_STATES = ("completed", "failed", "cancelled", "terminated")
 Stage = Literal[
     "admission",
     "queue",
@@ -50,7 +52,7 @@ def invalid_action_rate(stats: dict[str, Any]) -> float | None:
     return stats.get("invalid_model_action_count", 0) / rollouts if rollouts else None
 
 
-class _Status(BaseModel):
+class _Status(Tolerant):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
 
 
@@ -255,7 +257,7 @@ class RunStatus(_Status):
     run_id: str = ""
     kind: str | None = None
     phase: str = "admission"
-    state: Literal["running", "completed", "failed", "cancelled"] = "running"
+    state: Literal["running", "completed", "failed", "cancelled", "terminated"] = "running"
     progress: Progress = Field(default_factory=Progress)
     mean_return: float | None = None
     environments: list[EnvironmentStatus] = Field(default_factory=list)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.canonical import digest_json, is_digest
-from kiln.core.contracts import MAX_SEED
+from kiln.core.request_fields import MAX_SEED
 from kiln.core.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
 from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
 from kiln.core.rollout.prompts import PROMPT_VERSION
