@@ -201,3 +201,51 @@ def test_a_long_episode_slides_again_and_ends_when_one_turn_outgrows_the_context
     for completion in lines[0]["completions"]:
         assert sum(len(p["ids"]) for p in completion["tokens"]["pieces"]) + MAX_ACTION <= limit
     verify_bundle(write_bundle(tmp_path, windowed["long"]))
+
+
+@pytest.mark.asyncio
+async def test_a_real_run_counts_windowed_episodes_in_status(
+    kiln_settings: Any, tiny_model_dir: Path, growing_url: str, tmp_path: Path
+) -> None:
+    """A run (Temporal, SeaweedFS, workers) with ``context_policy: window`` and the tiny model
+    (constrained actions, so every turn is a valid action) at a context that holds its first two turns, never the third: status counts the windowed episodes
+    (``rollout_stats.context_windowed_count``) and the published bundle verifies."""
+    from api.runs import RunService
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.policy.runtime import PolicyRuntime
+    from tests.integration.test_context_guard import _small_context_model
+    from tests.integration.test_real_shape_run import _fetch
+    from tests.support.kiln_workers import running_workers
+    from tests.support.waiting import workflow_result
+
+    runtime = PolicyRuntime.load(tiny_model_dir)
+    settings_free = EpisodeSettings(
+        group_size=2, max_steps=3, max_action_tokens=MAX_ACTION, thinking=False, constrained_actions=True
+    )
+    inspection = json.loads(canonical_json(await inspect_environment(growing_url)))
+    task = GroupTask(group_index=0, environment_index=0, seed=SEED, reset_payload=reset_payload({}, SEED),
+                     inspection=inspection, settings=settings_free, behavior_policy=runtime.identity(None))
+    free = await GroupCollector(task, runtime).run()
+    sizes = [_turn_sizes(c) for c in free["line"]["completions"]]
+    assert all(len(turns) == 3 for _, turns in sizes), [r["termination"] for r in free["records"]]
+    prompt = sizes[0][0]
+    limit = prompt + max(t[0] + t[1] for _, t in sizes) + MAX_ACTION + 8
+    model = _small_context_model(tiny_model_dir, tmp_path / "model", limit)
+    settings = kiln_settings(model_path=model)
+    request = parse_run_request({"kind": "rollout", "environment_urls": [growing_url], "groups": 1, "group_size": 2,
+                                 "seed_start": SEED, "max_steps": 3, "max_action_tokens": MAX_ACTION,
+                                 "thinking": False, "constrained_actions": True, "context_policy": "window"})
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(request)
+        final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=400)
+    assert final["state"] == "completed", final.get("failure")
+    stats = final["rollout_stats"]
+    artifacts = {a["name"]: a for a in final["artifacts"]}
+    files = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
+    _lines, replay, summary = parse(files)
+    assert stats["context_tokens"] == limit
+    assert stats["context_windowed_count"] == len(_windowed_candidates(replay)) >= 1
+    if stats["context_windowed_count"] + stats["context_exhausted_count"] > 1:
+        assert any("CONTEXT_WINDOWED" in w for w in final["warnings"]), final["warnings"]
+    assert summary["context_policy"] == "window"
+    assert verify_bundle(write_bundle(tmp_path / "run", files))["rollouts"] == 2
