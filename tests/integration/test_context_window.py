@@ -238,8 +238,11 @@ async def test_a_real_run_counts_windowed_episodes_in_status(
     async with running_workers(settings) as client:
         status, _ = await RunService(client, settings).submit(request)
         final = await workflow_result(client.get_workflow_handle(status.run_id), timeout_s=400)
+        summary_line = await _run_page_summary(settings, client, status.run_id)
     assert final["state"] == "completed", final.get("failure")
     stats = final["rollout_stats"]
+    # the run page counts them too, in its summary line (a real Chromium over real HTTP)
+    assert f"{stats['context_windowed_count']} episodes windowed to the context" in summary_line, summary_line
     artifacts = {a["name"]: a for a in final["artifacts"]}
     files = {name: _fetch(settings, artifacts[name]["uri"]) for name in ("rollouts.jsonl", "replay.json", "summary.json")}
     _lines, replay, summary = parse(files)
@@ -249,3 +252,36 @@ async def test_a_real_run_counts_windowed_episodes_in_status(
         assert any("CONTEXT_WINDOWED" in w for w in final["warnings"]), final["warnings"]
     assert summary["context_policy"] == "window"
     assert verify_bundle(write_bundle(tmp_path / "run", files))["rollouts"] == 2
+
+
+async def _run_page_summary(settings: Any, client: Any, run_id: str) -> str:
+    """The run page's summary line, read by a headless Chromium from the API served over HTTP."""
+    import asyncio
+
+    import uvicorn
+    from playwright.async_api import async_playwright
+
+    from api.app import create_app
+    from tests.integration.test_run_page import CHROMIUM, CHROMIUM_ARGS
+    from tests.support.servers import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, client=client), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                await page.goto(f"http://127.0.0.1:{port}/runs/{run_id}")
+                await page.wait_for_function("document.getElementById('state').textContent === 'completed'",
+                                             timeout=60_000)
+                return await page.text_content("#summary") or ""
+            finally:
+                await browser.close()
+    finally:
+        server.should_exit = True
+        await serving
