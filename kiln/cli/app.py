@@ -156,8 +156,13 @@ def inspect_cmd(
     except KilnError as error:
         _fail(error)
         return
+    from kiln.core.openenv.tool_calls import action_contract
+
+    # What the policy is shown and constrained by: for MCP tool servers the union of one call per
+    # tool, not the generic call form the server advertises.
+    shown, _validator = action_contract(inspection)
     if as_json:
-        print_json(inspection)
+        print_json({**inspection, "policy_action_schema": shown})
         return
     identity = inspection["identity"]
     metadata = identity.get("metadata") or {}
@@ -174,6 +179,8 @@ def inspect_cmd(
     for tool in identity.get("tools") or []:  # MCP tool environments
         console.print(f"tool {tool['name']} — {tool['description']}", markup=False, highlight=False)
         console.print_json(json.dumps(tool["input_schema"]))
+    console.print("policy action schema (what the policy is shown and constrained decoding compiles):")
+    console.print_json(json.dumps(shown))
 
 
 def _register_commands() -> None:

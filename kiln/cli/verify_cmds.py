@@ -197,7 +197,8 @@ def replay_cmd(
     _row("rollouts", report["rollouts"])
     _row("  prefix only", report["environment_prefix_only_rollouts"])
     _row("environment exchanges", report["environment_exchanges"])
-    _row("capacity retries", report["capacity_retries"])
+    for url, figures in report["environment_capacity"].items():
+        _row("capacity refusals", f"{figures['refusals']} ({url})")
     for item in report.get("excluded_fields", []):
         _row("not compared", f"{item['field']} (environment {item['environment_index']}: {item['reason']})")
 

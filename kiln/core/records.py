@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kiln.core.contracts import EpisodeSettings, RunRequest
 from kiln.core.training_config import EnvironmentEvalConfig, TrainingConfig
 from kiln.core.run_plan import PARALLEL_GROUPS, BundleSpec, GroupSlot
 from kiln.core.run_status import Progress, RunStatus
+from kiln.core.tolerant import Tolerant
 
 
-class Record(BaseModel):
+class Record(Tolerant):
     model_config = ConfigDict(extra="forbid")
 
 

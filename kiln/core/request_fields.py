@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, ConfigDict, ValidationError
 
 from kiln.core import boundedjson
 from kiln.core.canonical import compact_json
+from kiln.core.tolerant import Tolerant
 
 MAX_SEED = 2**63 - 1
 MAX_ITERATIONS = 1000
@@ -55,8 +56,9 @@ def check_model_name(name: str | None) -> str | None:
     return name
 
 
-class StrictModel(BaseModel):
-    """No coercion (``true``/``"1"`` are not integers), no unknown fields, every float finite."""
+class StrictModel(Tolerant):
+    """No coercion (``true``/``"1"`` are not integers), no unknown fields (but under
+    ``kiln.core.tolerant.TOLERANT_CONTEXT``: one release newer's), every float finite."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 

@@ -35,6 +35,9 @@ EngineName = Literal["hf", "vllm"]
 # Who the rows generated in this context belong to (the gpu worker sets the run id):
 # a batching engine reports which callers' requests it ran together.
 request_tag: ContextVar[str | None] = ContextVar("kiln_engine_request_tag", default=None)
+# Which episodes the rows generated in this context belong to (the gpu worker sets one per seed
+# group attempt): an engine of several servers sends every turn of them to the same one.
+request_route: ContextVar[str | None] = ContextVar("kiln_engine_request_route", default=None)
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 # Rows the hf engine decodes per forward (its tile, :mod:`kiln.core.policy.sampling`). A row's bytes
 # depend on the tile size (never on its tile-mates), so it is part of the hf engine's identity.
@@ -62,6 +65,7 @@ class GenerationRequest:
     temperature: float
     stop_id: int
     top_p: float = 1.0
+    extra_stop_ids: tuple[int, ...] = ()  # more ids that end the row (harmony's <|call|>)
     think_close_id: int | None = None
     thinking_budget: int | None = None
     thinking: bool = False
@@ -78,6 +82,11 @@ class GenerationRequest:
             raise ValueError("top_p must be in (0, 1]")
         if self.decode_tile is not None and self.decode_tile < 1:
             raise ValueError("decode_tile must be at least 1")
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Every id that ends the row: the stop token, then the extra ones."""
+        return [self.stop_id, *self.extra_stop_ids]
 
     @property
     def budget(self) -> int | None:
@@ -174,5 +183,6 @@ __all__ = [
     "GenerationRequest",
     "decode_tile_of",
     "engine_identity_fields",
+    "request_route",
     "request_tag",
 ]
