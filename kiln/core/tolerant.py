@@ -15,19 +15,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ValidationInfo, model_validator
+from pydantic import AliasChoices, AliasPath, BaseModel, ValidationInfo, model_validator
 
 TOLERANT = "kiln.tolerate_unknown_fields"
 TOLERANT_CONTEXT: dict[str, Any] = {TOLERANT: True}
 
 
+def _alias_keys(alias: Any) -> set[str]:
+    """The top-level keys an alias reads: a name, each of ``AliasChoices``, an ``AliasPath``'s first."""
+    if isinstance(alias, str):
+        return {alias}
+    if isinstance(alias, AliasPath):
+        first = alias.path[0] if alias.path else None
+        return {first} if isinstance(first, str) else set()
+    if isinstance(alias, AliasChoices):
+        return {key for choice in alias.choices for key in _alias_keys(choice)}
+    return set()
+
+
 def known_keys(model: type[BaseModel]) -> set[str]:
-    """The keys ``model`` reads: its field names and their aliases."""
+    """The keys ``model`` reads: its field names and every alias they are read by."""
     keys = set(model.model_fields)
     for field in model.model_fields.values():
-        for alias in (field.alias, field.validation_alias):
-            if isinstance(alias, str):
-                keys.add(alias)
+        keys |= _alias_keys(field.alias) | _alias_keys(field.validation_alias)
     return keys
 
 

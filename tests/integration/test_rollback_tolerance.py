@@ -113,3 +113,14 @@ def test_user_input_stays_strict_and_the_client_reads_a_newer_view() -> None:
         RunView.model_validate(body)
     view = RunView.model_validate(body, context=TOLERANT_CONTEXT)
     assert (view.run_id, view.state, view.progress.groups_completed) == ("r", "completed", 2)
+
+
+@pytest.mark.timeout(30)
+def test_a_field_read_by_an_alias_is_known_under_tolerance() -> None:
+    """``environments`` (the older name ``environment_urls`` is still read by) is not an unknown
+    field: tolerance keeps it, and drops only what no field reads."""
+    from kiln.core.contracts import RunRequest
+
+    older = {"kind": "rollout", "environments": ["http://127.0.0.1:9"], **NEWER}
+    request = RunRequest.model_validate(older, context=TOLERANT_CONTEXT)
+    assert request.environment_urls == ["http://127.0.0.1:9"]

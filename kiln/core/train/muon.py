@@ -89,7 +89,7 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon needs 2-D parameters; got shape {tuple(param.shape)}")
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # closures are refused: step returns None, never a loss
         """One update of every parameter that has a gradient."""
         if closure is not None:
             raise ValueError("Kiln's Muon takes no closure")
