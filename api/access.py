@@ -43,7 +43,7 @@ def bound_host() -> str | None:
     frame = inspect.currentframe()
     while frame is not None:
         config = frame.f_locals.get("self")
-        if type(config).__name__ == "Config" and type(config).__module__.startswith("uvicorn"):
+        if config is not None and type(config).__name__ == "Config" and type(config).__module__.startswith("uvicorn"):
             if getattr(config, "uds", None):
                 return "127.0.0.1"  # a unix socket is local by construction
             if getattr(config, "fd", None) is not None:

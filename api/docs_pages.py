@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -45,29 +46,25 @@ def install_docs_pages(app: FastAPI) -> None:
     openapi_url = app.openapi_url or "/openapi.json"
     favicon = f"{ASSET_PREFIX}/favicon.png"
 
-    @router.get("/docs")
-    async def swagger_page() -> HTMLResponse:
-        page = get_swagger_ui_html(
+    # Built once: both pages are constant for the app (same title, same document URL).
+    pages = {
+        "/docs": get_swagger_ui_html(
             openapi_url=openapi_url,
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{ASSET_PREFIX}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSET_PREFIX}/swagger-ui.css",
             swagger_favicon_url=favicon,
-        )
-        page.headers.update(_PAGE_HEADERS)
-        return page
-
-    @router.get("/redoc")
-    async def redoc_page() -> HTMLResponse:
-        page = get_redoc_html(
+        ),
+        "/redoc": get_redoc_html(
             openapi_url=openapi_url,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{ASSET_PREFIX}/redoc.standalone.js",
             redoc_favicon_url=favicon,
             with_google_fonts=False,
-        )
-        page.headers.update(_PAGE_HEADERS)
-        return page
+        ),
+    }
+    for path, built in pages.items():
+        router.add_api_route(path, _serving(bytes(built.body)), methods=["GET"])
 
     @router.get(ASSET_PREFIX + "/{name}")
     async def docs_asset(name: str) -> FileResponse:
@@ -80,3 +77,12 @@ def install_docs_pages(app: FastAPI) -> None:
         )
 
     app.include_router(router)
+
+
+def _serving(html: bytes) -> Callable[[], Awaitable[HTMLResponse]]:
+    """A route answering ``html`` with the pages' headers (it takes no parameters)."""
+
+    async def page() -> HTMLResponse:
+        return HTMLResponse(html, headers=_PAGE_HEADERS)
+
+    return page

@@ -63,6 +63,9 @@
     var parts = [status.kind || "run", "phase " + status.phase];
     if (status.mean_return !== null && status.mean_return !== undefined) parts.push("mean return " + fmt(status.mean_return));
     if (status.training && status.training.final_loss !== undefined) parts.push("final loss " + fmt(status.training.final_loss));
+    var stats = status.rollout_stats || {};
+    if (stats.context_exhausted_count) parts.push(stats.context_exhausted_count + " episodes ended at the context limit");
+    if (stats.context_windowed_count) parts.push(stats.context_windowed_count + " episodes windowed to the context");
     if (status.state === "completed") {
       var evaluated = status.environment_evaluation || status.post_evaluation;
       parts.push(!evaluated ? "not evaluated" : status.promoted ? "promoted" : "not promoted");

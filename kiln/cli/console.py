@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn, TypeVar
 
 import click
 import typer
@@ -26,6 +26,8 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from kiln.core.errors import KilnError
+
+T = TypeVar("T")
 
 try:  # Typer vendors its own Click: its parse errors are not click's classes
     from typer._click.exceptions import UsageError as _VendoredUsageError
@@ -114,6 +116,15 @@ def fail(error: KilnError, exit_code: int = 2) -> NoReturn:
     if _state["json"]:
         print_json({"error": {**error.to_dict(), "exit_code": exit_code}})
     raise typer.Exit(exit_code)
+
+
+def answer(call: Callable[[], T]) -> T:
+    """``call()``'s answer (an API call, a download); a ``KilnError`` it raises ends the command
+    as :func:`fail` reports it."""
+    try:
+        return call()
+    except KilnError as error:
+        fail(error)
 
 
 def usage_error(error: Any, argv: list[str]) -> None:

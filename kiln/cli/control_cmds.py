@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from kiln.cli.console import console, err_console, fail, print_json
+from kiln.cli.console import answer, console, err_console, fail, print_json
 from kiln.cli.flags import literal_enum
 from kiln.cli.follow import FOLLOW_OPT, TERMINAL, exit_code, follow, num, print_outcome
 from kiln.client.downloads import download_artifact, download_run_outputs
@@ -188,11 +188,7 @@ def runs_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
     """List runs, newest first (short ids and times; --wide for full ones)."""
-    try:
-        listing = api_client().runs(state.value if state is not None else None)
-    except KilnError as error:
-        fail(error)
-        return
+    listing = answer(lambda: api_client().runs(state.value if state is not None else None))
     if as_json:  # the API's own document: {"schema": ..., "runs": [...]}
         print_json(listing)
         return
@@ -238,11 +234,7 @@ def cancel_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Request cancellation of a running run (exit 2 if it already ended)."""
-    try:
-        status = api_client().cancel(run_id)
-    except KilnError as error:
-        fail(error)
-        return
+    status = answer(lambda: api_client().cancel(run_id))
     if as_json:
         print_json(status)
         return
@@ -265,11 +257,7 @@ def artifact_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the download receipt as JSON."),
 ) -> None:
     """Download one artifact, verified against the run's manifest (size and SHA-256)."""
-    try:
-        receipt = download_artifact(api_client(), run_id, name, output, force=force)
-    except KilnError as error:
-        fail(error)
-        return
+    receipt = answer(lambda: download_artifact(api_client(), run_id, name, output, force=force))
     if as_json:
         print_json(receipt)
         return
@@ -292,11 +280,7 @@ def tasks_cmd(
         body["environment_name"] = environment_name
     if split is not None:
         body["split"] = split
-    try:
-        result = api_client().tasks(body)
-    except KilnError as error:
-        fail(error)
-        return
+    result = answer(lambda: api_client().tasks(body))
     if as_json:
         print_json(result)
         return

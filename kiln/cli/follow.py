@@ -210,6 +210,7 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
                 if stats.get("context_exhausted_count")
                 else ""
             )
+            + (f"  context windowed {stats['context_windowed_count']}" if stats.get("context_windowed_count") else "")
         )
     elif status.mean_return is not None:
         console.print(f"mean return so far {num(status.mean_return)}")

@@ -7,9 +7,10 @@ CLI builds its options from them, and the API's ``/docs`` shows the very same te
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import annotated_types
+import typer
 from pydantic import BaseModel
 
 
@@ -83,3 +84,23 @@ def describe(model: type[BaseModel], field: str, *, with_bounds: bool = True) ->
 
 
 __all__ = ["bounds", "choices", "default", "describe"]
+
+
+def model_option(
+    model: type[BaseModel],
+    field: str,
+    panel: str,
+    *names: str,
+    choice: Callable[[Any], Any] | None = None,
+    help_suffix: str = "",
+    with_bounds: bool = True,
+) -> Any:
+    """A typer option whose default and help text are ``model.field``'s (``choice`` wraps the
+    default in the flag's choice enum); ``names`` are its flags when not derived from the name."""
+    value = default(model, field)
+    return typer.Option(
+        choice(value) if choice is not None else value,
+        *names,
+        rich_help_panel=panel,
+        help=describe(model, field, with_bounds=with_bounds) + help_suffix,
+    )

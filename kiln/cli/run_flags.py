@@ -16,7 +16,7 @@ from kiln.cli.flags import check_request, literal_choices
 
 # Help panels of `openenv train`/`rollout` (kiln.cli.help draws them; unpanelled options come last).
 from kiln.cli.help import COLLECTION, EVALUATION, ONLINE_RL, OUTPUT, POLICY, TRAINING
-from kiln.cli.model_options import default, describe
+from kiln.cli.model_options import default, describe, model_option
 from kiln.core.contracts import RunRequest
 from kiln.core.errors import KilnError
 from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, TrainingConfig
@@ -38,12 +38,7 @@ else:
     BehaviorPolicy = literal_choices("BehaviorPolicy", TrainingConfig, "behavior_policy")
     ReportTo = literal_choices("ReportTo", RunRequest, "report_to")
 
-CONSTRAINED_OPT = typer.Option(
-    default(RunRequest, "constrained_actions"),
-    "--constrained-actions",
-    rich_help_panel=POLICY,
-    help=describe(RunRequest, "constrained_actions"),
-)
+CONSTRAINED_OPT = model_option(RunRequest, "constrained_actions", POLICY, "--constrained-actions")
 RESET_OPTS = typer.Option(
     None,
     "--environment-reset-options",
@@ -56,53 +51,24 @@ CREDENTIAL_OPTS = typer.Option(
     rich_help_panel=COLLECTION,
     help="Credential id per --environment ('-' = public); ids are configured on the workers in KILN_CREDENTIALS.",
 )
-RESET_DETERMINISM_OPT = typer.Option(
-    ResetDeterminism(default(RunRequest, "reset_determinism")),
-    "--reset-determinism",
-    rich_help_panel=COLLECTION,
-    help=describe(RunRequest, "reset_determinism"),
+RESET_DETERMINISM_OPT = model_option(
+    RunRequest, "reset_determinism", COLLECTION, "--reset-determinism", choice=ResetDeterminism
 )
-CONTEXT_POLICY_OPT = typer.Option(
-    ContextPolicy(default(RunRequest, "context_policy")),
-    "--context-policy",
-    rich_help_panel=COLLECTION,
-    help=describe(RunRequest, "context_policy"),
-)
-REPLAY_IGNORE_OPT = typer.Option(
-    default(RunRequest, "replay_ignore"),
-    "--replay-ignore",
-    rich_help_panel=COLLECTION,
-    help=describe(RunRequest, "replay_ignore") + " Repeatable.",
-)
+CONTEXT_POLICY_OPT = model_option(RunRequest, "context_policy", COLLECTION, "--context-policy", choice=ContextPolicy)
+REPLAY_IGNORE_OPT = model_option(RunRequest, "replay_ignore", COLLECTION, "--replay-ignore", help_suffix=" Repeatable.")
 
 # Collection options shared by `train` and `rollout` (one definition, one help text; defaults
 # from the model — tests/unit/test_cli_defaults.py proves every one equals the model's).
-GROUP_SIZE_OPT = typer.Option(
-    default(RunRequest, "group_size"), rich_help_panel=COLLECTION, help=describe(RunRequest, "group_size")
-)
+GROUP_SIZE_OPT = model_option(RunRequest, "group_size", COLLECTION)
 ENV_OPT = typer.Option(
     ..., "--environment", rich_help_panel=COLLECTION, help="Environment base URL (repeat for a portfolio)."
 )
-GROUPS_OPT = typer.Option(
-    default(RunRequest, "groups"), rich_help_panel=COLLECTION, help=describe(RunRequest, "groups")
-)
-SEED_START_OPT = typer.Option(
-    default(RunRequest, "seed_start"),
-    rich_help_panel=COLLECTION,
-    help=describe(RunRequest, "seed_start", with_bounds=False),
-)
-MAX_STEPS_OPT = typer.Option(
-    default(RunRequest, "max_steps"), rich_help_panel=COLLECTION, help=describe(RunRequest, "max_steps")
-)
-CONCURRENCY_OPT = typer.Option(
-    default(RunRequest, "concurrency"), rich_help_panel=COLLECTION, help=describe(RunRequest, "concurrency")
-)
-MAX_ACTION_TOKENS_OPT = typer.Option(
-    default(RunRequest, "max_action_tokens"), rich_help_panel=POLICY, help=describe(RunRequest, "max_action_tokens")
-)
-TEMPERATURE_OPT = typer.Option(
-    default(RunRequest, "temperature"), rich_help_panel=POLICY, help=describe(RunRequest, "temperature")
-)
+GROUPS_OPT = model_option(RunRequest, "groups", COLLECTION)
+SEED_START_OPT = model_option(RunRequest, "seed_start", COLLECTION, with_bounds=False)
+MAX_STEPS_OPT = model_option(RunRequest, "max_steps", COLLECTION)
+CONCURRENCY_OPT = model_option(RunRequest, "concurrency", COLLECTION)
+MAX_ACTION_TOKENS_OPT = model_option(RunRequest, "max_action_tokens", POLICY)
+TEMPERATURE_OPT = model_option(RunRequest, "temperature", POLICY)
 
 
 class Thinking(str, enum.Enum):
@@ -120,47 +86,19 @@ THINKING_OPT = typer.Option(
     rich_help_panel=POLICY,
     help="Reason in <think> first (auto: when the model's chat template supports it).",
 )
-MODEL_OPT = typer.Option(
-    default(RunRequest, "model"), "--model", rich_help_panel=POLICY, help=describe(RunRequest, "model")
-)
-THINKING_BUDGET_OPT = typer.Option(
-    default(RunRequest, "thinking_budget_tokens"),
-    rich_help_panel=POLICY,
-    help=describe(RunRequest, "thinking_budget_tokens"),
-)
-ADAPTER_OPT = typer.Option(default(RunRequest, "adapter"), rich_help_panel=POLICY, help=describe(RunRequest, "adapter"))
+MODEL_OPT = model_option(RunRequest, "model", POLICY, "--model")
+THINKING_BUDGET_OPT = model_option(RunRequest, "thinking_budget_tokens", POLICY)
+ADAPTER_OPT = model_option(RunRequest, "adapter", POLICY)
 IDEMPOTENCY_OPT = typer.Option(None, rich_help_panel=OUTPUT, help=describe(RunRequest, "idempotency_key"))
 # GRPO/ECHO options shared by `openenv train` and `train grpo`.
-LEARNING_RATE_OPT = typer.Option(
-    default(TrainingConfig, "learning_rate"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "learning_rate")
-)
-EPOCHS_OPT = typer.Option(
-    default(TrainingConfig, "epochs"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "epochs")
-)
-LORA_RANK_OPT = typer.Option(
-    default(TrainingConfig, "lora_rank"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_rank")
-)
-LORA_ALPHA_OPT = typer.Option(
-    default(TrainingConfig, "lora_alpha"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "lora_alpha")
-)
-KL_COEFF_OPT = typer.Option(
-    default(TrainingConfig, "kl_coeff"), rich_help_panel=TRAINING, help=describe(TrainingConfig, "kl_coeff")
-)
-ECHO_LAMBDA_OPT = typer.Option(
-    default(EchoConfig, "lambda_"), rich_help_panel=TRAINING, help=describe(EchoConfig, "lambda_")
-)
-REPORT_TO_OPT = typer.Option(
-    ReportTo(default(RunRequest, "report_to")),
-    "--report-to",
-    rich_help_panel=TRAINING,
-    help=describe(RunRequest, "report_to"),
-)
-AUTO_LOAD_OPT = typer.Option(
-    default(RunRequest, "auto_load"),
-    "--auto-load/--no-auto-load",
-    rich_help_panel=OUTPUT,
-    help=describe(RunRequest, "auto_load"),
-)
+LEARNING_RATE_OPT = model_option(TrainingConfig, "learning_rate", TRAINING)
+EPOCHS_OPT = model_option(TrainingConfig, "epochs", TRAINING)
+LORA_RANK_OPT = model_option(TrainingConfig, "lora_rank", TRAINING)
+LORA_ALPHA_OPT = model_option(TrainingConfig, "lora_alpha", TRAINING)
+KL_COEFF_OPT = model_option(TrainingConfig, "kl_coeff", TRAINING)
+ECHO_LAMBDA_OPT = model_option(EchoConfig, "lambda_", TRAINING)
+REPORT_TO_OPT = model_option(RunRequest, "report_to", TRAINING, "--report-to", choice=ReportTo)
+AUTO_LOAD_OPT = model_option(RunRequest, "auto_load", OUTPUT, "--auto-load/--no-auto-load")
 RESET_OPTIONS_OPT = typer.Option(
     None, rich_help_panel=COLLECTION, help="JSON file of reset options for every environment."
 )
@@ -175,60 +113,25 @@ PREFLIGHT_OPT = typer.Option(
 OUTPUT_ADAPTER_OPT = typer.Option(..., "--output-adapter", rich_help_panel=OUTPUT, help="Name of the adapter to train.")
 JSON_OPT = typer.Option(False, "--json", rich_help_panel=OUTPUT, help="Print the final status as JSON.")
 # Options of `openenv train` alone: the optimizer, online RL, and the evaluations after training.
-OPTIMIZER_OPT = typer.Option(
-    Optimizer(default(TrainingConfig, "optimizer")),
-    rich_help_panel=TRAINING,
-    help=describe(TrainingConfig, "optimizer"),
-)
-IS_LEVEL_OPT = typer.Option(
-    IsLevel(default(TrainingConfig, "is_level")),
-    "--is-level",
-    rich_help_panel=TRAINING,
-    help=describe(TrainingConfig, "is_level"),
-)
-CHECKPOINT_INTERVAL_OPT = typer.Option(
-    default(TrainingConfig, "checkpoint_interval"),
-    rich_help_panel=TRAINING,
-    help=describe(TrainingConfig, "checkpoint_interval"),
-)
-ITERATIONS_OPT = typer.Option(
-    default(RunRequest, "iterations"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "iterations")
-)
-EVAL_EVERY_OPT = typer.Option(
-    default(RunRequest, "eval_every"),
-    rich_help_panel=ONLINE_RL,
-    help=describe(RunRequest, "eval_every") + " Needs --eval-groups.",
-)
-MAX_STALENESS_OPT = typer.Option(
-    default(RunRequest, "max_staleness"), rich_help_panel=ONLINE_RL, help=describe(RunRequest, "max_staleness")
-)
+OPTIMIZER_OPT = model_option(TrainingConfig, "optimizer", TRAINING, choice=Optimizer)
+IS_LEVEL_OPT = model_option(TrainingConfig, "is_level", TRAINING, "--is-level", choice=IsLevel)
+CHECKPOINT_INTERVAL_OPT = model_option(TrainingConfig, "checkpoint_interval", TRAINING)
+ITERATIONS_OPT = model_option(RunRequest, "iterations", ONLINE_RL)
+EVAL_EVERY_OPT = model_option(RunRequest, "eval_every", ONLINE_RL, help_suffix=" Needs --eval-groups.")
+MAX_STALENESS_OPT = model_option(RunRequest, "max_staleness", ONLINE_RL)
 EVAL_GROUPS_OPT = typer.Option(
     0, rich_help_panel=EVALUATION, help="Held-out seed groups for the paired evaluation (0 = none; otherwise >= 1)."
 )
-EVAL_GROUP_SIZE_OPT = typer.Option(
-    default(EnvironmentEvalConfig, "group_size"),
-    rich_help_panel=EVALUATION,
-    help=describe(EnvironmentEvalConfig, "group_size"),
-)
-EVAL_SEED_START_OPT = typer.Option(
-    default(EnvironmentEvalConfig, "seed_start"),
-    rich_help_panel=EVALUATION,
-    help=describe(EnvironmentEvalConfig, "seed_start", with_bounds=False),
-)
+EVAL_GROUP_SIZE_OPT = model_option(EnvironmentEvalConfig, "group_size", EVALUATION)
+EVAL_SEED_START_OPT = model_option(EnvironmentEvalConfig, "seed_start", EVALUATION, with_bounds=False)
 GATE_OPT = typer.Option(
     False,
     "--gate/--no-gate",
     rich_help_panel=EVALUATION,
     help="Gate promotion on the paired sign test (needs >= 20 eval groups).",
 )
-MIN_MEAN_IMPROVEMENT_OPT = typer.Option(
-    default(GateConfig, "min_mean_improvement"),
-    rich_help_panel=EVALUATION,
-    help=describe(GateConfig, "min_mean_improvement"),
-)
-MIN_MEAN_RETURN_OPT = typer.Option(
-    default(GateConfig, "min_mean_return"), rich_help_panel=EVALUATION, help=describe(GateConfig, "min_mean_return")
-)
+MIN_MEAN_IMPROVEMENT_OPT = model_option(GateConfig, "min_mean_improvement", EVALUATION)
+MIN_MEAN_RETURN_OPT = model_option(GateConfig, "min_mean_return", EVALUATION)
 POST_EVAL_SUITE_OPT = typer.Option(
     None, rich_help_panel=EVALUATION, help="Installed static suite to score the adapter on (e.g. counter-format)."
 )

@@ -15,7 +15,7 @@ import typer
 
 from kiln.core.errors import KilnError
 
-from kiln.cli.console import console, fail as _fail, print_json as _print_json
+from kiln.cli.console import answer, console, fail as _fail, print_json as _print_json
 
 _VERIFY_CHECKS = (
     "file sizes and sha256 of dataset and replay equal the summary",
@@ -78,11 +78,7 @@ def download_cmd(
     from kiln.cli.control_cmds import api_client
     from kiln.client.downloads import download_run
 
-    try:
-        receipts = download_run(api_client(), run_id, folder, force=force)
-    except KilnError as error:
-        _fail(error)
-        return
+    receipts = answer(lambda: download_run(api_client(), run_id, folder, force=force))
     if as_json:
         _print_json({"run_id": run_id, "folder": str(folder), "files": receipts})
         return

@@ -77,11 +77,12 @@ class EpisodeFields(StrictModel):
         description="strict: a group whose candidates saw different resets fails; warn: it is "
         "collected anyway and the difference recorded.",
     )
-    context_policy: Literal["end", "end_penalised"] = Field(
+    context_policy: Literal["end", "end_penalised", "window"] = Field(
         default="end",
         description="At the model's context (a prompt with no room for max_action_tokens): end the "
-        "episode with CONTEXT_EXHAUSTED and leave it out of training (end), or end it and train on it "
-        "with protocol_error_reward added (end_penalised).",
+        "episode with CONTEXT_EXHAUSTED and leave it out of training (end), end it and train on it "
+        "with protocol_error_reward added (end_penalised), or drop its oldest turns from the "
+        "policy's view and go on, training only on what the policy saw after the last drop (window).",
     )
     replay_ignore: list[str] = Field(
         default_factory=list,

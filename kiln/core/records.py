@@ -279,17 +279,23 @@ class TrainResult(ActivityResult):
     early_stop_step: int | None = None
 
 
-class IterationInput(Record):
-    """Store one online-RL iteration (of a run with ``iterations`` > 1): its bundle, training and
-    evaluation, as the record ``runs/<run id>/iterations/<k>.json`` publication lists."""
+class BundleSource(Record):
+    """What a rollout bundle is built from (``kiln.core.stages.evaluation.make_bundle``): the run's
+    stored groups, the environments they came from, the policy that sampled them and the reset plan."""
 
     run_id: str
-    iteration: int
     bundle: BundleSpec
     environments: list[EnvironmentRef]
     groups: GroupSet
     behavior_policy: dict[str, Any]
     reset_plan_sha256: str
+
+
+class IterationInput(BundleSource):
+    """Store one online-RL iteration (of a run with ``iterations`` > 1): its bundle, training and
+    evaluation, as the record ``runs/<run id>/iterations/<k>.json`` publication lists."""
+
+    iteration: int
     training: TrainResult | None = None
     evaluation: "EvaluationResult | None" = None
     staleness: int = 0
@@ -303,15 +309,9 @@ class IterationFiles(ActivityResult):
     stats: dict[str, Any]
 
 
-class PublishInput(Record):
-    run_id: str
+class PublishInput(BundleSource):
     kind: Literal["rollout", "train"]
     output_adapter: str | None
-    bundle: BundleSpec
-    environments: list[EnvironmentRef]
-    groups: GroupSet
-    behavior_policy: dict[str, Any]
-    reset_plan_sha256: str
     training: TrainResult | None = None
     evaluation: "EvaluationResult | None" = None
     post_eval: "PostEvalResult | None" = None
@@ -336,16 +336,10 @@ class PublishResult(ActivityResult):
     stats: dict[str, Any]
 
 
-class SideBundleInput(Record):
+class SideBundleInput(BundleSource):
     """Build one evaluation side's bundle (rollouts, replay, summary) from its groups."""
 
-    run_id: str
     side: Literal["baseline", "candidate"]
-    bundle: BundleSpec
-    environments: list[EnvironmentRef]
-    groups: GroupSet
-    behavior_policy: dict[str, Any]
-    reset_plan_sha256: str
 
 
 class SideBundle(ActivityResult):

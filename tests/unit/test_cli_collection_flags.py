@@ -67,6 +67,8 @@ def test_context_policy_reaches_the_request(monkeypatch: pytest.MonkeyPatch, com
     asked = _submitted(monkeypatch, command + ["--context-policy", "end_penalised"])
     assert asked["context_policy"] == "end_penalised"
     assert parse_run_request(asked).episode_settings(False).context_policy == "end_penalised"
-    assert [c.value for c in run_flags.ContextPolicy] == ["end", "end_penalised"]
-    refused = CliRunner().invoke(cli.app, command + ["--context-policy", "window"])
-    assert refused.exit_code == 2 and "window" in refused.output
+    assert [c.value for c in run_flags.ContextPolicy] == ["end", "end_penalised", "window"]
+    windowed = _submitted(monkeypatch, command + ["--context-policy", "window"])
+    assert parse_run_request(windowed).episode_settings(False).context_policy == "window"
+    refused = CliRunner().invoke(cli.app, command + ["--context-policy", "slide"])
+    assert refused.exit_code == 2 and "slide" in refused.output

@@ -30,6 +30,18 @@ def test_both_names_read_as_one_request_and_only_the_documented_one_is_written()
 
 
 @pytest.mark.timeout(30)
+def test_a_payload_read_tolerantly_keeps_either_name() -> None:
+    """Kiln's Temporal converter reads payloads tolerantly (unknown fields dropped): a kept
+    history's request written as ``environments`` must keep its URLs, not lose them as unknown."""
+    from kiln.core.contracts import RunRequest
+    from kiln.core.tolerant import TOLERANT_CONTEXT
+
+    for name in ("environment_urls", "environments"):
+        read = RunRequest.model_validate({name: [URL], "from_a_newer_release": 1}, context=TOLERANT_CONTEXT)
+        assert read.environment_urls == [URL], name
+
+
+@pytest.mark.timeout(30)
 def test_errors_name_the_documented_field() -> None:
     for body in ({}, {"environment_urls": []}, {"environment_urls": [" "]}):
         with pytest.raises(InvalidRequest) as caught:

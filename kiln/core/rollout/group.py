@@ -195,6 +195,7 @@ class GroupCollector:
             context_limit=self.context_limit,
             max_action_tokens=self.settings.max_action_tokens,
             penalise_context=self.settings.context_policy == "end_penalised",
+            window=self.settings.context_policy == "window",
         )
 
     def _reset_differs(self, index: int, wire: dict[str, Any]) -> None:
@@ -399,6 +400,7 @@ class GroupCollector:
                     recoverable_protocol_errors=ep.recoverable_errors,
                     model_tokens=ep.model_tokens,
                     harness_code=ep.harness_code,
+                    context_windowed=ep.slides > 0,
                 )
             )
         replay = {

@@ -74,6 +74,7 @@ def rollout_record(
     model_tokens: int,
     harness_code: str | None = None,
     capacity_retries: int | None = None,
+    context_windowed: bool = False,
 ) -> dict[str, Any]:
     """One summary ``rollouts`` record (``protocol_error_code`` only when it ended so;
     ``harness_code`` only when the episode ended on a harness error). ``capacity_retries`` is only
@@ -93,6 +94,8 @@ def rollout_record(
     }
     if capacity_retries is not None:
         record["capacity_retries"] = capacity_retries
+    if context_windowed:  # context_policy window dropped some of its turns from the policy's view
+        record["context_windowed"] = True
     if termination == "protocol_error":
         record["protocol_error_code"] = protocol_error_code
     if harness_code is not None:

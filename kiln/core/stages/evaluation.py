@@ -11,50 +11,44 @@ from kiln.core.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.core.evaluation.pairing import pair_summaries
 from kiln.core.evaluation.receipt import build_receipt, policy_identity
 from kiln.core.rollout.bundle import build_bundle
-from kiln.core.run_plan import BundleSpec
 from kiln.core.artifacts.group_sets import read_group_documents
-from kiln.core.records import EvaluateInput, EvaluationResult, GroupSet, SideBundle, SideBundleInput, StoredObject
+from kiln.core.records import (
+    BundleSource,
+    EvaluateInput,
+    EvaluationResult,
+    SideBundle,
+    SideBundleInput,
+    StoredObject,
+)
 from kiln.core.stages.discovery import load_inspection
 
 
 def make_bundle(
-    store: S3Store,
-    *,
-    spec: BundleSpec,
-    environments: list[Any],
-    groups: GroupSet,
-    behavior_policy: dict[str, Any],
-    reset_plan_sha256: str,
-    training_selection: dict[str, Any] | None = None,
+    store: S3Store, source: BundleSource, training_selection: dict[str, Any] | None = None
 ) -> dict[str, bytes]:
     """The three bundle files of a set of stored groups (pure function of their content)."""
     return build_bundle(
-        read_group_documents(store, groups),
-        spec=spec,
-        inspections=[load_inspection(store, env.inspection) for env in environments],
-        behavior_policy=behavior_policy,
-        reset_plan_sha256=reset_plan_sha256,
+        read_group_documents(store, source.groups),
+        spec=source.bundle,
+        inspections=[load_inspection(store, env.inspection) for env in source.environments],
+        behavior_policy=source.behavior_policy,
+        reset_plan_sha256=source.reset_plan_sha256,
         training_selection=training_selection,
     )
 
 
-def store_bundle(store: S3Store, **bundle: Any) -> tuple[dict[str, StoredObject], dict[str, Any]]:
-    """Build a bundle (``make_bundle``'s arguments) and store its three files; returns the stored
-    objects by file name and the summary's stats."""
-    files = make_bundle(store, **bundle)
+def store_bundle(
+    store: S3Store, source: BundleSource, training_selection: dict[str, Any] | None = None
+) -> tuple[dict[str, StoredObject], dict[str, Any]]:
+    """Build a bundle (``make_bundle``) and store its three files; returns the stored objects by
+    file name and the summary's stats."""
+    files = make_bundle(store, source, training_selection)
     stored = {name: StoredObject.of(store.put_blob(data)) for name, data in files.items()}
     return stored, json.loads(files["summary.json"])["stats"]
 
 
 def store_side_bundle(store: S3Store, inp: SideBundleInput) -> SideBundle:
-    stored, stats = store_bundle(
-        store,
-        spec=inp.bundle,
-        environments=inp.environments,
-        groups=inp.groups,
-        behavior_policy=inp.behavior_policy,
-        reset_plan_sha256=inp.reset_plan_sha256,
-    )
+    stored, stats = store_bundle(store, inp)
     return SideBundle(side=inp.side, files=stored, stats=stats)
 
 

@@ -74,15 +74,7 @@ def curve_row(inp: IterationInput, stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
-    stored, stats = store_bundle(
-        store,
-        spec=inp.bundle,
-        environments=inp.environments,
-        groups=inp.groups,
-        behavior_policy=inp.behavior_policy,
-        reset_plan_sha256=inp.reset_plan_sha256,
-        training_selection=full_selection(store, inp.training),
-    )
+    stored, stats = store_bundle(store, inp, full_selection(store, inp.training))
     data = record_bytes(
         {
             "iteration": inp.iteration,

@@ -87,15 +87,7 @@ def publish(
 ) -> PublishResult:
     training = inp.training
     evaluation = inp.evaluation
-    bundle = make_bundle(
-        store,
-        spec=inp.bundle,
-        environments=inp.environments,
-        groups=inp.groups,
-        behavior_policy=inp.behavior_policy,
-        reset_plan_sha256=inp.reset_plan_sha256,
-        training_selection=full_selection(store, training),
-    )
+    bundle = make_bundle(store, inp, full_selection(store, training))
     bundle = {**bundle, "metrics.jsonl": metrics_jsonl(store, inp.run_id)}  # live figures, wall-clock
     stored: list[tuple[str, StoredObject, str]] = []
     if training is not None and training.trained:

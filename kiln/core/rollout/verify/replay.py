@@ -179,23 +179,49 @@ def _check_termination(candidate: dict, where: Where, walk: _Walk, exchanges: in
     return termination
 
 
-def _check_context(candidate: dict, where: Where, termination: str, limit: int | None) -> dict | None:
-    """A candidate's ``context`` record: present exactly when it hit the group's recorded context."""
+def _check_context(
+    candidate: dict, where: Where, termination: str, limit: int | None, window: bool = False
+) -> dict | None:
+    """A candidate's ``context`` record: present exactly when it hit the group's recorded context
+    (ended, left out a turn, or, under ``context_policy: window``, slid its window)."""
     if "context" not in candidate:
         if termination == "context_exhausted":
             raise fail(where, "context", "is missing (required when termination is context_exhausted)")
         return None
     record = need_dict(candidate["context"], where, "context")
-    need_keys(record, _CONTEXT_KEYS, where, "context")
-    if record["code"] != "CONTEXT_EXHAUSTED":
-        raise fail(where, "context.code", "must be 'CONTEXT_EXHAUSTED'")
+    need_keys(record, _CONTEXT_KEYS, where, "context", frozenset({"window"}))
+    slid = "window" in record
+    if slid and not window:
+        raise fail(where, "context.window", "only a run with context_policy window slides a window")
+    ended = termination == "context_exhausted" or record.get("omitted_turn_tokens") != 0
+    if record["code"] != ("CONTEXT_EXHAUSTED" if ended or not slid else "CONTEXT_WINDOWED"):
+        raise fail(where, "context.code", "must be 'CONTEXT_EXHAUSTED' (ended) or 'CONTEXT_WINDOWED' (slid, went on)")
     if limit is None or record["limit_tokens"] != limit:
         raise fail(where, "context.limit_tokens", f"must be the group's context_tokens ({limit})")
     for key in ("tokens", "omitted_turn_tokens"):
         need_int(record, key, where, 0)
-    if termination != "context_exhausted" and record["omitted_turn_tokens"] == 0:
+    if not slid and termination != "context_exhausted" and record["omitted_turn_tokens"] == 0:
         raise fail(where, "context", "only a context_exhausted episode or a left-out final turn has one")
+    if slid:
+        _check_window_shape(record, where)
     return record
+
+
+def _check_window_shape(record: dict, where: Where) -> None:
+    window = need_dict(record["window"], where, "context.window")
+    need_keys(
+        window,
+        frozenset({"prompt_tokens", "turn_tokens", "kept_from_turn", "dropped_tokens", "slides"}),
+        where,
+        "context.window",
+    )
+    for key in ("prompt_tokens", "kept_from_turn", "dropped_tokens", "slides"):
+        need_int(window, key, where, 0)
+    turns = need_list(window["turn_tokens"], where, "context.window.turn_tokens")
+    if not all(
+        isinstance(t, list) and len(t) == 2 and all(_is_int(n) and n >= 0 for n in t) and t[0] >= 1 for t in turns
+    ):
+        raise fail(where, "context.window.turn_tokens", "must be [action ids, observation ids] counts per turn")
 
 
 def check_replay_candidate(
@@ -208,8 +234,9 @@ def check_replay_candidate(
     max_recoverable: int,
     context_limit: int | None = None,
     penalise_context: bool = False,
+    window: bool = False,
 ) -> CandidateFacts:
-    """Manifest rules for one candidate."""
+    """Manifest rules for one candidate (``window``: the run's context_policy is window)."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
     need_keys(candidate, _CANDIDATE_KEYS, where, "", _OPTIONAL_CANDIDATE_KEYS)
@@ -222,7 +249,7 @@ def check_replay_candidate(
     for step, exchange in enumerate(exchanges):
         _check_exchange(exchange, step, where.at(step=step), walk, max_recoverable)
     termination = _check_termination(candidate, where, walk, len(exchanges), max_steps)
-    context = _check_context(candidate, where, termination, context_limit)
+    context = _check_context(candidate, where, termination, context_limit, window)
     if need_int(candidate, "recoverable_protocol_errors", where) != walk.recoverable:
         raise fail(
             where, "recoverable_protocol_errors", f"must be {walk.recoverable} (recoverable errors in the exchanges)"

@@ -129,8 +129,8 @@ def check_summary(summary: dict) -> None:
         raise fail(where, "context_policy", "context_tokens and context_policy come together")
     if "context_tokens" in summary:
         need_int(summary, "context_tokens", where, 1)
-        if summary["context_policy"] not in ("end", "end_penalised"):
-            raise fail(where, "context_policy", "must be 'end' or 'end_penalised'")
+        if summary["context_policy"] not in ("end", "end_penalised", "window"):
+            raise fail(where, "context_policy", "must be 'end', 'end_penalised' or 'window'")
     if "training_selection" in summary:
         need_dict(summary["training_selection"], where, "training_selection")
     if "replay_ignore" in summary:
@@ -212,5 +212,6 @@ def check_record(
         model_tokens=candidate["model_tokens"],
         harness_code=harness_code if isinstance(record, dict) and "harness_code" in record else None,
         capacity_retries=candidate.get("capacity_retries"),  # bundles written before it left them
+        context_windowed="window" in (candidate.get("context") or {}),
     )
     need_match(record, expected, where, "rollouts[]", "the replay")
