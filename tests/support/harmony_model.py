@@ -2,7 +2,7 @@
 
 A random-weight model never closes its analysis message, so a rollout of one never reaches the
 final channel. :func:`build_harmony_model` writes the tiny gpt-oss case (sliding + full attention
-with sinks, routed experts; :mod:`tests.support.family_models`) with the in-process harmony
+with sinks, routed experts; :mod:`tests.support.model_builders`) with the in-process harmony
 tokenizer and Kiln's harmony template, then teaches it the turn format on synthetic counter-game
 transcripts (the tiny demo model's generator, :func:`kiln.core.policy.tiny._transcript`), encoded
 exactly as the runtime appends them: the prompt opens the analysis channel (thinking) or the
@@ -88,7 +88,7 @@ def build_harmony_model(out_dir: Path, *, steps: int = STEPS, seed: int = 5) -> 
     import torch
     from transformers import AutoTokenizer, GptOssForCausalLM
 
-    from tests.support.family_models import build_family_folder
+    from tests.support.model_builders import build_family_folder
 
     folder = build_family_folder("gpt_oss", Path(out_dir), template="harmony", seed=seed)
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
