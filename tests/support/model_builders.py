@@ -17,6 +17,8 @@ and ``kiln model random --shape qwen3.5-tiny / gpt-oss-tiny`` are the product's 
   hybrid and mixture-of-experts cases), :func:`reference_decode` is the brute-force batch-of-one
   decode the tiled sampler is checked against: transformers' own ``DynamicCache`` and the model's
   own attention, one row, one token per forward.
+- :func:`build_harmony_model`: the tiny gpt-oss with the harmony tokenizer and template, warmed
+  up on the harmony turn format (a random model never reaches the final channel).
 - :func:`build_qwen35_hub_model`, :func:`build_qwen3_moe_model`, :func:`build_qwen3_dense_model`:
   models for the vllm engine's tests, with Kiln's Qwen tokenizer (vocabulary 151,936), head size
   128 (vLLM's CPU attention refuses narrower heads) and ``initializer_range`` 0.2. The Qwen3.5 one
@@ -26,10 +28,13 @@ and ``kiln model random --shape qwen3.5-tiny / gpt-oss-tiny`` are the product's 
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+from kiln.core.policy import harmony
 from kiln.core.policy.qwen_vocab import QWEN3_VOCAB_SIZE
 
 _ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
@@ -309,12 +314,109 @@ def build_qwen3_moe_model(out_dir: Path, *, hidden_size: int = 256, layers: int 
     return _save(model, Path(out_dir), tokenizer)
 
 
+# ------------------------------------------------------------- a tiny gpt-oss that speaks harmony
+# A random-weight model never closes its analysis message, so its rollouts never reach the final
+# channel. build_harmony_model writes the tiny gpt_oss case with the in-process harmony tokenizer
+# and Kiln's harmony template, then teaches it the turn format on synthetic counter-game
+# transcripts (the tiny demo model's generator, kiln.core.policy.tiny._transcript) encoded exactly
+# as the runtime appends them: the prompt opens the analysis channel (thinking) or the final one,
+# the policy writes REASONING<|end|><|start|>assistant<|channel|>final<|message|>{"amount": N}
+# <|return|>, the next turn is <|start|>user<|message|>…<|end|> + the next prompt. The loss covers
+# what the policy writes.
+HARMONY_STEPS = 120  # format warm-up steps of build_harmony_model
+_ROWS = 8
+_MAX_TOKENS = 384
+
+
+def _harmony_encode(tok: Any, messages: list[dict], thinking: bool) -> tuple[list[int], list[float]]:
+    """Ids and loss weights (1 on the policy's tokens) of one transcript, as the runtime builds them."""
+    ids: list[int] = []
+    weights: list[float] = []
+
+    def add(text: str, weight: float) -> None:
+        piece = tok.encode(text, add_special_tokens=False)
+        ids.extend(piece)
+        weights.extend([weight] * len(piece))
+
+    first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    head = tok.apply_chat_template(messages[: first_user + 1], tokenize=False, add_generation_prompt=True)
+    add(head + harmony.channel_header(thinking), 0.0)
+    for message in messages[first_user + 1 :]:
+        if message["role"] == "assistant":
+            reasoning = message["reasoning_content"] + harmony.END + harmony.START + "assistant" + harmony.FINAL_HEADER
+            add((reasoning if thinking else "") + message["content"] + harmony.RETURN, 1.0)
+        else:
+            add(harmony.START + "user" + harmony.MESSAGE + message["content"] + harmony.END + harmony.START + "assistant", 0.0)
+            add(harmony.channel_header(thinking), 0.0)
+    return ids, weights
+
+
+def _harmony_warm_up(model: Any, tok: Any, rng: random.Random, steps: int) -> None:
+    import torch
+
+    from kiln.core.policy.tiny import _transcript
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    model.train()
+    for step in range(steps):
+        rows = []
+        for _ in range(_ROWS):
+            messages, thinking = _transcript(rng, rng.choice((1, 1, 2, 3)))
+            ids, weights = _harmony_encode(tok, messages, thinking)
+            rows.append((ids[:_MAX_TOKENS], weights[:_MAX_TOKENS]))
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.float32)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (ids, weights) in enumerate(rows):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            mask[i, : len(ids)] = torch.tensor(weights)
+            attn[i, : len(ids)] = 1
+        logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none"
+        ).view(len(rows), -1)
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-2 * min(1.0, (step + 1) / 10) * (1.0 - 0.8 * step / steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+
+
+def build_harmony_model(out_dir: Path, *, steps: int = HARMONY_STEPS, seed: int = 5) -> Path:
+    """The tiny gpt-oss model with the harmony tokenizer, warmed up on the harmony turn format."""
+    import torch
+    from transformers import AutoTokenizer, GptOssForCausalLM
+
+    folder = build_family_folder("gpt_oss", Path(out_dir), template="harmony", seed=seed)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = GptOssForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            _harmony_warm_up(model, tok, random.Random(seed), steps)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids([harmony.RETURN, harmony.CALL])
+    model.save_pretrained(str(folder))
+    (folder / "warm_up.json").write_text(json.dumps({"steps": steps, "seed": seed}))
+    return folder
+
+
+
 __all__ = [
     "DECODE_FAMILIES",
+    "HARMONY_STEPS",
     "QWEN35_SHAPES",
     "TINY",
     "VOCAB",
     "build_family_folder",
+    "build_harmony_model",
     "build_qwen35_hub_model",
     "build_qwen3_dense_model",
     "build_qwen3_moe_model",
