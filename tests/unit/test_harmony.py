@@ -72,6 +72,13 @@ def test_an_analysis_that_never_closes_is_unfinished_thinking() -> None:
     assert not ended_inside_thinking(completion("r<|end|><|start|>assistant<|channel|>final<|message|>"))
 
 
+def test_both_gpt_oss_shapes_are_harmony_shapes() -> None:
+    from kiln.core.policy.random_model import HARMONY_RETURN, SHAPES, shape_config
+
+    assert {name for name, shape in SHAPES.items() if shape.template == "harmony"} == {"gpt-oss-20b", "gpt-oss-tiny"}
+    assert shape_config("gpt-oss-20b", layers=2).eos_token_id == HARMONY_RETURN == 151670
+
+
 @pytest.mark.timeout(300)
 def test_kiln_model_random_gpt_oss_speaks_harmony(tmp_path: Path) -> None:
     from typer.testing import CliRunner
