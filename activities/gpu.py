@@ -36,7 +36,7 @@ from kiln.core.records import (
     WorldModelResult,
 )
 from kiln.core.artifacts.adapters import materialise, read_pointer
-from kiln.core.policy.engine import decode_tile_of, request_tag
+from kiln.core.policy.engine import decode_tile_of, request_route, request_tag
 from kiln.core.policy.identity import with_inference
 from kiln.core.stages.collection import behavior_policy_of, collect, require_same_policy
 from activities.common import heartbeating, kiln_errors
@@ -194,6 +194,8 @@ class GpuActivities:
         try:
             policy = await asyncio.to_thread(self.policy)
             request_tag.set(inp.run_id)  # the engine's batching figures name the runs batched together
+            # every turn of this attempt's episodes goes to one engine (KILN_VLLM_ENGINES)
+            request_route.set(f"{inp.run_id}/{inp.group_index}/{info.activity_id}/{info.attempt}")
             if self.settings.engine == "vllm":
                 _size_default_executor(self.settings.gpu_concurrency)
             adapter_dir = await asyncio.to_thread(self._adapter_dir, inp.adapter_ref)

@@ -7,7 +7,8 @@ nothing from Kiln's package, only, by path, ``kiln/core/policy/vllm_server.py``'
 Kiln's server does. The workload is a JSON list of requests ``{"prompt_ids", "max_tokens", "seed"}``
 (``bench.engine`` records every request its vllm collection sent, with the number of tokens each
 produced). All of them are given to one ``LLM.generate`` call, as token ids, with the engine
-settings of Kiln's vllm server (eager mode, prefix caching, ``--dtype``, default float32, no chunked
+settings of Kiln's vllm server (eager mode, prefix caching, ``--dtype``, default float32, the choices it makes
+for the model's kind (a hybrid model on a CPU: bfloat16, no prefix caching), its torchvision, no chunked
 prefill on CPU, the sampled token's log-prob), each generating exactly its recorded number of
 tokens (``min_tokens = max_tokens``, EOS ignored) at its recorded seed. ``--lora``: ``off`` (vLLM's
 plain limit), ``stock`` (LoRA enabled, vLLM's own CPU LoRA products) or ``grouped`` (LoRA enabled
@@ -30,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kiln" / "core" / "
 
 # vLLM's CPU build spawns its engine core, which runs this script again as ``__mp_main__`` with the
 # same argv: the grouped products and the reader wait go in there, as in Kiln's server.
-if __name__ in ("__main__", "__mp_main__") and "grouped" in sys.argv:
+# The engine's torchvision (vllm_vision, for vLLM's Qwen3.5 classes) goes in each of them as well.
+if __name__ in ("__main__", "__mp_main__"):
     import vllm_server  # stdlib at import
 
+    vllm_server.install_vision()
+if __name__ in ("__main__", "__mp_main__") and "grouped" in sys.argv:
     if vllm_server.install_cpu_paths()[0] != "grouped":
         raise SystemExit("vllm_lora_cpu.install() found no vLLM CPU LoRA path to patch")
 
@@ -55,12 +59,16 @@ def main() -> None:
     vllm_cpu_wait.free_reserved_cores()
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
-    from vllm_server import MAX_LORA_RANK, MAX_LORAS, prefill_settings  # the server's settings (stdlib at import)
+    from vllm_server import (  # the server's settings (stdlib at import)
+        MAX_LORA_RANK, MAX_LORAS, model_facts, model_settings, prefill_settings,
+    )
 
+    on_cpu = current_platform.is_cpu()
+    chosen = {"dtype": args.dtype, "enable_prefix_caching": True, **prefill_settings(args.max_model_len, on_cpu),
+              **model_settings(model_facts(args.model), on_cpu)}  # as the server chooses them (a hybrid: bf16)
     started = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              enforce_eager=True, enable_prefix_caching=True, seed=0,
-              **prefill_settings(args.max_model_len, current_platform.is_cpu()),
+    llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              enforce_eager=True, seed=0, **chosen,
               **({"enable_lora": True, "max_lora_rank": MAX_LORA_RANK, "max_loras": MAX_LORAS}
                  if args.lora != "off" else {}))
     start_s = time.perf_counter() - started
@@ -74,7 +82,7 @@ def main() -> None:
     # untimed: the whole workload once at other seeds (vLLM's CPU kernels are built per batch size
     # on first use), then an empty prefix cache, so the timed call prefills every prompt as Kiln's did
     llm.generate(prompts, [params(int(r["max_tokens"]), int(r["seed"]) + 1) for r in requests], use_tqdm=False)
-    if not llm.reset_prefix_cache():
+    if chosen["enable_prefix_caching"] and not llm.reset_prefix_cache():
         raise SystemExit("vLLM did not empty its prefix cache after the warm-up")
     started = time.perf_counter()
     outputs = llm.generate(prompts, sampling, use_tqdm=False)

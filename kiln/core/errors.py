@@ -608,3 +608,14 @@ class EngineFault(KilnError):
     code = "engine_fault"
     retryable = False
     http_status = 500
+
+
+# --- The vllm engine's topology (tensor parallel, engines per worker) ---
+class EngineSettingsInvalid(KilnError):
+    """``KILN_VLLM_TENSOR_PARALLEL`` / ``KILN_VLLM_ENGINES`` ask for a vllm engine topology that has
+    no meaning (below 1) or that this machine cannot provide (more GPUs than are visible); the
+    message names the setting, the value and the GPUs visible."""
+
+    code = "engine_settings_invalid"
+    retryable = False
+    http_status = 400

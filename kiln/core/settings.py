@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     # KV-cache size in GB of the CPU build (VLLM_CPU_KVCACHE_SPACE).
     vllm_cpu_kvcache_gb: int = Field(default=4, ge=1)
     vllm_max_model_len: int = Field(default=4096, ge=64)
+    # The devices one vllm engine server spans (vLLM's tensor-parallel size), and how many servers a
+    # gpu worker runs (each on devices of its own, an episode's turns sticky to one); checked, with
+    # an error naming the setting, when the worker builds its engines (docs/engines.md).
+    vllm_tensor_parallel: int = 1
+    vllm_engines: int = 1
     # Train on the policy runtime's own base model (one copy in memory) instead of a second copy.
     # Sampling afterwards is bit-identical to a fresh worker's (docs/models.md); false loads a
     # second copy for training (twice the weight memory, sampling not blocked while training).

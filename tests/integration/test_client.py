@@ -52,7 +52,7 @@ async def test_the_client_trains_follows_downloads_and_verifies(
     async with running_workers(settings) as temporal:
         with serve_api(settings) as url, Client(url) as kiln:
             submitted = await asyncio.to_thread(
-                kiln.core.train, counter_env_url, output_adapter="client-agent", wait=False,
+                kiln.train, counter_env_url, output_adapter="client-agent", wait=False,
                 training_config=TrainingConfig(epochs=1, lora_rank=4, lora_alpha=8), **SMALL,
             )
             assert isinstance(submitted, RunView) and submitted.kind == "train"
@@ -90,7 +90,7 @@ async def test_the_client_trains_follows_downloads_and_verifies(
             # A run that fails at discovery raises the code its status records.
             with pytest.raises(EnvironmentUnavailable) as failed:
                 await asyncio.to_thread(
-                    kiln.core.rollout, unreachable_url(), preflight=False, poll_s=0.3, timeout_s=120, **SMALL
+                    kiln.rollout, unreachable_url(), preflight=False, poll_s=0.3, timeout_s=120, **SMALL
                 )
             assert failed.value.code == "environment_unavailable" and failed.value.stage == "discovery"
 
@@ -98,7 +98,7 @@ async def test_the_client_trains_follows_downloads_and_verifies(
             before = await _run_count(temporal, settings.control_task_queue)
             with pytest.raises(ModelNotServed) as refused:
                 await asyncio.to_thread(
-                    kiln.core.train, counter_env_url, output_adapter="nope-agent", model="qwen3-4b", **SMALL
+                    kiln.train, counter_env_url, output_adapter="nope-agent", model="qwen3-4b", **SMALL
                 )
             assert refused.value.code == "model_not_served"
             assert refused.value.details == {
@@ -113,5 +113,5 @@ async def test_the_client_trains_follows_downloads_and_verifies(
 
             # Request errors are the same KilnError codes, before anything is sent.
             with pytest.raises(KilnError) as invalid:
-                await asyncio.to_thread(kiln.core.train, counter_env_url, output_adapter="x", group_size=0)
+                await asyncio.to_thread(kiln.train, counter_env_url, output_adapter="x", group_size=0)
             assert invalid.value.code == "openenv_invalid_request"

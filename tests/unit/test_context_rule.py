@@ -74,3 +74,39 @@ def test_the_outcome_line_counts_context_exhausted_episodes() -> None:
     out = io.StringIO()
     print_outcome(status, Console(file=out, width=300))
     assert "invalid actions 1  context exhausted 3 (of 409 tokens)" in out.getvalue()
+
+
+def test_windowed_episodes_are_counted_and_warned_about() -> None:
+    import io
+
+    from rich.console import Console
+
+    from kiln.cli.follow import print_outcome
+    from kiln.core.run_view import RunView
+
+    # half windowed, one ended: 3 of 4 outgrew the context, so the run warns and says how
+    stats = {"rollouts": 4, "mean_episode_return": 1.0, "min_episode_return": 0.0, "max_episode_return": 2.0,
+             "done_count": 0, "invalid_model_action_count": 0, "context_exhausted_count": 1,
+             "context_windowed_count": 2, "context_tokens": 409}
+    message = context_warning(stats)
+    assert message is not None and message.startswith(
+        "3 of 4 episodes outgrew the model's context (409 tokens): 2 kept going with their earliest turns "
+        "dropped (CONTEXT_WINDOWED), 1 ended (CONTEXT_EXHAUSTED)"
+    )
+    assert "--max-steps" in message
+    assert context_warning({**stats, "context_windowed_count": 1}) is None  # 2 of 4: not most
+    status = RunView.model_validate({"run_id": "r1", "state": "completed", "phase": "completed", "rollout_stats": stats})
+    out = io.StringIO()
+    print_outcome(status, Console(file=out, width=300))
+    assert "context exhausted 1 (of 409 tokens)  context windowed 2" in out.getvalue()
+
+
+def test_the_window_drops_the_fewest_oldest_turns_brute_force() -> None:
+    import itertools
+
+    from kiln.core.rollout.context import window_drop
+
+    for kept in itertools.product([3, 9, 20], repeat=3):
+        for turn in (5, 30, 60):
+            fits = [d for d in range(4) if 10 + sum(kept[d:]) + turn + 8 <= 60]
+            assert window_drop(10, list(kept), turn, 8, 60) == (fits[0] if fits else None), (kept, turn)

@@ -112,8 +112,13 @@ def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_o
     hub = vllm_server.model_facts(_config(tmp_path / "q35", {
         "architectures": ["Qwen3_5ForConditionalGeneration"], "vision_config": {"depth": 1},
         "text_config": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}}))
-    assert hub == {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_only": True, "moe": False}
-    assert vllm_server.model_settings(hub, on_cpu=True) == {"language_model_only": True}
+    assert hub == {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_only": True, "moe": False,
+                   "hybrid": True}
+    # its Gated DeltaNet layers on the CPU build: bfloat16 (its kernel's only dtype), no prefix
+    # caching (it needs chunked prefill there)
+    assert vllm_server.model_settings(hub, on_cpu=True) == {"language_model_only": True, "enable_prefix_caching": False,
+                                                            "dtype": "bfloat16"}
+    assert vllm_server.model_settings(hub, on_cpu=False) == {"language_model_only": True}
     moe = vllm_server.model_facts(_config(tmp_path / "moe", {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}))
     assert moe["moe"] and not moe["text_only"]
     with pytest.raises(vllm_server.Unsupported) as caught:
@@ -124,6 +129,8 @@ def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_o
     assert isinstance(refused, ModelUnsupported) and not refused.retryable
     assert refused.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from /m: {vllm_server.MOE_ON_CPU}"
     assert "KILN_ENGINE=hf" in refused.hint and "CUDA" in refused.hint
-    dense = vllm_server.model_facts(_config(tmp_path / "dense", {"architectures": ["Qwen3ForCausalLM"]}))
-    assert vllm_server.model_settings(dense, on_cpu=True) == {}
-    assert vllm_server.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False}
+    dense = vllm_server.model_facts(_config(tmp_path / "dense", {
+        "architectures": ["Gemma3ForCausalLM"], "layer_types": ["sliding_attention", "full_attention"]}))
+    assert not dense["hybrid"] and vllm_server.model_settings(dense, on_cpu=True) == {}
+    assert vllm_server.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False,
+                                                                 "hybrid": False}

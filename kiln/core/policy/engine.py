@@ -35,6 +35,9 @@ EngineName = Literal["hf", "vllm"]
 # Who the rows generated in this context belong to (the gpu worker sets the run id):
 # a batching engine reports which callers' requests it ran together.
 request_tag: ContextVar[str | None] = ContextVar("kiln_engine_request_tag", default=None)
+# Which episodes the rows generated in this context belong to (the gpu worker sets one per seed
+# group attempt): an engine of several servers sends every turn of them to the same one.
+request_route: ContextVar[str | None] = ContextVar("kiln_engine_request_route", default=None)
 ENGINE_NAMES: tuple[str, ...] = ("hf", "vllm")
 # Rows the hf engine decodes per forward (its tile, :mod:`kiln.core.policy.sampling`). A row's bytes
 # depend on the tile size (never on its tile-mates), so it is part of the hf engine's identity.
@@ -180,5 +183,6 @@ __all__ = [
     "GenerationRequest",
     "decode_tile_of",
     "engine_identity_fields",
+    "request_route",
     "request_tag",
 ]

@@ -43,7 +43,7 @@ import httpx
 
 from kiln.core.errors import EngineUnavailable
 from kiln.core.policy import vllm_faults
-from kiln.core.policy.engine import AdapterHandle, Generation, GenerationRequest, request_tag
+from kiln.core.policy.engine import AdapterHandle, Generation, GenerationRequest, request_route, request_tag
 from kiln.core.policy.vllm_server import MAX_LORA_RANK, MAX_LORAS  # stdlib-only at import
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
@@ -72,6 +72,7 @@ class VllmConfig:
     start_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     batch_invariant: bool = False
+    tensor_parallel: int = 1  # the devices one server spans (vLLM's tensor-parallel size)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -91,6 +92,8 @@ class VllmEngine:
         self.reader_wait: str | None = None  # how its processes wait for each other ("napping"/"stock")
         self.cpu_reserved_cores: int | None = None  # cores vLLM keeps off its CPU model worker (0: none)
         self.text_only = False  # a vision-language checkpoint served as its language model only
+        self.torchvision: str | None = None  # the torchvision its processes import (vllm_vision)
+        self.served_dtype: str | None = None  # what the server serves the model in (from /health)
         self._log_offset = 0  # where the running server's lines begin in the engine log
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
@@ -163,6 +166,8 @@ class VllmEngine:
             str(cfg.max_num_seqs),
             "--gpu-memory-utilization",
             str(cfg.gpu_memory_utilization),
+            "--tensor-parallel-size",
+            str(cfg.tensor_parallel),
             "--parent-pid",
             str(os.getpid()),
         ]
@@ -192,6 +197,8 @@ class VllmEngine:
                 self.reader_wait = health.get("reader_wait")
                 self.cpu_reserved_cores = health.get("cpu_reserved_cores")
                 self.text_only = bool(health.get("text_only"))
+                self.torchvision = health.get("torchvision")
+                self.served_dtype = health.get("dtype")
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)
@@ -228,6 +235,10 @@ class VllmEngine:
         out = {"name": self.name, "version": str(self._version)}
         if self.text_only:
             out["text_only"] = True  # a vision-language checkpoint's language model alone
+        if self.served_dtype not in (None, self.config.dtype):  # the server chose it (a hybrid on a CPU)
+            out["dtype"] = self.served_dtype
+        if self.config.tensor_parallel != 1:  # every row's reductions are split across the devices
+            out["tensor_parallel"] = self.config.tensor_parallel
         return out
 
     def stats(self) -> dict[str, Any]:
@@ -250,12 +261,13 @@ class VllmEngine:
             return []
         self.start()
         tag = request_tag.get() or self.tag
+        route = request_route.get()
         with self._gate.shared():
-            futures = [self._pool.submit(self._row, req, tag) for req in requests]
+            futures = [self._pool.submit(self._row, req, tag, route) for req in requests]
             return [f.result() for f in futures]
 
     # ------------------------------------------------------------------------------ rows
-    def _row(self, req: GenerationRequest, tag: str | None = None) -> Generation:
+    def _row(self, req: GenerationRequest, tag: str | None = None, route: str | None = None) -> Generation:
         if req.max_tokens <= 0:
             return Generation(
                 ids=[], logprobs=[], finished=False, adapter_sha256=req.adapter.sha256 if req.adapter else None
@@ -265,10 +277,12 @@ class VllmEngine:
         )
         if not two_phase:
             grammar = req.grammar if not (req.thinking and req.think_close_id is not None) else None
-            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, req.stop_ids, grammar, tag)
+            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, req.stop_ids, grammar, (tag, route))
             return self._finish(req, out["ids"], out["logprobs"], out["adapter"])
         first_max = req.max_tokens if req.budget is None else min(req.max_tokens, req.budget)
-        out = self._call(req, req.prompt_ids, first_max, req.seed, [*req.stop_ids, req.think_close_id], None, tag)
+        out = self._call(
+            req, req.prompt_ids, first_max, req.seed, [*req.stop_ids, req.think_close_id], None, (tag, route)
+        )
         ids, lps = list(out["ids"]), list(out["logprobs"])
         if not ids or ids[-1] != req.think_close_id or len(ids) >= req.max_tokens:
             return self._finish(req, ids, lps, out["adapter"])
@@ -279,7 +293,7 @@ class VllmEngine:
             answer_seed(req.seed),
             req.stop_ids,
             req.grammar,
-            tag,
+            (tag, route),
         )
         return self._finish(req, ids + list(rest["ids"]), lps + list(rest["logprobs"]), rest["adapter"])
 
@@ -305,8 +319,9 @@ class VllmEngine:
         seed: int,
         stop_ids: list[int],
         grammar: Any,
-        tag: str | None,
+        names: tuple[str | None, str | None],
     ) -> dict[str, Any]:
+        """One request; ``names``: its run tag and its route (the engine's figures count both)."""
         body = {
             "prompt_ids": [int(t) for t in prompt],
             "seed": int(seed) % _U63,
@@ -316,7 +331,8 @@ class VllmEngine:
             "stop_ids": stop_ids,
             "grammar": grammar.ebnf if grammar is not None else None,
             "adapter": {"name": req.adapter.sha256, "path": str(req.adapter.path)} if req.adapter else None,
-            "tag": tag,
+            "tag": names[0],
+            "route": names[1],
         }
         return self._post("/generate", body)
 
@@ -417,23 +433,12 @@ def default_python() -> Path:
     return Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 
-def engine_for(settings: Any, model_path: Path, *, dtype: str) -> VllmEngine:
-    """The vllm engine a gpu worker with ``settings`` (:class:`kiln.core.settings.Settings`) serves
-    ``model_path`` with; its log goes to ``<home>/logs/vllm-engine.log``."""
-    logs = Path(settings.home) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    return VllmEngine(
-        VllmConfig(
-            model_path=Path(model_path),
-            python=Path(settings.vllm_python or default_python()),
-            dtype=dtype,
-            log_path=logs / "vllm-engine.log",
-            max_model_len=settings.vllm_max_model_len,
-            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-            cpu_kvcache_gb=settings.vllm_cpu_kvcache_gb,
-            max_num_seqs=max(64, settings.vllm_max_concurrent_activities * 8),
-        )
-    )
+def engine_for(settings: Any, model_path: Path, *, dtype: str) -> Any:
+    """The vllm engine a gpu worker with ``settings`` serves ``model_path`` with
+    (:func:`kiln.core.policy.vllm_router.engine_for`: one server, or several behind a router)."""
+    from kiln.core.policy.vllm_router import engine_for as build
+
+    return build(settings, model_path, dtype=dtype)
 
 
 def _free_port() -> int:

@@ -138,9 +138,8 @@ def _unsupported_hint(cause: str) -> str:
         )
     if "torchvision" in cause:
         return (
-            "vLLM's classes for this family import torchvision: install the torchvision build "
-            "that matches the engine's torch into .venv-vllm (scripts/setup_vllm.sh does where "
-            "PyTorch's CPU index is reachable), or serve it with KILN_ENGINE=hf"
+            "vLLM's classes for this family import torchvision: run scripts/setup_vllm.sh, which "
+            "installs it into .venv-vllm/kiln-torchvision, or serve it with KILN_ENGINE=hf"
         )
     return "serve this model with KILN_ENGINE=hf, or choose an architecture the engine supports"
 

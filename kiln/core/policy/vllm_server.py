@@ -1,5 +1,6 @@
 """Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only, and
-its neighbours :mod:`vllm_lora_cpu`, which needs only torch, and :mod:`vllm_cpu_wait`).
+its neighbours :mod:`vllm_lora_cpu` and :mod:`vllm_vision`, which need only torch, and
+:mod:`vllm_cpu_wait`).
 
 Started by :class:`kiln.core.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
 environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln's
@@ -15,20 +16,23 @@ Endpoints (JSON bodies, one request per connection):
   whether the engine processes wait for each other as :mod:`vllm_cpu_wait` makes them on a CPU, and
   how many cores vLLM keeps off its model worker's threads there: 0 unless the user set
   ``VLLM_CPU_NUM_OF_RESERVED_CPU``), plus ``"text_only"`` (a vision-language checkpoint served as
-  its language model only)
+  its language model only) and ``"torchvision"``: ``"compiled"|"text-only"|"absent"``, the
+  torchvision its processes import (:mod:`vllm_vision`: vLLM's Qwen3.5 classes need one) and
+  ``"dtype"``, what the model is served in (``--dtype``, but for a hybrid model on a CPU)
 
 A server that cannot build its engine (an architecture vLLM cannot inspect or run, an MoE model on
 the CPU build, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
 fail the same way on every start, so the client reports it instead of restarting.
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
-  "tag": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
+  "tag": str|null, "route": str|null}`` -> ``{"ids", "logprobs", "finish_reason", "adapter": SHA|null}``. Prompts are
   token ids; no chat template is applied and nothing is detokenized for the caller. ``logprobs``
   are the sampled tokens' log-probs after temperature and grammar masking (``processed_logprobs``).
 - ``POST /unload`` ``{"name": SHA}`` -> ``{"unloaded": bool}``
 - ``GET /stats`` -> batching figures: the largest number of requests in flight at once, for each
   ``tag`` the number of requests that ran while another tag's request was in flight, and the
-  requests in flight now per tag.
+  requests in flight now per tag, and the requests served per ``route`` (the episodes a request
+  belongs to: :mod:`kiln.core.policy.vllm_router` sends each route to one engine).
 
 Adapters are PEFT folders hot-loaded by path (``LoRARequest``), never merged; each gets a small
 integer id on first use, keyed by its content digest (the name the client sends). On vLLM's CPU
@@ -72,8 +76,20 @@ def install_cpu_paths() -> tuple[str, str, int | None]:
     return lora_products, "napping", vllm_cpu_wait.free_reserved_cores()
 
 
-LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = "stock", "stock", None
+def install_vision() -> str:
+    """The engine's torchvision (:mod:`vllm_vision`), before anything imports vLLM's model classes,
+    here and in vLLM's model-inspection subprocess; what ``/health`` reports as ``torchvision``."""
+    import vllm_vision
+
+    found = vllm_vision.install()
+    if found != "absent":
+        vllm_vision.patch_inspection(os.path.dirname(os.path.abspath(__file__)))
+    return found
+
+
+LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES, VISION = "stock", "stock", None, "absent"
 if __name__ in ("__main__", "__mp_main__"):
+    VISION = install_vision()
     LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = install_cpu_paths()
 
 
@@ -88,6 +104,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-loras", type=int, default=MAX_LORAS)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-invariant", action="store_true")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
@@ -122,10 +139,13 @@ def model_facts(model_dir: str) -> dict:
         config = {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     experts = max(int(text.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    kinds = {str(kind) for kind in text.get("layer_types") or []}
     return {
         "architectures": [str(a) for a in config.get("architectures") or []],
         "text_only": isinstance(config.get("vision_config"), dict),
         "moe": experts > 0,
+        # layers that keep a recurrent state (Gated DeltaNet, Mamba) beside attention layers
+        "hybrid": bool(kinds - {"full_attention", "sliding_attention"}),
     }
 
 
@@ -147,10 +167,16 @@ MOE_ON_CPU = (
 def model_settings(facts: dict, on_cpu: bool) -> dict:
     """Engine arguments the model's kind asks for: a vision-language checkpoint is served as its
     language model only (vLLM's ``language_model_only``: no vision tower in memory, text prompts
-    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`)."""
+    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`). A hybrid model on the
+    CPU build is served in bfloat16 (the build's Gated DeltaNet kernel takes nothing else: "CPU GDN
+    attention requires BF16") and without prefix caching (vLLM caches a recurrent layer's state for
+    prefixes only with chunked prefill, which the CPU build cannot run: :func:`prefill_settings`)."""
     if facts["moe"] and on_cpu:
         raise Unsupported(MOE_ON_CPU)
-    return {"language_model_only": True} if facts["text_only"] else {}
+    out: dict = {"language_model_only": True} if facts["text_only"] else {}
+    if facts.get("hybrid") and on_cpu:
+        out.update(enable_prefix_caching=False, dtype="bfloat16")
+    return out
 
 
 # The line a server that could not build its engine prints before it exits with FAULT_EXIT: a JSON
@@ -188,23 +214,28 @@ class Server:
 
         on_cpu = current_platform.is_cpu()
         self.model_kind = model_settings(facts, on_cpu)
+        chosen = {
+            "dtype": args.dtype,
+            "enable_prefix_caching": True,
+            **prefill_settings(args.max_model_len, on_cpu),
+            **self.model_kind,
+        }
         engine_args = AsyncEngineArgs(
             model=args.model,
-            dtype=args.dtype,
             enable_lora=True,
             max_lora_rank=args.max_lora_rank,
             max_loras=args.max_loras,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            tensor_parallel_size=args.tensor_parallel_size,
             seed=args.seed,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
             structured_outputs_config={"backend": "xgrammar"},
-            enable_prefix_caching=True,
-            **prefill_settings(args.max_model_len, on_cpu),
-            **self.model_kind,
+            **chosen,
         )
+        self.dtype = str(chosen["dtype"])  # what the model is served in
         self.engine = AsyncLLM.from_engine_args(engine_args)
         self.model = args.model
         self.text_only = bool(facts["text_only"])
@@ -213,6 +244,7 @@ class Server:
         self.met_another_run: set[str] = set()  # requests in flight together with another tag's
         self.max_in_flight = 0
         self.overlapped: dict[str, int] = {}
+        self.routes: dict[str, int] = {}  # requests served per route (the episodes they belong to)
 
     # ---------------------------------------------------------------------------- generation
     def _lora(self, adapter: dict | None):
@@ -253,7 +285,9 @@ class Server:
 
     async def generate(self, body: dict) -> dict:
         request_id = uuid.uuid4().hex
-        tag = body.get("tag")
+        tag, route = body.get("tag"), body.get("route")
+        if route is not None:
+            self.routes[str(route)] = self.routes.get(str(route), 0) + 1
         if tag is not None:  # two requests overlap when one arrives while the other is in flight
             others = [rid for rid, t in self.in_flight.items() if t is not None and t != tag]
             if others:
@@ -308,6 +342,8 @@ class Server:
             "reader_wait": READER_WAIT,
             "cpu_reserved_cores": CPU_RESERVED_CORES,
             "text_only": self.text_only,
+            "torchvision": VISION,
+            "dtype": self.dtype,
         }
 
     def stats(self) -> dict:
@@ -315,7 +351,12 @@ class Server:
         for tag in self.in_flight.values():
             if tag is not None:
                 now[tag] = now.get(tag, 0) + 1
-        return {"max_in_flight": self.max_in_flight, "overlapped": dict(self.overlapped), "in_flight": now}
+        return {
+            "max_in_flight": self.max_in_flight,
+            "overlapped": dict(self.overlapped),
+            "in_flight": now,
+            "routes": dict(self.routes),
+        }
 
     # ------------------------------------------------------------------------------------ HTTP
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.core.errors import EnvironmentProtocolError
-from kiln.core.openenv.session import RECOVERABLE_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES
+from kiln.core.rollout.context import CONTEXT_WINDOWED, context_record, has_room, window_drop
 from kiln.core.rollout.context import TERMINATION as CONTEXT_TERMINATION
-from kiln.core.rollout.context import context_record, has_room
 from kiln.core.rollout.exchange import (
     action_segment,
     exchange_segment,
@@ -35,7 +35,6 @@ class CandidateEpisode:
     prompt_ids: list[int]
     protocol_error_reward: float
     max_recoverable_errors: int
-    capacity_retries: int = 0
     pieces: list[dict[str, Any]] = field(default_factory=list)
     trajectory: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)
@@ -52,11 +51,18 @@ class CandidateEpisode:
     context_limit: int | None = None  # the served model's context (None: unknown, unchecked)
     max_action_tokens: int = 0
     penalise_context: bool = False  # context_policy end_penalised
+    window: bool = False  # context_policy window: the oldest turns leave the view instead
     omitted_turn_tokens: int = 0  # ids of a final turn left out for want of context
 
     def __post_init__(self) -> None:
         self.pieces.append({"kind": "context", "ids": list(self.prompt_ids)})
         self.context_ids = list(self.prompt_ids)
+        self.turn_ids: list[list[int]] = []  # every appended turn's ids (action + observation)
+        self.turn_sizes: list[list[int]] = []  # and their [action, observation] id counts
+        self.in_view: list[int] = []  # the turns the policy sees after its prompt
+        self.slides = 0
+        self.slid_turns = 0  # turns up to and including the last slide (folded into pieces[0])
+        self._first_in_view_at_slide = 0  # the oldest turn the policy still saw after that slide
 
     # ----------------------------------------------------------------- context
     def check_context(self) -> bool:
@@ -68,10 +74,26 @@ class CandidateEpisode:
 
     @property
     def context_exhausted(self) -> dict[str, Any] | None:
-        """The replay record of an episode that hit the context (None when it did not)."""
-        if self.context_limit is None or (self.termination != CONTEXT_TERMINATION and not self.omitted_turn_tokens):
+        """The replay record of an episode that hit the context (None when it did not): ended or
+        left out a turn (``CONTEXT_EXHAUSTED``), or slid its window (``CONTEXT_WINDOWED`` unless
+        it ended too), with the dropped span under ``window``."""
+        ended = self.termination == CONTEXT_TERMINATION or self.omitted_turn_tokens
+        if self.context_limit is None or not (ended or self.slides):
             return None
-        return context_record(self.context_limit, len(self.context_ids), self.omitted_turn_tokens)
+        record = context_record(self.context_limit, len(self.context_ids), self.omitted_turn_tokens)
+        if self.slides:
+            turns = self.turn_sizes[: self.slid_turns]
+            first = self._first_in_view_at_slide
+            record["window"] = {
+                "prompt_tokens": len(self.prompt_ids),
+                "turn_tokens": [list(t) for t in turns],
+                "kept_from_turn": first,
+                "dropped_tokens": sum(sum(t) for t in turns[:first]),
+                "slides": self.slides,
+            }
+            if not ended:
+                record["code"] = CONTEXT_WINDOWED
+        return record
 
     @property
     def live(self) -> bool:
@@ -89,17 +111,46 @@ class CandidateEpisode:
         before, content, after = turn
         size = len(before) + len(content) + len(after)
         if not has_room(len(self.context_ids) + size, self.max_action_tokens, self.context_limit):
+            if self.window and self.live and self._slide(before + content + after):
+                return
             # The policy never sees this turn: its ids are left out, and a live episode ends here.
             self.omitted_turn_tokens = size
             if self.live:
                 self.termination = CONTEXT_TERMINATION
             return
+        self._remember_turn(self.pieces[-1]["ids"], before + content + after)
         self.pieces.append({"kind": "context", "ids": list(before)})
         self.pieces.append({"kind": "observation", "ids": list(content), "warning": warning})
         self.pieces.append({"kind": "context", "ids": list(after)})
         self.context_ids.extend(before)
         self.context_ids.extend(content)
         self.context_ids.extend(after)
+
+    def _remember_turn(self, action: list[int], observation: list[int]) -> None:
+        self.turn_ids.append([*action, *observation])
+        self.turn_sizes.append([len(action), len(observation)])
+        self.in_view.append(len(self.turn_ids) - 1)
+
+    def _slide(self, observation: list[int]) -> bool:
+        """``context_policy: window``: the oldest turns in view leave it so this one fits; what the
+        policy sees now becomes one context piece (nothing before it is trained on). False when
+        the turn does not fit even alone."""
+        action = list(self.pieces[-1]["ids"])  # the action this observation answers
+        assert self.context_limit is not None and self.pieces[-1]["kind"] == "action"
+        kept = [len(self.turn_ids[k]) for k in self.in_view]
+        drop = window_drop(
+            len(self.prompt_ids), kept, len(action) + len(observation), self.max_action_tokens, self.context_limit
+        )
+        if drop is None:
+            return False
+        self.in_view = self.in_view[drop:]
+        self._remember_turn(action, observation)
+        self.slides += 1
+        self.slid_turns = len(self.turn_ids)
+        self._first_in_view_at_slide = self.in_view[0]
+        self.context_ids = [*self.prompt_ids, *(i for k in self.in_view for i in self.turn_ids[k])]
+        self.pieces = [{"kind": "context", "ids": list(self.context_ids)}]
+        return True
 
     def record_harness_error(self, code: str, message: str) -> str:
         """Invalid or missing action: harness segment, penalty, ``invalid_model_action``."""

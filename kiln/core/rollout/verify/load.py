@@ -73,6 +73,7 @@ def check_group(g: int, group: Any, line: dict, summary: dict, contracts: list[A
             max_recoverable=summary["max_recoverable_errors"],
             context_limit=summary.get("context_tokens"),
             penalise_context=summary.get("context_policy") == "end_penalised",
+            window=summary.get("context_policy") == "window",
         )
         exchanges += len(facts.exchanges)
         cwhere = dwhere.at(candidate=c)
@@ -185,6 +186,11 @@ def _load_bundle(summary_path: Path, *, dataset_path: Path | None = None, replay
     stats = rollout_stats(summary["rollouts"])
     if "context_exhausted_count" not in summary["stats"] and not stats["context_exhausted_count"]:
         del stats["context_exhausted_count"]  # bundles written before the count existed
+    if "context_windowed_count" not in summary["stats"] and not stats["context_windowed_count"]:
+        del stats["context_windowed_count"]  # bundles written before context_policy window
+    legacy = [r.get("capacity_retries") for r in summary["rollouts"] if isinstance(r, dict)]
+    if any(value is not None for value in legacy):  # bundles written before refusals left them
+        stats["capacity_retry_count"] = sum(int(value or 0) for value in legacy)
     if "context_tokens" in summary:
         stats["context_tokens"] = summary["context_tokens"]
     if not same_json(stats, summary["stats"]):

@@ -7,7 +7,7 @@ from typing import Any
 
 from kiln.core.openenv.discovery import CLIENT_PROFILE
 from kiln.core.openenv.rewards import is_valid_wire_reward, training_reward
-from kiln.core.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES, TERMINAL_CODES
 from kiln.core.rollout.bundle import REPLAY_SCHEMA
 from kiln.core.rollout.exchange import protocol_error_continues
 from kiln.core.rollout.verify.checks import (
@@ -39,10 +39,12 @@ _CANDIDATE_KEYS = frozenset(
         "terminal_done",
         "termination",
         "recoverable_protocol_errors",
-        "capacity_retries",
         "model_tokens",
     }
 )
+# ``capacity_retries``: bundles written before capacity refusals left the artifacts (a wall-clock
+# fact, counted in run status as ``environment_capacity.<url>.refusals``) carry it; newer ones never.
+_OPTIONAL_CANDIDATE_KEYS = frozenset({"final_state", "reset_observation", "context", "capacity_retries"})
 _EXCHANGE_KEYS = frozenset({"step_index", "action", "result"})
 _TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error", "context_exhausted"})
 _CONTEXT_KEYS = frozenset({"code", "limit_tokens", "tokens", "omitted_turn_tokens"})
@@ -177,23 +179,49 @@ def _check_termination(candidate: dict, where: Where, walk: _Walk, exchanges: in
     return termination
 
 
-def _check_context(candidate: dict, where: Where, termination: str, limit: int | None) -> dict | None:
-    """A candidate's ``context`` record: present exactly when it hit the group's recorded context."""
+def _check_context(
+    candidate: dict, where: Where, termination: str, limit: int | None, window: bool = False
+) -> dict | None:
+    """A candidate's ``context`` record: present exactly when it hit the group's recorded context
+    (ended, left out a turn, or, under ``context_policy: window``, slid its window)."""
     if "context" not in candidate:
         if termination == "context_exhausted":
             raise fail(where, "context", "is missing (required when termination is context_exhausted)")
         return None
     record = need_dict(candidate["context"], where, "context")
-    need_keys(record, _CONTEXT_KEYS, where, "context")
-    if record["code"] != "CONTEXT_EXHAUSTED":
-        raise fail(where, "context.code", "must be 'CONTEXT_EXHAUSTED'")
+    need_keys(record, _CONTEXT_KEYS, where, "context", frozenset({"window"}))
+    slid = "window" in record
+    if slid and not window:
+        raise fail(where, "context.window", "only a run with context_policy window slides a window")
+    ended = termination == "context_exhausted" or record.get("omitted_turn_tokens") != 0
+    if record["code"] != ("CONTEXT_EXHAUSTED" if ended or not slid else "CONTEXT_WINDOWED"):
+        raise fail(where, "context.code", "must be 'CONTEXT_EXHAUSTED' (ended) or 'CONTEXT_WINDOWED' (slid, went on)")
     if limit is None or record["limit_tokens"] != limit:
         raise fail(where, "context.limit_tokens", f"must be the group's context_tokens ({limit})")
     for key in ("tokens", "omitted_turn_tokens"):
         need_int(record, key, where, 0)
-    if termination != "context_exhausted" and record["omitted_turn_tokens"] == 0:
+    if not slid and termination != "context_exhausted" and record["omitted_turn_tokens"] == 0:
         raise fail(where, "context", "only a context_exhausted episode or a left-out final turn has one")
+    if slid:
+        _check_window_shape(record, where)
     return record
+
+
+def _check_window_shape(record: dict, where: Where) -> None:
+    window = need_dict(record["window"], where, "context.window")
+    need_keys(
+        window,
+        frozenset({"prompt_tokens", "turn_tokens", "kept_from_turn", "dropped_tokens", "slides"}),
+        where,
+        "context.window",
+    )
+    for key in ("prompt_tokens", "kept_from_turn", "dropped_tokens", "slides"):
+        need_int(window, key, where, 0)
+    turns = need_list(window["turn_tokens"], where, "context.window.turn_tokens")
+    if not all(
+        isinstance(t, list) and len(t) == 2 and all(_is_int(n) and n >= 0 for n in t) and t[0] >= 1 for t in turns
+    ):
+        raise fail(where, "context.window.turn_tokens", "must be [action ids, observation ids] counts per turn")
 
 
 def check_replay_candidate(
@@ -206,11 +234,12 @@ def check_replay_candidate(
     max_recoverable: int,
     context_limit: int | None = None,
     penalise_context: bool = False,
+    window: bool = False,
 ) -> CandidateFacts:
-    """Manifest rules for one candidate."""
+    """Manifest rules for one candidate (``window``: the run's context_policy is window)."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
-    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation", "context"}))
+    need_keys(candidate, _CANDIDATE_KEYS, where, "", _OPTIONAL_CANDIDATE_KEYS)
     if candidate["candidate_index"] != index or not _is_int(candidate["candidate_index"]):
         raise fail(where, "candidate_index", f"must be {index} (contiguous candidate indices)")
     exchanges = need_list(candidate["exchanges"], where, "exchanges")
@@ -220,12 +249,13 @@ def check_replay_candidate(
     for step, exchange in enumerate(exchanges):
         _check_exchange(exchange, step, where.at(step=step), walk, max_recoverable)
     termination = _check_termination(candidate, where, walk, len(exchanges), max_steps)
-    context = _check_context(candidate, where, termination, context_limit)
+    context = _check_context(candidate, where, termination, context_limit, window)
     if need_int(candidate, "recoverable_protocol_errors", where) != walk.recoverable:
         raise fail(
             where, "recoverable_protocol_errors", f"must be {walk.recoverable} (recoverable errors in the exchanges)"
         )
-    need_int(candidate, "capacity_retries", where)
+    if "capacity_retries" in candidate:
+        need_int(candidate, "capacity_retries", where)
     need_int(candidate, "model_tokens", where)
     returned = need_float(candidate, "episode_return", where)
     expected_return = recompute_return(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.canonical import digest_json, is_digest
-from kiln.core.contracts import MAX_SEED
+from kiln.core.request_fields import MAX_SEED
 from kiln.core.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
 from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
 from kiln.core.rollout.prompts import PROMPT_VERSION
@@ -129,8 +129,8 @@ def check_summary(summary: dict) -> None:
         raise fail(where, "context_policy", "context_tokens and context_policy come together")
     if "context_tokens" in summary:
         need_int(summary, "context_tokens", where, 1)
-        if summary["context_policy"] not in ("end", "end_penalised"):
-            raise fail(where, "context_policy", "must be 'end' or 'end_penalised'")
+        if summary["context_policy"] not in ("end", "end_penalised", "window"):
+            raise fail(where, "context_policy", "must be 'end', 'end_penalised' or 'window'")
     if "training_selection" in summary:
         need_dict(summary["training_selection"], where, "training_selection")
     if "replay_ignore" in summary:
@@ -209,8 +209,9 @@ def check_record(
         termination=facts.termination,
         protocol_error_code=facts.protocol_error_code,
         recoverable_protocol_errors=candidate["recoverable_protocol_errors"],
-        capacity_retries=candidate["capacity_retries"],
         model_tokens=candidate["model_tokens"],
         harness_code=harness_code if isinstance(record, dict) and "harness_code" in record else None,
+        capacity_retries=candidate.get("capacity_retries"),  # bundles written before it left them
+        context_windowed="window" in (candidate.get("context") or {}),
     )
     need_match(record, expected, where, "rollouts[]", "the replay")

@@ -12,6 +12,7 @@ from typing import Any
 from kiln.core.openenv.actions import ActionParseError, parse_action_text
 from kiln.core.openenv.schema import ActionValidator
 from kiln.core.policy import harmony
+from kiln.core.rollout.context import CONTEXT_EXHAUSTED, window_turns
 from kiln.core.rollout.episode import TURN_BREAK
 from kiln.core.rollout.exchange import NO_OUTPUT, exchange_segment, harness_segment, judge_answer, truncation_outcome
 from kiln.core.rollout.provenance import provenance_of
@@ -143,8 +144,10 @@ def check_pieces(
     tokens = need_dict(completion["tokens"], where, "tokens")
     need_keys(tokens, frozenset({"pieces"}), where, "tokens")
     pieces = need_list(tokens["pieces"], where, "tokens.pieces")
+    window = (facts.context or {}).get("window")
+    folded = window["turn_tokens"] if window else []  # turns before the last slide: in pieces[0]
     layout: list[tuple[str, bool | None]] = [("context", None)]
-    for exchange in facts.exchanges:
+    for exchange in facts.exchanges[len(folded) :]:
         warn = exchange["result"]["kind"] == "protocol_error"
         layout += [("action", None), ("context", None), ("observation", warn), ("context", None)]
     if facts.termination == "invalid_model_action":
@@ -183,6 +186,7 @@ def check_pieces(
             if not 1 <= len(ids) <= max_action_tokens:
                 raise fail(where, f"{field}.ids", f"must hold 1..max_action_tokens ({max_action_tokens}) ids")
             total += len(ids)
+    total += sum(turn[0] for turn in folded)
     if total != model_tokens:
         raise fail(where, "model_tokens", f"must be {total} (the action token ids)")
     if context_limit is not None:
@@ -192,7 +196,10 @@ def check_pieces(
 def check_context(pieces: list, facts: CandidateFacts, where: Where, limit: int, max_action_tokens: int) -> None:
     """The collector's context rule (:mod:`kiln.core.rollout.context`), re-checked from piece lengths:
     every action was sampled from a prompt with room for ``max_action_tokens``, every appended turn
-    left that room, and a context record's figures are the ones the pieces add up to."""
+    left that room, and a context record's figures are the ones the pieces add up to. A slid
+    window's recorded turns are replayed through the same rule (:func:`window_turns`)."""
+    if facts.context is not None and "window" in facts.context:
+        _check_window(pieces, facts.context, where, limit, max_action_tokens)
     seen = len(pieces[0]["ids"])
     index = 1
     while index < len(pieces):
@@ -223,7 +230,7 @@ def check_context(pieces: list, facts: CandidateFacts, where: Where, limit: int,
     if record["tokens"] != seen:
         raise fail(where, "context.tokens", f"must be {seen} (the ids of the pieces)")
     omitted = record["omitted_turn_tokens"]
-    if seen + omitted + max_action_tokens <= limit:
+    if record["code"] == CONTEXT_EXHAUSTED and seen + omitted + max_action_tokens <= limit:
         raise fail(where, "context", f"{seen} + {omitted} ids leave room for an action in {limit}: nothing had to end")
 
 
@@ -251,3 +258,21 @@ def check_provenance(
         context_policy=context_policy,
     )
     need_match(provenance, expected, where, "openenv", "the replay / inspection / summary")
+
+
+def _check_window(pieces: list, record: dict, where: Where, limit: int, max_action_tokens: int) -> None:
+    """The dropped span of a slid window: its turns replay the rule to the recorded slides and
+    first kept turn, and the policy's view after the last slide is ``pieces[0]``."""
+    window = record["window"]
+    turns = window["turn_tokens"]
+    try:
+        first, slides = window_turns(window["prompt_tokens"], turns, max_action_tokens, limit)
+    except ValueError as exc:
+        raise fail(where, "context.window.turn_tokens", str(exc)) from None
+    if (window["kept_from_turn"], window["slides"]) != (first, slides):
+        raise fail(where, "context.window", f"must keep from turn {first} after {slides} slides (the rule replayed)")
+    if window["dropped_tokens"] != sum(sum(t) for t in turns[:first]):
+        raise fail(where, "context.window.dropped_tokens", "must be the ids of the turns before kept_from_turn")
+    view = window["prompt_tokens"] + sum(sum(t) for t in turns[first:])
+    if len(pieces[0]["ids"]) != view:
+        raise fail(where, "tokens.pieces[0]", f"must hold the {view} ids the policy saw after the last slide")
