@@ -219,6 +219,14 @@ def _real_text_sizes(name: str) -> dict[str, Any]:
 QWEN35_SHAPES: dict[str, dict[str, Any]] = {"qwen3.5-4b": _real_text_sizes("qwen3.5-4b")}
 
 
+def _mrope_section(head_dim: int) -> list[int]:
+    """The multimodal rotary sections of a head of ``head_dim`` with a quarter of it rotated: they
+    cover half the rotated dims ([11, 11, 10] for the shipped 256, as vLLM checks)."""
+    half = int(head_dim * 0.25) // 2
+    third, rest = divmod(half, 3)
+    return [third + (1 if i < rest else 0) for i in range(3)]
+
+
 def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1, shape: str | None = None) -> Any:
     """The composite ``Qwen3_5Config``: ``groups`` × (3 linear-attention + 1 full-attention) text
     layers of width ``hidden_size`` (or of ``shape``'s sizes, a key of :data:`QWEN35_SHAPES`), and
@@ -233,10 +241,9 @@ def qwen35_hub_config(*, hidden_size: int = 256, groups: int = 1, shape: str | N
         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
         "max_position_embeddings": 8192, "initializer_range": 0.2, "tie_word_embeddings": True,
         **(QWEN35_SHAPES[shape] if shape else {}),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
-                            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
-                            "mrope_interleaved": True},
     }
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": _mrope_section(text["head_dim"]), "mrope_interleaved": True}
     vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
               "out_hidden_size": text["hidden_size"], "num_position_embeddings": 64, "patch_size": 16,
               "spatial_merge_size": 2, "temporal_patch_size": 2}
