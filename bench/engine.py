@@ -136,7 +136,7 @@ def build_model(shape: str, layers: int | None, folder: Path) -> Path:
     the hub's layout (a composite vision-language checkpoint), their 3 linear-attention + 1
     full-attention pattern repeated ``layers / 4`` times."""
     if shape.startswith("qwen3.5"):
-        from tests.support.hub_models import build_qwen35_hub_model
+        from tests.support.model_builders import build_qwen35_hub_model
 
         layers = layers or 4
         if layers % 4:

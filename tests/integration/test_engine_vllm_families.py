@@ -56,21 +56,21 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory, tokenizer) -> Path:
-    from tests.support.hub_models import build_qwen3_moe_model
+    from tests.support.model_builders import build_qwen3_moe_model
 
     return build_qwen3_moe_model(Path(tmp_path_factory.mktemp("moe")), tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory, tokenizer) -> Path:
-    from tests.support.hub_models import build_qwen3_dense_model
+    from tests.support.model_builders import build_qwen3_dense_model
 
     return build_qwen3_dense_model(Path(tmp_path_factory.mktemp("dense")), tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module")
 def qwen35_dir(tmp_path_factory, tokenizer) -> Path:
-    from tests.support.hub_models import build_qwen35_hub_model
+    from tests.support.model_builders import build_qwen35_hub_model
 
     return build_qwen35_hub_model(Path(tmp_path_factory.mktemp("qwen35")), tokenizer=tokenizer)
 

@@ -2,7 +2,7 @@
 
 Families: qwen3, qwen3_5 (the hub's vision-language layout), qwen3_next, qwen3_moe, gpt_oss
 (harmony tokenizer and template), llama, gemma3 and granitemoehybrid (a Mamba hybrid); tiny random
-models with each family's real layer pattern (:mod:`tests.support.family_models`) and each
+models with each family's real layer pattern (:mod:`tests.support.model_builders`) and each
 template family's tokenizer. One run per family (Temporal dev server, SeaweedFS, the counter env;
 one iteration, thinking off, constrained actions) is shared by the parametrised tests:
 
@@ -47,7 +47,7 @@ async def _trained(case: str, kiln_settings: Any, counter_env_url: str, factory:
     from api.runs import RunService
     from kiln.core.artifacts.store import S3Store
     from kiln.core.contracts import parse_run_request
-    from tests.support.family_models import build_family_folder
+    from tests.support.model_builders import build_family_folder
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import download_run
     from tests.support.waiting import workflow_result

@@ -1,6 +1,6 @@
 """gpt-oss's harmony format through the whole stack (Temporal dev server, SeaweedFS, the counter env,
 the hf engine): a tiny gpt-oss (sliding + full attention with sinks, routed experts) with the harmony
-tokenizer and template, warmed up on the turn format (:mod:`tests.support.harmony_model`).
+tokenizer and template, warmed up on the turn format (:mod:`tests.support.model_builders`).
 
 One train run (thinking ``auto``, which harmony resolves on; constrained actions): every recorded
 action holds both channels (the analysis message, ``<|end|>``, the final channel's header and
@@ -40,7 +40,7 @@ async def test_a_harmony_run_collects_both_channels_trains_and_verifies(
     from kiln.cli.app import app as cli_app
     from kiln.core.artifacts.store import S3Store
     from kiln.core.contracts import parse_run_request
-    from tests.support.harmony_model import build_harmony_model
+    from tests.support.model_builders import build_harmony_model
     from tests.support.kiln_workers import running_workers
     from tests.support.run_folders import download_run
     from tests.support.waiting import workflow_result

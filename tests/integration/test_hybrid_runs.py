@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from kiln.core.unfinished_thinking import FIX
-from tests.support.hybrid_models import hybrid_model_dir
+from tests.support.model_builders import build_family_folder
 from tests.support.kiln_workers import running_workers
 from tests.support.waiting import workflow_result
 from workflows.options import WORKFLOW_NAME
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.asyncio
 async def test_thinking_that_never_closes_names_the_cause_and_the_fix(
     kiln_settings: Any, counter_env_url: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    model = hybrid_model_dir("qwen3_5", tmp_path / "qwen3_5", tiny_model_dir)
+    model = build_family_folder("qwen3_5", tmp_path / "qwen3_5", tokenizer_dir=tiny_model_dir)
     settings = kiln_settings(model_path=model)
     request = {"kind": "train", "groups": 2, "group_size": 2, "max_steps": 2, "max_action_tokens": 4,
                "output_adapter": "never-closes", "environment_urls": [counter_env_url],

@@ -29,7 +29,7 @@ from kiln.core.contracts import parse_run_request
 from kiln.core.policy.families import FAMILIES
 from kiln.core.rollout.verify import verify_bundle
 from tests.integration.test_api_helpers import serve_api
-from tests.support.family_models import build_family_folder
+from tests.support.model_builders import build_family_folder
 from tests.support.kiln_workers import running_workers
 from tests.support.topology import REPO_ROOT, child_env
 from tests.support.waiting import workflow_result

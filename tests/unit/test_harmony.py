@@ -6,7 +6,7 @@
   tokenizer (harmony's specials after Qwen3's 151,669 tokens) and the harmony template; the runtime
   derives ``<|return|>`` / ``<|call|>`` as stops and ``<|message|>`` as the reasoning close, and
   opens the analysis (thinking) or final channel in every prompt and observation turn.
-- On a tiny gpt-oss warmed up on the turn format (:mod:`tests.support.harmony_model`): sampling
+- On a tiny gpt-oss warmed up on the turn format (:mod:`tests.support.model_builders`): sampling
   runs through the analysis message into the final one and stops at ``<|return|>``; the parsed
   answer is the final channel's text; the sampler's log-probs match one-pass scoring within 1e-4
   (float32), constrained or not; a thinking budget stops a row inside its analysis.
@@ -72,6 +72,13 @@ def test_an_analysis_that_never_closes_is_unfinished_thinking() -> None:
     assert not ended_inside_thinking(completion("r<|end|><|start|>assistant<|channel|>final<|message|>"))
 
 
+def test_both_gpt_oss_shapes_are_harmony_shapes() -> None:
+    from kiln.core.policy.random_model import HARMONY_RETURN, SHAPES, shape_config
+
+    assert {name for name, shape in SHAPES.items() if shape.template == "harmony"} == {"gpt-oss-20b", "gpt-oss-tiny"}
+    assert shape_config("gpt-oss-20b", layers=2).eos_token_id == HARMONY_RETURN == 151670
+
+
 @pytest.mark.timeout(300)
 def test_kiln_model_random_gpt_oss_speaks_harmony(tmp_path: Path) -> None:
     from typer.testing import CliRunner
@@ -110,7 +117,7 @@ def test_kiln_model_random_gpt_oss_speaks_harmony(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def warmed(tmp_path_factory: pytest.TempPathFactory):
     from kiln.core.policy.runtime import PolicyRuntime
-    from tests.support.harmony_model import build_harmony_model
+    from tests.support.model_builders import build_harmony_model
 
     return PolicyRuntime.load(build_harmony_model(tmp_path_factory.mktemp("harmony")), device="cpu")
 

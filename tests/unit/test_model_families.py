@@ -22,7 +22,7 @@ from kiln.core.policy.families import FAMILIES, family_of, load_identity_fields,
 from kiln.core.policy.identity import model_part_of
 from kiln.core.policy.loading import load_causal_lm
 from kiln.core.train.model import adapted_targets, attach_lora, save_adapter
-from tests.support.family_models import TINY, build_family_folder
+from tests.support.model_builders import TINY, build_family_folder
 
 CPU = Placement("cpu", "float32")
 

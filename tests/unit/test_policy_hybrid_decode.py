@@ -3,13 +3,14 @@ convolution) and mixture-of-experts families, random weights with each family's 
 
 What is asserted, per family:
 
-* **against a batch-of-one reference** (:func:`tests.support.hybrid_models.reference_decode`:
+* **against a batch-of-one reference** (:func:`tests.support.model_builders.reference_decode`:
   transformers' own ``DynamicCache``, one row, the model's own attention and kernels): at a tile of
   1 and of 4, every row's ids are equal and every log-prob is within ``TOLERANCE``. The tiled
   decode runs the projections on ``tile`` rows at once, so its bits differ from a batch of one's by
-  float rounding (measured on this CPU, largest per family at a tile of 4: qwen3_next 3.5e-5,
-  qwen3_5 8.1e-6, granitemoehybrid, lfm2 3.8e-6, gpt_oss 2.4e-6, qwen3_moe 1.9e-6; at a tile of 1
-  at most 9.5e-7). A routed mixture of experts (top-k of the
+  float rounding (measured on this CPU with :mod:`tests.support.model_builders`' tiny configs,
+  largest per family at a tile of 4: gpt_oss 1.9e-5, qwen3_next 1.2e-5, qwen3_5 8.6e-6,
+  granitemoehybrid 7.6e-6, lfm2 3.8e-6, qwen3_moe 3.1e-6; at a tile of 1 at most 1.4e-6).
+  A routed mixture of experts (top-k of the
   router's scores) can pick another expert on a near tie when the rounding differs: measured on
   qwen3_next routing 2 of 4 experts, 8.9e-4 at one step at a tile of 2. So the reference check of
   a routed family runs with every expert selected (routing weights still computed), and the
@@ -25,14 +26,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.hybrid_models import FAMILIES, hybrid_model, reference_decode
+from tests.support.model_builders import DECODE_FAMILIES as FAMILIES
+from tests.support.model_builders import VOCAB, family_model, reference_decode, tiny_config
 
-TOLERANCE = 1e-4  # about 3x the largest difference measured (qwen3_next, random weights of scale 0.2)
+TOLERANCE = 1e-4  # about 5x the largest difference measured (gpt_oss at a tile of 4, random weights of scale 0.2)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18, 19, 20, 21, 22], [5, 6, 7, 8, 9, 10, 11]]
 SEEDS = [1, 2, 3, 4]
 STEPS = 14  # more than every conv kernel: rows run on their cached conv windows, not the prefill's
 ALL_EXPERTS = {"qwen3_next": {"num_experts_per_tok": 4}, "granitemoehybrid": {"num_experts_per_tok": 4},
-               "qwen3_moe": {"num_experts_per_tok": 8}, "gpt_oss": {"num_experts_per_tok": 4}}
+               "qwen3_moe": {"num_experts_per_tok": 4}, "gpt_oss": {"num_experts_per_tok": 4}}
 
 
 def _sample(model, prompts, seeds, tile):
@@ -51,7 +53,7 @@ def _bits(sample) -> tuple[list[int], bytes]:
 @pytest.mark.parametrize("tile", [1, 4])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiled_rows_equal_a_batch_of_one_reference(family: str, tile: int) -> None:
-    model = hybrid_model(family, overrides=ALL_EXPERTS.get(family))
+    model = family_model(family, overrides=ALL_EXPERTS.get(family))
     rows = _sample(model, PROMPTS, SEEDS, tile)
     assert len(rows) == len(PROMPTS)
     for prompt, seed, row in zip(PROMPTS, SEEDS, rows):
@@ -66,7 +68,7 @@ def test_tiled_rows_equal_a_batch_of_one_reference(family: str, tile: int) -> No
 def test_a_row_is_bit_identical_beside_any_tile_mates(family: str) -> None:
     """Routed families with their real top-k: a row alone, with others in the tile, and in another
     slot (the order reversed) gives the same bytes."""
-    model = hybrid_model(family)
+    model = family_model(family)
     together = [_bits(s) for s in _sample(model, PROMPTS, SEEDS, 4)]
     alone = [_bits(_sample(model, [p], [s], 4)[0]) for p, s in zip(PROMPTS, SEEDS)]
     backwards = [_bits(s) for s in _sample(model, PROMPTS[::-1], SEEDS[::-1], 4)][::-1]
@@ -82,10 +84,8 @@ def test_which_layer_kinds_the_tile_keeps_per_row() -> None:
     from transformers import DeepseekV32Config, Gemma3TextConfig
 
     from kiln.core.policy.row_attention import batch_invariant, unsupported_layer_kinds
-    from tests.support.hybrid_models import hybrid_config
-
     for family in FAMILIES:
-        assert unsupported_layer_kinds(hybrid_config(family)) == [] and batch_invariant(hybrid_config(family))
+        assert unsupported_layer_kinds(tiny_config(family, VOCAB)) == [] and batch_invariant(tiny_config(family, VOCAB))
     assert unsupported_layer_kinds(Gemma3TextConfig(num_hidden_layers=2)) == []
     assert unsupported_layer_kinds(DeepseekV32Config(num_hidden_layers=2)) == ["indexed_attention"]
     assert batch_invariant(DeepseekV32Config(num_hidden_layers=2)) is False
@@ -99,7 +99,7 @@ def test_a_config_that_does_not_match_its_layers_is_a_model_fault() -> None:
     from kiln.core.errors import ModelFault
     from kiln.core.policy.sampling import sample_batch
 
-    model = hybrid_model("qwen3_5")
+    model = family_model("qwen3_5_text")
     model.config.layer_types = ["linear_attention"] * 4  # the 4th layer is full attention in the model
     with pytest.raises(ModelFault) as info:
         sample_batch(model, [PROMPTS[0]], [1], max_new_tokens=3, temperature=1.0, stop_id=2, tile=2)
@@ -122,9 +122,9 @@ def test_the_runtime_serves_the_family_batch_invariantly(family: str, tiny_dir, 
     """A saved model folder of the family loads in the PolicyRuntime; its engine says its rows are
     batch-invariant, and a group sampled in one call equals its rows sampled one by one."""
     from kiln.core.policy.runtime import PolicyRuntime
-    from tests.support.hybrid_models import hybrid_model_dir
+    from tests.support.model_builders import build_family_folder
 
-    rt = PolicyRuntime.load(hybrid_model_dir(family, tmp_path / family, tiny_dir), decode_tile=4)
+    rt = PolicyRuntime.load(build_family_folder(family, tmp_path / family, tokenizer_dir=tiny_dir), decode_tile=4)
     assert rt.engine.batch_invariant is True
     prompt = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=True)
     longer = rt.encode_prompt([{"role": "user", "content": "Count is 3. Target is 10. Reply."}], thinking=True)
@@ -171,9 +171,9 @@ def test_a_three_turn_episode_keeps_state_and_equals_re_prefilling_each_turn(tin
     through transformers' own cache (within TOLERANCE) and the trainer's teacher-forced log-probs."""
     from kiln.core.policy.engine_hf import HfEngine
     from kiln.core.policy.runtime import PolicyRuntime
-    from tests.support.hybrid_models import hybrid_model_dir
+    from tests.support.model_builders import build_family_folder
 
-    rt = PolicyRuntime.load(hybrid_model_dir("qwen3_5", tmp_path / "qwen3_5", tiny_dir), decode_tile=4)
+    rt = PolicyRuntime.load(build_family_folder("qwen3_5", tmp_path / "qwen3_5", tokenizer_dir=tiny_dir), decode_tile=4)
     rt.use_engine(HfEngine(rt, 4, prefill_chunk=16))
     assert rt.engine.identity()["prefill_chunk"] == 16
     first = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=False)
