@@ -14,7 +14,7 @@ from kiln.core.train.batches import Row, collate, group_rows  # noqa: E402
 from kiln.core.train.model import attach_lora, load_base_model, trainable_parameters  # noqa: E402
 from kiln.core.train.packing import pack_bins, packed_logprobs, packed_microbatches, require_packable  # noqa: E402
 from kiln.core.train.step import LogprobCache, StepSettings, microbatches, train_step  # noqa: E402
-from tests.support.hybrid_models import hybrid_model  # noqa: E402
+from tests.support.model_builders import family_model  # noqa: E402
 from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, build_tiny_qwen3, completion  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -69,7 +69,7 @@ def _models(family: str, qwen3_path):
     def one():
         if family == "qwen3":
             return _lora(load_base_model(qwen3_path, "cpu"))
-        return _lora(hybrid_model(family))
+        return _lora(family_model(family))
 
     return one(), one()
 
@@ -141,10 +141,10 @@ def test_packed_step_has_the_padded_step_gradient_and_figures(family, is_level, 
         assert torch.allclose(packed_grads[name], grad, atol=1e-6, rtol=1e-4), name
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "granitemoehybrid", "lfm2"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next", "granitemoehybrid", "lfm2"])
 def test_recurrent_families_are_refused(family):
     with pytest.raises(TrainingFailed) as err:
-        require_packable(hybrid_model(family))
+        require_packable(family_model(family))
     assert err.value.code == "packing_unsupported"
     assert "packing" in err.value.message and "carry a state" in err.value.message
     assert "set training_config.packing to false" in err.value.hint
@@ -152,8 +152,8 @@ def test_recurrent_families_are_refused(family):
 
 def test_attention_families_are_packable(qwen3_path):
     require_packable(load_base_model(qwen3_path, "cpu"))
-    require_packable(hybrid_model("gpt_oss"))
-    require_packable(hybrid_model("qwen3_moe"))
+    require_packable(family_model("gpt_oss"))
+    require_packable(family_model("qwen3_moe"))
 
 
 def test_collate_order_matches_the_bins():
@@ -199,7 +199,7 @@ def test_train_grpo_refuses_packing_on_a_recurrent_family(tmp_path):
     from kiln.core.training_config import TrainingConfig
 
     folder = tmp_path / "lfm2"
-    hybrid_model("lfm2").save_pretrained(str(folder))
+    family_model("lfm2").save_pretrained(str(folder))
     with pytest.raises(TrainingFailed) as err:
         train_grpo(model_path=folder, groups=_groups(), config=TrainingConfig(packing=True),
                    output_dir=tmp_path / "out")
