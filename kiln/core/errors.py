@@ -574,7 +574,6 @@ class HarnessUnsupported(KilnError):
     code = "openenv_harness_unsupported"
     http_status = 400
     stage = "discovery"
-    stage = "training"
 
 
 # --- Reliability: runs ended outside Kiln -----------------------------------------------------------------

@@ -89,3 +89,18 @@ def test_a_fresh_interpreter_catches_the_class_after_importing_the_client_alone(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["caught environment_evaluation_failed False", "[]"]
+
+
+@pytest.mark.timeout(60)
+def test_no_error_class_sets_an_attribute_twice() -> None:
+    """A class body that assigns ``stage`` (or ``code`` …) twice silently keeps the last value:
+    the kind of line a merge leaves behind. Each error's attributes are set once."""
+    tree = ast.parse((ROOT / "kiln" / "core" / "errors.py").read_text(encoding="utf-8"))
+    repeated = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names = [t.id for s in node.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                repeated[node.name] = twice
+    assert repeated == {}
