@@ -114,14 +114,17 @@ def _die_with_parent() -> None:
 
 async def run(args: argparse.Namespace, argv: list[str]) -> int:
     table_fd = args.tcp_table_fd
-    gates = [
-        Gate(socket.socket(fileno=fd), table_fd, args.allow_uid) for fd in (args.listen_fd or [])
-    ]
+    gates = [Gate(socket.socket(fileno=fd), table_fd, args.allow_uid) for fd in (args.listen_fd or [])]
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, close_fds=True)
     loop = asyncio.get_running_loop()
     done = loop.run_in_executor(None, child.wait)
+
+    def pass_on(sig: int) -> None:
+        if child.poll() is None:
+            child.send_signal(sig)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda s=sig: child.poll() is None and child.send_signal(s))
+        loop.add_signal_handler(sig, pass_on, sig)
     servers = [await gate.serve() for gate in gates]
     code = await done
     for server in servers:
