@@ -10,7 +10,9 @@ Web UI and a Kiln run through the API work. Where they do not exist, serve's one
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +20,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kiln.devstack import temporal_binary
+from kiln.core.settings import Settings
+from kiln.devstack import start_devstack, temporal_binary
 from kiln.devstack.isolation import namespaces_available
+from kiln.devstack.netns_relay import peer_uid
+from kiln.devstack.processes import free_port_block, port_accepts
 from tests.integration.test_serve_supervisor import Serve
 from tests.support.servers import example_env_argv, serve_app_process
 
+NOBODY_PYTHON = "/usr/bin/python3"  # (the venv is not readable by nobody)
+CAN_ACT_AS_NOBODY = os.getuid() == 0 and shutil.which("runuser") is not None and Path(NOBODY_PYTHON).exists()
+needs_nobody = pytest.mark.skipif(not CAN_ACT_AS_NOBODY, reason="acting as nobody needs root and runuser")
+needs_namespaces = pytest.mark.skipif(not namespaces_available(), reason="no unprivileged user+net namespaces")
 WARNING = "warning: the embedded Temporal and its Web UI answer every local user"
 REFUSED = "connection reset by peer"
 
@@ -59,8 +68,64 @@ def _http_as_nobody(url: str) -> subprocess.CompletedProcess[str]:
         "except OSError as exc:\n"
         "    print('REFUSED', exc)\n"
     )
-    return subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-I", "-c", code],
+    return subprocess.run(["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-I", "-c", code],
                           capture_output=True, text=True, timeout=60, cwd="/")
+
+
+@needs_nobody
+@pytest.mark.timeout(60)
+def test_peer_uid_reads_the_connecting_sockets_owner_from_the_tcp_table() -> None:
+    """The gate's one decision, against the kernel's own table: the owner's socket, then nobody's."""
+    table = os.open("/proc/net/tcp", os.O_RDONLY)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        local = ("127.0.0.1", listener.getsockname()[1])
+        with socket.create_connection(local):
+            conn, peer = listener.accept()
+            assert peer_uid(table, peer, local) == os.getuid()
+            conn.close()
+        code = f"import socket, time; s = socket.create_connection({local!r}); time.sleep(5)"
+        theirs = subprocess.Popen(["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-I", "-c", code], cwd="/")
+        try:
+            listener.settimeout(30)
+            conn, peer = listener.accept()
+            assert peer_uid(table, peer, local) == pwd.getpwnam("nobody").pw_uid
+            assert peer_uid(table, ("127.0.0.1", 1), local) is None  # no such socket: no uid
+            conn.close()
+        finally:
+            theirs.kill()
+            theirs.wait(timeout=10)
+    os.close(table)
+
+
+@needs_nobody
+@needs_namespaces
+@pytest.mark.parametrize("isolation", ["auto", "off"])
+@pytest.mark.timeout(120)
+def test_the_isolation_setting_decides_who_reaches_the_embedded_temporal(tmp_path: Path, isolation: str) -> None:
+    t_port, ui_port = free_port_block(2, grpc_offset=None)
+    settings = Settings(home=tmp_path / "home", temporal_port=t_port, temporal_ui_port=ui_port,
+                        s3_endpoint="http://127.0.0.1:2", temporal_isolation=isolation)
+    health = [temporal_binary(), "operator", "cluster", "health", "--address", f"127.0.0.1:{t_port}"]
+    stack = start_devstack(settings)
+    try:
+        assert stack.temporal_exposure == ("owner_only" if isolation == "auto" else "open_to_local_users")
+        mine = subprocess.run(health, capture_output=True, text=True, timeout=30)
+        assert mine.returncode == 0 and "SERVING" in mine.stdout
+        theirs = subprocess.run(["runuser", "-u", "nobody", "--", *health], capture_output=True, text=True,
+                                timeout=30, cwd="/")
+        if isolation == "auto":
+            assert theirs.returncode != 0 and REFUSED in theirs.stderr, theirs.stderr
+        else:
+            assert theirs.returncode == 0 and "SERVING" in theirs.stdout, theirs.stderr
+        gate = stack.processes[0]
+    finally:
+        stack.stop()
+    assert not any(port_accepts(port, timeout_s=0.2) for port in (t_port, ui_port))
+    assert not Path(f"/proc/{gate.pid}").exists()
+    left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(settings.home.resolve() / "temporal") not in left  # neither the gate nor Temporal lingers
 
 
 @pytest.mark.slow
@@ -71,8 +136,8 @@ def test_another_local_user_is_refused_and_the_owner_is_not(serve: Serve, counte
         assert serve.output().count(WARNING) == 1
         assert health["components"]["temporal"]["exposure"] == "open_to_local_users"
         pytest.skip("no unprivileged user+network namespaces here: the embedded Temporal stays open")
-    if os.getuid() != 0 or shutil.which("runuser") is None or not Path("/usr/bin/python3").exists():
-        pytest.skip("acting as another local user needs root, runuser and /usr/bin/python3")
+    if os.getuid() != 0 or shutil.which("runuser") is None or not Path(NOBODY_PYTHON).exists():
+        pytest.skip("acting as another local user needs root, runuser and a system python3")
     assert health["components"]["temporal"]["exposure"] == "owner_only"
     assert WARNING not in serve.output()
 
