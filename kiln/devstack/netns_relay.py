@@ -68,15 +68,16 @@ def peer_uid(table_fd: int, peer: tuple[str, int], local: tuple[str, int]) -> in
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction until its end, then pass the end on (a half-close where possible)."""
     try:
         while data := await reader.read(CHUNK):
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
+        else:
+            writer.close()
     except OSError:
-        pass
-    finally:
         writer.close()
 
 
@@ -105,7 +106,11 @@ class Gate:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
+        try:
+            await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
+        finally:
+            writer.close()
+            inner_writer.close()
 
 
 def _die_with_parent() -> None:
