@@ -10,9 +10,9 @@
 Here it brings up the namespace's ``lo``, starts the Temporal dev server bound to that private
 loopback (the same port numbers, which exist only in the namespace), and for each connection
 accepted on a host port looks up the connecting socket's owner uid in the host's table: the
-allowed uid (the home's owner) is relayed to the same port inside, any other uid is closed at once,
-before a byte is read. Temporal is this process's child with ``PR_SET_PDEATHSIG``: it cannot
-outlive the gate. SIGTERM is passed to Temporal and waited for, so history is flushed.
+allowed uid (the home's owner) is relayed to the same port inside, any other uid is reset at once,
+before a byte is read, and named in one line of the log (``<home>/logs/temporal.log``). Temporal
+is this process's child with ``PR_SET_PDEATHSIG``: it cannot outlive the gate. SIGTERM is passed to Temporal and waited for, so history is flushed.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class Gate:
         peer = writer.get_extra_info("peername")
         uid = peer_uid(self.table_fd, (peer[0], int(peer[1])), (LOOPBACK, self.port)) if peer else None
         if uid != self.allowed_uid:
+            print(f"[kiln gate] refused a connection from uid {uid} to port {self.port}", flush=True)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, at once
             writer.close()
             return

@@ -165,6 +165,11 @@ def test_another_local_user_is_refused_and_the_owner_is_not(serve: Serve, counte
     assert owner_json.status_code == 200 and run_id in owner_json.text
     assert httpx.get(f"{ui}/", timeout=15).status_code == 200
 
+    refusals = [line for line in (serve.home / "logs" / "temporal.log").read_text().splitlines()
+                if line.startswith("[kiln gate] refused")]
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert len(refusals) >= 7  # five CLI commands and two HTTP requests, each one connection at least
+    assert {line.split(" uid ")[1].split()[0] for line in refusals} == {str(nobody)}  # never the owner
     after = _temporal(serve, "describe", "--workflow-id", "held", "--output", "json")
     assert after.returncode == 0 and "WORKFLOW_EXECUTION_STATUS_RUNNING" in after.stdout, after.stdout[-500:]
     listed = _temporal(serve, "list", "--output", "json")
