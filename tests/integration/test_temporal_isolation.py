@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
+import time
 import shutil
 import socket
 import subprocess
@@ -126,6 +128,42 @@ def test_the_isolation_setting_decides_who_reaches_the_embedded_temporal(tmp_pat
     assert not Path(f"/proc/{gate.pid}").exists()
     left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(settings.home.resolve() / "temporal") not in left  # neither the gate nor Temporal lingers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_namespaces
+@pytest.mark.timeout(120)
+def test_a_kill_9_of_the_gate_alone_takes_its_temporal_with_it(tmp_path: Path) -> None:
+    """Only the gate's pid is killed (as serve's supervisor sees a crash): Temporal, its child, dies
+    too (parent-death signal), so the restart never finds a second server on the same history."""
+    t_port, ui_port = free_port_block(2, grpc_offset=None)
+    settings = Settings(home=tmp_path / "home", temporal_port=t_port, temporal_ui_port=ui_port,
+                        s3_endpoint="http://127.0.0.1:2")
+    stack = start_devstack(settings)
+    try:
+        gate = stack.processes[0]
+        children = Path(f"/proc/{gate.pid}/task/{gate.pid}/children").read_text().split()
+        assert len(children) == 1
+        temporal = int(children[0])
+        assert "start-dev" in Path(f"/proc/{temporal}/cmdline").read_text()
+        os.kill(gate.pid, signal.SIGKILL)
+        gate.wait(timeout_s=10)
+        deadline = time.monotonic() + 10
+        while _alive(temporal) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(temporal)
+        assert not port_accepts(t_port, timeout_s=0.2)
+        restarted = stack.restart("temporal")  # the same history, a fresh namespace
+        assert restarted.alive() and restarted.pid != gate.pid
+    finally:
+        stack.stop()
+    assert not any(port_accepts(port, timeout_s=0.2) for port in (t_port, ui_port))
 
 
 @pytest.mark.slow
