@@ -1,7 +1,7 @@
 """Who may reach the embedded Temporal: its exposure, and the namespace that closes it.
 
 The Temporal dev server has no TLS or auth flags, and loopback ports are shared by every local
-user. Where unprivileged user and network namespaces exist (``unshare -rn true`` succeeds), the
+user. Where unprivileged user and network namespaces exist (``unshare -rn`` works), the
 embedded Temporal runs inside a namespace of its own and the gate in :mod:`netns_relay` lets only
 the home's owner through on the usual host ports (``owner_only``). Elsewhere, or with
 ``KILN_TEMPORAL_ISOLATION=off``, it binds the host loopback as before (``open_to_local_users``).
@@ -28,13 +28,17 @@ PROBE_TIMEOUT_S = 10.0
 
 @lru_cache(maxsize=1)
 def namespaces_available() -> bool:
-    """True when this user can create a user+network namespace here (probed once per process)."""
+    """True when this user can make a user+network namespace here with ``lo`` up and a loopback
+    bind in it, as the gate needs (probed once per process, by running the gate's ``--probe``)."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return False
     try:
         done = subprocess.run(
-            [unshare, "-rn", "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S
+            [unshare, "-rn", sys.executable, "-I", str(RELAY_SCRIPT), "--probe"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
         )
     except (OSError, subprocess.TimeoutExpired):
         return False

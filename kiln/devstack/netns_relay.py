@@ -138,8 +138,21 @@ async def run(args: argparse.Namespace, argv: list[str]) -> int:
     return int(code)
 
 
+def probe() -> int:
+    """What the gate needs inside the namespace: ``lo`` up, and a bind on its 127.0.0.1."""
+    bring_up_loopback()
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        sock.listen()
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    return 0
+
+
 def main(raw: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if raw is None else raw)
+    if raw == ["--probe"]:
+        return probe()
     split = raw.index("--")
     parser = argparse.ArgumentParser(prog="netns_relay")
     parser.add_argument("--allow-uid", type=int, required=True)

@@ -130,6 +130,26 @@ def test_the_isolation_setting_decides_who_reaches_the_embedded_temporal(tmp_pat
     assert str(settings.home.resolve() / "temporal") not in left  # neither the gate nor Temporal lingers
 
 
+@pytest.mark.timeout(120)
+def test_without_namespaces_auto_falls_back_to_the_open_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``unshare`` on PATH (a machine without the mechanism): auto starts Temporal as before."""
+    from kiln.devstack import isolation
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    isolation.namespaces_available.cache_clear()
+    try:
+        assert isolation.choose_exposure("auto") == "open_to_local_users"
+        t_port, ui_port = free_port_block(2, grpc_offset=None)
+        settings = Settings(home=tmp_path / "home", temporal_port=t_port, temporal_ui_port=ui_port,
+                            s3_endpoint="http://127.0.0.1:2")
+        with start_devstack(settings) as stack:
+            assert stack.temporal_exposure == "open_to_local_users"
+            assert "unshare" not in " ".join(stack.processes[0].argv)
+            assert port_accepts(t_port) and port_accepts(ui_port)
+    finally:
+        isolation.namespaces_available.cache_clear()
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
