@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kiln.core.home import make_private_dir
 from kiln.devstack.common import DevStackError, find_binary, require_free
-from kiln.devstack.isolation import OWNER_ONLY, gated
+from kiln.devstack.isolation import OPEN_TO_LOCAL_USERS, OWNER_ONLY, gated
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
 from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
@@ -58,7 +58,7 @@ def start_temporal(
     log_dir: Path,
     headless: bool = False,
     timeout_s: float = TEMPORAL_START_TIMEOUT_S,
-    exposure: str = "open_to_local_users",
+    exposure: str = OPEN_TO_LOCAL_USERS,
 ) -> ManagedProcess:
     """Start the Temporal dev server on ``port`` (UI on ``ui_port``) and wait until healthy.
 
