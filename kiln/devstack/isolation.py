@@ -31,7 +31,7 @@ def namespaces_available() -> bool:
     """True when this user can make a user+network namespace here with ``lo`` up and a loopback
     bind in it, as the gate needs (probed once per process, by running the gate's ``--probe``)."""
     unshare = shutil.which("unshare")
-    if unshare is None:
+    if unshare is None or not os.access("/proc/net/tcp", os.R_OK):  # the gate reads owners there
         return False
     try:
         done = subprocess.run(
