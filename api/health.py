@@ -1,7 +1,9 @@
 """``GET /healthz``: the API is up (always 200 while it answers), and how each component is.
 
-``components.temporal.exposure`` is ``open_to_local_users`` under ``kiln serve`` with the embedded
-Temporal dev server (no TLS or auth: any local user reaches it), absent otherwise.
+``components.temporal.exposure`` is, under ``kiln serve`` with the embedded Temporal dev server,
+``owner_only`` (it runs in a namespace of its own, reached by the home's owner only) or
+``open_to_local_users`` (no namespace here or ``KILN_TEMPORAL_ISOLATION=off``: any local user
+reaches it); absent with a Temporal of the user's own.
 ``components`` holds, under ``kiln serve``, every supervised child as serve last wrote it to
 ``<home>/run/serve.json`` (state, restarts, last exit; the PIDs stay in that 0600 file, since
 ``/healthz`` answers without a token), and always ``temporal`` and ``s3`` as this API

@@ -25,6 +25,7 @@ from rich.console import Console
 from kiln.core.access_rule import required_token
 from kiln.client.http import ApiClient
 from kiln.devstack import DevStack, DevStackError, start_devstack
+from kiln.devstack.isolation import OPEN_TO_LOCAL_USERS
 from kiln.devstack.processes import ManagedProcess, ProcessStartError, start_process, wait_until
 from kiln.devstack.stack import check_stack_config
 from kiln.devstack.supervisor import Supervisor, SupervisorGaveUp
@@ -117,11 +118,12 @@ def _api_child(settings: Settings, *, logs: Path, env: dict[str, str]) -> Callab
     return start
 
 
-# The embedded dev server has no TLS or auth, and loopback ports are shared by every local user.
-TEMPORAL_OPEN = "open_to_local_users"
+# The embedded dev server has no TLS or auth, and loopback ports are shared by every local user:
+# where no namespace of its own can be made (or KILN_TEMPORAL_ISOLATION=off) serve says so.
+TEMPORAL_OPEN = OPEN_TO_LOCAL_USERS
 TEMPORAL_OPEN_LINE = (
-    "warning: the embedded Temporal and its Web UI answer every local user (the dev server "
-    "has no TLS or auth); docs/durability.md names the closed set-up"
+    "warning: the embedded Temporal and its Web UI answer every local user (no user+network "
+    "namespace here, or KILN_TEMPORAL_ISOLATION=off); docs/deploying.md names the closed set-ups"
 )
 
 
@@ -160,7 +162,7 @@ def _print_stack(
     console.print(f"model         {model_path}")
     console.print(f"logs          {logs}")
     console.print(f"supervising   {', '.join(child.name for child in supervisor.children)}")
-    if settings.temporal_address is None:
+    if stack.temporal_exposure == TEMPORAL_OPEN:
         console.print(f"[yellow]{TEMPORAL_OPEN_LINE}[/]")
 
 
@@ -232,7 +234,7 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
                 "temporal_ui": stack.temporal_ui_url or None,
                 "s3_endpoint": stack.s3_endpoint,
                 "model_path": str(model_path),
-                **({"temporal_exposure": TEMPORAL_OPEN} if settings.temporal_address is None else {}),
+                **({"temporal_exposure": stack.temporal_exposure} if stack.temporal_exposure else {}),
             }
         )
         publish()

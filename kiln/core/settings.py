@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     temporal_port: int = 7233
     temporal_ui_port: int = 8233
     temporal_ui_url: str | None = None
+    # The embedded Temporal: auto = in its own user+network namespace, reached by the home's owner
+    # only, where the machine allows it; off = on the host loopback, open to every local user.
+    temporal_isolation: Literal["auto", "off"] = "auto"
     # TLS / mTLS / Temporal Cloud: PEM file paths, and an API key (sent as a bearer token; implies TLS).
     temporal_tls_cert: Path | None = None
     temporal_tls_key: Path | None = None

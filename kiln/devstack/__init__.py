@@ -5,6 +5,8 @@ configured. Nothing is ever downloaded: a missing binary is a clear error naming
 
 - ``processes``: start, wait for, and stop child processes; free-port helpers;
 - ``temporal``: the Temporal dev server;
+- ``isolation``: who may reach it (its own user+network namespace, where the machine allows);
+- ``netns_relay``: the owner-only gate that runs inside that namespace (standard library only);
 - ``seaweedfs``: the SeaweedFS S3 server;
 - ``stack``: both together, as ``kiln serve`` runs them.
 """

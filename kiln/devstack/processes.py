@@ -169,12 +169,13 @@ def start_process(
     env: dict | None = None,
     cwd: Path | None = None,
     umask: int = 0o077,
+    pass_fds: tuple[int, ...] = (),
 ) -> ManagedProcess:
     """Start ``argv`` in its own session with output appended to ``log_path``.
 
     ``env`` replaces the environment entirely when given (pass ``{**os.environ, ...}`` to extend).
     The child writes with ``umask`` (default 077: its files are its owner's only), and the log
-    file is created 0600.
+    file is created 0600. ``pass_fds`` stay open in the child (e.g. sockets bound here).
     """
     log_path = Path(log_path)
     create_private_dirs(log_path.parent)
@@ -191,6 +192,7 @@ def start_process(
             cwd=None if cwd is None else str(cwd),
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
             umask=umask,
         )
     except OSError as exc:

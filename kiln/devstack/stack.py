@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.devstack.common import GRPC_OFFSET, DevStackError
+from kiln.devstack.isolation import choose_exposure
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, ProcessStartError, port_is_free
 from kiln.devstack.seaweedfs import start_seaweedfs
 from kiln.devstack.temporal import start_temporal
@@ -25,6 +26,8 @@ class DevStack:
     temporal_address: str
     temporal_ui_url: str  # "" when Temporal is external
     s3_endpoint: str
+    #: who can reach the embedded Temporal (``owner_only`` / ``open_to_local_users``); "" when external
+    temporal_exposure: str = ""
     processes: list[ManagedProcess] = field(default_factory=list)
     pid_files: list[Path] = field(default_factory=list)
     #: how to start each embedded server again (same ports, same data), by process name
@@ -166,6 +169,7 @@ def start_devstack(settings: Settings) -> DevStack:
         s3_endpoint=settings.effective_s3_endpoint,
     )
     if start_temporal_here:
+        exposure = choose_exposure(settings.temporal_isolation)
 
         def temporal() -> ManagedProcess:
             proc = start_temporal(
@@ -173,6 +177,7 @@ def start_devstack(settings: Settings) -> DevStack:
                 port=settings.temporal_port,
                 ui_port=settings.temporal_ui_port,
                 log_dir=log_dir,
+                exposure=exposure,
             )
             _write_pid(run_dir / "temporal.pid", proc)
             return proc
@@ -181,6 +186,7 @@ def start_devstack(settings: Settings) -> DevStack:
         stack.pid_files.append(run_dir / "temporal.pid")
         stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
         stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
+        stack.temporal_exposure = exposure
     if start_s3_here:
 
         def seaweedfs() -> ManagedProcess:

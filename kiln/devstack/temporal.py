@@ -11,11 +11,13 @@ of every workflow and activity transition on a local disk, with the same durabil
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 from kiln.core.home import make_private_dir
-from kiln.devstack.common import find_binary, require_free
+from kiln.devstack.common import DevStackError, find_binary, require_free
+from kiln.devstack.isolation import OPEN_TO_LOCAL_USERS, OWNER_ONLY, gated
 from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
 from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
@@ -56,10 +58,13 @@ def start_temporal(
     log_dir: Path,
     headless: bool = False,
     timeout_s: float = TEMPORAL_START_TIMEOUT_S,
+    exposure: str = OPEN_TO_LOCAL_USERS,
 ) -> ManagedProcess:
     """Start the Temporal dev server on ``port`` (UI on ``ui_port``) and wait until healthy.
 
     History lives in ``data_dir/temporal.db``; an existing file is reused (history survives).
+    With ``exposure="owner_only"`` the server runs in its own user+network namespace and only this
+    process's uid reaches ``port`` and ``ui_port`` (see :mod:`kiln.devstack.isolation`).
     """
     data_dir = Path(data_dir).resolve()
     log_dir = Path(log_dir).resolve()
@@ -87,7 +92,7 @@ def start_temporal(
         argv += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
     for name, kind in SEARCH_ATTRIBUTES.items():
         argv += ["--search-attribute", f"{name}={kind}"]
-    proc = start_process("temporal", argv, log_path=log_dir / "temporal.log", cwd=data_dir)
+    proc = _start(argv, [port] + ([] if headless else [ui_port]), log_dir=log_dir, cwd=data_dir, exposure=exposure)
     proc.ports = [port] + ([] if headless else [ui_port])
     address = f"{LOOPBACK}:{port}"
     try:
@@ -101,3 +106,17 @@ def start_temporal(
         proc.stop()
         raise
     return proc
+
+
+def _start(argv: list[str], ports: list[int], *, log_dir: Path, cwd: Path, exposure: str) -> ManagedProcess:
+    log_path = log_dir / "temporal.log"
+    if exposure != OWNER_ONLY:
+        return start_process("temporal", argv, log_path=log_path, cwd=cwd)
+    try:
+        wrapped = gated(argv, ports, allow_uid=os.getuid())
+    except OSError as exc:
+        raise DevStackError(f"could not bind the Temporal ports {ports} on {LOOPBACK}: {exc.strerror}") from None
+    try:
+        return start_process("temporal", wrapped.argv, log_path=log_path, cwd=cwd, pass_fds=wrapped.fds)
+    finally:
+        wrapped.close()
