@@ -13,7 +13,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from kiln.core.artifacts.store import S3Store
-from kiln.core.contracts import parse_run_request, request_digest, reset_plan_sha256
+from kiln.core.contracts import parse_run_request, reset_plan_sha256
+from kiln.core.request_digest import request_digest
 from kiln.core.openenv.urls import normalize_url, require_allowed_host
 from kiln.core.served_models import model_task_queue, require_served
 from kiln.core.stages.discovery import discover, revalidate
@@ -39,19 +40,12 @@ from kiln.core.stages.dataset import split_dataset
 from kiln.core.stages.evaluation import evaluate, store_side_bundle
 from kiln.core.stages.publication import publish_training
 from kiln.core.artifacts.group_sets import group_set
-from kiln.core.records import (
-    DatasetSplit,
-    GroupIndexInput,
-    GroupSet,
-    IterationFiles,
-    IterationInput,
-    PublishTrainingInput,
-    StoredObject,
-)
+from kiln.core.records import GroupIndexInput, GroupSet, IterationFiles, IterationInput, StoredObject
+from kiln.core.side_records import DatasetSplit, PublishTrainingInput
 from kiln.core.stages.iteration import store_iteration
 from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.core.errors import RunCapacityFull
-from kiln.core.records import QueueState, SlotReply, SlotRequest
+from kiln.core.side_records import QueueState, SlotReply, SlotRequest
 from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
 
 

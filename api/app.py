@@ -1,4 +1,4 @@
-"""``create_app(settings)``: the REST facade over Temporal and S3 (OpenAPI at ``/docs``).
+"""``create_app(settings)``: the REST facade over Temporal and S3 (OpenAPI at ``/docs``, offline).
 
 Routes stay thin: runs live in ``api.run_routes``, environment discovery and the training
 preflight in ``api.discovery_routes``. Every failure answers the KilnError envelope
@@ -14,6 +14,7 @@ from temporalio.client import Client
 from api import dataset_routes, discovery_routes, metrics_routes, page_routes, run_routes
 from api.access import BearerAccess, BodyLimit, LoopbackOnly, SecretToken, bound_host, required_token
 from api.body_timeout import BodyTimeout
+from api.docs_pages import install_docs_pages
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.health import health
 from api.runs import RUN_STATES
@@ -42,9 +43,12 @@ def create_app(settings: Settings, *, client: Client | None = None, store: S3Sto
         title="Kiln",
         version="0.1.0",
         description="OpenEnv environments in, verified LoRA adapters out. Every run is a Temporal workflow.",
+        docs_url=None,  # api.docs_pages serves /docs and /redoc with local assets (no CDN)
+        redoc_url=None,
     )
     app.state.services = Services(settings, client=client, store=store)
     install_error_handlers(app)
+    install_docs_pages(app)
 
     @app.get("/healthz", tags=["health"], response_model=Health)
     async def healthz() -> Health:

@@ -20,9 +20,11 @@ from api.services import Services, services
 from kiln.api_models import DatasetUploaded
 from kiln.core.artifacts.store import BLOB_PREFIX
 from kiln.core.canonical import digest_json
-from kiln.core.contracts import TrainingConfig, check_adapter_name
+from kiln.core.request_fields import check_adapter_name
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import ArtifactNotFound, InvalidDatasetRef, InvalidRequest
-from kiln.core.records import StoredObject, TrainDatasetInput
+from kiln.core.records import StoredObject
+from kiln.core.side_records import TrainDatasetInput
 from kiln.core.run_view import RunView
 from kiln.core.stages.dataset import FIRST_LINE_CHECKED_BYTES, check_first_line
 from workflows.names import TRAIN_DATASET_WORKFLOW

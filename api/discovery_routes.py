@@ -17,6 +17,7 @@ from kiln.core.openenv.discovery import inspect_environment
 from kiln.core.openenv.tasks import task_catalog
 from kiln.core.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
 from kiln.core.openenv.credential_config import resolve_bearer_token
+from kiln.core.request_fields import ENVIRONMENT_URLS
 
 router = APIRouter(prefix="/v1/openenv", tags=["environments"])
 
@@ -26,7 +27,7 @@ class EnvironmentsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
-    environment_urls: list[str] = Field(alias="environments", min_length=1, max_length=64)
+    environment_urls: list[str] = Field(validation_alias=ENVIRONMENT_URLS, min_length=1, max_length=64)
     credential_ids: list[str | None] = Field(default_factory=list)
 
     def targets(

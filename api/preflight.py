@@ -18,17 +18,12 @@ from temporalio.exceptions import ApplicationError, TimeoutError as TemporalTime
 
 from kiln.core.errors import PreflightFailed
 from kiln.api_models import PreflightReceipt
-from kiln.core.contracts import (
-    TrainingConfig,
-    TrainingContract,
-    check_adapter_name,
-    check_model_name,
-    normalize_adapter,
-)
+from kiln.core.request_fields import check_adapter_name, check_model_name, normalize_adapter
+from kiln.core.training_config import TrainingConfig, TrainingContract
 from kiln.core.errors import error_from_dict
 from kiln.core.served_models import model_task_queue, require_served
 from kiln.core.settings import Settings
-from kiln.core.records import PreflightInput, PreflightResult
+from kiln.core.side_records import PreflightInput, PreflightResult
 from workflows.names import PREFLIGHT_WORKFLOW
 
 PREFLIGHT_TIMEOUT = timedelta(minutes=6)

@@ -72,7 +72,7 @@ async def create_run(
 
 @router.get("", response_model=RunList)
 async def list_runs(
-    state: str | None = Query(default=None, description="running | completed | failed | cancelled"),
+    state: str | None = Query(default=None, description="running | completed | failed | cancelled | terminated"),
     svc: Services = Depends(services),
 ) -> RunList:
     """Runs newest first: ``{schema, runs: [{run_id, state, phase, kind, ...}]}``."""

@@ -24,15 +24,17 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiln.core.contracts import RunRequest, request_digest
+from kiln.core.contracts import RunRequest
+from kiln.core.request_digest import request_digest
 from kiln.core.errors import IdempotencyConflict, InvalidRequest, RunNotCancellable, RunNotFound, RunTerminated
 from kiln.core.run_labels import start_details, start_summary
-from kiln.core.run_status import Failure, RunStatus
+from kiln.core.run_status import DATASET_STAGES, RUN_STAGES, Failure, RunStatus
 from kiln.core.run_view import (
     InFlightActivity,
     RunList,
     RunSummary,
     RunView,
+    Termination,
     TrainingProgress,
     placeholder_failure,
 )
@@ -74,14 +76,14 @@ def checked_run_id(run_id: str) -> str:
 
 _KEY_NAMESPACE = uuid.UUID("6f1c1f1e-8d2a-4c55-9a57-4b9a3c1d2e10")
 QUERY_TIMEOUT = timedelta(seconds=5)
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "terminated"})
 
 _STATE_OF = {
     WorkflowExecutionStatus.RUNNING: "running",
     WorkflowExecutionStatus.COMPLETED: "completed",
     WorkflowExecutionStatus.FAILED: "failed",
     WorkflowExecutionStatus.CANCELED: "cancelled",
-    WorkflowExecutionStatus.TERMINATED: "failed",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
     WorkflowExecutionStatus.TIMED_OUT: "failed",
     WorkflowExecutionStatus.CONTINUED_AS_NEW: "running",
 }
@@ -89,8 +91,9 @@ _STATE_OF = {
 RUN_STATES: dict[str, str] = {
     "running": "ExecutionStatus = 'Running'",
     "completed": "ExecutionStatus = 'Completed'",
-    "failed": "(ExecutionStatus = 'Failed' OR ExecutionStatus = 'Terminated' OR ExecutionStatus = 'TimedOut')",
+    "failed": "(ExecutionStatus = 'Failed' OR ExecutionStatus = 'TimedOut')",
     "cancelled": "ExecutionStatus = 'Canceled'",
+    "terminated": "ExecutionStatus = 'Terminated'",
 }
 
 
@@ -122,6 +125,26 @@ def _failure_record(details: dict[str, Any]) -> Failure:
     known.setdefault("message", "")
     known.setdefault("stage", "orchestration")
     return Failure.model_validate(known)
+
+
+def _stage_of(phase: str) -> str:
+    """The stage a run's phase names; ``orchestration`` when it names none (unknown, terminal)."""
+    return phase if phase in RUN_STAGES or phase in DATASET_STAGES else "orchestration"
+
+
+def _termination_failure(termination: Termination) -> Failure:
+    """The ``run_terminated`` record of a terminated run (what a client raises for it)."""
+    error = RunTerminated(
+        f"the run was terminated through Temporal by {termination.identity}: {termination.reason}",
+        hint="terminating skips what Kiln's cancel does; stop a run with `kiln openenv cancel RUN_ID`",
+    )
+    return Failure(
+        code=error.code,
+        message=error.message,
+        stage=termination.stage,
+        hint=error.hint,
+        details={"terminated_by": termination.identity, "reason": termination.reason},
+    )
 
 
 def _view_of(payload: dict[str, Any], source: str) -> RunView:
@@ -251,10 +274,11 @@ class RunService:
         else:
             view = await self._workflow_status(run_id, state)
         view.state = state  # type: ignore[assignment]  # one of RunState's literals (_STATE_OF)
+        if state == "terminated":  # the workflow recorded no ending: Temporal's history says who and why
+            view.termination = await self._termination(run_id, _stage_of(view.phase))
+            view.failure = _termination_failure(view.termination)
         if state in TERMINAL_STATES:
             view.phase = state
-        if description.status == WorkflowExecutionStatus.TERMINATED:  # the workflow recorded no failure
-            view.failure = await self._termination(run_id)
         view.run_id = run_id
         if view.request_sha256 is None:
             view.request_sha256 = (await description.memo()).get("request_sha256")
@@ -269,9 +293,9 @@ class RunService:
             await self._merge_live(run_id, view)
         return view
 
-    async def _termination(self, run_id: str) -> Failure:
-        """A terminated run's failure (``run_terminated``): who terminated it and why, from the
-        last event of its history (read newest first: one event)."""
+    async def _termination(self, run_id: str, stage: str) -> Termination:
+        """Who terminated run ``run_id`` and why, from the last event of its history (read newest
+        first: one event); ``stage`` is where the run was."""
         from temporalio.api.common.v1 import WorkflowExecution
         from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
 
@@ -290,17 +314,7 @@ class RunService:
                     who, why = attributes.identity or who, attributes.reason or why
         except RPCError:
             pass
-        error = RunTerminated(
-            f"the run was terminated through Temporal by {who}: {why}",
-            hint="terminating skips what Kiln's cancel does; stop a run with `kiln openenv cancel RUN_ID`",
-        )
-        return Failure(
-            code=error.code,
-            message=error.message,
-            stage="orchestration",
-            hint=error.hint,
-            details={"terminated_by": who, "reason": why},
-        )
+        return Termination(identity=who, reason=why, stage=stage)
 
     async def _merge_live(self, run_id: str, view: RunView) -> None:
         """The latest training step the gpu worker wrote to S3 (fresher than heartbeats)."""
@@ -371,7 +385,7 @@ class RunService:
 
     # ------------------------------------------------------------------ list
     async def list_runs(self, state: str | None = None, limit: int = 200) -> RunList:
-        """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled)."""
+        """Runs newest first, optionally only those in ``state`` (running|completed|failed|cancelled|terminated)."""
         query = RUNS_QUERY
         if state is not None:
             if state not in RUN_STATES:
@@ -393,7 +407,7 @@ class RunService:
                     mean_return=memo.get("mean_return"),  # the outcome memo, set at the end
                     promoted=memo.get("promoted"),
                     evaluated=memo.get("evaluated"),
-                    failure_code=memo.get("failure_code"),
+                    failure_code="run_terminated" if run_state == "terminated" else memo.get("failure_code"),
                     started_at=_iso(execution.start_time),
                     closed_at=_iso(execution.close_time),
                 )

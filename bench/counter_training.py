@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.policy.runtime import PolicyRuntime
     from kiln.core.policy.tiny import build_tiny_model
     from kiln.core.train.trainer import train_grpo

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.policy.random_model import build_random_model
 
     on_cuda = args.device == "cuda"

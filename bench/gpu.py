@@ -285,7 +285,7 @@ def bench_distributed(folder: Path, shape: str, layers: int | None, *, device: s
                       tokens: int, repeats: int) -> dict:
     """Rows of the trainer across devices: N = 1, 2 and every GPU (CPU: 1 and 2 gloo ranks)."""
     from bench.distributed import compare, synthetic_groups
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.policy.random_model import build_random_model
 
     on_cuda = device.startswith("cuda")

@@ -120,7 +120,7 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 def training_config(args: argparse.Namespace) -> Any:
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
 
     echo = {"lambda": args.echo_lambda} if args.echo_lambda > 0 else None
     return TrainingConfig(learning_rate=args.learning_rate, echo=echo)

@@ -1,7 +1,7 @@
 """The Temporal client every Kiln process uses (API, workers, CLI): one connection recipe.
 
 Owns: the connection options (address, namespace, TLS/mTLS PEM files, Temporal Cloud API key,
-Kiln's pydantic data converter) and the bounded, logged retry a worker does at start. Secrets (the
+Kiln's data converter, ``workers.converter``) and the bounded, logged retry a worker does at start. Secrets (the
 API key, the private key's bytes) are passed to the SDK only; messages name settings and paths.
 """
 
@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RetryConfig, TLSConfig
 from temporalio.runtime import Runtime
 
 from kiln.core.errors import TemporalConfigInvalid, TemporalUnavailable
 from kiln.core.settings import Settings
+from workers.converter import kiln_data_converter
 
 log = logging.getLogger("kiln.workers")
 
@@ -65,7 +65,7 @@ async def connect_client(
     return await Client.connect(
         settings.effective_temporal_address,
         namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=kiln_data_converter,
         tls=temporal_tls(settings),
         api_key=api_key,
         runtime=runtime,

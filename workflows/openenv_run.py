@@ -28,10 +28,9 @@ with workflow.unsafe.imports_passed_through():
         DiscoveryInput,
         DiscoveryResult,
         RunCarry,
-        SlotReply,
-        SlotRequest,
         TrainedPolicy,
     )
+    from kiln.core.side_records import SlotReply, SlotRequest
     from kiln.core.run_status import (
         Admission,
         EnvironmentStatus,

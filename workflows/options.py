@@ -1,20 +1,24 @@
 """The one options table of every activity a workflow calls, and the one way to call one.
 
 Per activity: the task queue (control or gpu), timeouts, retry policy, whether it heartbeats and
-how a cancel reaches it. Workflows call ``ActivityCaller(...)(Activities.method, arg, summary=…)``
-with the method itself (never a name string); the result type comes from its annotation.
+how a cancel reaches it. The table is keyed by the activity method itself, and workflows call
+``ActivityCaller(...)(Activities.method, arg, summary=…)`` with that method (never a name string):
+the call's argument and result are the method's own types, checked by mypy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, TypeVar, overload
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
+with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
+    from activities.gpu import GpuActivities
 from workflows.names import TRAIN_QUEUE_PATCH, train_task_queue
 from workflows.names import WORKFLOW_NAME  # noqa: F401  (kept importable here for callers)
 
@@ -122,25 +126,25 @@ _STORE = ActivityOptions("control", PUBLISH_RETRY, STORE_TIMEOUT, PUBLISH_TIMEOU
 # Evaluation passes on the gpu worker run the model for a while: they heartbeat.
 _GPU_PASS = ActivityOptions("gpu", TRAIN_RETRY, EVAL_PASS_TIMEOUT, EVAL_PASS_BUDGET, heartbeat=True)
 
-OPTIONS: dict[str, ActivityOptions] = {
-    "admit_run": _CONTROL,
-    "enqueue_run": ActivityOptions("control", ENQUEUE_RETRY, ADMISSION_TIMEOUT, ENQUEUE_TIMEOUT),
-    "discover_environments": _INSPECT,
-    "revalidate_environments": _INSPECT,
-    "resolve_policy": ActivityOptions("gpu", CONTROL_RETRY, POLICY_TIMEOUT, POLICY_BUDGET, heartbeat=True),
-    "collect_group": ActivityOptions("gpu", GROUP_RETRY, GROUP_TIMEOUT, GROUP_BUDGET, heartbeat=True),
-    "train_adapter": ActivityOptions("train", TRAIN_RETRY, TRAIN_TIMEOUT, TRAIN_BUDGET, heartbeat=True),
-    "post_evaluate": _GPU_PASS,
-    "world_model_gain": _GPU_PASS,
-    "index_groups": _STORE,
-    "store_iteration": _STORE,
-    "store_side_bundle": _STORE,
-    "evaluate_run": _STORE,
-    "split_dataset": _STORE,
-    "publish_training": _STORE,
+OPTIONS: dict[Callable[..., Any], ActivityOptions] = {
+    ControlActivities.admit_run: _CONTROL,
+    ControlActivities.enqueue_run: ActivityOptions("control", ENQUEUE_RETRY, ADMISSION_TIMEOUT, ENQUEUE_TIMEOUT),
+    ControlActivities.discover_environments: _INSPECT,
+    ControlActivities.revalidate_environments: _INSPECT,
+    GpuActivities.resolve_policy: ActivityOptions("gpu", CONTROL_RETRY, POLICY_TIMEOUT, POLICY_BUDGET, heartbeat=True),
+    GpuActivities.collect_group: ActivityOptions("gpu", GROUP_RETRY, GROUP_TIMEOUT, GROUP_BUDGET, heartbeat=True),
+    GpuActivities.train_adapter: ActivityOptions("train", TRAIN_RETRY, TRAIN_TIMEOUT, TRAIN_BUDGET, heartbeat=True),
+    GpuActivities.post_evaluate: _GPU_PASS,
+    GpuActivities.world_model_gain: _GPU_PASS,
+    ControlActivities.index_groups: _STORE,
+    ControlActivities.store_iteration: _STORE,
+    ControlActivities.store_side_bundle: _STORE,
+    ControlActivities.evaluate_run: _STORE,
+    ControlActivities.split_dataset: _STORE,
+    ControlActivities.publish_training: _STORE,
     # A cancel before the manifest is written stops publication (nothing visible); a cancel that
     # arrives after the commit point lets the run finish completed.
-    "publish_run": ActivityOptions(
+    ControlActivities.publish_run: ActivityOptions(
         "control",
         PUBLISH_RETRY,
         STORE_TIMEOUT,
@@ -149,6 +153,10 @@ OPTIONS: dict[str, ActivityOptions] = {
         cancellation=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     ),
 }
+
+
+ArgT = TypeVar("ArgT")
+ResultT = TypeVar("ResultT")
 
 
 class ActivityCaller:
@@ -176,8 +184,19 @@ class ActivityCaller:
         gpu = self.queues["gpu"]
         return train_task_queue(gpu) if workflow.patched(TRAIN_QUEUE_PATCH) else gpu
 
-    async def __call__(self, method: Any, arg: Any, *, summary: str, **extra: Any) -> Any:
-        opts = OPTIONS[method.__name__]
+    @overload
+    async def __call__(
+        self, method: Callable[[Any, ArgT], Awaitable[ResultT]], arg: ArgT, *, summary: str, **extra: Any
+    ) -> ResultT: ...
+
+    @overload
+    async def __call__(
+        self, method: Callable[[Any, ArgT], ResultT], arg: ArgT, *, summary: str, **extra: Any
+    ) -> ResultT: ...
+
+    async def __call__(self, method: Callable[[Any, Any], Any], arg: Any, *, summary: str, **extra: Any) -> Any:
+        """Run ``method`` (an async or a threaded activity) with its table options; its result."""
+        opts = OPTIONS[method]
         result = await workflow.execute_activity_method(
             method,
             arg,

@@ -16,7 +16,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.gpu import GpuActivities
-    from kiln.core.records import PolicyInput, PolicyResult, PreflightInput, PreflightResult
+    from kiln.core.records import PolicyInput, PolicyResult
+    from kiln.core.side_records import PreflightInput, PreflightResult
     from workflows.names import PREFLIGHT_WORKFLOW
     from workflows.options import ActivityCaller
 

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from kiln.core.records import QueueState, SlotReply, SlotRequest
+    from kiln.core.side_records import QueueState, SlotReply, SlotRequest
     from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # noqa: F401  (queue_workflow_id re-exported)
 
 

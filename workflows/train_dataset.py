@@ -14,14 +14,8 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.control import ControlActivities
     from activities.gpu import GpuActivities
-    from kiln.core.records import (
-        DatasetSplit,
-        PublishResult,
-        PublishTrainingInput,
-        TrainDatasetInput,
-        TrainInput,
-        TrainResult,
-    )
+    from kiln.core.records import PublishResult, TrainInput, TrainResult
+    from kiln.core.side_records import DatasetSplit, PublishTrainingInput, TrainDatasetInput
     from kiln.core.run_status import Progress, RunStatus
     from workflows.names import TRAIN_DATASET_WORKFLOW
     from workflows.options import ActivityCaller

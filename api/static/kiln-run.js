@@ -37,7 +37,7 @@
     });
     var state = status.state, current = -1;
     stages.forEach(function (s, i) { if (s[1].indexOf(status.phase) >= 0) current = i; });
-    if (state === "failed" && status.failure && status.failure.stage) {
+    if ((state === "failed" || state === "terminated") && status.failure && status.failure.stage) {
       var name = STAGE_OF_FAILURE[status.failure.stage];
       stages.forEach(function (s, i) { if (s[0] === name) current = i; });
     }
@@ -70,7 +70,9 @@
     text("summary", parts.join(" · "));
     var link = document.getElementById("temporal-link");
     if (status.temporal_ui) link.href = status.temporal_ui; else link.remove();
-    if (status.failure) text("failure", status.failure.code + " at " + status.failure.stage + ": " + status.failure.message);
+    if (status.termination) text("failure", "terminated through Temporal at " + status.termination.stage + " by " +
+      status.termination.identity + ": " + status.termination.reason);
+    else if (status.failure) text("failure", status.failure.code + " at " + status.failure.stage + ": " + status.failure.message);
     else if (status.state === "cancelled") text("failure", (status.warnings || []).join("; "));
     timeline(status);
     var ul = document.getElementById("artifacts");

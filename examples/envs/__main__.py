@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import threading
+import time
 
 import uvicorn
 
@@ -30,7 +32,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.drift_step is not None:
         options["drift_step"] = args.drift_step
     app = build_example_app(args.name, **options)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    url = f"http://{args.host}:{args.port}"
+    threading.Thread(target=_announce, args=(server, f"{args.name} environment ready at {url}"), daemon=True).start()
+    server.run()
+
+
+def _announce(server: uvicorn.Server, line: str) -> None:
+    """One line on stdout once the server listens (a failed bind prints uvicorn's error instead)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ from kiln.core.errors import UNCLAIMED_HINT
 from kiln.core.run_status import Progress
 from kiln.core.run_view import RunView, TrainingProgress
 
-TERMINAL = {"completed", "failed", "cancelled"}
+TERMINAL = {"completed", "failed", "cancelled", "terminated"}
 TIMED_OUT_NOTICE = "status query timed out, retrying"
-EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3}
+EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 3, "terminated": 4}
 # One --follow/--no-follow, one default, on every command that submits or shows a run.
 FOLLOW_DEFAULT = True
 FOLLOW_HELP = "Follow the run until it ends (one line per event when not a terminal)."
@@ -53,7 +53,7 @@ def num(value: Any) -> str:
 
 
 def exit_code(status: RunView) -> int:
-    """0 completed, 1 failed (or unknown), 3 cancelled."""
+    """0 completed, 1 failed (or unknown), 3 cancelled, 4 terminated through Temporal."""
     return EXIT_CODES.get(status.state, 1)
 
 
@@ -254,10 +254,13 @@ def print_outcome(status: RunView, console: Console, api_url: str | None = None)
         for artifact in status.artifacts:
             console.print(f"  {artifact.name:<34} {artifact.uri}  {artifact.bytes} B")
     failure = status.failure
-    if failure is not None:
+    if status.termination is not None:
+        ended = status.termination
+        console.print(f"[red]terminated[/] at {ended.stage} by {ended.identity}: {ended.reason}", highlight=False)
+    elif failure is not None:
         console.print(f"[red]failed[/] {failure.code} at {failure.stage}: {failure.message}")
-        if failure.hint:
-            console.print(f"hint: {failure.hint}")
+    if failure is not None and failure.hint:
+        console.print(f"hint: {failure.hint}")
     if state == "cancelled":
         console.print("[yellow]cancelled[/]")
     if status.unclaimed and state == "running":

@@ -125,6 +125,59 @@ TEMPORAL_OPEN_LINE = (
 )
 
 
+def _child_env(home: Path, stack: DevStack, model_path: Path) -> dict[str, str]:
+    """The workers' and the API's environment: this process's, pointed at the stack just started."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KILN_HOME": str(home),
+            "KILN_TEMPORAL_ADDRESS": stack.temporal_address,
+            "KILN_S3_ENDPOINT": stack.s3_endpoint,
+            "KILN_MODEL_PATH": str(model_path),
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
+    if stack.temporal_ui_url:
+        env["KILN_TEMPORAL_UI_URL"] = stack.temporal_ui_url
+    return env
+
+
+def _print_stack(
+    console: Console,
+    settings: Settings,
+    stack: DevStack,
+    *,
+    api_url: str,
+    model_path: Path,
+    logs: Path,
+    supervisor: Supervisor,
+) -> None:
+    console.print(f"kiln api      {api_url}")
+    console.print(f"temporal      {stack.temporal_address}")
+    if stack.temporal_ui_url:
+        console.print(f"web ui        {stack.temporal_ui_url}")
+    console.print(f"s3            {stack.s3_endpoint} (bucket {settings.s3_bucket})")
+    console.print(f"model         {model_path}")
+    console.print(f"logs          {logs}")
+    console.print(f"supervising   {', '.join(child.name for child in supervisor.children)}")
+    if settings.temporal_address is None:
+        console.print(f"[yellow]{TEMPORAL_OPEN_LINE}[/]")
+
+
+def _supervise(supervisor: Supervisor, stop: threading.Event, home: Path) -> None:
+    """Until ``stop``: restart dead children (the supervisor's rule) and keep KILN_HOME private."""
+    secured_at = time.monotonic()
+    while not stop.is_set():
+        if time.monotonic() - secured_at >= RESECURE_INTERVAL_S:
+            secure_home(home)  # some files are chmod-ed 0644 by SeaweedFS itself
+            secured_at = time.monotonic()
+        try:
+            supervisor.check()
+        except SupervisorGaveUp as exc:
+            raise ServeGaveUp(str(exc), hint="fix the cause in that log, then start `kiln serve` again") from None
+        stop.wait(SUPERVISE_INTERVAL_S)
+
+
 def serve(settings: Settings, console: Console, *, ready_file: Path | None = None) -> None:
     """Run and supervise the stack until Ctrl-C/SIGTERM (see :mod:`kiln.devstack.supervisor`).
 
@@ -159,18 +212,7 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
                 supervisor.adopt(proc.name, proc, partial(stack.restart, proc.name))
         except (DevStackError, ProcessStartError) as exc:
             raise ServeStartFailed(str(exc).splitlines()[0]) from None
-        env = dict(os.environ)
-        env.update(
-            {
-                "KILN_HOME": str(home),
-                "KILN_TEMPORAL_ADDRESS": stack.temporal_address,
-                "KILN_S3_ENDPOINT": stack.s3_endpoint,
-                "KILN_MODEL_PATH": str(model_path),
-                "HF_HUB_OFFLINE": "1",
-            }
-        )
-        if stack.temporal_ui_url:
-            env["KILN_TEMPORAL_UI_URL"] = stack.temporal_ui_url
+        env = _child_env(home, stack, model_path)
         logs = home / "logs"
         api_url = f"http://{settings.api_host}:{settings.api_port}"
         try:
@@ -194,29 +236,11 @@ def serve(settings: Settings, console: Console, *, ready_file: Path | None = Non
             }
         )
         publish()
-        console.print(f"kiln api      {api_url}")
-        console.print(f"temporal      {stack.temporal_address}")
-        if stack.temporal_ui_url:
-            console.print(f"web ui        {stack.temporal_ui_url}")
-        console.print(f"s3            {stack.s3_endpoint} (bucket {settings.s3_bucket})")
-        console.print(f"model         {model_path}")
-        console.print(f"logs          {logs}")
-        console.print(f"supervising   {', '.join(child.name for child in supervisor.children)}")
-        if settings.temporal_address is None:
-            console.print(f"[yellow]{TEMPORAL_OPEN_LINE}[/]")
+        _print_stack(console, settings, stack, api_url=api_url, model_path=model_path, logs=logs, supervisor=supervisor)
         console.print("ready — Ctrl-C stops everything this command started")
         if ready_file is not None:
             ready_file.write_text(json.dumps(info))
-        secured_at = time.monotonic()
-        while not stop.is_set():
-            if time.monotonic() - secured_at >= RESECURE_INTERVAL_S:
-                secure_home(home)  # some files are chmod-ed 0644 by SeaweedFS itself
-                secured_at = time.monotonic()
-            try:
-                supervisor.check()
-            except SupervisorGaveUp as exc:
-                raise ServeGaveUp(str(exc), hint="fix the cause in that log, then start `kiln serve` again") from None
-            stop.wait(SUPERVISE_INTERVAL_S)
+        _supervise(supervisor, stop, home)
     finally:
         supervisor.stop()
         if stack is not None:

@@ -22,7 +22,8 @@ from kiln.client.events import (
     TrainingStep,
     WarningRaised,
 )
-from kiln.core.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.core.contracts import RunRequest
+from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, TrainingConfig
 from kiln.core import errors as _errors
 from kiln.core.errors import ApiUnavailable, KilnError
 from kiln.core.run_view import RunList, RunSummary, RunView

@@ -19,13 +19,15 @@ from kiln.client.downloads import download_run
 from kiln.client.events import RunEnded, RunEvent, events_between
 from kiln.client.follow import watch
 from kiln.client.http import ApiClient
-from kiln.core.contracts import RunRequest, TrainingConfig, parse_run_request
+from kiln.core.contracts import RunRequest, parse_run_request
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
 from kiln.core.run_view import RunList, RunView
+from kiln.core.tolerant import TOLERANT_CONTEXT
 
 
 def _view(answer: Any) -> RunView:
-    return answer if isinstance(answer, RunView) else RunView.model_validate(answer)
+    return answer if isinstance(answer, RunView) else RunView.model_validate(answer, context=TOLERANT_CONTEXT)
 
 
 def _request(kind: str, environments: str | list[str], fields: dict[str, Any]) -> RunRequest:
@@ -38,7 +40,8 @@ def _request(kind: str, environments: str | list[str], fields: dict[str, Any]) -
 
 def raise_for_outcome(view: RunView) -> RunView:
     """``view`` when the run completed; its failure as the ``KilnError`` of the same code when
-    it failed; ``RunCancelled`` (``cancelled``) when it was cancelled."""
+    it failed; ``RunCancelled`` (``cancelled``) when it was cancelled; ``RunTerminated``
+    (``run_terminated``, naming who and why) when it was terminated through Temporal."""
     if view.state == "completed":
         return view
     if view.state == "cancelled":
@@ -124,7 +127,7 @@ class Client:
         return _view(self._api.status(run_id))
 
     def runs(self, state: str | None = None) -> RunList:
-        """Runs newest first, optionally only those ``running|completed|failed|cancelled``."""
+        """Runs newest first, optionally only those ``running|completed|failed|cancelled|terminated``."""
         return self._api.runs(state)
 
     def follow(self, run_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None) -> Iterator[RunEvent]:

@@ -60,7 +60,7 @@ class WarningRaised(RunEvent):
 
 @dataclass(frozen=True)
 class RunEnded(RunEvent):
-    """The last event of every follow: ``state`` is completed, failed or cancelled."""
+    """The last event of every follow: ``state`` is completed, failed, cancelled or terminated."""
 
     kind: ClassVar[str] = "ended"
     state: str

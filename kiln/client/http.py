@@ -21,6 +21,7 @@ import httpx
 
 from kiln.core.errors import ApiUnavailable, KilnError, error_from_dict
 from kiln.core.run_view import RunList, RunView
+from kiln.core.tolerant import TOLERANT_CONTEXT
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
@@ -174,18 +175,18 @@ class ApiClient:
         """Submit a run; ``preflight=False`` skips the server's submit-time ``/health`` check."""
         params = None if preflight else {"preflight": "false"}
         code, body = self._call("POST", "/v1/openenv/runs", json=request, params=params)
-        return code, RunView.model_validate(body)
+        return code, RunView.model_validate(body, context=TOLERANT_CONTEXT)
 
     def status(self, run_id: str) -> RunView:
-        return RunView.model_validate(self._call("GET", run_path(run_id))[1])
+        return RunView.model_validate(self._call("GET", run_path(run_id))[1], context=TOLERANT_CONTEXT)
 
     def runs(self, state: str | None = None) -> RunList:
         """``GET /v1/openenv/runs``: ``{"schema", "runs": [...]}``, newest first."""
         params = {"state": state} if state else None
-        return RunList.model_validate(self._call("GET", "/v1/openenv/runs", params=params)[1])
+        return RunList.model_validate(self._call("GET", "/v1/openenv/runs", params=params)[1], context=TOLERANT_CONTEXT)
 
     def cancel(self, run_id: str) -> RunView:
-        return RunView.model_validate(self._call("POST", run_path(run_id, "cancel"))[1])
+        return RunView.model_validate(self._call("POST", run_path(run_id, "cancel"))[1], context=TOLERANT_CONTEXT)
 
     def manifest_bytes(self, run_id: str) -> bytes:
         return self.get_bytes(run_path(run_id, "artifacts"))
@@ -201,7 +202,7 @@ class ApiClient:
         )[1]
 
     def train_dataset(self, body: dict[str, Any]) -> RunView:
-        return RunView.model_validate(self._call("POST", "/v1/train/grpo", json=body)[1])
+        return RunView.model_validate(self._call("POST", "/v1/train/grpo", json=body)[1], context=TOLERANT_CONTEXT)
 
     def preflight(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/openenv/training/preflight", json=body, timeout=400.0)[1]

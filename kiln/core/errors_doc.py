@@ -47,7 +47,7 @@ OWN_CODES: dict[str, str] = {
     "training_recorded_constrained": "`behavior_policy: recorded` on actions sampled with constrained decoding, "
     "whose grammar mask the trainer does not reproduce",
     "training_dtype_unsupported": "training in float16 is refused: use bfloat16 or float32",
-    "optimizer_unavailable": "Muon asked for, but this torch has no `torch.optim.Muon`",
+    "optimizer_unavailable": "Muon asked for over a LoRA parameter that is not a 2-D matrix",
     "staleness_invalid": "a training input names a behaviour adapter for on-policy data (docs/training.md)",
     "s3_credentials_invalid": "the home's `s3-credentials.json` is unreadable: remove it to generate a new pair",
     "home_not_private": "`KILN_HOME` is a shared folder such as `/tmp`",

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from kiln.core.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, TrainingConfig
+from kiln.core.contracts import EpisodeSettings, RunRequest
+from kiln.core.training_config import EnvironmentEvalConfig, TrainingConfig
 from kiln.core.run_plan import PARALLEL_GROUPS, BundleSpec, GroupSlot
 from kiln.core.run_status import Progress, RunStatus
+from kiln.core.tolerant import Tolerant
 
 
-class Record(BaseModel):
+class Record(Tolerant):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -384,32 +386,6 @@ class EvaluationResult(ActivityResult):
     candidate: SideBundle
 
 
-class DatasetSplit(ActivityResult):
-    groups: GroupSet
-    behavior_policy: dict[str, Any]
-    base_adapter: AdapterRef | None = None
-    gpu_task_queue: str
-    heartbeat_timeout_s: float = 30.0
-
-
-class TrainDatasetInput(Record):
-    """A training run from a saved rollouts JSONL (``kiln train grpo``)."""
-
-    dataset: StoredObject
-    output_adapter: str
-    training_config: TrainingConfig = Field(default_factory=TrainingConfig)
-    auto_load: bool = True
-    report_to: Literal["none", "tensorboard", "trackio", "wandb"] = "none"  # as on a live run
-
-
-class PublishTrainingInput(Record):
-    run_id: str
-    dataset: StoredObject
-    output_adapter: str
-    training: TrainResult
-    promote: bool
-
-
 class PostEvalInput(Record):
     suite: str
     min_accuracy: float | None = None
@@ -457,34 +433,3 @@ class RunCarry(Record):
     pending: GroupSet | None = None  # with max_staleness 1: the next iteration's groups, collected
     pending_progress: Progress | None = None  # … and their collection's progress
     baseline: SideBundle | None = None  # the evaluation baseline side, once collected
-
-
-class QueueState(Record):
-    """The FIFO run queue's state (carried across continue-as-new)."""
-
-    max_active_runs: int = 4
-    max_tracked_runs: int = 128
-    sequence: int = 0
-    active: list[str] = Field(default_factory=list)
-    waiting: list[str] = Field(default_factory=list)
-    sequences: dict[str, int] = Field(default_factory=dict)
-
-
-class SlotRequest(Record):
-    run_id: str
-
-
-class SlotReply(ActivityResult):
-    sequence: int
-    position: int  # 0 = active (slot granted), n = n-th in line
-
-
-class PreflightInput(Record):
-    """Which behavior adapter to resolve (None = base model) and where the gpu workers listen."""
-
-    adapter: str | None = None
-    gpu_task_queue: str
-
-
-class PreflightResult(Record):
-    behavior_policy: dict[str, Any]

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
-from kiln.core.contracts import EnvironmentEvalConfig, EpisodeSettings, RunRequest, normalize_adapter
+from kiln.core.contracts import EpisodeSettings, RunRequest
+from kiln.core.request_fields import normalize_adapter
+from kiln.core.training_config import EnvironmentEvalConfig
+from kiln.core.tolerant import Tolerant
 
 
-class _Plan(BaseModel):
+class _Plan(Tolerant):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

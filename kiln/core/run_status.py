@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from kiln.core.rollout.context import context_warning
+from kiln.core.tolerant import Tolerant
 
 STATUS_SCHEMA = "kiln.run-status.v1"
 
@@ -29,7 +30,8 @@ RUN_STAGES = (
     "publication",
 )
 DATASET_STAGES = ("split", "training", "publication")
-TERMINAL_STATES = ("completed", "failed", "cancelled")
+# ``terminated`` is set by the API only (the workflow cannot see its own termination).
+TERMINAL_STATES = ("completed", "failed", "cancelled", "terminated")
 Stage = Literal[
     "admission",
     "queue",
@@ -50,7 +52,7 @@ def invalid_action_rate(stats: dict[str, Any]) -> float | None:
     return stats.get("invalid_model_action_count", 0) / rollouts if rollouts else None
 
 
-class _Status(BaseModel):
+class _Status(Tolerant):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
 
 
@@ -151,6 +153,24 @@ MAX_INTERRUPTION_RECORDS = 256
 MAX_ITERATION_RECORDS = 100
 
 
+# A training whose adapter is further than this from the base model (KL(π ‖ π_base), nats per
+# action token, exact over the vocabulary: kiln.core.train.drift) gets a status warning.
+KL_TO_BASE_WARN_NATS = 1.0
+
+
+def kl_to_base_warning(kl_to_base: float | None) -> str | None:
+    """The status warning of a training that moved the policy far from the base model (None when
+    ``kl_to_base`` is unknown or at most :data:`KL_TO_BASE_WARN_NATS`)."""
+    if kl_to_base is None or not kl_to_base > KL_TO_BASE_WARN_NATS:
+        return None
+    return (
+        f"the trained adapter is {kl_to_base:.2f} nats per action token from the base model "
+        f"(KL to base above {KL_TO_BASE_WARN_NATS:g}): the policy moved far in one training; lower "
+        "training_config.learning_rate or epochs, set training_config.target_kl to end the training "
+        "early, or add a kl_coeff penalty"
+    )
+
+
 def reset_warning(label: str, group_index: int, fields: list[str]) -> str:
     """The status warning of a group whose candidates saw different resets (``reset_determinism:
     warn``); ``label`` is the collection's ("group", "iteration 2 group", "eval baseline" …)."""
@@ -237,7 +257,7 @@ class RunStatus(_Status):
     run_id: str = ""
     kind: str | None = None
     phase: str = "admission"
-    state: Literal["running", "completed", "failed", "cancelled"] = "running"
+    state: Literal["running", "completed", "failed", "cancelled", "terminated"] = "running"
     progress: Progress = Field(default_factory=Progress)
     mean_return: float | None = None
     environments: list[EnvironmentStatus] = Field(default_factory=list)
@@ -300,6 +320,9 @@ class RunStatus(_Status):
             skip_reason=training.skip_reason,
         )
         self.warn(*training.selection.get("warnings", []))
+        drifted = kl_to_base_warning(getattr(training, "kl_to_base", None))
+        if drifted is not None:
+            self.warn(drifted)
 
     def warn(self, *messages: str) -> None:
         """Add warnings (bounded: an online-RL run trains many times); in a run of several

@@ -18,14 +18,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.core.run_status import Failure, RunStatus
+from kiln.core.tolerant import Tolerant
 
 RUN_LIST_SCHEMA = "kiln.openenv-run-list.v1"
-RunState = Literal["running", "completed", "failed", "cancelled"]
+# ``terminated``: ended through Temporal (``temporal workflow terminate``), not by Kiln.
+RunState = Literal["running", "completed", "failed", "cancelled", "terminated"]
 # Where the workflow-owned fields of a view came from.
 StatusSource = Literal["query", "result", "history"]
 
 
-class InFlightActivity(BaseModel):
+class InFlightActivity(Tolerant):
     """One pending activity of a running run, as Temporal describes it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +60,16 @@ class TrainingProgress(BaseModel):
     tokens_per_s: float | None = None
 
 
+class Termination(Tolerant):
+    """Who terminated a run through Temporal, and why, as Temporal's history recorded it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    identity: str = Field(description="The identity of the client that terminated the workflow.")
+    reason: str = Field(description="The reason it gave (`temporal workflow terminate --reason`).")
+    stage: str = Field(description="The stage the run was in when it was terminated.")
+
+
 class RunView(RunStatus):
     """One run as the API answers it: the workflow's ``RunStatus`` plus the API's own fields."""
 
@@ -80,6 +92,9 @@ class RunView(RunStatus):
     live_training: dict[str, Any] | None = Field(
         default=None, description="The raw live progress record the gpu worker last wrote to S3."
     )
+    termination: Termination | None = Field(
+        default=None, description="Set when `state` is `terminated`: who ended the run through Temporal, and why."
+    )
     cancel_requested: bool = Field(default=False, description="True in the answer to a cancel request.")
     unclaimed: str | None = Field(
         default=None,
@@ -98,7 +113,7 @@ class RunView(RunStatus):
         return self.status_source == "history" and self.state == "running"
 
 
-class RunSummary(BaseModel):
+class RunSummary(Tolerant):
     """One row of the run list (from Temporal's visibility store, no worker needed)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -123,7 +138,7 @@ class RunSummary(BaseModel):
     closed_at: str | None = None
 
 
-class RunList(BaseModel):
+class RunList(Tolerant):
     """``GET /v1/openenv/runs``: runs newest first."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -144,6 +159,7 @@ __all__ = [
     "RunState",
     "RunSummary",
     "RunView",
+    "Termination",
     "TrainingProgress",
     "placeholder_failure",
 ]

@@ -6,7 +6,9 @@ completion of a group before ``</think>``, no action reaches the environment, ev
 no-output penalty and the group has no reward variation: training cannot learn from it, and the
 usual "no reward variation" names no cause the user can act on. This module recognises that case
 from a group's completions (pure: the collection warning and the training failure share it) and
-words the cause and the fix.
+words the cause and the fix. Harmony (gpt-oss) reasoning is the analysis channel, and it closes
+where the model opens its next message (``<|message|>``, :mod:`kiln.core.policy.harmony`): an
+action with neither ``</think>`` nor ``<|message|>`` ended inside its reasoning.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from typing import Any, Iterable
 
 NO_OUTPUT_CODE = "MODEL_ACTION_NO_OUTPUT"
 THINK_CLOSE = "</think>"
+HARMONY_MESSAGE = "<|message|>"  # harmony's reasoning closes at the next message's opening
 FIX = "use --thinking off, or a larger --max-action-tokens / --thinking-budget-tokens"
 
 
 def ended_inside_thinking(completion: dict[str, Any]) -> bool:
-    """The completion's last action is reasoning that never produced ``</think>`` (it ended with no
-    final answer, and its text is not blank: with thinking off a no-output action is blank)."""
+    """The completion's last action is reasoning that never produced ``</think>`` (harmony: never
+    opened its next message; it ended with no final answer, and its text is not blank: with
+    thinking off a no-output action is blank)."""
     if completion.get("harness_code") != NO_OUTPUT_CODE:
         return False
     actions = [seg.get("content") or "" for seg in completion.get("trajectory") or [] if seg.get("kind") == "action"]
-    return bool(actions) and bool(actions[-1].strip()) and THINK_CLOSE not in actions[-1]
+    last = actions[-1] if actions else ""
+    return bool(last.strip()) and THINK_CLOSE not in last and HARMONY_MESSAGE not in last
 
 
 def group_ended_inside_thinking(completions: Iterable[dict[str, Any]]) -> bool:

@@ -30,7 +30,9 @@ from tests.support.chaos.faults import PARK_ACTIVITY
 from tests.support.chaos.runs import RunOutcome, connect, drive, result_within, start_run, wait_until_async
 from tests.support.chaos.stack import ChaosStack
 from workflows.names import TRAIN_DATASET_WORKFLOW
-from workflows.options import GROUP_HEARTBEAT, OPTIONS
+from workflows.options import GROUP_HEARTBEAT, OPTIONS as BY_ACTIVITY
+
+OPTIONS = {activity.__name__: options for activity, options in BY_ACTIVITY.items()}  # by activity name
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -159,8 +161,9 @@ async def _kill_in_turn(
 async def test_dataset_training_activities_recover_from_a_killed_worker(
     stack: ChaosStack, reference_train: RunOutcome
 ) -> None:
-    from kiln.core.contracts import TrainingConfig
-    from kiln.core.records import StoredObject, TrainDatasetInput
+    from kiln.core.training_config import TrainingConfig
+    from kiln.core.records import StoredObject
+    from kiln.core.side_records import TrainDatasetInput
 
     store = stack.store()
     rollouts = read_uri(store, next(a["uri"] for a in reference_train.status["artifacts"] if a["name"] == "rollouts.jsonl"))

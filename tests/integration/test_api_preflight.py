@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from kiln.core.contracts import TrainingConfig
+from kiln.core.training_config import TrainingConfig
 from tests.integration.test_api_helpers import TINY_ROLLOUT, asgi_client, wait_for
 from tests.support.kiln_workers import running_workers
 

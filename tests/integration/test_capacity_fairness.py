@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from kiln.core.openenv.session import open_session_and_reset
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import normalize_url
 from tests.support.history_spans import RunHistory, run_history
 from tests.support.kiln_workers import running_workers

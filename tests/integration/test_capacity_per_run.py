@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from kiln.core.openenv.capacity import CAPACITY
-from kiln.core.openenv.session import EnvSession, open_session_and_reset
+from kiln.core.openenv.session import EnvSession
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.sessions import SessionPlanner
 from tests.support.servers import serve_example_env

@@ -3,7 +3,12 @@ checkpoint identity rule, taken with ``git archive``) trains until its step-2 ch
 interrupted; the current trainer finishes from that checkpoint. The training completes, uses the
 checkpoint, names both trainers in its receipt (the earlier one recorded none: ``written_by``
 null), and its adapter equals the current code's undisturbed training (the two releases' training
-numerics are the same)."""
+numerics are the same).
+
+And a kill: the trainer of the previous release (commit 0051d57, a clone of it so it knows its
+commit) is SIGKILLed right after its step-2 checkpoint; the current trainer finishes from that
+checkpoint, and the receipt names both trainers (``trainer`` and ``checkpoint.written_by``, with
+that commit and a different training-code digest) and that the checkpoint was used."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
@@ -31,9 +36,11 @@ import json, sys
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from kiln.core.contracts import TrainingConfig
-from kiln.core.errors import RunCancelled
-from kiln.core.train.trainer import train_grpo
+from kiln.contracts import TrainingConfig
+from kiln.errors import RunCancelled
+from kiln.train.trainer import train_grpo
+# The earlier release's own code (an editable install would serve a missing module from HEAD).
+assert Path(sys.modules[train_grpo.__module__].__file__).resolve().is_relative_to(Path.cwd().resolve())
 model, groups_file, out = sys.argv[1:4]
 calls = {"n": 0}
 def cancel_after_three():
@@ -83,5 +90,76 @@ def test_a_training_interrupted_on_an_earlier_release_finishes_on_this_one(tmp_p
     assert receipt["checkpoint"] == {"used": True, "step": 2, "reason": None, "written_by": None}
     assert receipt["resumed_from_step"] == 2 and receipt["trainer"] == whole.receipt["trainer"]
     assert receipt["steps"] == whole.receipt["steps"]
+    assert {n: (finished.adapter_dir / n).read_bytes() for n in ADAPTER_FILES} == {
+        n: (whole.adapter_dir / n).read_bytes() for n in ADAPTER_FILES}
+
+
+# The release just before the kiln/core layout: it records its trainer in every checkpoint.
+PREVIOUS_RELEASE = "0051d57"
+KILLED_TRAINER = """
+import json, sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from kiln.contracts import TrainingConfig
+from kiln.train.trainer import train_grpo
+assert Path(sys.modules[train_grpo.__module__].__file__).resolve().is_relative_to(Path.cwd().resolve())
+model, groups_file, out = sys.argv[1:4]
+def sink(step, path):
+    if step == 2:
+        print("checkpoint 2 written", flush=True)
+        time.sleep(600)  # killed here, mid-training
+train_grpo(model_path=Path(model), groups=json.loads(Path(groups_file).read_text()),
+           config=TrainingConfig(seed=3, checkpoint_interval=2, epochs=2), output_dir=Path(out),
+           checkpoint_sink=sink)
+"""
+
+
+def _previous_release(target: Path) -> tuple[Path, str]:
+    """A checkout of PREVIOUS_RELEASE (a clone sharing this repository's objects, so the trainer
+    it runs knows its commit); its full commit hash."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{PREVIOUS_RELEASE}^{{commit}}"],
+                            capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    if not commit:
+        pytest.skip(f"commit {PREVIOUS_RELEASE} is not in this checkout (a shallow clone)")
+    for argv in (["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(target)],
+                 ["git", "-C", str(target), "checkout", "--quiet", "--detach", commit]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+    return target, commit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_training_killed_on_the_previous_release_finishes_here_naming_both_trainers(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    old, commit = _previous_release(tmp_path / "previous")
+    model = build_tiny_qwen3(tmp_path / "model")
+    groups = bandit_groups(3)
+    (tmp_path / "groups.json").write_text(json.dumps(groups))
+    trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(model), str(tmp_path / "groups.json"),
+                                str(tmp_path / "old-out")], cwd=old, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={"PYTHONPATH": str(old), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    try:
+        line = trainer.stdout.readline() if trainer.stdout else ""
+        assert line.strip() == "checkpoint 2 written", trainer.stderr.read() if trainer.stderr else ""
+    finally:
+        trainer.kill()  # SIGKILL, after the step-2 checkpoint, before the training ends
+        trainer.wait(timeout=30)
+    assert trainer.returncode == -9
+    checkpoint = tmp_path / "old-out" / "checkpoints" / "step-000002"
+    written_by = json.loads((checkpoint / "state.json").read_text())["trainer"]
+    assert written_by["commit"] == commit
+
+    config = TrainingConfig(seed=3, checkpoint_interval=2, epochs=2)
+    finished = train_grpo(model_path=model, groups=groups, config=config, output_dir=tmp_path / "new",
+                          resume_from=checkpoint)
+    whole = train_grpo(model_path=model, groups=groups, config=config, output_dir=tmp_path / "whole")
+    receipt = finished.receipt
+    assert receipt["checkpoint"] == {"used": True, "step": 2, "reason": None, "written_by": written_by}
+    # Both trainers named, and they differ: the earlier one's code is not this one's.
+    assert receipt["trainer"] == whole.receipt["trainer"]
+    assert receipt["trainer"]["train_code_sha256"] != written_by["train_code_sha256"]
+    assert receipt["resumed_from_step"] == 2 and receipt["steps"] == whole.receipt["steps"]
     assert {n: (finished.adapter_dir / n).read_bytes() for n in ADAPTER_FILES} == {
         n: (whole.adapter_dir / n).read_bytes() for n in ADAPTER_FILES}

@@ -24,7 +24,7 @@ from kiln.core.canonical import canonical_json, sha256_bytes
 from kiln.core.errors import EnvironmentCapacityExhausted, RunCancelled
 from kiln.core.openenv.capacity import CAPACITY, EnvironmentAtCapacity
 from kiln.core.openenv.discovery import inspect_environment
-from kiln.core.openenv.session import open_session_and_reset
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from tests.support.servers import example_env_argv, free_port, serve_app_process

@@ -166,7 +166,7 @@ async def test_capacity_retry_then_exhaustion(counter_v2_single):
         elapsed = time.monotonic() - started
         assert info.value.code == "environment_capacity_exhausted" and info.value.retryable
         # backoffs 0.25 then 0.35 (remaining) -> 3 refusals
-        assert info.value.details["capacity_retries"] == 3
+        assert info.value.details["refusals"] == 3
         assert info.value.details["max_sessions"] == 1
         assert 0.55 <= elapsed < 10  # waited out its 0.6 s, then gave up
     finally:

@@ -94,7 +94,7 @@ def test_kiln_collects_and_trains_on_guess(guess_url, tiny_model_dir, tmp_path):
     one epoch on the groups: the receipt's token counts are the collected pieces', and the drift
     KL is positive (the policy moved)."""
     torch = pytest.importorskip("torch")
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.policy.runtime import PolicyRuntime
     from kiln.core.train.trainer import train_grpo
     from tests.support.counter_loop import collect

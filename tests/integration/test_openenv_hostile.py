@@ -186,7 +186,7 @@ async def test_capacity_refusal_after_handshake(hostile):
         await open_session_and_reset(url, {"seed": 1}, capacity_wait_s=0.5, bearer_token=TOKEN)
     assert time.monotonic() - started < 10  # gave up after its 0.5 s wait, not a request timeout
     assert info.value.details["protocol_code"] == "CAPACITY_REACHED"
-    assert info.value.details["capacity_retries"] == 3  # refusals at ~0, 0.25, 0.5 s
+    assert info.value.details["refusals"] == 3  # refusals at ~0, 0.25, 0.5 s
     _assert_clean(info.value)
 
 

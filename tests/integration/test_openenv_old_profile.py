@@ -40,7 +40,7 @@ async def test_episode_on_old_profile(old_url):
         assert (await session.state())["step_count"] == target
         with pytest.raises(EnvironmentCapacityExhausted) as info:
             await open_session_and_reset(normalize_url(old_url), {"seed": 5}, capacity_wait_s=0.3)
-        assert info.value.details["capacity_retries"] in (2, 3)  # 0 s, 0.25 s, then maybe one at ~0.3 s
+        assert info.value.details["refusals"] in (2, 3)  # 0 s, 0.25 s, then maybe one at ~0.3 s
     finally:
         await session.close()
 

@@ -64,7 +64,7 @@ def test_replay_passes_against_the_same_environment(bundle: dict[str, bytes], po
         "groups": 2,
         "rollouts": 4,
         "environment_exchanges": offline["environment_exchanges"],
-        "capacity_retries": 0,
+        "environment_capacity": {f"http://127.0.0.1:{port}": {"refusals": 0}},
         "environment_prefix_only_rollouts": sum(
             r["termination"] == "invalid_model_action" for r in json.loads(bundle["summary.json"])["rollouts"]
         ),
@@ -80,11 +80,11 @@ def test_invalid_tails_replay_only_their_environment_prefix(scripted: dict[str, 
     assert (report["rollouts"], report["environment_exchanges"], report["environment_prefix_only_rollouts"]) == (4, 4, 3)
 
 
-def test_capacity_one_server_is_replayed_with_capacity_retries(bundle: dict[str, bytes], port: int, tmp_path: Path) -> None:
+def test_capacity_one_server_is_replayed_with_capacity_refusals(bundle: dict[str, bytes], port: int, tmp_path: Path) -> None:
     with counter_on(port, max_concurrent_envs=1):
         report = _replay(write_bundle(tmp_path, bundle), concurrency=4)
     assert report["rollouts"] == 4  # every candidate got its own session in turn
-    assert report["capacity_retries"] > 0
+    assert sum(f["refusals"] for f in report["environment_capacity"].values()) > 0
 
 
 def _first_candidate_with(replay: dict, exchanges: int) -> tuple[int, int]:
@@ -193,5 +193,5 @@ def test_random_episode_id_is_excluded_and_listed(tiny_model_dir: Path, tmp_path
     assert report["excluded_fields"] == [
         {"environment_index": 0, "field": "final_state.episode_id", "reason": "differs between two resets with the same payload"}
     ]
-    assert report["capacity_retries"] > 0
+    assert sum(f["refusals"] for f in report["environment_capacity"].values()) > 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "poisoned" in r.getMessage()]

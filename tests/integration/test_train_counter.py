@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kiln.core.contracts import TrainingConfig
+from kiln.core.training_config import TrainingConfig
 from tests.support.counter_loop import ONE_PASS_TRAINING, Outcome, collect, train_and_play
 
 torch = pytest.importorskip("torch")

@@ -15,7 +15,7 @@ from kiln.core.artifacts.adapters import adapter_ref_from_files  # noqa: E402
 from kiln.core.artifacts.group_sets import group_set  # noqa: E402
 from kiln.core.artifacts.store import S3Store  # noqa: E402
 from kiln.core.canonical import canonical_json  # noqa: E402
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import TrainingFailed  # noqa: E402
 from kiln.core.policy.identity import model_content_sha256  # noqa: E402
 from kiln.core.records import AdapterRef, StoredObject, TrainInput, TrainResult  # noqa: E402

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from workers.converter import kiln_data_converter
 from workers.sandbox import workflow_runner
 from workflows.chunk import CollectChunkWorkflow
 from workflows.openenv_run import OpenEnvRunWorkflow
@@ -80,7 +80,7 @@ def test_model_rollout_history_routes_gpu_work_to_the_model_queue() -> None:
 async def test_history_replays_deterministically(path: Path) -> None:
     replayer = Replayer(
         workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
-        data_converter=pydantic_data_converter,
+        data_converter=kiln_data_converter,  # the workers' converter
         workflow_runner=workflow_runner(),  # the workers' sandbox
     )
     history = WorkflowHistory.from_json(f"{path.parent.name}-{path.stem}", path.read_text())

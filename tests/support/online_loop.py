@@ -110,7 +110,7 @@ def learning_ranges(url: str, model_path: str, work: str, seed_starts: list[int]
     per-seed returns and each range's iterations' figures, as JSON."""
     from dataclasses import asdict
 
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime.load(Path(model_path))

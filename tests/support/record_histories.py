@@ -32,7 +32,8 @@ from activities.control import ControlActivities
 from activities.gpu import GpuActivities
 from kiln.core.errors import CollectionFailed
 from kiln.core.policy.tiny import build_tiny_model
-from kiln.core.records import CollectGroupInput, CollectGroupResult, RevalidationInput, StoredObject, TrainDatasetInput
+from kiln.core.records import CollectGroupInput, CollectGroupResult, RevalidationInput, StoredObject
+from kiln.core.side_records import TrainDatasetInput
 from kiln.core.settings import Settings
 from tests.support.kiln_workers import running_workers
 from tests.support.servers import free_port, serve_example_env

@@ -11,7 +11,9 @@ from temporalio import activity
 
 from activities.control import ControlActivities
 from activities.gpu import GpuActivities
-from workflows.options import GROUP_HEARTBEAT, OPTIONS
+from workflows.options import GROUP_HEARTBEAT, OPTIONS as BY_ACTIVITY
+
+OPTIONS = {activity.__name__: options for activity, options in BY_ACTIVITY.items()}  # by activity name
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "durability.md"
 
@@ -27,6 +29,10 @@ def _activity_names(cls: type) -> set[str]:
 
 def test_every_activity_has_options_and_nothing_else_does() -> None:
     assert _activity_names(ControlActivities) | _activity_names(GpuActivities) == set(OPTIONS)
+    # keyed by the activity method itself (the caller's argument and result types come from it)
+    assert BY_ACTIVITY[ControlActivities.admit_run] is OPTIONS["admit_run"]
+    assert BY_ACTIVITY[GpuActivities.train_adapter].queue == "train"
+    assert len(BY_ACTIVITY) == len(OPTIONS) == 16
 
 
 def test_a_dead_worker_is_noticed_within_a_minute_at_the_default_heartbeat() -> None:

@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli import app as cli
+from kiln.cli import run_cmds
+from kiln.cli import run_flags
 from kiln.core.contracts import RunRequest, parse_run_request
 from kiln.core.errors import InvalidRequest
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.timeout(30)
 def _submitted(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> dict[str, Any]:
     """The request the command would submit (the REST call is the boundary captured here)."""
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, *_rest: seen.append(request))
+    monkeypatch.setattr(run_cmds, "submit_and_follow", lambda request, *_rest: seen.append(request))
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     assert len(seen) == 1
@@ -47,8 +49,8 @@ def test_reset_determinism_and_replay_ignore_reach_the_request(monkeypatch: pyte
 def test_reset_determinism_choices_are_the_models() -> None:
     result = CliRunner().invoke(cli.app, ROLLOUT + ["--reset-determinism", "loose"])
     assert result.exit_code == 2 and "loose" in result.output
-    assert [c.value for c in cli.ResetDeterminism] == ["strict", "warn"]
-    assert cli.ResetDeterminism(RunRequest.model_fields["reset_determinism"].default).value == "strict"
+    assert [c.value for c in run_flags.ResetDeterminism] == ["strict", "warn"]
+    assert run_flags.ResetDeterminism(RunRequest.model_fields["reset_determinism"].default).value == "strict"
 
 
 def test_a_replay_ignore_path_outside_steps_and_state_is_refused_naming_the_field() -> None:
@@ -65,6 +67,6 @@ def test_context_policy_reaches_the_request(monkeypatch: pytest.MonkeyPatch, com
     asked = _submitted(monkeypatch, command + ["--context-policy", "end_penalised"])
     assert asked["context_policy"] == "end_penalised"
     assert parse_run_request(asked).episode_settings(False).context_policy == "end_penalised"
-    assert [c.value for c in cli.ContextPolicy] == ["end", "end_penalised"]
+    assert [c.value for c in run_flags.ContextPolicy] == ["end", "end_penalised"]
     refused = CliRunner().invoke(cli.app, command + ["--context-policy", "window"])
     assert refused.exit_code == 2 and "window" in refused.output

@@ -10,8 +10,10 @@ import pytest
 from typer.models import OptionInfo
 
 from kiln.cli import app as cli
+from kiln.cli import run_cmds
 from kiln.cli import control_cmds
-from kiln.core.contracts import EchoConfig, EnvironmentEvalConfig, GateConfig, RunRequest, TrainingConfig
+from kiln.core.contracts import RunRequest
+from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, TrainingConfig
 
 # CLI parameters whose name differs from the model field they set.
 RENAMED = {
@@ -41,7 +43,7 @@ def _model_default(model: Any, field: str) -> Any:
     return model.model_fields[field].get_default(call_default_factory=True)
 
 
-COMMANDS = [cli.train_cmd, cli.rollout_cmd, cli.train_grpo_cmd, control_cmds.preflight_cmd]
+COMMANDS = [run_cmds.train_cmd, run_cmds.rollout_cmd, run_cmds.train_grpo_cmd, control_cmds.preflight_cmd]
 
 
 @pytest.mark.timeout(30)
@@ -65,7 +67,7 @@ def test_every_cli_default_is_the_model_default(command: Any) -> None:
 @pytest.mark.timeout(30)
 def test_known_defaults_reach_the_cli() -> None:
     """The concrete values, so a changed model default is a visible, reviewed change."""
-    options = inspect.signature(cli.train_cmd).parameters
+    options = inspect.signature(run_cmds.train_cmd).parameters
     assert options["learning_rate"].default.default is None  # null ⇒ AdamW 3e-4, Muon 2e-3
     assert options["optimizer"].default.default == "adamw"
     assert options["is_level"].default.default == "cispo"
@@ -73,5 +75,5 @@ def test_known_defaults_reach_the_cli() -> None:
     assert options["group_size"].default.default == 4
     assert options["groups"].default.default == 8
     assert options["echo_lambda"].default.default == 0.05
-    grpo = inspect.signature(cli.train_grpo_cmd).parameters
+    grpo = inspect.signature(run_cmds.train_grpo_cmd).parameters
     assert grpo["learning_rate"].default.default == TrainingConfig().learning_rate

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiln.cli import app as cli
+from kiln.cli import run_cmds
 from kiln.core.contracts import parse_run_request
 
 BASE = ["openenv", "rollout", "--environment", "http://127.0.0.1:9", "--no-follow"]
@@ -16,7 +17,7 @@ BASE = ["openenv", "rollout", "--environment", "http://127.0.0.1:9", "--no-follo
 def _submitted(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> dict[str, Any]:
     """The request the command would submit (the REST call is the boundary captured here)."""
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, follow, as_json, *_rest: seen.append(request))
+    monkeypatch.setattr(run_cmds, "submit_and_follow", lambda request, follow, as_json, *_rest: seen.append(request))
     result = CliRunner().invoke(cli.app, BASE + args)
     assert result.exit_code == 0, result.output
     assert len(seen) == 1
@@ -53,7 +54,7 @@ TRAIN = ["openenv", "train", "--environment", "http://127.0.0.1:9", "--output-ad
 def _refused(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> str:
     """Run ``args``; assert nothing was submitted and exit code 2; the output (stdout + stderr)."""
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, *_rest: seen.append(request))
+    monkeypatch.setattr(run_cmds, "submit_and_follow", lambda request, *_rest: seen.append(request))
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 2, result.output
     assert seen == []
@@ -84,7 +85,7 @@ def test_model_errors_name_the_flags_typed(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.timeout(30)
 def test_choice_values_reach_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli, "_submit_and_follow", lambda request, *_rest: seen.append(request))
+    monkeypatch.setattr(run_cmds, "submit_and_follow", lambda request, *_rest: seen.append(request))
     result = CliRunner().invoke(cli.app, TRAIN + ["--optimizer", "adamw", "--is-level", "cispo", "--report-to", "tensorboard"])
     assert result.exit_code == 0, result.output
     request = parse_run_request(seen[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.core.contracts import GateConfig
+from kiln.core.training_config import GateConfig
 from kiln.core.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.core.evaluation.pairing import EnvironmentEvaluationFailed, PairedGroup, pair_summaries
 from tests.unit.test_evaluation_support import constant, paired_bundles

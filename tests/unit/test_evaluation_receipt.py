@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kiln.core.canonical import pretty_json, sha256_bytes
-from kiln.core.contracts import EnvironmentEvalConfig, GateConfig
+from kiln.core.training_config import EnvironmentEvalConfig, GateConfig
 from kiln.core.evaluation.gate import evidence_and_decision, outcome_for
 from kiln.core.evaluation.pairing import PairedGroup
 from kiln.core.evaluation.receipt import (

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from kiln.core.canonical import canonical_json
 from kiln.core.contracts import reset_payload, reset_plan_sha256
 from kiln.core.openenv.discovery import inspect_environment
-from kiln.core.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES, StepResult
+from kiln.core.openenv.replies import RECOVERABLE_CODES, TERMINAL_CODES, StepResult
 from kiln.core.rollout.bundle import build_bundle
 from kiln.core.rollout.group import EpisodeSettings, GroupCollector, GroupTask
 from kiln.core.rollout.verify import verify_bundle

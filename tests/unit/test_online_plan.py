@@ -7,7 +7,8 @@ import hashlib
 
 import pytest
 
-from kiln.core.contracts import parse_run_request, request_digest
+from kiln.core.contracts import parse_run_request
+from kiln.core.request_digest import request_digest
 from kiln.core.errors import InvalidRequest
 from kiln.core.run_plan import (
     CHAIN_START,

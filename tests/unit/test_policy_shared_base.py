@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.core.contracts import TrainingConfig
+from kiln.core.training_config import TrainingConfig
 from kiln.core.policy.identity import ADAPTER_FILES
 from tests.support.models import make_lora_adapter, shared_tiny_model
 from tests.unit.test_train_support import bandit_groups

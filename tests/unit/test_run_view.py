@@ -44,7 +44,7 @@ def test_run_view_is_run_status_plus_the_api_fields() -> None:
     own = set(RunView.model_fields) - set(RunStatus.model_fields)
     assert own == {
         "status_source", "started_at", "closed_at", "temporal_ui", "in_flight",
-        "training_progress", "live_training", "cancel_requested", "unclaimed",
+        "training_progress", "live_training", "cancel_requested", "unclaimed", "termination",
     }
     stub = RunView(run_id="r", phase="unknown", status_source="history")
     assert stub.timed_out and not stub.terminal

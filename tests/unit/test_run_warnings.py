@@ -51,3 +51,23 @@ def test_reset_differences_name_the_group_and_the_fields() -> None:
         "iteration 3: eval candidate group 2: candidates saw different resets in "
         "reset_observation.observation.side (reset_determinism: warn)",
     ]
+
+
+def _trained(kl_to_base: float | None) -> TrainResult:
+    return TrainResult(trained=True, steps=2, selection={}, kl_to_base=kl_to_base)
+
+
+def test_a_training_far_from_the_base_model_warns_with_what_to_change() -> None:
+    from kiln.core.run_status import KL_TO_BASE_WARN_NATS
+
+    status = RunStatus(iterations_total=3, iteration=1)
+    status.record_training(_trained(4.14))  # the figure, after one iteration
+    assert status.warnings == [
+        "iteration 1: the trained adapter is 4.14 nats per action token from the base model (KL to base "
+        "above 1): the policy moved far in one training; lower training_config.learning_rate or epochs, "
+        "set training_config.target_kl to end the training early, or add a kl_coeff penalty"
+    ]
+    quiet = RunStatus(iterations_total=1, iteration=1)
+    for kl in (None, 0.25, KL_TO_BASE_WARN_NATS):  # unknown, small, exactly at the threshold
+        quiet.record_training(_trained(kl))
+    assert quiet.warnings == []

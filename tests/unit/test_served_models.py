@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.core.contracts import parse_run_request, request_digest
+from kiln.core.contracts import parse_run_request
+from kiln.core.request_digest import request_digest
 from kiln.core.errors import InvalidRequest, ModelNotServed
 from kiln.core.served_models import model_task_queue, require_served, served_models
 

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kiln.core.canonical import digest_json, sha256_bytes  # noqa: E402
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
 from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.batches import build_group_batch  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import TrainingFailed  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.unit.test_train_support import BEHAVIOR, bandit_groups, build_tiny_qwen3  # noqa: E402

@@ -201,7 +201,7 @@ def test_run_summaries_are_those_of_the_steps(model_path, tmp_path):
     ``TrainResult.kl`` (the mean step KL of the last epoch) recomputed from the steps and rows."""
     import math
 
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
     from kiln.core.train.trainer import train_grpo
 
     config = TrainingConfig(seed=2, epochs=2, optimizer="adamw", learning_rate=1e-2, kl_coeff=0.1,

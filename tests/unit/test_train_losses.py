@@ -246,7 +246,7 @@ def test_sequence_level_term_weighs_every_sequence_the_same():
 
 
 def test_sequence_level_has_its_own_small_epsilon():
-    from kiln.core.contracts import TrainingConfig
+    from kiln.core.training_config import TrainingConfig
 
     config = TrainingConfig()
     assert config.sequence_clip_epsilon == 3e-4 and config.clip_epsilon == 0.2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.core.contracts import TrainingConfig
+from kiln.core.training_config import TrainingConfig
 from kiln.core.train.selection import select_groups
 from tests.unit.test_train_support import X_TOKEN, Y_TOKEN, completion
 

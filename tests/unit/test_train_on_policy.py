@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import TrainingFailed  # noqa: E402
 from kiln.core.train.batches import collate, group_rows, pack_microbatches  # noqa: E402
 from kiln.core.train.checkpoints import unpack_folder  # noqa: E402

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file
 
-from kiln.core.contracts import EchoConfig, TrainingConfig
+from kiln.core.training_config import EchoConfig, TrainingConfig
 from kiln.core.policy.identity import with_inference
 from kiln.core.train.trainer import train_grpo
 from tests.unit.test_train_support import (

@@ -17,7 +17,7 @@ from pydantic import Field  # noqa: E402
 
 import kiln.core.train  # noqa: E402
 from kiln.core.canonical import digest_json  # noqa: E402
-from kiln.core.contracts import EchoConfig, TrainingConfig  # noqa: E402
+from kiln.core.training_config import EchoConfig, TrainingConfig
 from kiln.core.errors import RunCancelled  # noqa: E402
 from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.plan import LATER_SETTINGS  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kiln.core.canonical import pretty_json  # noqa: E402
-from kiln.core.contracts import TrainingConfig  # noqa: E402
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import PolicyIdentityChanged, RunCancelled, TrainingFailed  # noqa: E402
 from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.batches import build_group_batch  # noqa: E402
@@ -110,7 +110,7 @@ def test_receipt_contents(model_path, bandit_run):
     assert receipt["config"]["echo"] is None and receipt["config"]["learning_rate"] == 2e-2
     grpo = receipt["grpo"]
     assert grpo["optimizer"]["name"] == "muon" and grpo["optimizer"]["learning_rate"] == 2e-2
-    assert grpo["optimizer"]["implementation"] == "torch.optim.Muon"
+    assert grpo["optimizer"]["implementation"] == "kiln.core.train.muon" and grpo["optimizer"]["ns_dtype"] == "float32"
     assert grpo["kl_estimator"] == "k1" and grpo["kl_coeff"] == 0.1
     assert grpo["kl_application"] == "advantage_penalty_stop_gradient"
     assert grpo["is_level"] == "token" and grpo["groups_per_step"] == 1

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from pydantic import ValidationError
 
-from kiln.core.contracts import TrainingConfig
+from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import TrainingFailed
 from kiln.core.policy.identity import with_inference
 from kiln.core.train.advantages import group_advantages

@@ -268,8 +268,19 @@ def edit_model_tokens(lines, replay, summary):
 
 
 def edit_capacity_retries(lines, replay, summary):
+    """A legacy ``capacity_retries`` put into one candidate only (its record and stats lack it)."""
     _, cand, _ = _g0c0(lines, replay, summary)
-    cand["capacity_retries"] += 1
+    cand["capacity_retries"] = 1
+
+
+def _legacy_capacity(lines, replay, summary):
+    """The bundle as written before capacity refusals left the artifacts: every candidate and
+    record carries ``capacity_retries`` and the stats their sum."""
+    for g, group in enumerate(replay["groups"]):
+        for c, cand in enumerate(group["candidates"]):
+            cand["capacity_retries"] = g + c
+            summary["rollouts"][g * 2 + c]["capacity_retries"] = g + c
+    summary["stats"]["capacity_retry_count"] = sum(r["capacity_retries"] for r in summary["rollouts"])
 
 
 def edit_token_ids(lines, replay, summary):
@@ -361,6 +372,17 @@ def test_resealed_bundle_without_edits_still_verifies(bundle: dict[str, bytes], 
     files = reseal(*parse(bundle))
     assert files == bundle  # reseal is exact, so the edits below are the only change
     verify_bundle(write_bundle(tmp_path, files))
+
+
+def test_a_bundle_written_with_capacity_retries_still_verifies(bundle: dict[str, bytes], tmp_path: Path) -> None:
+    lines, replay, summary = parse(bundle)
+    assert "capacity_retry_count" not in summary["stats"]  # new bundles carry no capacity figure
+    _legacy_capacity(lines, replay, summary)
+    verify_bundle(write_bundle(tmp_path / "legacy", reseal(lines, replay, summary)))
+    summary["stats"]["capacity_retry_count"] += 1  # the legacy sum is still bound to the records
+    with pytest.raises(VerificationFailed) as info:
+        verify_bundle(write_bundle(tmp_path / "edited", reseal(lines, replay, summary)))
+    assert info.value.details["field"] == "stats"
 
 
 @pytest.mark.parametrize("name", sorted(EDITS))

@@ -10,7 +10,9 @@ import pytest
 from activities.gpu import GpuActivities
 from workers.factory import GPU_ROLES, TRAINING_ACTIVITIES
 from workflows.names import train_task_queue
-from workflows.options import OPTIONS
+from workflows.options import OPTIONS as BY_ACTIVITY
+
+OPTIONS = {activity.__name__: options for activity, options in BY_ACTIVITY.items()}  # by activity name
 
 
 def test_training_has_its_own_queue_and_every_other_gpu_activity_samples() -> None:

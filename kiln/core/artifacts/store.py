@@ -1,6 +1,8 @@
 """The S3 object store Kiln keeps every large artifact in (boto3, path-style addressing).
 
-This module owns how bytes get into and out of S3-compatible storage (SeaweedFS, MinIO, AWS):
+This module owns the store's construction and how bytes get into S3-compatible storage
+(SeaweedFS, MinIO, AWS); its reads are :mod:`kiln.core.artifacts.reads`, its error mapping
+:mod:`kiln.core.artifacts.s3_errors`, :class:`ObjectRef` :mod:`kiln.core.artifacts.refs`:
 
 - content-addressed blobs under ``blobs/sha256/<hex>``, uploaded with the SHA-256 checksum so
   the server rejects corrupted uploads; big files go up as multipart with per-part checksums;
@@ -22,87 +24,38 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
-import os
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
 from kiln.core.artifacts.outage import OUTAGE_WAIT_S, patient
-from kiln.core.canonical import hex_of, is_digest, sha256_bytes
+from kiln.core.artifacts.reads import READ_CHUNK, StoreReads
+from kiln.core.artifacts.refs import BLOB_PREFIX, ObjectRef, blob_key
+from kiln.core.artifacts.s3_errors import error_code, http_status
+from kiln.core.canonical import sha256_bytes
+from kiln.core.errors import ArtifactIntegrityFailed, ArtifactPublicationFailed, StorageUnavailable
 from kiln.core.telemetry.prometheus import S3_BYTES_WRITTEN
-from kiln.core.errors import (
-    ArtifactIntegrityFailed,
-    ArtifactNotFound,
-    ArtifactPublicationFailed,
-    StorageUnavailable,
-)
 
 if TYPE_CHECKING:
     from kiln.core.settings import Settings
 
 __all__ = ["ObjectRef", "S3Store", "BLOB_PREFIX", "blob_key"]
 
-BLOB_PREFIX = "blobs/sha256/"
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
-_READ_CHUNK = 1024 * 1024
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 15.0  # the longest one request waits for a byte (a 16 MiB part's answer included)
 TRIES = 2  # botocore's tries of one request (total, not retries)
-
-
-def blob_key(digest: str) -> str:
-    """The content-addressed key of a ``sha256:<hex>`` digest."""
-    return BLOB_PREFIX + hex_of(digest)
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    """A reference to one stored object: where it is, its digest and its size in bytes."""
-
-    uri: str  # s3://bucket/key
-    sha256: str  # "sha256:<hex>" of the bytes
-    bytes: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.uri, str) or not self.uri.startswith("s3://"):
-            raise ValueError(f"ObjectRef.uri must be an s3:// URI, got {self.uri!r}")
-        bucket, _, key = self.uri[len("s3://") :].partition("/")
-        if not bucket or not key:
-            raise ValueError(f"ObjectRef.uri must name a bucket and a key, got {self.uri!r}")
-        if not is_digest(self.sha256):
-            raise ValueError(f"ObjectRef.sha256 must be 'sha256:<64 hex>', got {self.sha256!r}")
-        if not isinstance(self.bytes, int) or isinstance(self.bytes, bool) or self.bytes < 0:
-            raise ValueError(f"ObjectRef.bytes must be a non-negative int, got {self.bytes!r}")
-
-    @property
-    def bucket(self) -> str:
-        return self.uri[len("s3://") :].partition("/")[0]
-
-    @property
-    def key(self) -> str:
-        return self.uri[len("s3://") :].partition("/")[2]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"uri": self.uri, "sha256": self.sha256, "bytes": self.bytes}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ObjectRef:
-        return cls(uri=str(data["uri"]), sha256=str(data["sha256"]), bytes=int(data["bytes"]))
 
 
 def _b64_sha256(raw_digest: bytes) -> str:
     return base64.b64encode(raw_digest).decode("ascii")
 
 
-class S3Store:
+class S3Store(StoreReads):
     """A bucket on an S3-compatible endpoint, with verified reads and content-addressed writes."""
 
     def __init__(
@@ -199,58 +152,6 @@ class S3Store:
     def uri_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
-    # ----------------------------------------------------------------------------- error mapping
-
-    def _unavailable(self, exc: BaseException, action: str) -> StorageUnavailable:
-        return StorageUnavailable(
-            f"S3 storage at {self.endpoint} is unavailable ({action}): {type(exc).__name__}: {_safe(exc)}",
-            hint="check that the S3 server is running and KILN_S3_ENDPOINT is right",
-            details={"endpoint": self.endpoint, "bucket": self.bucket},
-        )
-
-    def _map(self, exc: BaseException, action: str, key: str | None = None) -> Exception:
-        """Turn a botocore failure into a KilnError (or return it unchanged if unknown)."""
-        if isinstance(
-            exc,
-            (
-                bce.EndpointConnectionError,
-                bce.ConnectTimeoutError,
-                bce.ReadTimeoutError,
-                bce.ConnectionClosedError,
-                bce.ConnectionError,
-                bce.HTTPClientError,
-            ),
-        ):
-            return self._unavailable(exc, action)
-        if isinstance(exc, bce.ClientError):
-            code = _error_code(exc)
-            status = _status(exc)
-            where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket!r}"
-            if code in ("NoSuchKey", "NotFound", "404") or status == 404:
-                if code == "NoSuchBucket":
-                    return ArtifactNotFound(
-                        f"bucket {self.bucket!r} does not exist at {self.endpoint}",
-                        hint="run ensure_bucket() or create the bucket",
-                        details={"endpoint": self.endpoint, "bucket": self.bucket},
-                    )
-                return ArtifactNotFound(f"{where} not found at {self.endpoint} ({action})", details={"uri": where})
-            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
-                return ArtifactIntegrityFailed(
-                    f"the server rejected the upload of {where}: checksum mismatch ({code})",
-                    retryable=True,
-                    details={"uri": where},
-                )
-            if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                return StorageUnavailable(
-                    f"S3 storage at {self.endpoint} refused the credentials ({action}: {code})",
-                    retryable=False,
-                    hint="check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY",
-                    details={"endpoint": self.endpoint, "bucket": self.bucket},
-                )
-            if status is not None and status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError"):
-                return self._unavailable(exc, action)
-        return exc  # type: ignore[return-value]  # a non-storage error passes through unchanged
-
     # ------------------------------------------------------------------------------------ bucket
 
     @patient
@@ -260,7 +161,7 @@ class S3Store:
             self._client.head_bucket(Bucket=self.bucket)
             return
         except bce.ClientError as exc:
-            if _status(exc) not in (404, 400) and _error_code(exc) not in ("NoSuchBucket", "404"):
+            if http_status(exc) not in (404, 400) and error_code(exc) not in ("NoSuchBucket", "404"):
                 raise self._map(exc, "head bucket") from exc
         except Exception as exc:
             raise self._map(exc, "head bucket") from exc
@@ -270,7 +171,7 @@ class S3Store:
                 kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
             self._client.create_bucket(**kwargs)
         except bce.ClientError as exc:
-            if _error_code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            if error_code(exc) in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 return
             raise self._map(exc, "create bucket") from exc
         except Exception as exc:
@@ -318,7 +219,7 @@ class S3Store:
         hasher = hashlib.sha256()
         size = 0
         with open(path, "rb") as fh:
-            while chunk := fh.read(_READ_CHUNK):
+            while chunk := fh.read(READ_CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
         digest = "sha256:" + hasher.hexdigest()
@@ -403,7 +304,7 @@ class S3Store:
             S3_BYTES_WRITTEN.inc(len(data))
             return True
         except bce.ClientError as exc:
-            if _status(exc) not in (412, 409) and _error_code(exc) not in (
+            if http_status(exc) not in (412, 409) and error_code(exc) not in (
                 "PreconditionFailed",
                 "ConditionalRequestConflict",
             ):
@@ -419,170 +320,3 @@ class S3Store:
             f"{sha256_bytes(data)})",
             details={"uri": self.uri_for(key)},
         )
-
-    # ------------------------------------------------------------------------------------- reads
-
-    @patient
-    def _open(self, ref: ObjectRef) -> tuple[Any, int]:
-        try:
-            resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key)
-        except Exception as exc:
-            mapped = self._map(exc, "get", ref.key)
-            if isinstance(mapped, ArtifactNotFound):
-                mapped = ArtifactNotFound(f"{ref.uri} not found at {self.endpoint}", details={"uri": ref.uri})
-            raise mapped from exc
-        length = int(resp.get("ContentLength", -1))
-        if length != ref.bytes:
-            resp["Body"].close()
-            raise ArtifactIntegrityFailed(
-                f"{ref.uri} holds {length} bytes, expected {ref.bytes}",
-                details={"uri": ref.uri, "expected_bytes": ref.bytes, "actual_bytes": length},
-            )
-        return resp["Body"], length
-
-    def iter_verified(self, ref: ObjectRef, chunk_size: int = 64 * 1024) -> Iterator[bytes]:
-        """Yield the object's bytes; raise ArtifactIntegrityFailed at the end on any mismatch."""
-        body, _ = self._open(ref)
-        hasher = hashlib.sha256()
-        seen = 0
-        try:
-            try:
-                for chunk in body.iter_chunks(chunk_size):
-                    seen += len(chunk)
-                    if seen > ref.bytes:
-                        break
-                    hasher.update(chunk)
-                    yield chunk
-            except (bce.ReadTimeoutError, bce.ResponseStreamingError, OSError) as exc:
-                raise self._unavailable(exc, f"read {ref.uri}") from exc
-        finally:
-            body.close()
-        actual = "sha256:" + hasher.hexdigest()
-        if seen != ref.bytes or actual != ref.sha256:
-            raise ArtifactIntegrityFailed(
-                f"{ref.uri} failed verification: expected {ref.sha256} ({ref.bytes} bytes), "
-                f"read {actual if seen == ref.bytes else 'a different size'} ({seen} bytes)",
-                details={"uri": ref.uri, "expected": ref.sha256, "actual": actual},
-            )
-
-    @patient
-    def get_bytes(self, ref: ObjectRef, *, max_bytes: int = 256 * 1024 * 1024) -> bytes:
-        """The object's bytes, verified against ``ref`` (size and SHA-256)."""
-        if ref.bytes > max_bytes:
-            raise ValueError(f"{ref.uri} is {ref.bytes} bytes, over max_bytes={max_bytes}; use get_to_file")
-        return b"".join(self.iter_verified(ref, chunk_size=_READ_CHUNK))
-
-    def get_many(self, refs: Sequence[ObjectRef]) -> list[bytes]:
-        """``get_bytes`` of every ref, in the order given, ``READ_CONCURRENCY`` fetched at a time
-        (many small objects: a run's groups); a failure raises the first failing ref's error."""
-        return _fetch_in_order(self.get_bytes, refs)
-
-    def get_keys(self, keys: Sequence[str]) -> list[bytes | None]:
-        """``get_key`` of every key, in the order given, fetched like ``get_many``."""
-        return _fetch_in_order(self.get_key, keys)
-
-    @patient
-    def read_head(self, ref: ObjectRef, max_bytes: int) -> tuple[int, bytes]:
-        """``(size, first bytes)`` of the object (at most ``max_bytes`` of it, unverified: a
-        check before a run starts, not a read of the artifact); ArtifactNotFound when absent."""
-        try:
-            resp = self._client.get_object(Bucket=ref.bucket, Key=ref.key, Range=f"bytes=0-{max_bytes - 1}")
-            try:
-                head = resp["Body"].read()
-            finally:
-                resp["Body"].close()
-        except Exception as exc:
-            raise self._map(exc, "get", ref.key) from exc
-        whole = str(resp.get("ContentRange") or "").rpartition("/")[2]
-        return (int(whole) if whole.isdigit() else int(resp.get("ContentLength", len(head)))), head
-
-    @patient
-    def get_to_file(self, ref: ObjectRef, path: Path) -> None:
-        """Stream the object to ``path``: staged next to it, verified, fsynced, renamed."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.part")
-        try:
-            with open(staged, "wb") as fh:
-                for chunk in self.iter_verified(ref, chunk_size=_READ_CHUNK):
-                    fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(staged, path)
-        finally:
-            if staged.exists():
-                staged.unlink()
-
-    @patient
-    def get_key(self, key: str) -> bytes | None:
-        """The raw bytes at ``key`` in this bucket, or None when absent (unverified)."""
-        try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=key)
-            try:
-                return resp["Body"].read()
-            finally:
-                resp["Body"].close()
-        except Exception as exc:
-            if _error_code(exc) != "NoSuchBucket" and (
-                _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound")
-            ):
-                return None
-            raise self._map(exc, "get", key) from exc
-
-    @patient
-    def exists(self, key: str) -> bool:
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=key)
-            return True
-        except bce.ClientError as exc:
-            if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "NotFound", "404"):
-                return False
-            raise self._map(exc, "head", key) from exc
-        except Exception as exc:
-            raise self._map(exc, "head", key) from exc
-
-    @patient
-    def list_keys(self, prefix: str) -> list[str]:
-        """Every key under ``prefix``, sorted."""
-        keys: list[str] = []
-        try:
-            paginator = self._client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-                keys.extend(item["Key"] for item in page.get("Contents", []) or [])
-        except Exception as exc:
-            raise self._map(exc, "list", prefix) from exc
-        return sorted(keys)
-
-
-# Reads of many small objects in flight at once (within boto3's pool of 10 connections).
-READ_CONCURRENCY = 8
-_Item = TypeVar("_Item")
-_Fetched = TypeVar("_Fetched")
-
-
-def _fetch_in_order(fetch: Callable[[_Item], _Fetched], items: Sequence[_Item]) -> list[_Fetched]:
-    """``[fetch(item) for item in items]``, run on a few threads; results and the error raised
-    (the first failing item's, in order) are those of the loop."""
-    if len(items) < 2:
-        return [fetch(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(READ_CONCURRENCY, len(items)), thread_name_prefix="s3-read") as pool:
-        return list(pool.map(fetch, items))
-
-
-def _error_code(exc: BaseException) -> str:
-    if isinstance(exc, bce.ClientError):
-        return str(exc.response.get("Error", {}).get("Code", ""))
-    return ""
-
-
-def _status(exc: BaseException) -> int | None:
-    if isinstance(exc, bce.ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return int(status) if status is not None else None
-    return None
-
-
-def _safe(exc: BaseException) -> str:
-    """A short description of ``exc`` (botocore messages never contain the secret key)."""
-    text = str(exc)
-    return text if len(text) <= 300 else text[:297] + "..."

@@ -5,13 +5,9 @@ from kiln.core.openenv.actions import ActionParseError, ActionSchemaValidationEr
 from kiln.core.openenv.discovery import identity_differences, inspect_environment
 from kiln.core.openenv.rewards import training_reward
 from kiln.core.openenv.schema import ActionValidator, policy_action_schema
-from kiln.core.openenv.session import (
-    RECOVERABLE_CODES,
-    TERMINAL_CODES,
-    EnvSession,
-    StepResult,
-    open_session_and_reset,
-)
+from kiln.core.openenv.replies import RECOVERABLE_CODES, TERMINAL_CODES, StepResult
+from kiln.core.openenv.session import EnvSession
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import EnvironmentUrl, normalize_url, require_allowed_host
 
 __all__ = [

@@ -2,7 +2,8 @@
 
 Owns: the status-only ``/health`` check before every upgrade, the ``/ws`` connection, strict
 lock-step request/reply with a per-request timeout, reply validation, poisoning, keepalive while
-the policy generates, the capacity-aware ``open_session_and_reset``, and best-effort close.
+the policy generates, and best-effort close. Replies are ``kiln.core.openenv.replies``; opening a
+session through capacity refusals is ``kiln.core.openenv.session_open``.
 
 Error mapping (reference-behaviour §10):
 
@@ -12,7 +13,6 @@ Error mapping (reference-behaviour §10):
 * ``EnvironmentProtocolError`` (not retryable): a binary frame, a frame over ``max_frame_bytes``,
   malformed JSON or frame shape, an unexpected reply type, any unsolicited message, or a frame that
   reflects the bearer token. ``details["reason"]`` names which.
-* ``EnvironmentCapacityExhausted``: ``CAPACITY_REACHED`` kept refusing for ``capacity_wait_s``.
 
 Every transport failure poisons the session: it is closed and never used again, nothing is
 resent. Wire error replies are not failures: they come back as ``StepResult(kind="protocol_error")``;
@@ -24,8 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -34,64 +33,23 @@ from kiln.core.boundedjson import JsonBoundsError
 from kiln.core.canonical import compact_json, strict_loads
 from kiln.core.telemetry.prometheus import observe_round_trip
 from kiln.core.errors import (
-    EnvironmentCapacityExhausted,
     EnvironmentProtocolError,
     EnvironmentUnavailable,
     KilnError,
-    RunCancelled,
 )
 from kiln.core.openenv.credentials import bearer_headers, contains_token, prepare_token
 from kiln.core.openenv.probe import health_probe
-from kiln.core.openenv.rewards import is_valid_wire_reward, training_reward
+from kiln.core.openenv.replies import TERMINAL_CODES, StepResult, observation_problem
 from kiln.core.openenv.urls import EnvironmentUrl, coerce_url
 
-RECOVERABLE_CODES = frozenset({"INVALID_JSON", "UNKNOWN_TYPE", "VALIDATION_ERROR", "EXECUTION_ERROR"})
-TERMINAL_CODES = frozenset({"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"})
-CAPACITY_REACHED = "CAPACITY_REACHED"
 MAX_CLIENT_FRAME_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_FRAME_BYTES = 512 * 1024
-_OBSERVATION_KEYS = frozenset({"observation", "reward", "done", "metadata"})
 _CLOSE_TIMEOUT_S = 2.0
 
 # websockets logs handshake headers (Authorization included) at DEBUG: keep that logger below DEBUG.
 _WIRE_LOGGER = logging.getLogger("kiln.core.openenv.wire")
 _WIRE_LOGGER.setLevel(logging.INFO)
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepResult:
-    """The reply to ``reset`` or ``step``: an observation or a wire protocol error."""
-
-    kind: Literal["observation", "protocol_error"]
-    observation: dict | None = None  # wire data: {"observation", "reward", "done"[, "metadata"]}
-    error: dict | None = None  # wire data: {"code", "message", ...}
-
-    @property
-    def done(self) -> bool:
-        return bool(self.observation["done"]) if self.observation is not None else False
-
-    @property
-    def reward_value(self) -> float:
-        return training_reward(self.observation.get("reward")) if self.observation else 0.0
-
-    @property
-    def code(self) -> str | None:
-        return self.error.get("code") if self.error is not None else None
-
-    @property
-    def terminal(self) -> bool:
-        return self.code in TERMINAL_CODES
-
-    @property
-    def recoverable(self) -> bool:
-        return self.code in RECOVERABLE_CODES
-
-    def to_dict(self) -> dict:
-        """Replay form: ``{"kind", "observation"}`` or ``{"kind", "error"}``."""
-        if self.kind == "observation":
-            return {"kind": "observation", "observation": self.observation}
-        return {"kind": "protocol_error", "error": self.error}
 
 
 class _SocketClosed(Exception):
@@ -374,43 +332,23 @@ class EnvSession:
             raise self._malformed("unexpected_reply", f"expected a {expected!r} reply, got type {kind[:40]!r}")
         if not isinstance(data, dict):
             raise self._malformed("malformed_frame", f"the {kind} frame data is not an object")
-        if kind == "observation":
-            self._check_observation(data)
-        self._answered = True
-        return kind, data
-
-    def _check_observation(self, data: dict) -> None:
-        problem = None
-        if not set(data) <= _OBSERVATION_KEYS:
-            problem = "observation data has unexpected keys"
-        elif not isinstance(data.get("observation"), dict):
-            problem = "observation data has no 'observation' object"
-        elif not isinstance(data.get("done"), bool):
-            problem = "observation data has no boolean 'done'"
-        elif "reward" not in data or not is_valid_wire_reward(data["reward"]):
-            problem = "observation reward is missing or not null/bool/finite number"
-        elif "metadata" in data and not isinstance(data["metadata"], (dict, type(None))):
-            problem = "observation metadata is not an object"
+        problem = observation_problem(data) if kind == "observation" else None
         if problem is not None:
             raise self._malformed("malformed_frame", problem)
-
-    @staticmethod
-    def _result(kind: str, data: dict) -> StepResult:
-        if kind == "error":
-            return StepResult(kind="protocol_error", observation=None, error=data)
-        return StepResult(kind="observation", observation=data, error=None)
+        self._answered = True
+        return kind, data
 
     async def reset(self, payload: dict) -> StepResult:
         """Send ``{"type":"reset","data":payload}``."""
         if not isinstance(payload, dict):
             raise TypeError("reset payload must be a JSON object")
-        return self._result(*await self._exchange({"type": "reset", "data": payload}, "observation"))
+        return StepResult.of(*await self._exchange({"type": "reset", "data": payload}, "observation"))
 
     async def step(self, action: dict) -> StepResult:
         """Send ``{"type":"step","data":action}`` (the bare action object)."""
         if not isinstance(action, dict):
             raise TypeError("action must be a JSON object")
-        return self._result(*await self._exchange({"type": "step", "data": action}, "observation"))
+        return StepResult.of(*await self._exchange({"type": "step", "data": action}, "observation"))
 
     async def state(self) -> dict:
         """Read-only ``state``; a wire error reply raises ``EnvironmentProtocolError``."""
@@ -500,104 +438,3 @@ class EnvSession:
             await self._reader
         except BaseException:  # noqa: BLE001 - the reader ends with whatever ended the socket
             pass
-
-
-def capacity_backoff_s(retries: int, remaining_s: float) -> float:
-    """``min(250 ms × retries, 2 s, remaining)``."""
-    return max(0.0, min(0.25 * retries, 2.0, remaining_s))
-
-
-async def _sleep_with_cancel(
-    seconds: float, should_cancel: Callable[[], bool] | None, tick: Callable[[], None] | None = None
-) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        if should_cancel is not None and should_cancel():
-            raise RunCancelled("cancelled while waiting for environment capacity")
-        if tick is not None:
-            tick()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        await asyncio.sleep(min(left, 0.1))
-
-
-async def open_session_and_reset(
-    url: EnvironmentUrl,
-    payload: dict,
-    *,
-    capacity_wait_s: float,
-    bearer_token: str | None = None,
-    request_timeout_s: float = 60.0,
-    should_cancel: Callable[[], bool] | None = None,
-    connect_timeout_s: float = 10.0,
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    on_wait: Callable[[int], None] | None = None,
-    on_open: Callable[[EnvSession], None] | None = None,
-    on_refused: Callable[[dict | None], None] | None = None,
-) -> tuple[EnvSession, StepResult, int]:
-    """Connect and reset, retrying fresh sessions on ``CAPACITY_REACHED``.
-
-    Returns ``(session, reset_result, capacity_retries)``. Raises
-    ``EnvironmentCapacityExhausted`` once ``capacity_wait_s`` has elapsed, ``RunCancelled`` when
-    ``should_cancel()`` turns true, or the session's own errors. ``on_wait(retries)`` is called
-    after every refusal (callers heartbeat there: a long wait for capacity is not a hang).
-    ``on_open(session)`` runs the moment a socket opens (callers register it for cleanup, so a
-    cancel at any later point still closes it); ``on_refused(error)`` after each refusal with the
-    ``CAPACITY_REACHED`` data (None when the socket closed before any frame).
-    ``capacity_wait_s=0`` makes exactly one attempt.
-    """
-    start = time.monotonic()
-    retries = 0
-    while True:
-        if should_cancel is not None and should_cancel():
-            raise RunCancelled("cancelled before opening an environment session")
-        session = await EnvSession.open(
-            url,
-            bearer_token=bearer_token,
-            request_timeout_s=request_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            max_frame_bytes=max_frame_bytes,
-        )
-        if on_open is not None:
-            on_open(session)
-        try:
-            result = await session.reset(payload)
-        except EnvironmentUnavailable as err:
-            await session.close()
-            # A server at capacity sends CAPACITY_REACHED and closes (1000) right after the
-            # handshake; the frame can be lost in that race. A session closed before it ever
-            # answered its first reset is therefore retried like a refusal (same bounded wait).
-            if (err.details or {}).get("reason") != "closed":
-                raise
-            result = None
-        except BaseException:
-            await session.close()
-            raise
-        if result is not None and result.code != CAPACITY_REACHED:
-            return session, result, retries
-        await session.close()
-        retries += 1
-        if on_refused is not None:
-            on_refused(result.error if result is not None else None)
-        if on_wait is not None:
-            on_wait(retries)
-        elapsed = time.monotonic() - start
-        if elapsed >= capacity_wait_s:
-            error = result.error if result is not None else None
-            active = error.get("active_sessions") if error else None
-            maximum = error.get("max_sessions") if error else None
-            raise EnvironmentCapacityExhausted(
-                f"{coerce_url(url).websocket_url}: still at capacity after {elapsed:.1f}s and {retries} retries",
-                details={
-                    "protocol_code": CAPACITY_REACHED,
-                    "capacity_retries": retries,
-                    "active_sessions": active if isinstance(active, int) else None,
-                    "max_sessions": maximum if isinstance(maximum, int) else None,
-                },
-            )
-        await _sleep_with_cancel(
-            capacity_backoff_s(retries, capacity_wait_s - elapsed),
-            should_cancel,
-            on_wait and (lambda n=retries: on_wait(n)),
-        )

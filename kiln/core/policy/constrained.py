@@ -41,6 +41,7 @@ when it is missing.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from typing import Any
@@ -48,7 +49,7 @@ from typing import Any
 import torch
 
 from kiln.core.canonical import compact_json, digest_json, sha256_bytes
-from kiln.core.policy.grammar_schema import grammar_bounds, grammar_schema
+from kiln.core.policy.grammar_schema import compiler_form, grammar_bounds, grammar_schema
 
 MAX_PREFIX_WHITESPACE = 8  # whitespace characters allowed before the JSON object
 MAX_WHITESPACE = 4  # whitespace characters allowed between JSON tokens
@@ -278,7 +279,7 @@ class ActionGrammarCache:
         xgr = _xgrammar()
         try:
             body = xgr.Grammar.from_json_schema(
-                schema_json,
+                compact_json(compiler_form(json.loads(schema_json))).decode("utf-8"),
                 any_whitespace=True,
                 max_whitespace_cnt=MAX_WHITESPACE,
                 strict_mode=True,

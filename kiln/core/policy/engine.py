@@ -65,6 +65,7 @@ class GenerationRequest:
     temperature: float
     stop_id: int
     top_p: float = 1.0
+    extra_stop_ids: tuple[int, ...] = ()  # more ids that end the row (harmony's <|call|>)
     think_close_id: int | None = None
     thinking_budget: int | None = None
     thinking: bool = False
@@ -81,6 +82,11 @@ class GenerationRequest:
             raise ValueError("top_p must be in (0, 1]")
         if self.decode_tile is not None and self.decode_tile < 1:
             raise ValueError("decode_tile must be at least 1")
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Every id that ends the row: the stop token, then the extra ones."""
+        return [self.stop_id, *self.extra_stop_ids]
 
     @property
     def budget(self) -> int | None:

@@ -228,6 +228,7 @@ def _spec(req: GenerationRequest) -> RowSpec:
         think_close_id=req.think_close_id,
         budget=req.budget,
         constraint=req.grammar.row(thinking=req.thinking) if req.grammar is not None else None,
+        extra_stop_ids=tuple(req.extra_stop_ids),
     )
 
 

@@ -277,11 +277,11 @@ class VllmEngine:
         )
         if not two_phase:
             grammar = req.grammar if not (req.thinking and req.think_close_id is not None) else None
-            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, [req.stop_id], grammar, (tag, route))
+            out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, req.stop_ids, grammar, (tag, route))
             return self._finish(req, out["ids"], out["logprobs"], out["adapter"])
         first_max = req.max_tokens if req.budget is None else min(req.max_tokens, req.budget)
         out = self._call(
-            req, req.prompt_ids, first_max, req.seed, [req.stop_id, req.think_close_id], None, (tag, route)
+            req, req.prompt_ids, first_max, req.seed, [*req.stop_ids, req.think_close_id], None, (tag, route)
         )
         ids, lps = list(out["ids"]), list(out["logprobs"])
         if not ids or ids[-1] != req.think_close_id or len(ids) >= req.max_tokens:
@@ -291,7 +291,7 @@ class VllmEngine:
             tuple(req.prompt_ids) + tuple(ids),
             req.max_tokens - len(ids),
             answer_seed(req.seed),
-            [req.stop_id],
+            req.stop_ids,
             req.grammar,
             (tag, route),
         )
@@ -306,7 +306,7 @@ class VllmEngine:
             )
         if req.grammar is not None:
             _check_grammar(req, ids)
-        finished = bool(ids) and ids[-1] == req.stop_id
+        finished = bool(ids) and ids[-1] in req.stop_ids
         return Generation(
             ids=[int(t) for t in ids], logprobs=[float(x) for x in lps], finished=finished, adapter_sha256=served
         )

@@ -84,6 +84,29 @@ def bounded_string_pattern(min_chars: int, max_chars: int) -> str:
     return f'^[^\\u0000-\\u001f"\\\\\\ud800-\\udfff]{{{min_chars},{max_chars}}}$'
 
 
+def compiler_form(node: Any) -> Any:
+    """A copy of a tightened schema for the grammar compiler: ``minLength``/``maxLength`` are left
+    out of every string whose ``pattern`` is Kiln's own :func:`bounded_string_pattern` of exactly
+    those lengths. The pattern already spells the bounds, and xgrammar ignores the lengths beside a
+    pattern (with one warning per string), so the grammar is the same; the recorded tightened
+    schema (and its digest) keep them. An environment's own patterns are left as they are."""
+    if isinstance(node, list):
+        return [compiler_form(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: compiler_form(value) for key, value in node.items()}
+    low, high = out.get("minLength", 0), out.get("maxLength")
+    if (
+        isinstance(low, int)
+        and isinstance(high, int)
+        and isinstance(out.get("pattern"), str)
+        and out["pattern"] == bounded_string_pattern(low, high)
+    ):
+        out.pop("minLength", None)
+        out.pop("maxLength")
+    return out
+
+
 def _free_definitions() -> dict[str, Any]:
     scalar = {
         "anyOf": [

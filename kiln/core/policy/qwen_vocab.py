@@ -6,6 +6,8 @@ file is on disk after setup and nothing is downloaded when a model is built. ``K
 points at another copy. Conversion uses transformers' ``TikTokenConverter`` (merges recovered from
 the ranks) with Qwen's pre-tokenizer split (single digits) and Qwen3's special tokens at their real
 ids (151643…151668); the vocabulary is padded to Qwen3's 151,936 embedding rows by the model config.
+:func:`harmony_tokenizer` turns it into a gpt-oss-style tokenizer: harmony's special tokens appended
+after Qwen3's (151669…151676) and Kiln's harmony template (:mod:`kiln.core.policy.harmony`).
 """
 
 from __future__ import annotations
@@ -115,4 +117,41 @@ def build_qwen_tokenizer(path: Path | None = None, *, chat_template: str = QWEN3
     return fast
 
 
-__all__ = ["QWEN3_ADDED", "QWEN3_VOCAB_SIZE", "build_qwen_tokenizer", "qwen_tiktoken_path", "read_ranks"]
+def harmony_tokenizer(qwen_tok=None):
+    """A copy of the Qwen3 tokenizer (``qwen_tok``, else built) with harmony's special tokens
+    appended (the ones Qwen3 lacks, in gpt-oss's order), Kiln's harmony template, ``<|return|>`` as
+    its end-of-sequence token and ``<|endoftext|>`` as padding. ``qwen_tok`` is not modified."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from kiln.core.policy import harmony
+
+    base = qwen_tok if qwen_tok is not None else build_qwen_tokenizer()
+    tok = Tokenizer.from_str(base.backend_tokenizer.to_str())
+    known = tok.get_vocab(with_added_tokens=True)
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in harmony.SPECIAL_TOKENS if t not in known]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=harmony.RETURN,
+        pad_token=harmony.ENDOFTEXT,
+        bos_token=None,
+        unk_token=None,
+        model_max_length=131072,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    fast.chat_template = harmony.TEMPLATE
+    return fast
+
+
+__all__ = [
+    "QWEN3_ADDED",
+    "QWEN3_VOCAB_SIZE",
+    "build_qwen_tokenizer",
+    "harmony_tokenizer",
+    "qwen_tiktoken_path",
+    "read_ranks",
+]

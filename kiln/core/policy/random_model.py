@@ -16,7 +16,11 @@ shrinks in proportion (at least one block; Kiln never loads it, the folder keeps
 The tokenizer's special ids are Qwen3's, so a shape whose shipped tokenizer differs (Qwen3.5,
 gpt-oss) gets its ``eos``/``pad`` ids set to the copied tokenizer's; its vocabulary size stays
 the shipped one (embedding rows above the copied tokenizer's ids exist, as in the real model, and
-decode to nothing the tokenizer knows).
+decode to nothing the tokenizer knows). The gpt-oss shapes (``gpt-oss-20b``, and ``gpt-oss-tiny``
+at a tiny width) speak harmony, as the hub's checkpoints do: their tokenizer is the Qwen3 one with
+harmony's special tokens appended (:func:`kiln.core.policy.qwen_vocab.harmony_tokenizer`) and
+Kiln's harmony template (:mod:`kiln.core.policy.harmony`); ``eos`` is ``<|return|>`` (the
+generation config also stops at ``<|call|>``).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.core.policy.qwen_vocab import QWEN3_VOCAB_SIZE, build_qwen_tokenizer
+from kiln.core.policy.qwen_vocab import QWEN3_VOCAB_SIZE, build_qwen_tokenizer, harmony_tokenizer
 
 QWEN_EOS, QWEN_PAD = 151645, 151643  # <|im_end|>, <|endoftext|> of the copied Qwen tokenizer
+# <|return|> and <|call|> of the harmony tokenizer (harmony's tokens appended after Qwen3's 151,669)
+HARMONY_RETURN, HARMONY_CALL = 151670, 151676
 
 _QWEN3_COMMON: dict[str, Any] = {
     "vocab_size": QWEN3_VOCAB_SIZE,
@@ -82,6 +88,19 @@ _QWEN35_TOP: dict[str, Any] = {
 }
 
 
+# openai/gpt-oss-20b's config.json fields its sizes do not change (vocabulary 201,088, 131,072
+# positions, attention biases, untied embeddings), with the harmony tokenizer's special ids.
+_GPT_OSS_COMMON: dict[str, Any] = {
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "eos_token_id": HARMONY_RETURN,
+    "pad_token_id": QWEN_PAD,
+}
+
+
 @dataclass(frozen=True)
 class Shape:
     """One real shape: transformers' config and model class names, the config values, and for a
@@ -93,6 +112,7 @@ class Shape:
     period: int = 1  # the layer pattern's length: ``layers`` must be a multiple of it
     text: dict[str, Any] | None = None
     vision: dict[str, Any] | None = None
+    template: str = "qwen3"  # the tokenizer and chat template: qwen3, or harmony (gpt-oss)
     notes: str = field(default="", compare=False)
 
 
@@ -240,7 +260,7 @@ SHAPES: dict[str, Shape] = {
         "GptOssConfig",
         "GptOssForCausalLM",
         {
-            "vocab_size": 201088,
+            **_GPT_OSS_COMMON,
             "hidden_size": 2880,
             "intermediate_size": 2880,
             "num_hidden_layers": 24,
@@ -250,14 +270,28 @@ SHAPES: dict[str, Shape] = {
             "num_local_experts": 32,
             "num_experts_per_tok": 4,
             "sliding_window": 128,
-            "max_position_embeddings": 131072,
-            "rms_norm_eps": 1e-5,
-            "tie_word_embeddings": False,
-            "attention_bias": True,
-            "eos_token_id": QWEN_EOS,
-            "pad_token_id": QWEN_PAD,
         },
         period=2,
+        template="harmony",
+    ),
+    # gpt-oss's layer pattern, experts and vocabulary at a tiny width: for tests of the harmony path.
+    "gpt-oss-tiny": Shape(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {
+            **_GPT_OSS_COMMON,
+            "hidden_size": 64,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+        },
+        period=2,
+        template="harmony",
     ),
 }
 
@@ -320,6 +354,11 @@ def build_random_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = tokenizer if tokenizer is not None else build_qwen_tokenizer()
+    stops = [QWEN_EOS]
+    if SHAPES[shape].template == "harmony":
+        tok = harmony_tokenizer(tok)
+        stops = [HARMONY_RETURN, HARMONY_CALL]
+        assert tok.convert_tokens_to_ids(["<|return|>", "<|call|>"]) == stops
     tok.save_pretrained(str(out_dir))
     previous = torch.get_default_dtype()
     torch.set_default_dtype(TORCH_DTYPES[dtype])
@@ -330,10 +369,10 @@ def build_random_model(
     finally:
         torch.set_default_dtype(previous)
     model.generation_config.do_sample = True
-    model.generation_config.eos_token_id = QWEN_EOS
+    model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     model.generation_config.pad_token_id = QWEN_PAD
     model.save_pretrained(str(out_dir))
     return out_dir
 
 
-__all__ = ["SHAPES", "Shape", "build_random_model", "shape_config"]
+__all__ = ["HARMONY_CALL", "HARMONY_RETURN", "SHAPES", "Shape", "build_random_model", "shape_config"]

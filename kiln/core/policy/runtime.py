@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from kiln.core.errors import AdapterNotFound, ModelUnsupported
+from kiln.core.policy import harmony
 from kiln.core.policy.chat_glue import THINK_CLOSE, ThinkingMode, derive_glue, resolve_thinking
 from kiln.core.policy.device import resolve_placement
 from kiln.core.policy.families import load_identity_fields
@@ -138,15 +139,36 @@ class PolicyRuntime:
                 details={"path": str(self.model_path), "missing": "end_of_turn_token"},
             )
         self.stop_id = int(ids[0])
-        self.stop_text = self.decode([self.stop_id])
+        self.turn_end_text = self.decode([self.stop_id])  # what closes a past turn in the template
         for thinking, between in self.glue.between.items():
-            if not between.startswith(self.stop_text):
+            if not between.startswith(self.turn_end_text):
                 raise ModelUnsupported(f"the chat template's end-of-turn text differs with thinking={thinking}")
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_id)
-        close = self.tokenizer.get_vocab().get(THINK_CLOSE)
+        vocab = self.tokenizer.get_vocab()
+        close = vocab.get(THINK_CLOSE)
         self.think_close_id = int(close) if close is not None else None
         self.supports_thinking = self.glue.thinking_switch and self.think_close_id is not None
+        self.extra_stop_ids: tuple[int, ...] = ()
+        # The channel header Kiln appends to each generation prompt (harmony only; "" otherwise).
+        self.prompt_header = {True: "", False: ""}
+        self.harmony = harmony.is_harmony_vocab(vocab)
+        if self.harmony:
+            self._harmony_glue(vocab)
+        self.stop_text = self.decode([self.stop_id])
+
+    def _harmony_glue(self, vocab: dict[str, int]) -> None:
+        """gpt-oss's harmony (:mod:`kiln.core.policy.harmony`): the prompt opens the analysis
+        (thinking) or final channel, sampling stops at ``<|return|>`` / ``<|call|>`` (never at a
+        message's ``<|end|>``), and the next ``<|message|>`` closes the reasoning."""
+        self.stop_id = int(vocab[harmony.RETURN])
+        self.extra_stop_ids = (int(vocab[harmony.CALL]),) if harmony.CALL in vocab else ()
+        self.think_close_id = int(vocab[harmony.MESSAGE])
+        self.supports_thinking = True
+        for thinking in (True, False):
+            header = harmony.channel_header(thinking)
+            if not self.glue.generation_prompt[thinking].endswith(header):
+                self.prompt_header[thinking] = header
 
     def resolve_thinking(self, mode: ThinkingMode | bool) -> bool:
         """``auto`` → thinking iff the template supports it; ``on`` on a template without → error.
@@ -264,15 +286,15 @@ class PolicyRuntime:
     def encode_prompt(self, messages: list[dict], *, thinking: bool) -> list[int]:
         """Render ``messages`` with the chat template plus the generation prompt; token ids."""
         thinking = self.resolve_thinking(thinking)
-        return self._encode(self._render(messages, True, thinking))
+        return self._encode(self._render(messages, True, thinking) + self.prompt_header[thinking])
 
     def encode_observation_turn(self, content: str, *, thinking: bool) -> tuple[list[int], list[int], list[int]]:
         """Ids appended after an action ending with the stop token: (glue_before, content, glue_after)."""
         thinking = self.resolve_thinking(thinking)
         return (
-            self._encode(self.glue.between[thinking][len(self.stop_text) :]),
+            self._encode(self.glue.between[thinking][len(self.turn_end_text) :]),
             self._encode(content),
-            self._encode(self.glue.after_observation[thinking]),
+            self._encode(self.glue.after_observation[thinking] + self.prompt_header[thinking]),
         )
 
     def decode(self, ids: list[int]) -> str:
@@ -285,10 +307,13 @@ class PolicyRuntime:
         Thinking: reasoning = text before the first ``</think>`` (verbatim), answer = the text after
         it without the trailing stop token, whitespace-stripped; answer is None when ``</think>``
         is absent (reasoning is then all the text). Not thinking: ("", whole text stripped).
+        Harmony: :func:`kiln.core.policy.harmony.split_action` (the answer is the final channel's text).
         """
         ids = list(ids)
-        if ids and ids[-1] == self.stop_id:
+        if ids and (ids[-1] == self.stop_id or ids[-1] in self.extra_stop_ids):
             ids = ids[:-1]
+        if self.harmony:
+            return harmony.split_action(self.decode(ids), thinking=self.resolve_thinking(thinking))
         if not self.resolve_thinking(thinking):
             return "", self.decode(ids).strip()
         if self.think_close_id not in ids:
@@ -331,7 +356,8 @@ class PolicyRuntime:
         action_schema: dict | None = None,
         decode_tile: int | None = None,
     ) -> list[Sample]:
-        """Sample all ``prompts`` in one call; rows stop at ``<|im_end|>``.
+        """Sample all ``prompts`` in one call; rows stop at the stop token (``<|im_end|>`` …; harmony:
+        ``<|return|>`` or ``<|call|>``).
 
         Batch-invariant (:mod:`kiln.core.policy.sampling`): a row's ids and log-probs do not depend on
         the other rows it is decoded with, in this call or in concurrent ones (a wave of 1 and a
@@ -360,6 +386,7 @@ class PolicyRuntime:
                 max_tokens=int(max_new_tokens),
                 temperature=float(temperature),
                 stop_id=self.stop_id,
+                extra_stop_ids=self.extra_stop_ids,
                 think_close_id=self.think_close_id,
                 thinking_budget=stop_after_think_budget if thinking else None,
                 thinking=thinking,

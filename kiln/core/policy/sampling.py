@@ -131,6 +131,7 @@ class RowSpec:
     think_close_id: int | None = None
     budget: int | None = None  # stop a row that has not closed its thinking after this many tokens
     constraint: object = None  # a kiln.core.policy.constrained.RowConstraint, or None
+    extra_stop_ids: tuple[int, ...] = ()  # more ids that end the row (harmony's <|call|>)
 
 
 class RowFeed(Protocol):
@@ -178,7 +179,7 @@ def _step(row: _Row, device: str) -> Sample | None:
         raise RuntimeError(f"the sampled token {token} was rejected by its row's grammar")
     row.ids.append(token)
     row.lps.append(lp[0, token])
-    finished = token == spec.stop_id
+    finished = token == spec.stop_id or token in spec.extra_stop_ids
     row.closed = row.closed or token == spec.think_close_id
     over_budget = spec.budget is not None and not row.closed and len(row.ids) >= spec.budget
     if finished or len(row.ids) == spec.max_new_tokens or over_budget:

@@ -14,11 +14,16 @@ template, which is what the runtime's render-diff glue (:mod:`kiln.core.policy.c
 * :data:`GEMMA_TEMPLATE` — Gemma-3 style: ``<bos>``, the system text folded into the first user
   turn, ``<start_of_turn>user|model\\n`` + trimmed content + ``<end_of_turn>\\n``, strictly
   alternating roles; no thinking.
+* :data:`kiln.core.policy.harmony.TEMPLATE` — gpt-oss's harmony messages (``<|start|>ROLE
+  <|channel|>CHANNEL<|message|>…<|end|>``, the answer closed by ``<|return|>``); reasoning is the
+  analysis channel, which the runtime opens itself (:mod:`kiln.core.policy.harmony`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kiln.core.policy import harmony
 
 QWEN3_TEMPLATE = (
     "{%- if tools -%}"
@@ -145,6 +150,15 @@ FAMILIES = {
         "<bos>",
         "<end_of_turn>",
         "<pad>",
+    ),
+    "harmony": TemplateFamily(
+        "harmony",
+        harmony.TEMPLATE,
+        harmony.SPECIAL_TOKENS,
+        (),
+        None,
+        harmony.RETURN,
+        harmony.ENDOFTEXT,
     ),
 }
 

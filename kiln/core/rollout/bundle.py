@@ -51,7 +51,8 @@ def rollout_records(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures a user looks at first (stats, without wall-clock latency)."""
+    """The figures a user looks at first (stats, without wall-clock facts: latency and capacity
+    refusals live in run status, so reruns write the same bytes)."""
     returns = [float(r["episode_return"]) for r in records]
     terminations = [r["termination"] for r in records]
     return {
@@ -66,7 +67,6 @@ def rollout_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
         "protocol_error_count": terminations.count("protocol_error"),
         "context_exhausted_count": terminations.count("context_exhausted"),
         "recoverable_protocol_error_count": sum(r["recoverable_protocol_errors"] for r in records),
-        "capacity_retry_count": sum(r["capacity_retries"] for r in records),
         "total_environment_steps": sum(r["steps"] for r in records),
         "total_model_tokens": sum(r["model_tokens"] for r in records),
     }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.core.errors import EnvironmentProtocolError
-from kiln.core.openenv.session import RECOVERABLE_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES
 from kiln.core.rollout.context import TERMINATION as CONTEXT_TERMINATION
 from kiln.core.rollout.context import context_record, has_room
 from kiln.core.rollout.exchange import (
@@ -35,7 +35,6 @@ class CandidateEpisode:
     prompt_ids: list[int]
     protocol_error_reward: float
     max_recoverable_errors: int
-    capacity_retries: int = 0
     pieces: list[dict[str, Any]] = field(default_factory=list)
     trajectory: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[dict[str, Any]] = field(default_factory=list)

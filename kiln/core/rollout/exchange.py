@@ -20,7 +20,7 @@ from kiln.core.canonical import canonical_copy, compact_json
 from kiln.core.errors import EnvironmentProtocolError
 from kiln.core.openenv.actions import ActionParseError, parse_action_text
 from kiln.core.openenv.schema import ActionValidator
-from kiln.core.openenv.session import RECOVERABLE_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES
 from kiln.core.rollout.prompts import harness_error_content, observation_content, protocol_error_content
 
 NO_OUTPUT = "MODEL_ACTION_NO_OUTPUT"

@@ -21,7 +21,8 @@ from kiln.core.contracts import EpisodeSettings
 from kiln.core.errors import CollectionFailed, EnvironmentIdentityChanged, RunCancelled
 from kiln.core.jsondiff import differing_paths
 from kiln.core.openenv.tool_calls import action_contract
-from kiln.core.openenv.session import TERMINAL_CODES, EnvSession
+from kiln.core.openenv.replies import TERMINAL_CODES
+from kiln.core.openenv.session import EnvSession
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.context import served_context
 from kiln.core.rollout.episode import TURN_BREAK, CandidateEpisode, now_ms
@@ -158,7 +159,7 @@ class GroupCollector:
         return self.planner.observed(self.waves)
 
     def _episode_for(self, index: int, opened: tuple[int, EnvSession, Any, int]) -> CandidateEpisode:
-        _, _session, result, retries = opened
+        _, _session, result, _retries = opened
         if result.kind != "observation":
             code = (result.error or {}).get("code")
             raise CollectionFailed(
@@ -191,7 +192,6 @@ class GroupCollector:
             prompt_ids=prompt_ids,
             protocol_error_reward=self.settings.protocol_error_reward,
             max_recoverable_errors=self.settings.max_recoverable_errors,
-            capacity_retries=retries,
             context_limit=self.context_limit,
             max_action_tokens=self.settings.max_action_tokens,
             penalise_context=self.settings.context_policy == "end_penalised",
@@ -377,7 +377,6 @@ class GroupCollector:
                 "terminal_done": ep.terminal_done,
                 "termination": ep.termination,
                 "recoverable_protocol_errors": ep.recoverable_errors,
-                "capacity_retries": ep.capacity_retries,
                 "model_tokens": ep.model_tokens,
             }
             if ep.final_state is not None:
@@ -398,7 +397,6 @@ class GroupCollector:
                     termination=ep.termination,
                     protocol_error_code=ep.protocol_error_code,
                     recoverable_protocol_errors=ep.recoverable_errors,
-                    capacity_retries=ep.capacity_retries,
                     model_tokens=ep.model_tokens,
                     harness_code=ep.harness_code,
                 )

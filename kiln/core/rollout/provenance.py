@@ -71,12 +71,13 @@ def rollout_record(
     termination: str | None,
     protocol_error_code: str | None,
     recoverable_protocol_errors: int,
-    capacity_retries: int,
     model_tokens: int,
     harness_code: str | None = None,
+    capacity_retries: int | None = None,
 ) -> dict[str, Any]:
     """One summary ``rollouts`` record (``protocol_error_code`` only when it ended so;
-    ``harness_code`` only when the episode ended on a harness error)."""
+    ``harness_code`` only when the episode ended on a harness error). ``capacity_retries`` is only
+    rebuilt for bundles written before capacity refusals left the artifacts (docs/openenv.md)."""
     record: dict[str, Any] = {
         "group_index": group_index,
         "candidate_index": candidate_index,
@@ -88,9 +89,10 @@ def rollout_record(
         "terminal_done": termination == "done",
         "termination": termination,
         "recoverable_protocol_errors": recoverable_protocol_errors,
-        "capacity_retries": capacity_retries,
         "model_tokens": model_tokens,
     }
+    if capacity_retries is not None:
+        record["capacity_retries"] = capacity_retries
     if termination == "protocol_error":
         record["protocol_error_code"] = protocol_error_code
     if harness_code is not None:

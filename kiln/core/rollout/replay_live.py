@@ -25,7 +25,8 @@ step observation, say) are left out too, and listed; so are the patterns given t
 (``--ignore``), listed apart as replay-time ignores. The two same-payload resets also tell a
 random-reset environment (its reset observations differ), which a reset drift's hint then names.
 Ordinary capacity refusals are retried
-quietly and counted (``capacity_retries``).
+quietly and counted per environment: ``environment_capacity.<url>.refusals``, the same name and
+meaning as in run status (``CAPACITY_REACHED`` refusals met opening this replay's sessions).
 """
 
 from __future__ import annotations
@@ -40,12 +41,9 @@ from kiln.core.canonical import canonical_json
 from kiln.core.errors import EnvironmentIdentityChanged, InvalidRequest, RunCancelled
 from kiln.core.jsondiff import differing_paths, without_paths
 from kiln.core.openenv.discovery import identity_differences, inspect_environment
-from kiln.core.openenv.session import (
-    TERMINAL_CODES,
-    EnvSession,
-    StepResult,
-    open_session_and_reset,
-)
+from kiln.core.openenv.replies import TERMINAL_CODES, StepResult
+from kiln.core.openenv.session import EnvSession
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import normalize_url
 from kiln.core.rollout.replay_drift import (  # noqa: F401  (ReplayDrift re-exported: callers catch it here)
     Difference,
@@ -256,7 +254,7 @@ async def replay_bundle(
     await reinspect(bundle, tokens)
     capacity_wait_s = float(bundle.summary["capacity_wait_seconds"])
     sealed = list(bundle.summary.get("replay_ignore") or [])  # recorded by the run (verified)
-    retries_total = 0
+    refusals = dict.fromkeys(range(len(environments)), 0)  # per environment index
     excluded: dict[int, list[str]] = {}
     random_resets: dict[int, list[str]] = {}
     for group in bundle.replay["groups"]:
@@ -271,14 +269,13 @@ async def replay_bundle(
             )
             if reset_fields:
                 random_resets[index] = reset_fields
-            retries_total += retries
+            refusals[index] += retries
 
     work = [(group, candidate) for group in bundle.replay["groups"] for candidate in group["candidates"]]
     semaphore = asyncio.Semaphore(concurrency)
     found: list[Difference] = []
 
     async def run_one(group: dict, candidate: dict) -> None:
-        nonlocal retries_total
         async with semaphore:
             if should_cancel is not None and should_cancel():
                 raise RunCancelled("replay cancelled")
@@ -294,7 +291,7 @@ async def replay_bundle(
                 ignore=sealed + extra,
                 environment_index=index,
             )
-            retries_total += retries
+            refusals[index] += retries
             found.extend(differences)
 
     results = await asyncio.gather(*(run_one(g, c) for g, c in work), return_exceptions=True)
@@ -303,11 +300,16 @@ async def replay_bundle(
             raise result
     if found:
         raise drift_error(found, random_resets)
-    return _report(bundle, work, retries_total, excluded, sealed, extra)
+    return _report(bundle, work, refusals, excluded, sealed, extra)
 
 
 def _report(
-    bundle: Bundle, work: list, retries: int, excluded: dict[int, list[str]], sealed: list[str], extra: list[str]
+    bundle: Bundle,
+    work: list,
+    refusals: dict[int, int],
+    excluded: dict[int, list[str]],
+    sealed: list[str],
+    extra: list[str],
 ) -> dict:
     environments = bundle.summary["environments"]
     prefix_only = sum(1 for _, c in work if c["termination"] == "invalid_model_action")
@@ -318,7 +320,10 @@ def _report(
         "groups": len(bundle.replay["groups"]),
         "rollouts": len(work),
         "environment_exchanges": bundle.report["environment_exchanges"],
-        "capacity_retries": retries,
+        # CAPACITY_REACHED refusals per environment (its URL), named as in run status.
+        "environment_capacity": {
+            env["identity"]["base_url"]: {"refusals": refusals[index]} for index, env in enumerate(environments)
+        },
         "environment_prefix_only_rollouts": prefix_only,
         "replay_ignore": {"sealed": sealed, "replay_time": extra},
         # Per-session identifiers found by two same-payload resets: not compared, always listed.

@@ -22,7 +22,8 @@ from kiln.core.openenv.capacity import (
     group_capacity,
     wave_size,
 )
-from kiln.core.openenv.session import EnvSession, open_session_and_reset
+from kiln.core.openenv.session import EnvSession
+from kiln.core.openenv.session_open import open_session_and_reset
 from kiln.core.openenv.urls import EnvironmentUrl
 
 Opened = tuple[int, EnvSession, Any, int]  # (candidate, session, reset result, capacity retries)

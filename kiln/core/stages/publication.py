@@ -18,14 +18,8 @@ from kiln.core.artifacts.store import S3Store
 from kiln.core.canonical import pretty_json, sha256_bytes
 from kiln.core.errors import RetainedBudgetExceeded, RunCancelled
 from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES
-from kiln.core.records import (
-    AdapterRef,
-    PublishedArtifact,
-    PublishInput,
-    PublishResult,
-    PublishTrainingInput,
-    StoredObject,
-)
+from kiln.core.records import AdapterRef, PublishInput, PublishResult, PublishedArtifact, StoredObject
+from kiln.core.side_records import PublishTrainingInput
 from kiln.core.artifacts.adapters import adapter_ref_from_files, write_pointer
 from kiln.core.stages.evaluation import make_bundle
 from kiln.core.telemetry.live import metrics_jsonl

@@ -56,35 +56,13 @@ def train(
     shared_base: Any = None,
     launch: Any = None,
 ) -> TrainResult:
+    """Train one iteration's adapter from its stored groups (resuming from ``resume_checkpoint``
+    when given) and store what it made; the record names the adapter files and the receipt."""
     lines = load_group_lines(store, inp.groups)
     config = inp.training_config
     kept, selection = select_groups(lines, config.on_no_output)  # once: train_grpo reuses it
-    # The cause first when it is thinking that never finished (the fix is the user's to make).
-    unfinished = unfinished_thinking_groups(lines) if not kept else []
-    cause = [unfinished_thinking_message(groups_named(unfinished, len(lines)))] if unfinished else []
-    if not kept and not inp.allow_empty_training:
-        raise TrainingFailed(
-            "every seed group was skipped before training, so no adapter was trained: "
-            + "; ".join(cause + selection.get("warnings", [])[:8]),
-            hint=(FIX + "; " if unfinished else "") + "groups need reward variation and final model actions; "
-            "collect more or larger groups, or set allow_empty_training: true to let such a run complete "
-            "without an adapter",
-            retryable=False,
-            details={
-                "reason": "zero_groups",
-                "groups_submitted": selection.get("groups_submitted"),
-                **({"unfinished_thinking_groups": unfinished[:64]} if unfinished else {}),
-            },
-        )
     if not kept:
-        warnings = cause + selection.get("warnings", [])
-        more = f"; and {len(warnings) - 8} more" if len(warnings) > 8 else ""
-        return TrainResult(
-            trained=False,
-            skip_reason="every seed group was skipped before training: " + "; ".join(warnings[:8]) + more,
-            selection=brief_selection(selection),
-            selection_ref=store_selection(store, selection),
-        )
+        return _nothing_to_train(store, inp, lines, selection)
     live_base = model_content_sha256(model_path)
     if inp.behavior_policy.get("base_model_sha256") != live_base:
         raise PolicyIdentityChanged(
@@ -97,12 +75,7 @@ def train(
     if inp.init_state is not None:
         init_state = work_dir / "init_state.tar"
         init_state.write_bytes(store.get_bytes(inp.init_state.ref()))
-    resume_dir, resume_refused = None, None
-    if resume_checkpoint is not None:
-        try:  # an outage is waited out by the store; a checkpoint gone or damaged restarts training
-            resume_dir = unpack_folder(store.get_bytes(resume_checkpoint.ref()), work_dir / "resume")
-        except (ArtifactNotFound, ArtifactIntegrityFailed, TrainingFailed) as exc:
-            resume_refused = f"the checkpoint could not be fetched: {exc.message}"
+    resume_dir, resume_refused = _unpack_resume(store, resume_checkpoint, work_dir)
 
     # Until this attempt writes its own checkpoint, keep naming the one it resumed from, so an
     # attempt that dies early does not make the next one start over from step 0.
@@ -147,6 +120,43 @@ def train(
         lr_horizon_steps=inp.lr_horizon_steps,
         resume_refused=resume_refused,
     )
+    return _stored(store, inp, result, selection)
+
+
+def _nothing_to_train(
+    store: S3Store, inp: TrainInput, lines: list[dict[str, Any]], selection: dict[str, Any]
+) -> TrainResult:
+    """Every group was skipped: fail with the cause (``training_failed``, ``zero_groups``), or, where
+    the request allows an empty training, complete untrained with the skip reasons."""
+    # The cause first when it is thinking that never finished (the fix is the user's to make).
+    unfinished = unfinished_thinking_groups(lines)
+    cause = [unfinished_thinking_message(groups_named(unfinished, len(lines)))] if unfinished else []
+    if not inp.allow_empty_training:
+        raise TrainingFailed(
+            "every seed group was skipped before training, so no adapter was trained: "
+            + "; ".join(cause + selection.get("warnings", [])[:8]),
+            hint=(FIX + "; " if unfinished else "") + "groups need reward variation and final model actions; "
+            "collect more or larger groups, or set allow_empty_training: true to let such a run complete "
+            "without an adapter",
+            retryable=False,
+            details={
+                "reason": "zero_groups",
+                "groups_submitted": selection.get("groups_submitted"),
+                **({"unfinished_thinking_groups": unfinished[:64]} if unfinished else {}),
+            },
+        )
+    warnings = cause + selection.get("warnings", [])
+    more = f"; and {len(warnings) - 8} more" if len(warnings) > 8 else ""
+    return TrainResult(
+        trained=False,
+        skip_reason="every seed group was skipped before training: " + "; ".join(warnings[:8]) + more,
+        selection=brief_selection(selection),
+        selection_ref=store_selection(store, selection),
+    )
+
+
+def _stored(store: S3Store, inp: TrainInput, result: Any, selection: dict[str, Any]) -> TrainResult:
+    """Store the adapter files, the receipt and the final optimizer state; the record naming them."""
     receipt = dict(result.receipt)
     receipt["adapter_name"] = inp.output_adapter
     receipt["run_id"] = inp.run_id
@@ -179,3 +189,13 @@ def train(
         tokens=counts["action_tokens"] + counts["context_tokens"] + counts["env_tokens_before_warning_filter"],
         action_tokens=counts["action_tokens"],
     )
+
+
+def _unpack_resume(store: S3Store, checkpoint: StoredObject | None, work_dir: Path) -> tuple[Path | None, str | None]:
+    """The checkpoint to resume from, unpacked, or why it could not be (training then restarts)."""
+    if checkpoint is None:
+        return None, None
+    try:  # an outage is waited out by the store; a checkpoint gone or damaged restarts training
+        return unpack_folder(store.get_bytes(checkpoint.ref()), work_dir / "resume"), None
+    except (ArtifactNotFound, ArtifactIntegrityFailed, TrainingFailed) as exc:
+        return None, f"the checkpoint could not be fetched: {exc.message}"

@@ -10,11 +10,15 @@ stays usable without torch in the control worker):
 - ``losses``      chunked tempered log-probs, PPO-clip / CISPO surrogate, ECHO CE, k1/k3 KL (torch)
 - ``step``        one optimizer step: micro-batches, gradient accumulation, cached old/ref log-probs
 - ``optim``       Muon / AdamW and the learning-rate schedule
+- ``muon``        Kiln's Muon (float32 Newton–Schulz)
 - ``plan``        admission (on-policy check, sampling settings), selection, step schedule
 - ``model``       base model + LoRA, adapter save and content digests (torch, peft)
 - ``checkpoints`` exact checkpoints: weights, optimizer, RNG, cached log-probs, data cursor; tar packing
 - ``continuation`` the optimizer state handed from one online-run iteration's training to the next
 - ``staleness``   stale data: the behaviour policy's log-probs, scored by the behaviour adapter
 - ``receipt``     ``kiln.train-receipt.v1``
-- ``trainer``     ``train_grpo`` and ``TrainedAdapter`` (its local output)
+- ``prepare``     everything before the first step: admission, model, rows, optimizer, start state
+- ``loop``        the live training state and its step loop (progress, checkpoints)
+- ``finish``      after the last step: final scoring, adapter, continuation state, receipt
+- ``trainer``     ``train_grpo`` (prepare → loop → finish) and ``TrainedAdapter`` (its local output)
 """

@@ -1,10 +1,11 @@
 """Optimizers (Muon or AdamW) and the learning-rate schedule (warm-up, then constant/cosine).
 
-Muon is torch's own ``torch.optim.Muon`` (momentum 0.95, Nesterov, 5 Newton–Schulz iterations,
-weight decay 0); it orthogonalises the update of each 2-D parameter, which every LoRA ``A``/``B``
-matrix is. Its learning-rate adjustment is ``match_rms_adamw`` (``lr·0.2·√max(rows, cols)``): the
-update's RMS is about ``0.2·lr`` for every shape, as an AdamW update's is in steady state, so one
-learning rate means the same for both. torch's default (``original``, ``lr·√max(1, rows/cols)``)
+Muon is Kiln's own (:mod:`kiln.core.train.muon`: torch's algorithm, its Newton–Schulz iteration in
+float32 rather than bfloat16, so the update does not depend on how a gradient's sum was ordered;
+momentum 0.95, Nesterov, 5 iterations, weight decay 0); it orthogonalises the update of each 2-D
+parameter, which every LoRA ``A``/``B`` matrix is. Its learning-rate adjustment is
+``match_rms_adamw`` (``lr·0.2·√max(rows, cols)``): the update's RMS is about ``0.2·lr`` for every
+shape, as an AdamW update's is in steady state, so one learning rate means the same for both. torch's default (``original``, ``lr·√max(1, rows/cols)``)
 would scale LoRA ``B`` (``out × r``) by √(out/r), 8–14× on Qwen3-0.6B shapes, and leave ``A`` at
 an RMS of ``lr/√max(rows, cols)``. AdamW uses betas (0.9, 0.999), eps 1e-8, weight
 decay 0. The schedule is a pure function of the step number, so a resumed run continues it exactly.
@@ -18,13 +19,14 @@ from typing import Any
 import torch
 
 from kiln.core.errors import TrainingFailed
+from kiln.core.train.muon import ADJUST_LR_FN, NS_DTYPE, Muon
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 MUON_MOMENTUM = 0.95
 MUON_NESTEROV = True
 MUON_NS_STEPS = 5
-MUON_ADJUST_LR = "match_rms_adamw"
+MUON_IMPLEMENTATION = "kiln.core.train.muon"  # torch.optim.Muon before (bfloat16 Newton–Schulz)
 WEIGHT_DECAY = 0.0
 
 
@@ -32,31 +34,25 @@ def build_optimizer(config: Any, params: list[torch.nn.Parameter]) -> tuple[torc
     """The configured optimizer over ``params`` and its receipt description."""
     lr = config.resolved_learning_rate()
     if config.optimizer == "muon":
-        if not hasattr(torch.optim, "Muon"):
-            raise TrainingFailed(
-                f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}",
-                code="optimizer_unavailable",
-                hint="use training_config.optimizer 'adamw', or upgrade torch",
-            )
         bad = [tuple(p.shape) for p in params if p.dim() != 2]
         if bad:
             raise TrainingFailed(f"Muon needs 2-D parameters; got shapes {bad[:3]}", code="optimizer_unavailable")
-        optimizer = torch.optim.Muon(
+        optimizer: torch.optim.Optimizer = Muon(
             params,
             lr=lr,
             weight_decay=WEIGHT_DECAY,
             momentum=MUON_MOMENTUM,
             nesterov=MUON_NESTEROV,
             ns_steps=MUON_NS_STEPS,
-            adjust_lr_fn=MUON_ADJUST_LR,
         )
         described = {
             "name": "muon",
             "momentum": MUON_MOMENTUM,
             "nesterov": MUON_NESTEROV,
             "ns_iters": MUON_NS_STEPS,
-            "adjust_lr_fn": MUON_ADJUST_LR,
-            "implementation": "torch.optim.Muon",
+            "ns_dtype": NS_DTYPE,
+            "adjust_lr_fn": ADJUST_LR_FN,
+            "implementation": MUON_IMPLEMENTATION,
         }
     else:
         optimizer = torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.core.canonical import digest_json
-from kiln.core.contracts import LATER_SETTINGS
+from kiln.core.request_digest import LATER_SETTINGS
 from kiln.core.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.core.policy.identity import sampling_of
 from kiln.core.train.batches import RowShaping

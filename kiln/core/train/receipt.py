@@ -173,3 +173,33 @@ def write_receipt(output_dir: Path, receipt: dict[str, Any]) -> Path:
     path = Path(output_dir) / RECEIPT_FILE
     path.write_bytes(pretty_json(receipt))
     return path
+
+
+def evaluation_of(rows: list[list[Any]], scored: dict[tuple[int, int], Any]) -> dict[str, Any]:
+    """The receipt's evaluation figures from per-row log-probs already scored
+    (:func:`kiln.core.train.step.score_rows`, tensors): mean ECHO env CE over groups (per group: Σ per row of its
+    observation CE / its observation length, over the rows that have observations), mean action
+    log-prob over all action tokens, and each row's action log-prob sum. The trainer scores every
+    row once before step 1 (old log-probs and the initial figures) and once after the last step
+    (the final figures and the policy's drift), so evaluation costs no pass of its own."""
+    env_values: list[float] = []
+    parts: list[float] = []
+    count = 0.0
+    sums: list[list[float]] = []
+    for group in rows:
+        per_row: list[float] = []
+        group_ce: list[float] = []
+        for row in group:
+            logprobs = scored[row.key]
+            if row.obs_length > 0:
+                group_ce.append(-float((logprobs * row.env).sum()) / row.obs_length)
+            per_row.append(float((logprobs * row.action).sum()))
+            count += float(row.action.sum())
+        env_values.append(math.fsum(group_ce) / max(1, len(group_ce)))
+        sums.append(per_row)
+        parts.extend(per_row)
+    return {
+        "env_ce": math.fsum(env_values) / len(env_values) if env_values else None,
+        "action_logprob_mean": math.fsum(parts) / count if count else None,
+        "action_logprob_sums": sums,
+    }

@@ -185,6 +185,9 @@ def _load_bundle(summary_path: Path, *, dataset_path: Path | None = None, replay
     stats = rollout_stats(summary["rollouts"])
     if "context_exhausted_count" not in summary["stats"] and not stats["context_exhausted_count"]:
         del stats["context_exhausted_count"]  # bundles written before the count existed
+    legacy = [r.get("capacity_retries") for r in summary["rollouts"] if isinstance(r, dict)]
+    if any(value is not None for value in legacy):  # bundles written before refusals left them
+        stats["capacity_retry_count"] = sum(int(value or 0) for value in legacy)
     if "context_tokens" in summary:
         stats["context_tokens"] = summary["context_tokens"]
     if not same_json(stats, summary["stats"]):

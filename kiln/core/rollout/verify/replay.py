@@ -7,7 +7,7 @@ from typing import Any
 
 from kiln.core.openenv.discovery import CLIENT_PROFILE
 from kiln.core.openenv.rewards import is_valid_wire_reward, training_reward
-from kiln.core.openenv.session import RECOVERABLE_CODES, TERMINAL_CODES
+from kiln.core.openenv.replies import RECOVERABLE_CODES, TERMINAL_CODES
 from kiln.core.rollout.bundle import REPLAY_SCHEMA
 from kiln.core.rollout.exchange import protocol_error_continues
 from kiln.core.rollout.verify.checks import (
@@ -39,10 +39,12 @@ _CANDIDATE_KEYS = frozenset(
         "terminal_done",
         "termination",
         "recoverable_protocol_errors",
-        "capacity_retries",
         "model_tokens",
     }
 )
+# ``capacity_retries``: bundles written before capacity refusals left the artifacts (a wall-clock
+# fact, counted in run status as ``environment_capacity.<url>.refusals``) carry it; newer ones never.
+_OPTIONAL_CANDIDATE_KEYS = frozenset({"final_state", "reset_observation", "context", "capacity_retries"})
 _EXCHANGE_KEYS = frozenset({"step_index", "action", "result"})
 _TERMINATIONS = frozenset({"done", "max_steps", "invalid_model_action", "protocol_error", "context_exhausted"})
 _CONTEXT_KEYS = frozenset({"code", "limit_tokens", "tokens", "omitted_turn_tokens"})
@@ -210,7 +212,7 @@ def check_replay_candidate(
     """Manifest rules for one candidate."""
     where = where.at(candidate=index)
     candidate = need_dict(candidate, where, "candidate")
-    need_keys(candidate, _CANDIDATE_KEYS, where, "", frozenset({"final_state", "reset_observation", "context"}))
+    need_keys(candidate, _CANDIDATE_KEYS, where, "", _OPTIONAL_CANDIDATE_KEYS)
     if candidate["candidate_index"] != index or not _is_int(candidate["candidate_index"]):
         raise fail(where, "candidate_index", f"must be {index} (contiguous candidate indices)")
     exchanges = need_list(candidate["exchanges"], where, "exchanges")
@@ -225,7 +227,8 @@ def check_replay_candidate(
         raise fail(
             where, "recoverable_protocol_errors", f"must be {walk.recoverable} (recoverable errors in the exchanges)"
         )
-    need_int(candidate, "capacity_retries", where)
+    if "capacity_retries" in candidate:
+        need_int(candidate, "capacity_retries", where)
     need_int(candidate, "model_tokens", where)
     returned = need_float(candidate, "episode_return", where)
     expected_return = recompute_return(

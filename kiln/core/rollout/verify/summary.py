@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.canonical import digest_json, is_digest
-from kiln.core.contracts import MAX_SEED
+from kiln.core.request_fields import MAX_SEED
 from kiln.core.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
 from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
 from kiln.core.rollout.prompts import PROMPT_VERSION
@@ -209,8 +209,8 @@ def check_record(
         termination=facts.termination,
         protocol_error_code=facts.protocol_error_code,
         recoverable_protocol_errors=candidate["recoverable_protocol_errors"],
-        capacity_retries=candidate["capacity_retries"],
         model_tokens=candidate["model_tokens"],
         harness_code=harness_code if isinstance(record, dict) and "harness_code" in record else None,
+        capacity_retries=candidate.get("capacity_retries"),  # bundles written before it left them
     )
     need_match(record, expected, where, "rollouts[]", "the replay")

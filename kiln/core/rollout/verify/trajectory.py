@@ -11,6 +11,7 @@ from typing import Any
 
 from kiln.core.openenv.actions import ActionParseError, parse_action_text
 from kiln.core.openenv.schema import ActionValidator
+from kiln.core.policy import harmony
 from kiln.core.rollout.episode import TURN_BREAK
 from kiln.core.rollout.exchange import NO_OUTPUT, exchange_segment, harness_segment, judge_answer, truncation_outcome
 from kiln.core.rollout.provenance import provenance_of
@@ -30,12 +31,14 @@ THINK_CLOSE = "</think>"
 
 
 def split_answer(content: str, thinking: bool) -> str | None:
-    """The final answer of an action segment: text after the first ``</think>`` when thinking."""
+    """The final answer of an action segment: text after the first ``</think>`` when thinking; a
+    harmony action's (gpt-oss: no ``</think>``, its reasoning closed by the next ``<|message|>``)
+    is the final channel's text (:func:`kiln.core.policy.harmony.split_action`)."""
     if not thinking:
         return content.strip()
     cut = content.find(THINK_CLOSE)
     if cut < 0:
-        return None
+        return harmony.split_action(content, thinking=True)[1] if harmony.MESSAGE in content else None
     return content[cut + len(THINK_CLOSE) :].strip()
 
 
