@@ -166,6 +166,47 @@ def test_the_model_workers_threads_are_bound_to_every_core(vrt) -> None:
     assert len(pinned) == _physical_cores(allowed)
 
 
+@pytest.mark.timeout(900)
+def test_a_tensor_parallel_engine_of_two_ranks_samples_what_one_rank_does(vrt, model_dir: Path, tmp_path: Path) -> None:
+    """``KILN_VLLM_TENSOR_PARALLEL=2`` on the CPU build: two model workers, each bound to its own
+    slice of the cores (``vllm_topology``: vLLM's own binding wants a NUMA node per rank), sample
+    the module's one-rank engine's ids at the same seeds, log-probs within the tolerance, and the
+    identity records the tensor-parallel size (each layer's sums are split across the ranks)."""
+    from kiln.core.policy.engine import GenerationRequest
+    from kiln.core.policy.engine_vllm import VllmConfig, VllmEngine
+    from kiln.core.policy.vllm_topology import engine_envs
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("tensor parallel on the CPU build needs a core per rank")
+    (env,) = engine_envs(2, 1, on_cuda=False, gpus=[], cores=cores)
+    engine = VllmEngine(VllmConfig(model_path=model_dir, python=default_python(), log_path=tmp_path / "tp2.log",
+                                   max_model_len=2048, cpu_kvcache_gb=1, max_num_seqs=64, tensor_parallel=2,
+                                   extra_env=env))
+    prompt = vrt.encode_prompt(MESSAGES, thinking=False)
+    requests = [GenerationRequest(prompt_ids=tuple(prompt), seed=300 + i, max_tokens=16, temperature=1.0,
+                                  stop_id=vrt.stop_id) for i in range(4)]
+    one = vrt.engine.generate(requests)
+    try:
+        engine.start()
+        workers = [pid for pid in _descendants(engine.pid)
+                   if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::Worker")]
+        pinned = []
+        for worker in workers:
+            pinned.append(set().union(*[cpus for task in os.listdir(f"/proc/{worker}/task")
+                                        if len(cpus := os.sched_getaffinity(int(task))) == 1]))
+        two = engine.generate(requests)
+        identity = engine.identity()
+    finally:
+        engine.close()
+    assert len(workers) == 2 and all(pinned) and not pinned[0] & pinned[1]  # a slice of cores each
+    assert identity == {**vrt.engine.identity(), "tensor_parallel": 2}
+    assert [r.ids for r in two] == [r.ids for r in one]
+    gap = max(abs(a - b) for x, y in zip(one, two) for a, b in zip(x.logprobs, y.logprobs))
+    print(f"max |TP 2 - TP 1| log-prob: {gap:.3e}")
+    assert gap < LOGPROB_TOLERANCE
+
+
 @pytest.mark.timeout(600)
 def test_prompts_beyond_one_steps_token_budget_arrive_together_without_killing_the_engine(vrt) -> None:
     """Seeded rows whose prompts add up to more than vLLM's default step budget (2048 tokens), sent
