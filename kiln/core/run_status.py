@@ -8,7 +8,7 @@ API and the CLI all read it; JSON keys are those of ``kiln.run-status.v1``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -18,7 +18,7 @@ from kiln.core.tolerant import Tolerant
 STATUS_SCHEMA = "kiln.run-status.v1"
 
 # Stages of a live run, in order, then those of a dataset-training run.
-RUN_STAGES = (
+LiveStage = Literal[
     "admission",
     "queue",
     "discovery",
@@ -28,22 +28,12 @@ RUN_STAGES = (
     "evaluation",
     "post_evaluation",
     "publication",
-)
+]
+Stage = Literal[LiveStage, "split"]
+RUN_STAGES: tuple[str, ...] = get_args(LiveStage)
 DATASET_STAGES = ("split", "training", "publication")
 # ``terminated`` is set by the API only (the workflow cannot see its own termination).
 TERMINAL_STATES = ("completed", "failed", "cancelled", "terminated")
-Stage = Literal[
-    "admission",
-    "queue",
-    "discovery",
-    "collection",
-    "revalidation",
-    "training",
-    "evaluation",
-    "post_evaluation",
-    "publication",
-    "split",
-]
 
 
 def invalid_action_rate(stats: dict[str, Any]) -> float | None:
