@@ -77,21 +77,10 @@ class RunStages(StatusKeeper):
         if collected is None or failure.code == "cancelled" or not workflow.patched(KEEP_EVIDENCE_PATCH):
             return
         ctx, groups, sampler, k = collected
-        request = ctx.request
         try:
             published: PublishResult = await ctx.call(
                 ControlActivities.publish_run,
-                PublishInput(
-                    run_id=ctx.run_id,
-                    kind=request.kind,
-                    output_adapter=request.output_adapter,
-                    bundle=self._bundle(ctx, sampler, k),
-                    environments=ctx.discovery.environments,
-                    groups=groups,
-                    behavior_policy=sampler.behavior_policy,
-                    reset_plan_sha256=ctx.admission.reset_plan_sha256,
-                    promote=False,
-                ),
+                self._publish_input(ctx, groups, sampler, k, promote=False),
                 summary="publish the collected episodes of a failed run (evidence, not promoted)",
             )
         except (ActivityError, ApplicationError) as err:
@@ -243,6 +232,24 @@ class RunStages(StatusKeeper):
         if training.trained or carry.last_training is None:
             carry.last_training = training  # publication and the gate take the latest adapter
 
+    def _publish_input(
+        self, ctx: RunContext, groups: GroupSet, sampler: PolicyResult, iteration: int, **outcome: Any
+    ) -> PublishInput:
+        """What ``publish_run`` gets for the groups ``sampler`` collected by ``iteration``, with the
+        run's ``outcome`` (training, evaluation, promote …) where there is one."""
+        request = ctx.request
+        return PublishInput(
+            run_id=ctx.run_id,
+            kind=request.kind,
+            output_adapter=request.output_adapter,
+            bundle=self._bundle(ctx, sampler, iteration),
+            environments=ctx.discovery.environments,
+            groups=groups,
+            behavior_policy=sampler.behavior_policy,
+            reset_plan_sha256=ctx.admission.reset_plan_sha256,
+            **outcome,
+        )
+
     def _bundle(self, ctx: RunContext, sampler: PolicyResult, iteration: int) -> BundleSpec:
         """The bundle spec of one iteration's groups: its seeds, the adapter that sampled them."""
         request = ctx.request
@@ -344,15 +351,11 @@ class RunStages(StatusKeeper):
         multi = request.iterations > 1
         published: PublishResult = await ctx.call(
             ControlActivities.publish_run,
-            PublishInput(
-                run_id=ctx.run_id,
-                kind=request.kind,
-                output_adapter=request.output_adapter,
-                bundle=self._bundle(ctx, sampler, request.iterations),
-                environments=ctx.discovery.environments,
-                groups=groups,
-                behavior_policy=sampler.behavior_policy,
-                reset_plan_sha256=ctx.admission.reset_plan_sha256,
+            self._publish_input(
+                ctx,
+                groups,
+                sampler,
+                request.iterations,
                 training=training,
                 evaluation=evaluation,
                 post_eval=post_eval,
