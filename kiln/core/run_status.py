@@ -301,14 +301,7 @@ class RunStatus(_Status):
         self.finish("cancelled")
 
     def record_training(self, training: Any) -> None:
-        self.training = TrainingStatus(
-            trained=training.trained,
-            steps=training.steps,
-            final_loss=training.final_loss,
-            adapter_sha256=training.adapter_sha256,
-            selection=training.selection,
-            skip_reason=training.skip_reason,
-        )
+        self.training = TrainingStatus.model_validate(training, from_attributes=True)
         self.warn(*training.selection.get("warnings", []))
         drifted = kl_to_base_warning(getattr(training, "kl_to_base", None))
         if drifted is not None:

@@ -71,3 +71,19 @@ def test_a_training_far_from_the_base_model_warns_with_what_to_change() -> None:
     for kl in (None, 0.25, KL_TO_BASE_WARN_NATS):  # unknown, small, exactly at the threshold
         quiet.record_training(_trained(kl))
     assert quiet.warnings == []
+
+
+def test_the_training_block_holds_the_results_own_figures_and_nothing_else() -> None:
+    status = RunStatus()
+    status.record_training(
+        TrainResult(trained=True, selection={"warnings": []}, adapter_sha256="ab" * 32, steps=4, final_loss=0.25, kl=0.5)
+    )
+    assert status.training is not None
+    assert status.training.model_dump() == {
+        "trained": True,
+        "steps": 4,
+        "final_loss": 0.25,
+        "adapter_sha256": "ab" * 32,
+        "selection": {"warnings": []},
+        "skip_reason": None,
+    }
