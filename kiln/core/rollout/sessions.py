@@ -39,7 +39,7 @@ class SessionPlanner:
     url: EnvironmentUrl
     reset_payload: dict[str, Any]
     _: KW_ONLY
-    bearer_token: str | None
+    bearer_token: str | None = field(repr=False)  # a secret: never in a repr or a log line
     group_index: int
     group_size: int
     capacity_wait_s: float
