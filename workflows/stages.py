@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         promotion_decision,
         should_continue_as_new,
     )
-    from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
+    from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate, training_figures
     from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
     from workflows.status import StatusKeeper, failure_from
@@ -194,14 +194,7 @@ class RunStages(StatusKeeper):
             behavior_adapter_sha256=sampler.policy.behavior_policy.get("adapter_sha256"),
             staleness=lag,
             mean_return=self._status.progress.mean_return,
-            trained=training.trained,
-            steps=training.steps,
-            loss=training.final_loss,
-            kl=training.kl,
-            kl_to_previous=training.kl_to_previous,
-            kl_to_base=training.kl_to_base,
-            early_stop_step=training.early_stop_step,
-            adapter_sha256=training.adapter_sha256,
+            **training_figures(training),
         )
         if request.iterations > 1:
             stored: IterationFiles = await ctx.call(

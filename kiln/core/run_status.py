@@ -196,6 +196,27 @@ class IterationStatus(_Status):
     wall_ms: int | None = None
 
 
+# An iteration's training figures: their status (and metrics.jsonl) name → the TrainResult field.
+_TRAINING_FIGURES = {
+    "trained": "trained",
+    "steps": "steps",
+    "loss": "final_loss",
+    "kl": "kl",
+    "kl_to_previous": "kl_to_previous",
+    "kl_to_base": "kl_to_base",
+    "early_stop_step": "early_stop_step",
+    "adapter_sha256": "adapter_sha256",
+}
+
+
+def training_figures(training: Any) -> dict[str, Any]:
+    """An iteration's training figures under their :class:`IterationStatus` names, from its
+    ``TrainResult``; with no training (None), those fields' defaults (not trained, 0 steps)."""
+    if training is None:
+        return {name: IterationStatus.model_fields[name].default for name in _TRAINING_FIGURES}
+    return {name: getattr(training, attr) for name, attr in _TRAINING_FIGURES.items()}
+
+
 class EvaluationStatus(_Status):
     state: str = "collecting_baseline"
     seed_start: int

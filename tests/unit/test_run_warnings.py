@@ -5,7 +5,7 @@ candidates saw different resets adds one warning naming the fields."""
 from __future__ import annotations
 
 from kiln.core.records import TrainResult
-from kiln.core.run_status import RunStatus
+from kiln.core.run_status import RunStatus, training_figures
 
 SKIPPED = "group 0 has no reward variation (every candidate returned 1.0); skipped"
 
@@ -86,4 +86,19 @@ def test_the_training_block_holds_the_results_own_figures_and_nothing_else() -> 
         "adapter_sha256": "ab" * 32,
         "selection": {"warnings": []},
         "skip_reason": None,
+    }
+
+
+def test_an_iterations_training_figures_are_named_as_status_and_metrics_name_them() -> None:
+    trained = TrainResult(
+        trained=True, selection={}, steps=3, final_loss=0.125, kl=0.25, kl_to_previous=0.5, kl_to_base=0.75,
+        early_stop_step=2, adapter_sha256="cd" * 32,
+    )
+    assert training_figures(trained) == {
+        "trained": True, "steps": 3, "loss": 0.125, "kl": 0.25, "kl_to_previous": 0.5, "kl_to_base": 0.75,
+        "early_stop_step": 2, "adapter_sha256": "cd" * 32,
+    }
+    assert training_figures(None) == {
+        "trained": False, "steps": 0, "loss": None, "kl": None, "kl_to_previous": None, "kl_to_base": None,
+        "early_stop_step": None, "adapter_sha256": None,
     }
