@@ -62,11 +62,11 @@ class LoopbackOnly:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("client") or ("", 0)
         if scope["type"] == "http" and not is_loopback_host(str(client[0])):
-            error = Unauthorized(
+            await _refuse(
+                send,
                 "this Kiln API has no access token and only answers loopback clients",
                 hint="set KILN_API_TOKEN on the server and send 'Authorization: Bearer <token>'",
             )
-            await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)
 
@@ -86,6 +86,12 @@ async def _send_error(send: Send, status: int, body: dict[str, Any], extra: list
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + extra})
     await send({"type": "http.response.body", "body": raw})
+
+
+async def _refuse(send: Send, message: str, *, hint: str) -> None:
+    """A 401 ``unauthorized`` answer with a Bearer challenge."""
+    error = Unauthorized(message, hint=hint)
+    await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
 
 
 class SecretToken:
@@ -125,11 +131,7 @@ class BearerAccess:
                 header = value.decode("latin-1")
                 break
         if not bearer_matches(header, self._token.reveal()):
-            error = Unauthorized(
-                "missing or wrong bearer token",
-                hint="send 'Authorization: Bearer <KILN_API_TOKEN>'",
-            )
-            await _send_error(send, 401, error.to_dict(), [(b"www-authenticate", b"Bearer")])
+            await _refuse(send, "missing or wrong bearer token", hint="send 'Authorization: Bearer <KILN_API_TOKEN>'")
             return
         await self.app(scope, receive, send)
 

@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         promotion_decision,
         should_continue_as_new,
     )
-    from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate
+    from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate, training_figures
     from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
     from workflows.status import StatusKeeper, failure_from
@@ -77,21 +77,10 @@ class RunStages(StatusKeeper):
         if collected is None or failure.code == "cancelled" or not workflow.patched(KEEP_EVIDENCE_PATCH):
             return
         ctx, groups, sampler, k = collected
-        request = ctx.request
         try:
             published: PublishResult = await ctx.call(
                 ControlActivities.publish_run,
-                PublishInput(
-                    run_id=ctx.run_id,
-                    kind=request.kind,
-                    output_adapter=request.output_adapter,
-                    bundle=self._bundle(ctx, sampler, k),
-                    environments=ctx.discovery.environments,
-                    groups=groups,
-                    behavior_policy=sampler.behavior_policy,
-                    reset_plan_sha256=ctx.admission.reset_plan_sha256,
-                    promote=False,
-                ),
+                self._publish_input(ctx, groups, sampler, k, promote=False),
                 summary="publish the collected episodes of a failed run (evidence, not promoted)",
             )
         except (ActivityError, ApplicationError) as err:
@@ -205,14 +194,7 @@ class RunStages(StatusKeeper):
             behavior_adapter_sha256=sampler.policy.behavior_policy.get("adapter_sha256"),
             staleness=lag,
             mean_return=self._status.progress.mean_return,
-            trained=training.trained,
-            steps=training.steps,
-            loss=training.final_loss,
-            kl=training.kl,
-            kl_to_previous=training.kl_to_previous,
-            kl_to_base=training.kl_to_base,
-            early_stop_step=training.early_stop_step,
-            adapter_sha256=training.adapter_sha256,
+            **training_figures(training),
         )
         if request.iterations > 1:
             stored: IterationFiles = await ctx.call(
@@ -242,6 +224,24 @@ class RunStages(StatusKeeper):
         carry.last_groups, carry.last_sampler = groups, sampler.policy
         if training.trained or carry.last_training is None:
             carry.last_training = training  # publication and the gate take the latest adapter
+
+    def _publish_input(
+        self, ctx: RunContext, groups: GroupSet, sampler: PolicyResult, iteration: int, **outcome: Any
+    ) -> PublishInput:
+        """What ``publish_run`` gets for the groups ``sampler`` collected by ``iteration``, with the
+        run's ``outcome`` (training, evaluation, promote …) where there is one."""
+        request = ctx.request
+        return PublishInput(
+            run_id=ctx.run_id,
+            kind=request.kind,
+            output_adapter=request.output_adapter,
+            bundle=self._bundle(ctx, sampler, iteration),
+            environments=ctx.discovery.environments,
+            groups=groups,
+            behavior_policy=sampler.behavior_policy,
+            reset_plan_sha256=ctx.admission.reset_plan_sha256,
+            **outcome,
+        )
 
     def _bundle(self, ctx: RunContext, sampler: PolicyResult, iteration: int) -> BundleSpec:
         """The bundle spec of one iteration's groups: its seeds, the adapter that sampled them."""
@@ -344,15 +344,11 @@ class RunStages(StatusKeeper):
         multi = request.iterations > 1
         published: PublishResult = await ctx.call(
             ControlActivities.publish_run,
-            PublishInput(
-                run_id=ctx.run_id,
-                kind=request.kind,
-                output_adapter=request.output_adapter,
-                bundle=self._bundle(ctx, sampler, request.iterations),
-                environments=ctx.discovery.environments,
-                groups=groups,
-                behavior_policy=sampler.behavior_policy,
-                reset_plan_sha256=ctx.admission.reset_plan_sha256,
+            self._publish_input(
+                ctx,
+                groups,
+                sampler,
+                request.iterations,
                 training=training,
                 evaluation=evaluation,
                 post_eval=post_eval,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 import typer
 
-from kiln.cli.console import console, fail as _fail, print_json, progress
+from kiln.cli.console import answer, console, fail as _fail, print_json, progress
 from kiln.cli.control_cmds import api_client
 from kiln.cli.follow import FOLLOW_OPT
 from kiln.cli.help import OUTPUT
@@ -75,16 +75,18 @@ from kiln.cli.run_flags import (
 from kiln.core.errors import KilnError
 from kiln.core.training_config import TrainingConfig
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kiln.client.http import ApiClient
+    from kiln.core.run_view import RunView
+
 
 def submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool, preflight: bool = True) -> None:
-    from kiln.cli.follow import exit_code, follow, print_links, print_outcome
+    from kiln.cli.follow import print_links
 
     api = api_client()
-    try:
-        code, status = api.submit(request, preflight=preflight)
-    except KilnError as error:
-        _fail(error)
-        return
+    code, status = answer(lambda: api.submit(request, preflight=preflight))
     run_id = status.run_id
     out = progress()  # stderr under --json: stdout then holds only the JSON document
     if not follow_run:
@@ -94,8 +96,23 @@ def submit_and_follow(request: dict[str, Any], follow_run: bool, as_json: bool, 
             out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists'}")
             print_links(status, out, api.base_url)
         return
-    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
+    _announce(api, code, status, out)
+    _follow_to_end(api, run_id, out, as_json)
+
+
+def _announce(api: ApiClient, code: int, status: RunView, out: Console) -> None:
+    """The lines of a followed submission: the run id (new or an idempotent retry) and its links."""
+    from kiln.cli.follow import print_links
+
+    out.print(f"run {status.run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
     print_links(status, out, api.base_url)
+
+
+def _follow_to_end(api: ApiClient, run_id: str, out: Console, as_json: bool) -> NoReturn:
+    """Follow the run to its end, print its outcome (or, under ``--json``, its final status) and
+    exit with the status its state maps to."""
+    from kiln.cli.follow import exit_code, follow, print_outcome
+
     final = follow(lambda: api.status(run_id), out)
     if as_json:
         print_json(final)
@@ -204,18 +221,12 @@ def rollout_cmd(
         submit_and_follow(request, follow_run, as_json, preflight)
         return
     from kiln.cli.control_cmds import follow_and_download, rollout_output_mapping
-    from kiln.cli.follow import print_links
 
     api = api_client()
-    try:
-        code, status = api.submit(request, preflight=preflight)
-    except KilnError as error:
-        _fail(error)
-        return
+    code, status = answer(lambda: api.submit(request, preflight=preflight))
     run_id = status.run_id
     out = progress()
-    out.print(f"run {run_id} {'submitted' if code == 202 else 'already exists (idempotent retry)'}")
-    print_links(status, out, api.base_url)
+    _announce(api, code, status, out)
     exit_code = follow_and_download(
         api, run_id, rollout_output_mapping(output, replay_output, summary_output), force=force, out=out
     )
@@ -266,7 +277,7 @@ def train_grpo_cmd(
     The rollouts' behaviour policy must match the workers' base model (and the published adapter
     it names, if any): the on-policy proof fails closed otherwise.
     """
-    from kiln.cli.follow import exit_code, follow, print_links, print_outcome
+    from kiln.cli.follow import print_links
 
     if not input_path.is_file():
         _fail(KilnError(f"--input {input_path} is not a file", code="openenv_invalid_request"))
@@ -300,8 +311,4 @@ def train_grpo_cmd(
     print_links(status, progress(), api.base_url)
     if not follow_run:
         return
-    final = follow(lambda: api.status(run_id), console)
-    if as_json:
-        print_json(final)
-        raise typer.Exit(exit_code(final))
-    raise typer.Exit(print_outcome(final, console, api.base_url))
+    _follow_to_end(api, run_id, console, as_json)

@@ -8,7 +8,7 @@ API and the CLI all read it; JSON keys are those of ``kiln.run-status.v1``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -18,7 +18,7 @@ from kiln.core.tolerant import Tolerant
 STATUS_SCHEMA = "kiln.run-status.v1"
 
 # Stages of a live run, in order, then those of a dataset-training run.
-RUN_STAGES = (
+LiveStage = Literal[
     "admission",
     "queue",
     "discovery",
@@ -28,22 +28,12 @@ RUN_STAGES = (
     "evaluation",
     "post_evaluation",
     "publication",
-)
+]
+Stage = Literal[LiveStage, "split"]
+RUN_STAGES: tuple[str, ...] = get_args(LiveStage)
 DATASET_STAGES = ("split", "training", "publication")
 # ``terminated`` is set by the API only (the workflow cannot see its own termination).
 TERMINAL_STATES = ("completed", "failed", "cancelled", "terminated")
-Stage = Literal[
-    "admission",
-    "queue",
-    "discovery",
-    "collection",
-    "revalidation",
-    "training",
-    "evaluation",
-    "post_evaluation",
-    "publication",
-    "split",
-]
 
 
 def invalid_action_rate(stats: dict[str, Any]) -> float | None:
@@ -206,6 +196,27 @@ class IterationStatus(_Status):
     wall_ms: int | None = None
 
 
+# An iteration's training figures: their status (and metrics.jsonl) name → the TrainResult field.
+_TRAINING_FIGURES = {
+    "trained": "trained",
+    "steps": "steps",
+    "loss": "final_loss",
+    "kl": "kl",
+    "kl_to_previous": "kl_to_previous",
+    "kl_to_base": "kl_to_base",
+    "early_stop_step": "early_stop_step",
+    "adapter_sha256": "adapter_sha256",
+}
+
+
+def training_figures(training: Any) -> dict[str, Any]:
+    """An iteration's training figures under their :class:`IterationStatus` names, from its
+    ``TrainResult``; with no training (None), those fields' defaults (not trained, 0 steps)."""
+    if training is None:
+        return {name: IterationStatus.model_fields[name].default for name in _TRAINING_FIGURES}
+    return {name: getattr(training, attr) for name, attr in _TRAINING_FIGURES.items()}
+
+
 class EvaluationStatus(_Status):
     state: str = "collecting_baseline"
     seed_start: int
@@ -311,14 +322,7 @@ class RunStatus(_Status):
         self.finish("cancelled")
 
     def record_training(self, training: Any) -> None:
-        self.training = TrainingStatus(
-            trained=training.trained,
-            steps=training.steps,
-            final_loss=training.final_loss,
-            adapter_sha256=training.adapter_sha256,
-            selection=training.selection,
-            skip_reason=training.skip_reason,
-        )
+        self.training = TrainingStatus.model_validate(training, from_attributes=True)
         self.warn(*training.selection.get("warnings", []))
         drifted = kl_to_base_warning(getattr(training, "kl_to_base", None))
         if drifted is not None:

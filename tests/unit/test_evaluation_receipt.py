@@ -18,6 +18,7 @@ from kiln.core.evaluation.receipt import (
     policy_identity,
     receipt_bytes,
     validate_receipt,
+    verdict_for,
     world_model_block,
 )
 
@@ -273,3 +274,29 @@ def test_reset_differences_are_evidence_and_validated() -> None:
         with pytest.raises(EvaluationReceiptInvalid) as info:
             validate_receipt(broken)
         assert info.value.details["field"] == "evidence.reset_differences"
+
+
+_VERDICT_EVIDENCE = {"paired_groups": 20, "baseline_mean_return": 0.25, "candidate_mean_return": 0.5, "reason": "R"}
+_MEANS = "mean return 0.25 -> 0.5 over 20 paired seed groups"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("outcome", "sentence"),
+    [
+        ("diagnostic", f"Diagnostic evaluation (no gate): {_MEANS}."),
+        ("promoted", f"Promoted: the trained adapter passed the gate and is now served; R; {_MEANS}."),
+        ("kept", f"Passed the gate; auto_load is off, so the trained adapter is kept but not served; R; {_MEANS}."),
+        ("rejected", f"Rejected: R; {_MEANS}."),
+        ("inconclusive", f"Inconclusive, the trained adapter stays unserved: R; {_MEANS}."),
+        ("error", f"Error: the trained adapter passed the gate but could not be promoted; {_MEANS}."),
+    ],
+)
+def test_verdict_sentence_of_each_outcome(outcome: str, sentence: str) -> None:
+    assert verdict_for(_VERDICT_EVIDENCE, outcome) == sentence
+
+
+@pytest.mark.timeout(10)
+def test_verdict_of_an_unknown_outcome_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown evaluation outcome 'approved'"):
+        verdict_for(_VERDICT_EVIDENCE, "approved")

@@ -5,7 +5,7 @@ candidates saw different resets adds one warning naming the fields."""
 from __future__ import annotations
 
 from kiln.core.records import TrainResult
-from kiln.core.run_status import RunStatus
+from kiln.core.run_status import RunStatus, training_figures
 
 SKIPPED = "group 0 has no reward variation (every candidate returned 1.0); skipped"
 
@@ -71,3 +71,34 @@ def test_a_training_far_from_the_base_model_warns_with_what_to_change() -> None:
     for kl in (None, 0.25, KL_TO_BASE_WARN_NATS):  # unknown, small, exactly at the threshold
         quiet.record_training(_trained(kl))
     assert quiet.warnings == []
+
+
+def test_the_training_block_holds_the_results_own_figures_and_nothing_else() -> None:
+    status = RunStatus()
+    status.record_training(
+        TrainResult(trained=True, selection={"warnings": []}, adapter_sha256="ab" * 32, steps=4, final_loss=0.25, kl=0.5)
+    )
+    assert status.training is not None
+    assert status.training.model_dump() == {
+        "trained": True,
+        "steps": 4,
+        "final_loss": 0.25,
+        "adapter_sha256": "ab" * 32,
+        "selection": {"warnings": []},
+        "skip_reason": None,
+    }
+
+
+def test_an_iterations_training_figures_are_named_as_status_and_metrics_name_them() -> None:
+    trained = TrainResult(
+        trained=True, selection={}, steps=3, final_loss=0.125, kl=0.25, kl_to_previous=0.5, kl_to_base=0.75,
+        early_stop_step=2, adapter_sha256="cd" * 32,
+    )
+    assert training_figures(trained) == {
+        "trained": True, "steps": 3, "loss": 0.125, "kl": 0.25, "kl_to_previous": 0.5, "kl_to_base": 0.75,
+        "early_stop_step": 2, "adapter_sha256": "cd" * 32,
+    }
+    assert training_figures(None) == {
+        "trained": False, "steps": 0, "loss": None, "kl": None, "kl_to_previous": None, "kl_to_base": None,
+        "early_stop_step": None, "adapter_sha256": None,
+    }

@@ -188,6 +188,17 @@ class S3Store(StoreReads):
         self.put_key(key, data, action="put blob")
         return ObjectRef(uri=self.uri_for(key), sha256=digest, bytes=len(data))
 
+    def _put_checked(self, key: str, data: bytes, **conditions: str) -> None:
+        """One ``put_object`` of ``data`` at ``key`` with the SHA-256 checksum the server verifies
+        (``conditions``: e.g. ``IfNoneMatch``); the caller maps the client's errors."""
+        self._client.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
+            **conditions,
+        )
+
     @patient
     def put_key(self, key: str, data: bytes, *, action: str = "put") -> None:
         """Write ``data`` at ``key`` (overwriting), with a SHA-256 checksum the server verifies.
@@ -196,12 +207,7 @@ class S3Store(StoreReads):
         """
         data = bytes(data)
         try:
-            self._client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=data,
-                ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
-            )
+            self._put_checked(key, data)
         except Exception as exc:
             raise self._map(exc, action, key) from exc
         S3_BYTES_WRITTEN.inc(len(data))
@@ -294,13 +300,7 @@ class S3Store(StoreReads):
         """
         data = bytes(data)
         try:
-            self._client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=data,
-                IfNoneMatch="*",
-                ChecksumSHA256=_b64_sha256(hashlib.sha256(data).digest()),
-            )
+            self._put_checked(key, data, IfNoneMatch="*")
             S3_BYTES_WRITTEN.inc(len(data))
             return True
         except bce.ClientError as exc:

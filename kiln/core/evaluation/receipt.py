@@ -123,27 +123,27 @@ def _config_dict(config: Any) -> dict[str, Any]:
     raise TypeError("config must be an EnvironmentEvalConfig or a dict")
 
 
+# The verdict sentence of each evaluation outcome; ``{reason}`` is the gate's, ``{means}`` the returns.
+_VERDICTS = {
+    "diagnostic": "Diagnostic evaluation (no gate): {means}.",
+    "promoted": "Promoted: the trained adapter passed the gate and is now served; {reason}; {means}.",
+    "kept": "Passed the gate; auto_load is off, so the trained adapter is kept but not served; {reason}; {means}.",
+    "rejected": "Rejected: {reason}; {means}.",
+    "inconclusive": "Inconclusive, the trained adapter stays unserved: {reason}; {means}.",
+    "error": "Error: the trained adapter passed the gate but could not be promoted; {means}.",
+}
+
+
 def verdict_for(evidence: dict[str, Any], outcome: str) -> str:
     """One human sentence for the status page and the CLI."""
-    groups = evidence["paired_groups"]
+    template = _VERDICTS.get(outcome)
+    if template is None:
+        raise ValueError(f"unknown evaluation outcome {outcome!r}")
     means = (
         f"mean return {evidence['baseline_mean_return']:.6g} -> "
-        f"{evidence['candidate_mean_return']:.6g} over {groups} paired seed groups"
+        f"{evidence['candidate_mean_return']:.6g} over {evidence['paired_groups']} paired seed groups"
     )
-    reason = evidence["reason"]
-    if outcome == "diagnostic":
-        return f"Diagnostic evaluation (no gate): {means}."
-    if outcome == "promoted":
-        return f"Promoted: the trained adapter passed the gate and is now served; {reason}; {means}."
-    if outcome == "kept":
-        return f"Passed the gate; auto_load is off, so the trained adapter is kept but not served; {reason}; {means}."
-    if outcome == "rejected":
-        return f"Rejected: {reason}; {means}."
-    if outcome == "inconclusive":
-        return f"Inconclusive, the trained adapter stays unserved: {reason}; {means}."
-    if outcome == "error":
-        return f"Error: the trained adapter passed the gate but could not be promoted; {means}."
-    raise ValueError(f"unknown evaluation outcome {outcome!r}")
+    return template.format(reason=evidence["reason"], means=means)
 
 
 def build_receipt(

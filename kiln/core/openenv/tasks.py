@@ -8,6 +8,7 @@ JSON for display only: they never become reset payloads or artifacts.
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -38,35 +39,27 @@ def task_route(url: EnvironmentUrl, environment_name: str, route: str) -> str:
     return f"{url.base_url}/{quote(environment_name, safe='')}/{route}"
 
 
+@dataclass(eq=False)
 class TaskClient:
     """Thin typed access to the five Task API routes of one server and environment."""
 
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        url: EnvironmentUrl,
-        environment_name: str,
-        *,
-        bearer_token: str | None,
-        timeout_s: float,
-        connect_timeout_s: float,
-    ) -> None:
-        self._client = client
-        self._url = url
-        self._name = environment_name
-        self._token = bearer_token
-        self._timeout_s = timeout_s
-        self._connect_timeout_s = connect_timeout_s
+    client: httpx.AsyncClient
+    url: EnvironmentUrl
+    environment_name: str
+    _: KW_ONLY
+    bearer_token: str | None = field(repr=False)  # a secret: never in a repr or a log line
+    timeout_s: float
+    connect_timeout_s: float
 
     async def _call(self, method: str, route: str, body: Any = None) -> Any:
         status, value = await request_json(
-            self._client,
+            self.client,
             method,
-            task_route(self._url, self._name, route),
+            task_route(self.url, self.environment_name, route),
             json_body=body,
-            bearer_token=self._token,
-            timeout_s=self._timeout_s,
-            connect_timeout_s=self._connect_timeout_s,
+            bearer_token=self.bearer_token,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
             ok_statuses=_UNSUPPORTED_STATUSES,
         )
         if status in _UNSUPPORTED_STATUSES:
@@ -75,7 +68,7 @@ class TaskClient:
 
     def _bad(self, route: str, reason: str) -> EnvironmentProtocolError:
         return EnvironmentProtocolError(
-            f"{task_route(self._url, self._name, route)}: {reason}", details={"route": route}
+            f"{task_route(self.url, self.environment_name, route)}: {reason}", details={"route": route}
         )
 
     async def splits(self) -> list[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from kiln.core.errors import EnvironmentCapacityExhausted
@@ -29,39 +30,30 @@ from kiln.core.openenv.urls import EnvironmentUrl
 Opened = tuple[int, EnvSession, Any, int]  # (candidate, session, reset result, capacity retries)
 
 
+@dataclass(eq=False)
 class SessionPlanner:
-    """Opens one group's sessions wave by wave against one environment."""
+    """Opens one group's sessions wave by wave against one environment. ``holder`` names whose
+    sessions these are (the run id): the most sessions held at once is counted per holder, so one
+    run's figures never include another's."""
 
-    def __init__(
-        self,
-        url: EnvironmentUrl,
-        reset_payload: dict[str, Any],
-        *,
-        bearer_token: str | None,
-        group_index: int,
-        group_size: int,
-        capacity_wait_s: float,
-        attempt_capacity_wait_s: float | None,
-        should_cancel: Callable[[], bool],
-        heartbeat: Callable[[dict[str, Any]], None],
-        holder: str = "",
-    ) -> None:
-        """``holder`` names whose sessions these are (the run id): the most sessions held at once
-        is counted per holder, so one run's figures never include another's."""
-        self.url = url
-        self.holder = holder
-        self.refusals = 0
-        self.reset_payload = reset_payload
-        self.bearer_token = bearer_token
-        self.group_index = group_index
-        self.group_size = group_size
-        self.capacity_wait_s = capacity_wait_s
-        self.attempt_capacity_wait_s = attempt_capacity_wait_s
-        self.should_cancel = should_cancel
-        self.heartbeat = heartbeat
-        self.key = url.websocket_url
-        self._busy_since: float | None = None
-        self._busy_waits = 0
+    url: EnvironmentUrl
+    reset_payload: dict[str, Any]
+    _: KW_ONLY
+    bearer_token: str | None = field(repr=False)  # a secret: never in a repr or a log line
+    group_index: int
+    group_size: int
+    capacity_wait_s: float
+    attempt_capacity_wait_s: float | None
+    should_cancel: Callable[[], bool]
+    heartbeat: Callable[[dict[str, Any]], None]
+    holder: str = ""
+    refusals: int = field(default=0, init=False)
+    key: str = field(init=False)
+    _busy_since: float | None = field(default=None, init=False)
+    _busy_waits: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.key = self.url.websocket_url
 
     def wave_size(self, concurrency: int) -> int:
         return wave_size(concurrency, self.group_size, CAPACITY.limit(self.key))

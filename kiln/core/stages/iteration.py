@@ -15,7 +15,7 @@ from kiln.core.artifacts.selections import full_selection
 from kiln.core.artifacts.store import S3Store
 from kiln.core.canonical import sha256_bytes
 from kiln.core.records import IterationFiles, IterationInput
-from kiln.core.run_status import invalid_action_rate
+from kiln.core.run_status import invalid_action_rate, training_figures
 from kiln.core.stages.evaluation import store_bundle
 from kiln.core.telemetry.live import put_iteration
 
@@ -51,7 +51,6 @@ def _evaluation_block(inp: IterationInput) -> dict[str, Any] | None:
 
 def curve_row(inp: IterationInput, stats: dict[str, Any]) -> dict[str, Any]:
     """The iteration's figures for status and ``metrics.jsonl`` (kind ``iteration``)."""
-    training = inp.training
     evaluation = inp.evaluation
     return {
         "kind": "iteration",
@@ -60,14 +59,7 @@ def curve_row(inp: IterationInput, stats: dict[str, Any]) -> dict[str, Any]:
         "staleness": inp.staleness,
         "mean_return": stats.get("mean_episode_return"),
         "invalid_action_rate": invalid_action_rate(stats),
-        "trained": bool(training and training.trained),
-        "steps": training.steps if training else 0,
-        "loss": training.final_loss if training else None,
-        "kl": training.kl if training else None,
-        "kl_to_previous": training.kl_to_previous if training else None,
-        "kl_to_base": training.kl_to_base if training else None,
-        "early_stop_step": training.early_stop_step if training else None,
-        "adapter_sha256": training.adapter_sha256 if training else None,
+        **training_figures(inp.training),
         "eval_mean_return": evaluation.candidate.stats.get("mean_episode_return") if evaluation else None,
         "eval_baseline_mean_return": evaluation.baseline.stats.get("mean_episode_return") if evaluation else None,
     }

@@ -22,6 +22,8 @@ removed afterwards.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,22 @@ from kiln.core.train.step import StepSettings
 
 DRIFT_ESTIMATOR = "exact_full_vocabulary"
 START_ADAPTER = "kiln-start"
+
+
+@contextmanager
+def frozen_adapter(model: Any, adapter_dir: Path, name: str, label: str) -> Iterator[None]:
+    """``adapter_dir`` loaded next to the trained adapter as the frozen adapter ``name`` for the
+    block (``label`` names it in the error when it cannot load); afterwards the trained adapter is
+    active again and ``name`` is deleted."""
+    try:
+        model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+    except (OSError, ValueError) as exc:
+        raise TrainingFailed(f"cannot load {label} {adapter_dir}: {exc}", code="adapter_load_failed") from exc
+    try:
+        yield
+    finally:
+        model.set_adapter(TRAIN_ADAPTER)
+        model.delete_adapter(name)
 
 
 def _hidden_under(model: Any, adapter: str | None, batch: Any) -> torch.Tensor:
@@ -99,14 +117,5 @@ def final_pass(
     with torch.random.fork_rng(devices=[]):
         if start_adapter_dir is None:
             return _score(model, rows, settings, device, None)
-        try:
-            model.load_adapter(str(start_adapter_dir), adapter_name=START_ADAPTER, is_trainable=False)
-        except (OSError, ValueError) as exc:
-            raise TrainingFailed(
-                f"cannot load the starting adapter {start_adapter_dir}: {exc}", code="adapter_load_failed"
-            ) from exc
-        try:
+        with frozen_adapter(model, start_adapter_dir, START_ADAPTER, "the starting adapter"):
             return _score(model, rows, settings, device, START_ADAPTER)
-        finally:
-            model.set_adapter(TRAIN_ADAPTER)
-            model.delete_adapter(START_ADAPTER)

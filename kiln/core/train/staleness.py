@@ -24,7 +24,8 @@ import torch
 
 from kiln.core.errors import PolicyIdentityChanged, TrainingFailed
 from kiln.core.train.batches import Row
-from kiln.core.train.model import TRAIN_ADAPTER, adapter_content_sha256
+from kiln.core.train.drift import frozen_adapter
+from kiln.core.train.model import adapter_content_sha256
 from kiln.core.train.step import StepSettings, score_rows
 
 BEHAVIOR_ADAPTER = "kiln-behavior"
@@ -77,15 +78,6 @@ def score_behavior(
         if behavior_adapter_dir is None:
             with model.disable_adapter():
                 return _score(model, rows, settings, device)
-        try:
-            model.load_adapter(str(behavior_adapter_dir), adapter_name=BEHAVIOR_ADAPTER, is_trainable=False)
-        except (OSError, ValueError) as exc:
-            raise TrainingFailed(
-                f"cannot load behavior adapter {behavior_adapter_dir}: {exc}", code="adapter_load_failed"
-            ) from exc
-        try:
+        with frozen_adapter(model, behavior_adapter_dir, BEHAVIOR_ADAPTER, "behavior adapter"):
             model.set_adapter(BEHAVIOR_ADAPTER, inference_mode=True)
             return _score(model, rows, settings, device)
-        finally:
-            model.set_adapter(TRAIN_ADAPTER)
-            model.delete_adapter(BEHAVIOR_ADAPTER)
