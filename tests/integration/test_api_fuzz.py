@@ -51,7 +51,7 @@ UPSTREAM_CODES = {"environment_unavailable", "openenv_inspection_failed", "opene
 
 
 def documented_codes() -> set[str]:
-    """Every code listed in docs/errors.md (generated from kiln/core/errors.py; the contract answers are held to)."""
+    """Every code listed in docs/errors.md (generated from kiln/core/errors/; the contract answers are held to)."""
     text = (ROOT / "docs" / "errors.md").read_text()
     return set(re.findall(r"^\| `([a-z][a-z0-9_]+)` \|", text, flags=re.MULTILINE))
 

@@ -1,4 +1,4 @@
-"""``docs/errors.md`` is generated from ``kiln/core/errors.py`` and names every code the product raises."""
+"""``docs/errors.md`` is generated from ``kiln/core/errors/`` and names every code the product raises."""
 
 from __future__ import annotations
 

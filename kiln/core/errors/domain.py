@@ -1,86 +1,10 @@
-"""The one KilnError tree: every failure Kiln reports carries a stable ``code`` string.
-
-The same codes appear in the CLI, the REST API, run status and Temporal failures (the activity
-adapters turn a KilnError into an ``ApplicationError`` whose ``type`` is the code). Messages must
-never contain secrets (bearer tokens); callers redact before constructing an error.
+"""The errors of a run's own work: requests, environments, models and engines, storage,
+training, evaluation and orchestration. Each class fixes its stable ``code``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-MAX_MESSAGE_BYTES = 4096
-
-
-def truncate_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    """Cut a message to ``limit`` UTF-8 bytes, marking the cut with ``...``."""
-    raw = message.encode("utf-8")
-    if len(raw) <= limit:
-        return message
-    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
-
-
-# code -> the KilnError subclass that declares it (filled as each class is defined, below).
-_REGISTRY: dict[str, type[KilnError]] = {}
-
-
-class KilnError(Exception):
-    """Base of every Kiln failure. Subclasses fix ``code``, ``retryable`` and ``http_status``."""
-
-    code: str = "internal_error"
-    retryable: bool = False
-    http_status: int = 500
-    stage: str | None = None
-    # An expected wait, not a failure (an environment at capacity): workers log it as one INFO
-    # line without a traceback, and Temporal marks it benign.
-    expected: bool = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register the class under the code it declares itself, when it is built like KilnError
-        (so ``error_from_dict`` can rebuild it); the first class of a code keeps it."""
-        super().__init_subclass__(**kwargs)
-        code = cls.__dict__.get("code")
-        if isinstance(code, str) and "__init__" not in cls.__dict__:
-            _REGISTRY.setdefault(code, cls)
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        hint: str | None = None,
-        code: str | None = None,
-        retryable: bool | None = None,
-        stage: str | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        self.message = truncate_message(message)
-        super().__init__(self.message)
-        self.hint = hint
-        if code is not None:
-            self.code = code
-        if retryable is not None:
-            self.retryable = retryable
-        if stage is not None:
-            self.stage = stage
-        self.details = dict(details or {})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form used by the API, run status and Temporal failure details."""
-        out: dict[str, Any] = {
-            "code": self.code,
-            "message": self.message,
-            "retryable": self.retryable,
-        }
-        if self.hint:
-            out["hint"] = self.hint
-        if self.stage:
-            out["stage"] = self.stage
-        if self.details:
-            out["details"] = self.details
-        return out
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+from kiln.core.errors.base import KilnError
 
 
 class InvalidRequest(KilnError):
@@ -333,10 +257,6 @@ class TrackerUnavailable(KilnError):
     stage = "training"
 
 
-# ------------------------------------------------------------------------------------------------
-# front (issue 39): the classes that lived beside their raisers, moved here so that every code is
-# registered once ``kiln.core.errors`` is imported (their old modules re-export them).
-
 CAPACITY_WAIT_CODE = "environment_at_capacity"
 
 
@@ -398,88 +318,6 @@ class VerificationFailed(KilnError):
     http_status = 409
 
 
-class ApiUnavailable(KilnError):
-    """The Kiln API could not be reached at all (nothing listening, DNS, TLS, a dropped socket)."""
-
-    code = "api_unavailable"
-    retryable = True
-
-
-class OutputExists(KilnError):
-    """A download would overwrite a file (or names a folder) and ``--force`` was not given."""
-
-    code = "openenv_artifact_output_exists"
-    http_status = 409
-
-
-class ServeConfigurationInvalid(KilnError):
-    """``kiln serve`` refused its configuration; nothing was started."""
-
-    code = "serve_configuration_invalid"
-
-
-class ServeStartFailed(KilnError):
-    """A part of ``kiln serve`` failed to start; everything it had started was stopped."""
-
-    code = "serve_start_failed"
-
-
-class ApiConfigurationError(KilnError):
-    """The API's own settings are unusable (a non-loopback bind without ``KILN_API_TOKEN``)."""
-
-    code = "api_configuration_invalid"
-
-
-class IdempotencyConflict(KilnError):
-    """An ``idempotency_key`` was reused with a different request body."""
-
-    code = "openenv_run_idempotency_conflict"
-    http_status = 409
-
-
-class RunNotCancellable(KilnError):
-    """The run already ended; there is nothing to cancel."""
-
-    code = "openenv_run_not_cancellable"
-    http_status = 409
-
-
-class Unauthorized(KilnError):
-    """The request carries no bearer token, or the wrong one."""
-
-    code = "unauthorized"
-    http_status = 401
-
-
-class RouteNotFound(KilnError):
-    """No API route has this path."""
-
-    code = "not_found"
-    http_status = 404
-
-
-class MethodNotAllowed(KilnError):
-    """The route exists, but not for this HTTP method (the answer's ``Allow`` names those that do)."""
-
-    code = "method_not_allowed"
-    http_status = 405
-
-
-class RequestBodyTimeout(KilnError):
-    """The request body did not arrive in time (``KILN_API_BODY_TIMEOUT_S``); the connection closes."""
-
-    code = "request_body_timeout"
-    http_status = 408
-    retryable = True
-
-
-class RequestTooLarge(KilnError):
-    """The request body is over the route's size limit."""
-
-    code = "openenv_request_too_large"
-    http_status = 413
-
-
 class TaskCatalogFailed(KilnError):
     """An environment's Task API catalogue could not be read (``POST /v1/openenv/tasks``)."""
 
@@ -502,50 +340,6 @@ class PreflightFailed(KilnError):
     retryable = True
 
 
-class ServeGaveUp(KilnError):
-    """A child of ``kiln serve`` kept failing right after each restart; serve stopped everything."""
-
-    code = "serve_gave_up"
-
-
-UNCLAIMED_HINT = (
-    "Kiln's run workflows run on the control task queue (KILN_CONTROL_TASK_QUEUE, default kiln-control): "
-    "cancel this run and start it there, or start a worker that polls this queue"
-)
-
-
-class RunUnclaimed(KilnError):
-    """A follow ended on a run that no worker has picked up, and none polls its task queue."""
-
-    code = "run_unclaimed"
-    http_status = 409
-
-
-def error_type(code: str) -> type[KilnError]:
-    """The ``KilnError`` class of ``code`` (every class lives in this module, so the answer never
-    depends on what else was imported); ``KilnError`` for an unknown code."""
-    return _REGISTRY.get(code, KilnError)
-
-
-def registered_errors() -> dict[str, type[KilnError]]:
-    """Every stable code and its class, in definition order (``docs/errors.md`` is made of it)."""
-    return dict(_REGISTRY)
-
-
-def error_from_dict(data: dict[str, Any]) -> KilnError:
-    """Rebuild a KilnError from its ``to_dict`` form (used across process boundaries)."""
-    code = str(data.get("code") or "internal_error")
-    cls = error_type(code)
-    return cls(
-        str(data.get("message") or code),
-        hint=data.get("hint"),
-        code=code,
-        retryable=bool(data.get("retryable", False)),
-        stage=data.get("stage"),
-        details=data.get("details") or None,
-    )
-
-
 # --- Deterministic model faults ---------------------------------------------
 class ModelFault(KilnError):
     """The policy model itself fails inside its forward pass (a layer kind the engine cannot
@@ -556,15 +350,6 @@ class ModelFault(KilnError):
     code = "model_fault"
     retryable = False
     http_status = 500
-
-
-# --- The command line's own parse errors ---------------------------------
-class CliUsageError(KilnError):
-    """The command line did not parse (an unknown option or command, a bad choice or type, a
-    missing argument); nothing ran. Under ``--json`` it is printed as the usual error envelope."""
-
-    code = "cli_usage_error"
-    http_status = 400
 
 
 class HarnessUnsupported(KilnError):
