@@ -115,7 +115,7 @@ async def test_the_run_state_filter_is_an_enum_in_openapi(app) -> None:  # noqa:
     (state,) = [p for p in document["paths"]["/v1/openenv/runs"]["get"]["parameters"] if p["name"] == "state"]
     branches = state["schema"].get("anyOf", [state["schema"]])
     enums = [branch["enum"] for branch in branches if "enum" in branch]
-    assert enums == [["running", "completed", "failed", "cancelled"]]
+    assert enums == [["running", "completed", "failed", "cancelled", "terminated"]]
 
 
 @pytest.mark.asyncio
