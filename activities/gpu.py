@@ -143,7 +143,7 @@ class GpuActivities:
                     decode_tile=self.settings.hf_decode_tile,
                 )
                 if self.settings.engine == "vllm":
-                    from kiln.core.policy.engine_vllm import engine_for
+                    from kiln.core.policy.vllm_router import engine_for
 
                     runtime.use_engine(engine_for(self.settings, self.model_path, dtype=runtime.dtype))
                 self._policy = LockedPolicy(runtime)

@@ -205,7 +205,8 @@ def test_engine_setting_sizes_the_gpu_worker() -> None:
 
 
 def test_a_vllm_worker_configures_its_engine_from_its_settings(tmp_path: Path) -> None:
-    from kiln.core.policy.engine_vllm import default_python, engine_for
+    from kiln.core.policy.engine_vllm import default_python
+    from kiln.core.policy.vllm_router import engine_for
 
     settings = Settings(home=tmp_path / "home", engine="vllm", vllm_max_concurrent_activities=12,
                         vllm_gpu_memory_utilization=0.35, vllm_cpu_kvcache_gb=3, vllm_max_model_len=1536)

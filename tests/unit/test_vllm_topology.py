@@ -73,7 +73,8 @@ def _cores_of(bind: str) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_a_worker_with_two_engines_builds_a_router_whose_routes_stick(tmp_path: Path, monkeypatch) -> None:
-    from kiln.core.policy.engine_vllm import VllmEngine, engine_for
+    from kiln.core.policy.engine_vllm import VllmEngine
+    from kiln.core.policy.vllm_router import engine_for
     from kiln.core.policy.vllm_router import MAX_ROUTES, VllmRouter
 
     monkeypatch.setenv("KILN_VLLM_ENGINES", "2")

@@ -433,18 +433,10 @@ def default_python() -> Path:
     return Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 
-def engine_for(settings: Any, model_path: Path, *, dtype: str) -> Any:
-    """The vllm engine a gpu worker with ``settings`` serves ``model_path`` with
-    (:func:`kiln.core.policy.vllm_router.engine_for`: one server, or several behind a router)."""
-    from kiln.core.policy.vllm_router import engine_for as build
-
-    return build(settings, model_path, dtype=dtype)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-__all__ = ["SERVER_SCRIPT", "VllmConfig", "VllmEngine", "answer_seed", "default_python", "engine_for"]
+__all__ = ["SERVER_SCRIPT", "VllmConfig", "VllmEngine", "answer_seed", "default_python"]
