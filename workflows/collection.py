@@ -143,6 +143,7 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
             credential_id=plan.credential_ids[slot.environment_index] if plan.credential_ids else None,
             on_interrupt=plan.on_interrupt,
             label=plan.label,
+            signal_on_no_output=plan.signal_on_no_output,
         )
         result = await _collect_waiting_for_capacity(
             call, plan, inp, gate, summary=f"{plan.label} {slot.group_index} seed {slot.seed} on {env.base_url}"
@@ -162,6 +163,7 @@ async def collect_slots(plan: CollectionPlan, on_group: Callable[[GroupOutcome],
                 capacity=result.capacity,
                 reset_differences=result.reset_differences,
                 unfinished_thinking=result.unfinished_thinking,
+                signal=result.signal,
             )
         )
 
@@ -211,11 +213,14 @@ async def collect_groups(
     progress: Progress,
     label: str,
     scope: str,
+    signals: list[int] | None = None,
 ) -> GroupSet:
     """Collect every slot with ``policy``; the stored groups as a ``GroupSet``.
 
     ``scope`` names this collection within the run (``collection``, ``iteration-3``, ``eval-1-
-    baseline`` …): chunk child workflows are ``<run id>.<scope>.chunk-<n>``.
+    baseline`` …): chunk child workflows are ``<run id>.<scope>.chunk-<n>``. With ``signals``
+    (dynamic sampling), each group asks its worker whether training keeps it, and the indexes of
+    those that carry reward variation are appended to ``signals``.
     """
     plan = CollectionPlan(
         run_id=ctx.run_id,
@@ -233,11 +238,14 @@ async def collect_groups(
         gpu_queue=ctx.call.queues["gpu"],
         heartbeat_s=ctx.call.heartbeat.total_seconds(),
         parallel_groups=ctx.admission.parallel_groups,
+        signal_on_no_output=ctx.request.effective_training_config().on_no_output if signals is not None else None,
     )
 
     def fold(outcome: GroupOutcome) -> None:
         url = ctx.discovery.environments[outcome.environment_index].base_url
         fold_outcome(ctx.status, progress, outcome, label, url)
+        if signals is not None and outcome.signal:
+            signals.append(outcome.group_index)
 
     parts = chunks(slots, CHUNK_GROUPS)
     if len(parts) == 1:

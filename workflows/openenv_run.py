@@ -62,6 +62,7 @@ def _gpu_caller(admission: AdmissionResult, on_retry: Callable[[str, int], None]
 class OpenEnvRunWorkflow(RunStages):
     def __init__(self) -> None:
         self._status = RunStatus()
+        self._refills = {}
         self._granted = False
         self._queue_id: str | None = None
         self._position: int | None = None

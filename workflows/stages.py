@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from kiln.core.run_plan import (
         BundleSpec,
+        DynamicSamplingRecord,
         EvaluationPlan,
         behavior_lag,
         evaluates_after,
@@ -48,8 +49,9 @@ with workflow.unsafe.imports_passed_through():
         should_continue_as_new,
     )
     from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate, training_figures
-    from workflows.collection import RunContext, collect_groups, resolve_policy, run_policy_input
+    from workflows.collection import RunContext, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
+    from workflows.refill import collect_refilled
     from workflows.status import StatusKeeper, failure_from
 
 
@@ -67,6 +69,8 @@ class RunStages(StatusKeeper):
     # The latest collection not yet published: (context, groups, the policy that sampled them,
     # iteration); a failure after it publishes them as the run's evidence.
     _collected: tuple[RunContext, GroupSet, PolicyResult, int] | None = None
+    # How dynamic sampling refilled each iteration's groups in this history (by iteration).
+    _refills: dict[int, DynamicSamplingRecord | None]  # set by the workflow's __init__
 
     async def _keep_evidence(self, failure: Any) -> None:
         """A run failing after collection (``zero_groups`` in training, a changed identity, a
@@ -96,15 +100,24 @@ class RunStages(StatusKeeper):
         """One iteration's groups (a one-iteration run's are iteration 1's), sampled by ``policy``."""
         request = ctx.request
         single = request.iterations == 1
-        return await collect_groups(
+        groups, refill = await collect_refilled(
             ctx,
             policy,
+            iteration=iteration,
             slots=iteration_schedule(request, iteration, len(ctx.discovery.environments)),
             settings=request.episode_settings(ctx.thinking),
             progress=progress or self._status.progress,
             label="group" if single else f"iteration {iteration} group",
             scope="collection" if single else f"iteration-{iteration}",
         )
+        self._refilled(iteration, refill)
+        return groups
+
+    def _refilled(self, iteration: int, refill: DynamicSamplingRecord | None) -> None:
+        """Keep iteration ``iteration``'s refill record for its bundle; warn when it hit the cap."""
+        self._refills[iteration] = refill
+        if refill is not None and refill.capped:
+            self._status.warn(refill.warning(f"iteration {iteration}"))
 
     async def _revalidate(self, ctx: RunContext) -> None:
         """Identity revalidation before any artifact is derived."""
@@ -139,10 +152,12 @@ class RunStages(StatusKeeper):
             elif carry.pending is not None:
                 status.progress = carry.pending_progress or status.progress
                 groups = carry.pending
+                if carry.pending_refill is not None:  # its warning was given before continue-as-new
+                    self._refills[k] = carry.pending_refill
             else:
                 status.progress = Progress.planned(request.groups, request.group_size)
                 groups = await self._collect(ctx, sampler.policy, k)
-            pending, carry.pending, carry.pending_progress = None, None, None
+            pending, carry.pending, carry.pending_progress, carry.pending_refill = None, None, None, None
             self._collected = (ctx, groups, sampler.policy, k)
             await self._revalidate(ctx)
             if request.max_staleness and k < total:  # iteration k+1 samples while k trains
@@ -166,6 +181,7 @@ class RunStages(StatusKeeper):
             if k < total and should_continue_as_new(workflow.info().get_current_history_length()):
                 if pending is not None:
                     carry.pending, carry.pending_progress = await pending, pending_progress
+                    carry.pending_refill = self._refills.get(k + 1)
                 carry.status = status
                 workflow.continue_as_new(args=[{}, carry])
         assert carry.last_training and carry.last_groups and carry.last_sampler
@@ -247,6 +263,9 @@ class RunStages(StatusKeeper):
         """The bundle spec of one iteration's groups: its seeds, the adapter that sampled them."""
         request = ctx.request
         spec = BundleSpec.of_run(request, ctx.thinking)
+        refill = self._refills.get(iteration)
+        if refill is not None:
+            spec = spec.model_copy(update={"dynamic_sampling": refill})
         if iteration == 1:
             return spec
         return spec.model_copy(

@@ -261,8 +261,10 @@ class RunRequest(EpisodeFields):
             )
         if self.groups * self.group_size > 16384:
             raise ValueError("groups × group_size must be <= 16384 rollouts")
-        if self.seed_start + self.groups * self.iterations - 1 > MAX_SEED:
+        if self.seed_start + self.seeds_per_iteration() * self.iterations - 1 > MAX_SEED:
             raise ValueError("seed_start + groups × iterations - 1 must be <= 9223372036854775807")
+        if self.seeds_per_iteration() * self.group_size > 16384:
+            raise ValueError("groups × (1 + dynamic_sampling.max_refill_rounds) × group_size must be <= 16384 rollouts")
         if self.kind != "train" and (self.iterations != 1 or self.eval_every is not None or self.max_staleness):
             raise ValueError("iterations, eval_every and max_staleness need kind 'train'")
         if self.eval_every is not None and self.environment_eval is None:
@@ -310,7 +312,7 @@ class RunRequest(EpisodeFields):
                 )
             if evaluation is not None:
                 eval_start = self.eval_seed_start()
-                train_end = self.seed_start + self.groups * self.iterations
+                train_end = self.seed_start + self.seeds_per_iteration() * self.iterations
                 if eval_start < train_end and self.seed_start < eval_start + evaluation.groups:
                     raise ValueError(
                         f"environment_eval seeds [{eval_start}, {eval_start + evaluation.groups}) "
@@ -337,7 +339,13 @@ class RunRequest(EpisodeFields):
         evaluation = self.environment_eval
         if evaluation is not None and evaluation.seed_start is not None:
             return evaluation.seed_start
-        return self.seed_start + self.groups * self.iterations
+        return self.seed_start + self.seeds_per_iteration() * self.iterations
+
+    def seeds_per_iteration(self) -> int:
+        """The training seeds one iteration reserves: ``groups``, and with dynamic sampling
+        ``groups × max_refill_rounds`` more for its refill rounds (``kiln.core.run_plan``)."""
+        dynamic = self.effective_training_config().dynamic_sampling
+        return self.groups * (1 + (dynamic.max_refill_rounds if dynamic is not None else 0))
 
     def episode_settings(self, thinking: bool | None = None) -> EpisodeSettings:
         """The collection settings, with ``thinking`` as resolved for the model (``None`` = the

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field
 
 from kiln.core.contracts import EpisodeSettings, RunRequest
 from kiln.core.training_config import EnvironmentEvalConfig, TrainingConfig
-from kiln.core.run_plan import PARALLEL_GROUPS, BundleSpec, GroupSlot
+from kiln.core.run_plan import PARALLEL_GROUPS, BundleSpec, DynamicSamplingRecord, GroupSlot
 from kiln.core.run_status import Progress, RunStatus
 from kiln.core.tolerant import Tolerant
 
@@ -156,6 +156,8 @@ class CollectGroupInput(Record):
     credential_id: str | None = None
     on_interrupt: Literal["resume", "fail"]
     label: str = "group"  # "group" (collection) or "eval baseline" / "eval candidate" (live metrics)
+    # Dynamic sampling: report whether training keeps the group under this on_no_output (None: not asked).
+    signal_on_no_output: Literal["drop", "zero_reward", "penalty"] | None = None
 
 
 class CollectGroupResult(ActivityResult):
@@ -175,6 +177,7 @@ class CollectGroupResult(ActivityResult):
     reset_differences: list[str] = Field(default_factory=list)
     # Every completion ended inside <think> (kiln.core.unfinished_thinking): a warning in run status.
     unfinished_thinking: bool = False
+    signal: bool | None = None  # asked by signal_on_no_output: the group has reward variation training keeps
 
 
 class CollectionPlan(Record):
@@ -196,6 +199,7 @@ class CollectionPlan(Record):
     gpu_queue: str
     heartbeat_s: float
     parallel_groups: int = PARALLEL_GROUPS  # collect_group activities in flight at once
+    signal_on_no_output: Literal["drop", "zero_reward", "penalty"] | None = None  # dynamic sampling asks
 
     def chunk(self, slots: list[GroupSlot]) -> "CollectionPlan":
         return self.model_copy(update={"slots": slots})
@@ -216,6 +220,7 @@ class GroupOutcome(Record):
     capacity: dict[str, Any] | None = None
     reset_differences: list[str] = Field(default_factory=list)  # reset_determinism: warn
     unfinished_thinking: bool = False  # every completion ended inside <think>
+    signal: bool | None = None  # dynamic sampling: the group has reward variation (None: not asked)
 
 
 class ChunkResult(Record):
@@ -426,4 +431,5 @@ class RunCarry(Record):
     last_sampler: PolicyResult | None = None  # the policy that sampled ``last_groups``
     pending: GroupSet | None = None  # with max_staleness 1: the next iteration's groups, collected
     pending_progress: Progress | None = None  # … and their collection's progress
+    pending_refill: DynamicSamplingRecord | None = None  # … and how dynamic sampling refilled them
     baseline: SideBundle | None = None  # the evaluation baseline side, once collected

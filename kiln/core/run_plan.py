@@ -21,13 +21,43 @@ class _Plan(Tolerant):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RefillRound(_Plan):
+    """One dynamic-sampling refill round: the groups it collected (consecutive group indexes, each
+    with seed ``seed_start + group index``, as every group of a bundle)."""
+
+    round: int  # 1-based
+    group_indexes: list[int]
+    seeds: list[int]
+
+
+class DynamicSamplingRecord(_Plan):
+    """How an iteration's groups were refilled (DAPO dynamic sampling), as its bundle records it:
+    ``target_groups`` is the run's ``groups``; ``signal_groups`` how many of all the collected
+    groups carry reward variation; ``capped`` that the last allowed round ended short of the target."""
+
+    target_groups: int
+    max_refill_rounds: int
+    rounds: list[RefillRound] = []
+    signal_groups: int = 0
+    capped: bool = False
+
+    def warning(self, label: str) -> str:
+        """The run's warning when the cap was reached (``label``: "iteration 3", "the run")."""
+        return (
+            f"{label}: dynamic sampling reached its cap of {self.max_refill_rounds} refill rounds with "
+            f"{self.signal_groups} of {self.target_groups} groups carrying reward variation; it trains on those"
+        )
+
+
 class BundleSpec(_Plan):
     """What a rollout bundle (rollouts.jsonl, replay.json, summary.json) records about its groups:
-    the policy label, the first seed and the episode settings they were collected with."""
+    the policy label, the first seed and the episode settings they were collected with, and how
+    dynamic sampling refilled them (None: no refill was planned)."""
 
     adapter: str | None  # None = the base model
     seed_start: int
     settings: EpisodeSettings
+    dynamic_sampling: DynamicSamplingRecord | None = None
 
     @classmethod
     def of_run(cls, request: RunRequest, thinking: bool | None = None) -> "BundleSpec":
@@ -79,14 +109,30 @@ def should_continue_as_new(history_length: int) -> bool:
 
 def iteration_seed_start(request: RunRequest, iteration: int) -> int:
     """The seed plan of online RL: iteration ``k`` (1-based) collects ``groups`` fresh seeds
-    ``seed_start + (k−1)·groups …``; iteration 1 is exactly a one-iteration run's seeds, and the
-    held-out seeds start after the last iteration's (``RunRequest.eval_seed_start``)."""
-    return request.seed_start + (iteration - 1) * request.groups
+    ``seed_start + (k−1)·S …`` where ``S`` is ``RunRequest.seeds_per_iteration`` (``groups``, plus
+    the seeds reserved for dynamic sampling's refill rounds); iteration 1 is exactly a one-iteration
+    run's seeds, and the held-out seeds start after the last iteration's (``eval_seed_start``)."""
+    return request.seed_start + (iteration - 1) * request.seeds_per_iteration()
 
 
 def iteration_schedule(request: RunRequest, iteration: int, environments: int) -> list[GroupSlot]:
     """Iteration ``k``'s slots: group indexes 0…groups−1 (per iteration), its own seeds."""
     return group_schedule(iteration_seed_start(request, iteration), request.groups, environments)
+
+
+def refill_slots(
+    request: RunRequest, iteration: int, environments: int, *, collected: int, signal: int, round_: int
+) -> list[GroupSlot]:
+    """Refill round ``round_`` (1-based) of iteration ``iteration``'s dynamic sampling, after
+    ``collected`` groups of which ``signal`` carry reward variation: one fresh slot per missing
+    group, continuing the iteration's group indexes and seeds (so seed = iteration seed start +
+    group index, inside the seeds the plan reserves). Empty when nothing is missing, dynamic
+    sampling is off, or the round is past ``max_refill_rounds``."""
+    dynamic = request.effective_training_config().dynamic_sampling
+    missing = request.groups - signal
+    if dynamic is None or round_ > dynamic.max_refill_rounds or missing <= 0:
+        return []
+    return group_schedule(iteration_seed_start(request, iteration), collected + missing, environments)[collected:]
 
 
 def chunks(slots: list[GroupSlot], size: int = CHUNK_GROUPS) -> list[list[GroupSlot]]:

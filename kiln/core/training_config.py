@@ -30,6 +30,19 @@ class EchoConfig(StrictModel):
     warning_filter: bool = Field(default=True, description="Leave environment warning text out of the ECHO loss.")
 
 
+class DynamicSamplingConfig(StrictModel):
+    """DAPO dynamic sampling: refill an iteration with fresh seed groups until ``groups`` of them
+    carry reward variation, at most ``max_refill_rounds`` times (verl's ``filter_groups``)."""
+
+    max_refill_rounds: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Refill rounds per iteration: each collects as many fresh seeds as groups with reward "
+        "variation are missing; the seed plan reserves groups x this many extra seeds per iteration.",
+    )
+
+
 DEFAULT_LEARNING_RATES = {"muon": 2e-3, "adamw": 3e-4}  # learning_rate null ⇒ these
 
 
@@ -157,6 +170,12 @@ class TrainingConfig(StrictModel):
         default=0.0,
         ge=0.0,
         description="Entropy bonus: subtract this times the mean policy entropy over action tokens from the loss (0 = off).",
+    )
+    dynamic_sampling: DynamicSamplingConfig | None = Field(
+        default=None,
+        description="DAPO dynamic sampling: collect fresh seed groups until groups of them have reward "
+        "variation (bounded by max_refill_rounds); null keeps today's behaviour (groups without "
+        "variation are skipped and the iteration trains on fewer).",
     )
     packing: bool = Field(
         default=False,

@@ -133,6 +133,8 @@ def summary_document(
         "stats": {**rollout_stats(records), **context_stats(groups)},
         "rollouts": records,
     }
+    if spec.dynamic_sampling is not None:
+        out["dynamic_sampling"] = spec.dynamic_sampling.model_dump(mode="json")
     if training_selection is not None:
         out["training_selection"] = training_selection
     return out

@@ -17,6 +17,7 @@ from kiln.core.openenv.capacity import ATTEMPT_CAPACITY_WAIT_S
 from kiln.core.openenv.credential_config import resolve_bearer_token
 from kiln.core.policy.engine import decode_tile_of
 from kiln.core.policy.identity import with_inference
+from kiln.core.train.selection import select_groups
 from kiln.core.unfinished_thinking import group_ended_inside_thinking
 
 
@@ -115,4 +116,5 @@ async def collect(
         reset_differences=sorted(collector.nondeterministic_fields)[:64],
         interruption_code="executor_interrupted" if attempt > 1 else None,
         unfinished_thinking=group_ended_inside_thinking(document["line"]["completions"]),
+        signal=bool(select_groups([document["line"]], inp.signal_on_no_output)[0]) if inp.signal_on_no_output else None,
     )

@@ -77,6 +77,11 @@ def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
             "stats": stats,
             "training": _training_block(inp),
             "evaluation": _evaluation_block(inp),
+            **(
+                {"dynamic_sampling": inp.bundle.dynamic_sampling.model_dump(mode="json")}
+                if inp.bundle.dynamic_sampling is not None
+                else {}
+            ),
         }
     )
     store.put_key(iteration_key(inp.run_id, inp.iteration), data, action="put iteration record")

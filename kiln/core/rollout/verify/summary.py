@@ -70,8 +70,16 @@ _SUMMARY_KEYS = frozenset(
     }
 )
 _SUMMARY_OPTIONAL = frozenset(
-    {"training_selection", "reset_determinism", "replay_ignore", "context_tokens", "context_policy"}
+    {
+        "training_selection",
+        "reset_determinism",
+        "replay_ignore",
+        "context_tokens",
+        "context_policy",
+        "dynamic_sampling",
+    }
 )
+_DYNAMIC_KEYS = frozenset({"target_groups", "max_refill_rounds", "rounds", "signal_groups", "capped"})
 
 
 def check_summary(summary: dict) -> None:
@@ -133,6 +141,8 @@ def check_summary(summary: dict) -> None:
             raise fail(where, "context_policy", "must be 'end', 'end_penalised' or 'window'")
     if "training_selection" in summary:
         need_dict(summary["training_selection"], where, "training_selection")
+    if "dynamic_sampling" in summary:
+        check_dynamic_sampling(summary["dynamic_sampling"], groups, seed_start, where)
     if "replay_ignore" in summary:
         paths = need_list(summary["replay_ignore"], where, "replay_ignore")
         try:
@@ -140,6 +150,37 @@ def check_summary(summary: dict) -> None:
                 raise ValueError("must be a non-empty, sorted list of unique paths")
         except ValueError as exc:
             raise fail(where, "replay_ignore", str(exc)) from None
+
+
+def check_dynamic_sampling(block: Any, groups: int, seed_start: int, where: Where) -> None:
+    """The refill record (``kiln.core.run_plan.DynamicSamplingRecord``) against the bundle: rounds
+    1…n (n ≤ the cap) each collected consecutive groups after the ``target_groups`` first ones,
+    every seed is ``seed_start`` + its group index, and together they are the bundle's groups."""
+    field = "dynamic_sampling"
+    block = need_dict(block, where, field)
+    need_keys(block, _DYNAMIC_KEYS, where, field)
+    target = need_int(block, "target_groups", where, 1, groups)
+    cap = need_int(block, "max_refill_rounds", where, 1, 16)
+    signal = need_int(block, "signal_groups", where, 0, target)
+    rounds = need_list(block["rounds"], where, f"{field}.rounds")
+    if len(rounds) > cap:
+        raise fail(where, f"{field}.rounds", f"holds {len(rounds)} rounds; the cap is {cap}")
+    following = target
+    for number, item in enumerate(rounds, start=1):
+        item = need_dict(item, where, f"{field}.rounds[{number - 1}]")
+        indexes, seeds = item.get("group_indexes"), item.get("seeds")
+        if item.get("round") != number or not isinstance(indexes, list) or not isinstance(seeds, list):
+            raise fail(where, f"{field}.rounds[{number - 1}]", f"must be round {number} with group_indexes and seeds")
+        if not 1 <= len(indexes) <= target or indexes != list(range(following, following + len(indexes))):
+            raise fail(where, f"{field}.rounds[{number - 1}].group_indexes", f"must continue at group {following}")
+        if seeds != [seed_start + index for index in indexes]:
+            raise fail(where, f"{field}.rounds[{number - 1}].seeds", "must be seed_start + each group index")
+        following += len(indexes)
+    if following != groups:
+        raise fail(where, f"{field}.rounds", f"account for {following} groups; the bundle holds {groups}")
+    capped = need_bool(block, "capped", where)
+    if capped != (signal < target):
+        raise fail(where, f"{field}.capped", "must be true exactly when fewer than target_groups carry variation")
 
 
 def check_behavior_policy(policy: Any, adapter: str | None, where: Where) -> None:
