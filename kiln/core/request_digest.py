@@ -21,6 +21,7 @@ LATER_SETTINGS: dict[str, Any] = {
     "overlong_penalty": 1.0,
     "entropy_coeff": 0.0,
     "packing": False,
+    "dynamic_sampling": None,
 }
 
 

@@ -10,10 +10,19 @@ import pytest
 from api.app import create_app
 from kiln.cli.model_options import bounds, choices, default, describe
 from kiln.core.contracts import RunRequest
-from kiln.core.training_config import EchoConfig, EnvironmentEvalConfig, GateConfig, PostEvalConfig, TrainingConfig
+from kiln.core.training_config import (
+    DynamicSamplingConfig,
+    EchoConfig,
+    EnvironmentEvalConfig,
+    GateConfig,
+    PostEvalConfig,
+    TrainingConfig,
+)
 from kiln.core.settings import Settings
 
-REQUEST_MODELS = (RunRequest, TrainingConfig, EchoConfig, GateConfig, EnvironmentEvalConfig, PostEvalConfig)
+REQUEST_MODELS = (
+    RunRequest, TrainingConfig, EchoConfig, DynamicSamplingConfig, GateConfig, EnvironmentEvalConfig, PostEvalConfig,
+)
 
 
 @pytest.mark.timeout(30)
