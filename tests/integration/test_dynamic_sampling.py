@@ -93,14 +93,21 @@ def _refill(rounds: list[tuple[int, int]], signal: int, cap: int = 2, target: in
 
 @pytest.mark.timeout(480)
 async def test_refill_trains_on_groups_with_variation_and_verifies(
-    kiln_settings: Any, signal_env_url: str, tmp_path: Path
+    kiln_settings: Any, signal_env_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Iteration 1 refills in the workflow's own loop; iteration 2 (``max_staleness`` 1) is
+    collected and refilled while iteration 1 trains, and its groups and refill record cross a
+    continue-as-new (a history budget of 1 event) before it trains."""
+    import kiln.core.run_plan
+
+    monkeypatch.setattr(kiln.core.run_plan, "HISTORY_EVENTS_BUDGET", 1)
     settings = kiln_settings()
     final = await _run(settings, {
-        **RUN, "iterations": 2, "environment_urls": [signal_env_url],
+        **RUN, "iterations": 2, "max_staleness": 1, "environment_urls": [signal_env_url],
         "training_config": {**TRAINING, "dynamic_sampling": {"max_refill_rounds": 2}},
     })
     assert final["state"] == "completed", final.get("failure")
+    assert [r["staleness"] for r in final["iterations"]] == [0, 1]
     # The seed plan reserves groups × (1 + 2) seeds per iteration: iteration 2 starts at seed 6.
     assert [r["seed_start"] for r in final["iterations"]] == [0, 6]
     assert all(r["trained"] for r in final["iterations"])
