@@ -62,6 +62,7 @@ async def collect_refilled(
         more = refill_slots(request, iteration, environments, collected=collected, signal=len(signals), round_=number)
         if not more:
             break
+        progress.plan_more(len(more), settings.group_size)
         sets.append(await collect(more, f"{scope}-refill-{number}", signals))
         rounds.append(
             RefillRound(round=number, group_indexes=[s.group_index for s in more], seeds=[s.seed for s in more])

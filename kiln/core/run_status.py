@@ -75,6 +75,11 @@ class Progress(_Status):
     def planned(cls, groups: int, group_size: int) -> "Progress":
         return cls(groups_total=groups, rollouts_total=groups * group_size)
 
+    def plan_more(self, groups: int, group_size: int) -> None:
+        """``groups`` more groups to collect (a dynamic-sampling refill round)."""
+        self.groups_total += groups
+        self.rollouts_total += groups * group_size
+
     def add_group(
         self,
         return_sum: float,

@@ -146,6 +146,7 @@ async def test_off_is_unchanged_and_the_cap_stops_with_a_warning(
     folder = _downloaded(settings, off, tmp_path / "off")
     summary = json.loads((folder / "summary.json").read_bytes())
     assert summary["groups"] == 2 and "dynamic_sampling" not in summary
+    assert (off["progress"]["groups_completed"], off["progress"]["groups_total"]) == (2, 2)
     assert summary["training_selection"]["groups_submitted"] == 2
     assert summary["training_selection"]["no_reward_gradient_groups_skipped"] == 1
     verify_run(folder)
@@ -157,6 +158,9 @@ async def test_off_is_unchanged_and_the_cap_stops_with_a_warning(
     })
     assert capped["state"] == "completed", capped.get("failure")
     assert capped["iterations"][0]["trained"] is False
+    progress = capped["progress"]  # the refill round's groups are planned, then collected
+    assert (progress["groups_completed"], progress["groups_total"]) == (4, 4)
+    assert (progress["rollouts_completed"], progress["rollouts_total"]) == (8, 8)
     assert (
         "iteration 1: dynamic sampling reached its cap of 1 refill rounds with 0 of 2 groups carrying "
         "reward variation; it trains on those"
