@@ -123,29 +123,30 @@ def _gpu_workers(
         queue = model_task_queue(settings.gpu_task_queue, name)
         sampling = [m for m in methods if m.__name__ not in TRAINING_ACTIVITIES]
         training = [m for m in methods if m.__name__ in TRAINING_ACTIVITIES]
+        # Each executor has a thread for every activity its worker takes at once: an activity taken
+        # with no thread free would wait unstarted, not heartbeating, until its heartbeat timeout.
         if samples and sampling:
             workers.append(
                 Worker(
                     client,
                     task_queue=queue,
                     activities=sampling,
-                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=4),
+                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max(4, settings.gpu_concurrency)),
                     max_concurrent_activities=settings.gpu_concurrency,
                     max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                     default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                 )
             )
         if trains and training:
+            # a training across the machine's devices takes them all
+            trainings = 1 if settings.train_devices != "1" else settings.gpu_max_concurrent_activities
             workers.append(
                 Worker(
                     client,
                     task_queue=train_task_queue(queue),
                     activities=training,
-                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=2),
-                    # a training across the machine's devices takes them all
-                    max_concurrent_activities=1
-                    if settings.train_devices != "1"
-                    else settings.gpu_max_concurrent_activities,
+                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=trainings),
+                    max_concurrent_activities=trainings,
                     max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                     default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                 )

@@ -13,6 +13,7 @@ models directory).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,12 @@ def load_tokenizer(path: Path) -> Any:
         ) from exc
 
 
+# ``from_pretrained`` builds the model under process-wide state (the default device and dtype, the
+# meta-device initialisation context): two loads in two threads at once (a worker's concurrent
+# activities) can give one of them uninitialised or meta weights. One load at a time per process.
+_LOAD_LOCK = threading.Lock()
+
+
 def _model_class(shape: Any) -> Any:
     """``AutoModelForCausalLM``, or the family's text-only class for a composite checkpoint."""
     import transformers
@@ -66,12 +73,13 @@ def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFo
     path = check_model_dir(path)
     shape = family_of(path)
     try:
-        model = _model_class(shape).from_pretrained(
-            str(path),
-            local_files_only=True,
-            dtype=placement.torch_dtype,
-            attn_implementation=shape.family.attn_implementation,
-        )
+        with _LOAD_LOCK:
+            model = _model_class(shape).from_pretrained(
+                str(path),
+                local_files_only=True,
+                dtype=placement.torch_dtype,
+                attn_implementation=shape.family.attn_implementation,
+            )
     except (OSError, ValueError) as exc:
         raise error(f"could not load the model at {path}: {exc}", hint=MODEL_HINT, details={"path": str(path)}) from exc
     model.to(placement.torch_device)

@@ -35,9 +35,15 @@ TRAIN_LOAD_DELAY = "train_load_delay_s"  # the next train_adapter's policy (mode
 # Holds the first attempt of the activity type the file names, at its start, heartbeating, while
 # the file still names it (the chaos matrix kills the worker there):
 PARK_ACTIVITY = "park_activity"
+# Per-run holds, one ``KIND RUN_ID`` a line: KIND is an activity type (its first attempt of that run
+# is held at its start, as ``park_activity`` does) or ``train_step`` (that run's training waits after
+# its first step's heartbeat); each holds, heartbeating, while its line is in the file.
+HOLDS = "holds"
+TRAIN_STEP_HOLD = "train_step"
 EVENTS = "events.jsonl"
 
 PUBLISH_HOLD_MAX_S = 120.0
+HOLD_MAX_S = 600.0
 
 
 class FaultHooks:
@@ -59,8 +65,16 @@ class FaultHooks:
 
     def clear_all(self) -> None:
         for name in (SAMPLE_DELAY, TRAIN_STEP_DELAY, PUBLISH_HOLD, PUBLISH_HOLD_AFTER, REVALIDATE_HOLD, TRAIN_FAIL_NOW, TRAIN_FAIL_RESUMED,
-                     TRAIN_SETUP_DELAY, POLICY_LOAD_DELAY, TRAIN_LOAD_DELAY, PARK_ACTIVITY):
+                     TRAIN_SETUP_DELAY, POLICY_LOAD_DELAY, TRAIN_LOAD_DELAY, PARK_ACTIVITY, HOLDS):
             self.clear(name)
+
+    def hold(self, holds: list[tuple[str, str]]) -> None:
+        """Set the per-run holds (``(KIND, RUN_ID)`` pairs); an empty list releases every one."""
+        self.set(HOLDS, "".join(f"{kind} {run_id}\n" for kind, run_id in holds))
+
+    def held(self, kind: str, run_id: str) -> bool:
+        """Whether ``run_id``'s ``kind`` is held now (worker side)."""
+        return f"{kind} {run_id}" in (self.text(HOLDS) or "").splitlines()
 
     @contextlib.contextmanager
     def knob(self, name: str, value: object = "") -> Iterator[None]:
@@ -193,6 +207,13 @@ def _hook_activity_starts(hooks: FaultHooks) -> None:
                 while hooks.text(PARK_ACTIVITY) == kind and time.monotonic() < deadline:
                     activity.heartbeat({"parked": kind})
                     await asyncio.sleep(0.1)
+            if info.attempt == 1 and hooks.held(kind, run_id):
+                hooks.log("activity_parked", run_id=run_id, type=kind, attempt=info.attempt)
+                deadline = time.monotonic() + HOLD_MAX_S
+                while hooks.held(kind, run_id) and time.monotonic() < deadline:
+                    activity.heartbeat({"parked": kind})
+                    await asyncio.sleep(0.1)
+                hooks.log("activity_released", run_id=run_id, type=kind, attempt=info.attempt)
             return await super().execute_activity(input)
 
     class Parking(Interceptor):
@@ -265,6 +286,12 @@ def _hook_training(hooks: FaultHooks) -> None:
                 delay = hooks.number(TRAIN_STEP_DELAY)
                 if delay > 0:
                     time.sleep(delay)
+                if hooks.held(TRAIN_STEP_HOLD, run_id):
+                    hooks.log("train_held", run_id=run_id, attempt=attempt, step=details["step"])
+                    deadline = time.monotonic() + HOLD_MAX_S
+                    while hooks.held(TRAIN_STEP_HOLD, run_id) and time.monotonic() < deadline:
+                        time.sleep(0.1)  # the activity's heartbeat ticker keeps it alive
+                    hooks.log("train_released", run_id=run_id, attempt=attempt, step=details["step"])
             elif "checkpoint_step" in details:
                 hooks.log("train_checkpoint", run_id=run_id, attempt=attempt,
                           step=details["checkpoint_step"])

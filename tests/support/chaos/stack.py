@@ -49,6 +49,7 @@ class ChaosStack:
     model_path: Path
     heartbeat_timeout_s: float = 3.0
     max_active_runs: int = 1
+    worker_settings: dict[str, str] = field(default_factory=dict)  # more KILN_* variables of the workers
     env_max_sessions: int = 8
     bucket: str = "kiln-chaos"
     access_key: str = "kiln-chaos-access"
@@ -215,6 +216,7 @@ class ChaosStack:
                 "KILN_GPU_TASK_QUEUE": self.gpu_queue,
                 "KILN_HEARTBEAT_TIMEOUT_S": str(self.heartbeat_timeout_s),
                 "KILN_MAX_ACTIVE_RUNS": str(self.max_active_runs),
+                **self.worker_settings,
                 "KILN_MAX_TRACKED_RUNS": "32",
             }
         )
