@@ -311,7 +311,7 @@ def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
-            model = Qwen3ForCausalLM(config).to(torch.float32)
+            model = Qwen3ForCausalLM(config).float()
             _warm_up(model, tok, rng)
         model.generation_config.do_sample = True
         model.save_pretrained(str(out_dir))

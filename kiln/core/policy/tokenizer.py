@@ -44,7 +44,7 @@ def train_bpe(
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()  # the byte-level decoder takes no options
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,

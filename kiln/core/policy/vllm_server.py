@@ -306,9 +306,12 @@ class Server:
                 final = out
         finally:
             self.in_flight.pop(request_id, None)
-            if request_id in self.met_another_run:
+            if request_id in self.met_another_run:  # only a tagged request is ever added
                 self.met_another_run.discard(request_id)
-                self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+                if tag is not None:
+                    self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+        if final is None:
+            raise RuntimeError("vLLM finished the request without an output")
         completion = final.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         logprobs = []

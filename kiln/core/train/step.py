@@ -194,11 +194,21 @@ def _fill_reference(
         cache.ref.update(score_reference(model, missing, settings, device))
 
 
+def _recorded(batch: GroupBatch) -> torch.Tensor:
+    """The batch's recorded log-probs, for a setting that needs them (``training_rows`` refuses
+    such data without them first)."""
+    if batch.behavior_logprobs is None:
+        raise TrainingFailed(
+            "the training settings need the recorded logprobs on every action piece", code="invalid_training_data"
+        )
+    return batch.behavior_logprobs
+
+
 def _old_logprobs(
     rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache, settings: StepSettings
 ) -> torch.Tensor:
     if settings.recorded:
-        return batch.behavior_logprobs
+        return _recorded(batch)
     for b, row in enumerate(rows):
         if row.key not in cache.old:  # not pre-scored (an older checkpoint): score at first visit
             cache.old[row.key] = logprobs[b, : row.length - 1].detach().cpu()
@@ -232,15 +242,12 @@ def _micro_step(
             kl = ((logprobs.detach() - ref) * batch.action_mask).sum() / action_total
         else:
             kl = kl_k3(logprobs, ref, batch.action_mask, denominator=action_total)
-    weights, is_stats = None, {}
-    if settings.stale_is_max_weight is not None and not settings.recorded:
-        weights, is_stats = truncated_is_weights(
-            old, batch.behavior_logprobs, batch.action_mask, settings.stale_is_max_weight
-        )
-    elif settings.engine_is_max_weight is not None:
-        weights, is_stats = truncated_is_weights(
-            old, batch.behavior_logprobs, batch.action_mask, settings.engine_is_max_weight
-        )
+    weights: torch.Tensor | None = None
+    is_stats: dict[str, float] = {}
+    cap = settings.stale_is_max_weight if not settings.recorded else None
+    cap = settings.engine_is_max_weight if cap is None else cap
+    if cap is not None:
+        weights, is_stats = truncated_is_weights(old, _recorded(batch), batch.action_mask, cap)
     p_loss, stats = policy_loss(
         logprobs,
         old,

@@ -333,7 +333,7 @@ def rebuild_reset_plan(groups: list[dict], environment_count: int) -> list[dict]
             templates[index] = template
         elif not same_json(templates[index], template):
             raise fail(where, "reset_payload", f"differs from environment {index}'s earlier reset template")
-    for index, template in enumerate(templates):
-        if template is None:
-            raise fail(Where(REPLAY_FILE), "groups", f"environment {index} is never exercised")
-    return templates  # type: ignore[return-value]
+    unused = [index for index, template in enumerate(templates) if template is None]
+    if unused:
+        raise fail(Where(REPLAY_FILE), "groups", f"environment {unused[0]} is never exercised")
+    return [template for template in templates if template is not None]
