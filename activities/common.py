@@ -88,17 +88,17 @@ class CommitGate:
         self._state = "open"
 
     def may_commit(self) -> bool:
-        with self._lock:
-            if self._state == "abandoned":
-                return False
-            self._state = "committing"
-            return True
+        return self._decide("committing")
 
     def abandon(self) -> bool:
+        return self._decide("abandoned")
+
+    def _decide(self, state: str) -> bool:
+        """Take decision ``state`` unless the other one was taken first (taking it again holds)."""
         with self._lock:
-            if self._state == "committing":
+            if self._state not in ("open", state):
                 return False
-            self._state = "abandoned"
+            self._state = state
             return True
 
 

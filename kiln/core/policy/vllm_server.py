@@ -206,6 +206,19 @@ def report_fault(exc: BaseException, facts: dict) -> None:
     print(FAULT_MARK + json.dumps(line), flush=True)
 
 
+# The command-line flags handed to vLLM's engine as they are (each flag names its engine argument).
+_ENGINE_FLAGS = (
+    "model",
+    "max_lora_rank",
+    "max_loras",
+    "max_model_len",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "seed",
+)
+
+
 class Server:
     def __init__(self, args: argparse.Namespace, facts: dict) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -221,15 +234,8 @@ class Server:
             **self.model_kind,
         }
         engine_args = AsyncEngineArgs(
-            model=args.model,
+            **{name: getattr(args, name) for name in _ENGINE_FLAGS},
             enable_lora=True,
-            max_lora_rank=args.max_lora_rank,
-            max_loras=args.max_loras,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size,
-            seed=args.seed,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
             structured_outputs_config={"backend": "xgrammar"},

@@ -105,8 +105,11 @@ class LogprobCache:
         return cache
 
 
-def batch_logprobs(model: Any, batch: GroupBatch, temperature: float) -> torch.Tensor:
-    return sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature)
+def batch_logprobs(model: Any, batch: GroupBatch, temperature: float, **options: Any) -> Any:
+    """:func:`sequence_logprobs` of a collated batch (``options``: its ``hidden``, ``with_entropy``)."""
+    return sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature, **options
+    )
 
 
 Micro = tuple[list[Row], list[list[Row]] | None]  # a micro-batch's rows, and its bins when packed
@@ -136,14 +139,7 @@ def micro_logprobs(
     if bins is not None:
         width = int(batch.input_ids.shape[1])
         return packed_logprobs(model, bins, width, settings.temperature, device, with_entropy)
-    return sequence_logprobs(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        batch.labels,
-        temperature=settings.temperature,
-        with_entropy=with_entropy,
-    )
+    return batch_logprobs(model, batch, settings.temperature, with_entropy=with_entropy)
 
 
 def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> torch.Tensor:

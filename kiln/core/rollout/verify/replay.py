@@ -93,6 +93,15 @@ class CandidateFacts:
     protocol_error_code: str | None
     context: dict | None = None  # the candidate's context record (it hit the model's context)
 
+    def outcome(self) -> dict[str, Any]:
+        """The episode's outcome as the record builders take it (steps, return, termination, code)."""
+        return {
+            "steps": len(self.exchanges),
+            "episode_return": self.episode_return,
+            "termination": self.termination,
+            "protocol_error_code": self.protocol_error_code,
+        }
+
 
 def recompute_return(values: list[float], protocol_errors: int, penalty: float, invalid: bool) -> float:
     """Exactly :attr:`kiln.core.rollout.episode.CandidateEpisode.episode_return`'s float order."""
