@@ -171,18 +171,19 @@ def start_devstack(settings: Settings) -> DevStack:
     )
     if start_temporal_here:
         exposure = choose_exposure(settings.temporal_isolation)
-        ports = {"port": settings.temporal_port, "ui_port": settings.temporal_ui_port}
-        start = partial(start_temporal, temporal_dir, **ports, log_dir=log_dir, exposure=exposure)
-        _add_starter(stack, "temporal", run_dir, start)
+        temporal = partial(start_temporal, temporal_dir, port=settings.temporal_port, ui_port=settings.temporal_ui_port)
+        _add_starter(stack, "temporal", run_dir, partial(temporal, log_dir=log_dir, exposure=exposure))
         stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
         stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
         stack.temporal_exposure = exposure
     if start_s3_here:
-        keys = {"access_key": access_key, "secret_key": secret_key}
-        start = partial(
-            start_seaweedfs, seaweed_dir, s3_port=settings.s3_port, **keys, bucket=settings.s3_bucket, log_dir=log_dir
+        seaweedfs = partial(start_seaweedfs, seaweed_dir, s3_port=settings.s3_port, bucket=settings.s3_bucket)
+        _add_starter(
+            stack,
+            "seaweedfs",
+            run_dir,
+            partial(seaweedfs, access_key=access_key, secret_key=secret_key, log_dir=log_dir),
         )
-        _add_starter(stack, "seaweedfs", run_dir, start)
         stack.s3_endpoint = f"http://{LOOPBACK}:{settings.s3_port}"
     try:
         for start in stack.starters.values():
