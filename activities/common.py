@@ -149,3 +149,14 @@ async def heartbeating(awaitable: Any, every_s: float = 1.0) -> Any:
     finally:
         if not task.done():
             task.cancel()
+
+
+def activity_methods(owner: object) -> list[Any]:
+    """The bound ``@activity.defn`` methods of ``owner`` (its class's and inherited ones, each
+    once): what a worker of its role registers."""
+    names = dict.fromkeys(name for klass in reversed(type(owner).__mro__) for name in vars(klass))
+    return [
+        getattr(owner, name)
+        for name in names
+        if hasattr(getattr(type(owner), name, None), "__temporal_activity_definition")
+    ]
