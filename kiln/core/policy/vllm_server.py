@@ -208,14 +208,7 @@ def report_fault(exc: BaseException, facts: dict) -> None:
 
 # The command-line flags handed to vLLM's engine as they are (each flag names its engine argument).
 _ENGINE_FLAGS = (
-    "model",
-    "max_lora_rank",
-    "max_loras",
-    "max_model_len",
-    "max_num_seqs",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "seed",
+    "model max_lora_rank max_loras max_model_len max_num_seqs gpu_memory_utilization tensor_parallel_size seed"
 )
 
 
@@ -234,7 +227,7 @@ class Server:
             **self.model_kind,
         }
         engine_args = AsyncEngineArgs(
-            **{name: getattr(args, name) for name in _ENGINE_FLAGS},
+            **{name: getattr(args, name) for name in _ENGINE_FLAGS.split()},
             enable_lora=True,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
