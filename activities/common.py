@@ -88,17 +88,17 @@ class CommitGate:
         self._state = "open"
 
     def may_commit(self) -> bool:
-        with self._lock:
-            if self._state == "abandoned":
-                return False
-            self._state = "committing"
-            return True
+        return self._decide("committing")
 
     def abandon(self) -> bool:
+        return self._decide("abandoned")
+
+    def _decide(self, state: str) -> bool:
+        """Take decision ``state`` unless the other one was taken first (taking it again holds)."""
         with self._lock:
-            if self._state == "committing":
+            if self._state not in ("open", state):
                 return False
-            self._state = "abandoned"
+            self._state = state
             return True
 
 
@@ -149,3 +149,14 @@ async def heartbeating(awaitable: Any, every_s: float = 1.0) -> Any:
     finally:
         if not task.done():
             task.cancel()
+
+
+def activity_methods(owner: object) -> list[Any]:
+    """The bound ``@activity.defn`` methods of ``owner`` (its class's and inherited ones, each
+    once): what a worker of its role registers."""
+    names = dict.fromkeys(name for klass in reversed(type(owner).__mro__) for name in vars(klass))
+    return [
+        getattr(owner, name)
+        for name in names
+        if hasattr(getattr(type(owner), name, None), "__temporal_activity_definition")
+    ]

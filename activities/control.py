@@ -43,7 +43,7 @@ from kiln.core.artifacts.group_sets import group_set
 from kiln.core.records import GroupIndexInput, GroupSet, IterationFiles, IterationInput, StoredObject
 from kiln.core.side_records import DatasetSplit, PublishTrainingInput
 from kiln.core.stages.iteration import store_iteration
-from activities.common import heartbeating, kiln_errors, run_committing_with_heartbeats
+from activities.common import activity_methods, heartbeating, kiln_errors, run_committing_with_heartbeats
 from kiln.core.errors import RunCapacityFull
 from kiln.core.side_records import QueueState, SlotReply, SlotRequest
 from workflows.names import QUEUE_WORKFLOW, queue_workflow_id  # type names only (see test_layering)
@@ -183,16 +183,4 @@ class ControlActivities:
         return await heartbeating(asyncio.to_thread(publish_training, self.store, inp))
 
     def all(self) -> list[Any]:
-        return [
-            self.admit_run,
-            self.enqueue_run,
-            self.discover_environments,
-            self.revalidate_environments,
-            self.index_groups,
-            self.store_iteration,
-            self.store_side_bundle,
-            self.evaluate_run,
-            self.publish_run,
-            self.split_dataset,
-            self.publish_training,
-        ]
+        return activity_methods(self)

@@ -39,7 +39,7 @@ from kiln.core.artifacts.adapters import materialise, read_pointer
 from kiln.core.policy.engine import decode_tile_of, request_route, request_tag
 from kiln.core.policy.identity import with_inference
 from kiln.core.stages.collection import behavior_policy_of, collect, require_same_policy
-from activities.common import heartbeating, kiln_errors
+from activities.common import activity_methods, heartbeating, kiln_errors
 from activities.live_metrics import open_train_stream, publish_group_figures
 
 
@@ -349,10 +349,4 @@ class GpuActivities:
         return WorldModelResult(block=world_model_block(base, candidate, transcripts="candidate"))
 
     def all(self) -> list[Any]:
-        return [
-            self.resolve_policy,
-            self.collect_group,
-            self.train_adapter,
-            self.post_evaluate,
-            self.world_model_gain,
-        ]
+        return activity_methods(self)

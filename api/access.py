@@ -22,7 +22,7 @@ from kiln.core.openenv.urls import is_loopback_host
 from kiln.core.errors import RequestTooLarge, Unauthorized
 from kiln.core.access_rule import configured_token, required_token
 
-__all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyLimit", "LoopbackOnly"]
+__all__ = ["configured_token", "required_token", "bound_host", "BearerAccess", "BodyBound", "BodyLimit", "LoopbackOnly"]
 
 MAX_BODY_BYTES = 1024 * 1024
 OPEN_PATHS = frozenset({"/healthz"})
@@ -136,7 +136,27 @@ class BearerAccess:
         await self.app(scope, receive, send)
 
 
-class BodyLimit:
+class BodyBound:
+    """Base of the ASGI middlewares that bound an HTTP request's body: ``default`` for every path,
+    ``per_path`` for some (the dataset upload); other scopes (lifespan) pass through untouched."""
+
+    def __init__(self, app: ASGIApp, default: float, per_path: dict[str, float] | None = None) -> None:
+        self.app = app
+        self.default = default
+        self.per_path = dict(per_path or {})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.bounded(scope, receive, send, self.per_path.get(scope.get("path", ""), self.default))
+
+    async def bounded(self, scope: Scope, receive: Receive, send: Send, bound: float) -> None:
+        """Serve one HTTP request under ``bound`` (this path's)."""
+        raise NotImplementedError
+
+
+class BodyLimit(BodyBound):
     """ASGI middleware: refuse request bodies over ``limit`` bytes with 413.
 
     The body (at most ``limit`` bytes) is read up front and replayed to the app, so a route never
@@ -144,23 +164,18 @@ class BodyLimit:
     """
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES, path_limits: dict[str, int] | None = None) -> None:
-        self.app = app
-        self.default_limit = limit
-        self.path_limits = dict(path_limits or {})
+        super().__init__(app, limit, dict(path_limits or {}))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.limit = self.path_limits.get(scope.get("path", ""), self.default_limit)
-        too_large = RequestTooLarge(f"request body is larger than {self.limit} bytes")
+    async def bounded(self, scope: Scope, receive: Receive, send: Send, bound: float) -> None:
+        limit = int(bound)
+        too_large = RequestTooLarge(f"request body is larger than {limit} bytes")
         for name, value in scope.get("headers") or []:
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
-                    declared = self.limit + 1
-                if declared > self.limit:
+                    declared = limit + 1
+                if declared > limit:
                     await _send_error(send, 413, too_large.to_dict(), [])
                     return
         chunks: list[bytes] = []
@@ -171,7 +186,7 @@ class BodyLimit:
                 break
             chunk = message.get("body", b"")
             seen += len(chunk)
-            if seen > self.limit:
+            if seen > limit:
                 await _send_error(send, 413, too_large.to_dict(), [])
                 return
             chunks.append(chunk)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import Any
 
+from api.access import ASGIApp, BodyBound, Receive, Scope, Send
 from api.access import _send_error as send_error
 from kiln.core.errors import RequestBodyTimeout
 from kiln.core.telemetry.prometheus import count_error
 
+Message = dict[str, Any]
 BODY_TIMEOUT_S = 30.0
 BODY_IDLE_S = 10.0
 
@@ -25,7 +27,7 @@ class _TimedOut(Exception):
     pass
 
 
-class BodyTimeout:
+class BodyTimeout(BodyBound):
     def __init__(
         self,
         app: ASGIApp,
@@ -33,16 +35,11 @@ class BodyTimeout:
         idle_s: float = BODY_IDLE_S,
         path_timeouts: dict[str, float] | None = None,
     ) -> None:
-        self.app = app
-        self.timeout_s = timeout_s
+        super().__init__(app, timeout_s, path_timeouts)
         self.idle_s = idle_s
-        self.path_timeouts = dict(path_timeouts or {})
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        total = self.path_timeouts.get(scope.get("path", ""), self.timeout_s)
+    async def bounded(self, scope: Scope, receive: Receive, send: Send, bound: float) -> None:
+        total = bound
         deadline = time.monotonic() + total
         body_done = False
         started = False

@@ -7,6 +7,8 @@ measured, and ``evaluate_run`` pairs the sides and applies the gate. Sequencing 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -73,7 +75,11 @@ async def evaluate_adapter(
         block.baseline_stats = baseline_cache.stats
         block.progress.groups_total = plan.groups
         block.progress.rollouts_total = plan.groups * plan.settings.group_size
-    for side, policy in (("baseline", baseline), ("candidate", candidate_policy)):
+    order: tuple[tuple[Literal["baseline", "candidate"], PolicyResult], ...] = (
+        ("baseline", baseline),
+        ("candidate", candidate_policy),
+    )
+    for side, policy in order:
         if side in sides:
             continue
         block.state = f"collecting_{side}"

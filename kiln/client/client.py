@@ -18,7 +18,7 @@ from typing import Any
 from kiln.client.downloads import download_run
 from kiln.client.events import RunEnded, RunEvent, events_between
 from kiln.client.follow import watch
-from kiln.client.http import ApiClient
+from kiln.client.http import ApiClient, Closing
 from kiln.core.contracts import RunRequest, parse_run_request
 from kiln.core.training_config import TrainingConfig
 from kiln.core.errors import UNCLAIMED_HINT, KilnError, RunCancelled, RunUnclaimed, error_from_dict
@@ -57,7 +57,7 @@ def raise_for_outcome(view: RunView) -> RunView:
     raise error_from_dict(error)
 
 
-class Client:
+class Client(Closing):
     """A Kiln API client. ``Client()`` reaches ``KILN_API_URL``, else the API's own host and port
     (``KILN_API_HOST``/``KILN_API_PORT``, default http://127.0.0.1:8780), with ``KILN_API_TOKEN``;
     ``Client(url, token)`` names them."""
@@ -71,12 +71,6 @@ class Client:
 
     def close(self) -> None:
         self._api.close()
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ submit
     def start(self, request: RunRequest | dict[str, Any], *, preflight: bool = True) -> RunView:

@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -71,7 +71,20 @@ def _repeatable(method: str, kwargs: dict[str, Any]) -> bool:
     return method == "GET" or (isinstance(body, dict) and body.get("idempotency_key") is not None)
 
 
-class ApiClient:
+class Closing:
+    """A client that holds connections: ``with Client() as c`` closes it at the end of the block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ApiClient(Closing):
     """Typed calls of the REST API; ``base_url``/``token`` None resolve as the module says."""
 
     def __init__(
@@ -93,12 +106,6 @@ class ApiClient:
 
     def close(self) -> None:
         self._client.close()
-
-    def __enter__(self) -> "ApiClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def alive(self) -> bool:
         """``GET /healthz`` answers 200 (the API process is up; no dependency is checked)."""

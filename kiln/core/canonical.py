@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 DIGEST_PREFIX = "sha256:"
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -72,7 +72,7 @@ def digest_json(value: Any) -> str:
     return sha256_bytes(canonical_json(value))
 
 
-def is_digest(text: Any) -> bool:
+def is_digest(text: Any) -> TypeGuard[str]:
     """True when ``text`` is a well-formed ``sha256:`` digest string."""
     return isinstance(text, str) and bool(_DIGEST_RE.match(text))
 

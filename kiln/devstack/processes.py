@@ -24,7 +24,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
@@ -199,6 +200,17 @@ def start_process(
         log_file.close()
         raise ProcessStartError(f"could not start {name} ({argv[0]}): {exc}") from exc
     return ManagedProcess(name, popen, log_path, log_file)
+
+
+@contextmanager
+def stop_on_failure(process: ManagedProcess) -> Iterator[ManagedProcess]:
+    """Stop ``process`` when the block fails (or is interrupted): a server that never became
+    ready is not left running."""
+    try:
+        yield process
+    except BaseException:
+        process.stop()
+        raise
 
 
 def wait_until(

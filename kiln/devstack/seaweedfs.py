@@ -28,6 +28,7 @@ from kiln.devstack.processes import (
     free_port_block,
     port_is_free,
     start_process,
+    stop_on_failure,
     wait_until,
 )
 
@@ -159,12 +160,9 @@ def start_seaweedfs(
     proc.ports = ports + [p + GRPC_OFFSET for p in ports]
     proc.on_exit.append(lambda: _remove_seaweed_sockets(proc.ports))
     endpoint = f"http://{LOOPBACK}:{s3_port}"
-    try:
+    with stop_on_failure(proc):
         wait_until(
-            lambda: s3_healthy(endpoint),
-            timeout_s=timeout_s,
-            what=f"SeaweedFS S3 at {endpoint}/healthz",
-            process=proc,
+            lambda: s3_healthy(endpoint), timeout_s=timeout_s, what=f"SeaweedFS S3 at {endpoint}/healthz", process=proc
         )
 
         master_context = security.client_context()
@@ -202,9 +200,6 @@ def start_seaweedfs(
             what=f"bucket {bucket!r} on SeaweedFS S3 at {endpoint}",
             process=proc,
         )
-    except BaseException:
-        proc.stop()
-        raise
     return proc
 
 

@@ -6,6 +6,7 @@ PID files under ``<home>/run`` let a second ``kiln serve`` of the same home expl
 from __future__ import annotations
 
 import time
+from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,39 +171,19 @@ def start_devstack(settings: Settings) -> DevStack:
     )
     if start_temporal_here:
         exposure = choose_exposure(settings.temporal_isolation)
-
-        def temporal() -> ManagedProcess:
-            proc = start_temporal(
-                temporal_dir,
-                port=settings.temporal_port,
-                ui_port=settings.temporal_ui_port,
-                log_dir=log_dir,
-                exposure=exposure,
-            )
-            _write_pid(run_dir / "temporal.pid", proc)
-            return proc
-
-        stack.starters["temporal"] = temporal
-        stack.pid_files.append(run_dir / "temporal.pid")
+        temporal = partial(start_temporal, temporal_dir, port=settings.temporal_port, ui_port=settings.temporal_ui_port)
+        _add_starter(stack, "temporal", run_dir, partial(temporal, log_dir=log_dir, exposure=exposure))
         stack.temporal_address = f"{LOOPBACK}:{settings.temporal_port}"
         stack.temporal_ui_url = f"http://{LOOPBACK}:{settings.temporal_ui_port}"
         stack.temporal_exposure = exposure
     if start_s3_here:
-
-        def seaweedfs() -> ManagedProcess:
-            proc = start_seaweedfs(
-                seaweed_dir,
-                s3_port=settings.s3_port,
-                access_key=access_key,
-                secret_key=secret_key,
-                bucket=settings.s3_bucket,
-                log_dir=log_dir,
-            )
-            _write_pid(run_dir / "seaweedfs.pid", proc)
-            return proc
-
-        stack.starters["seaweedfs"] = seaweedfs
-        stack.pid_files.append(run_dir / "seaweedfs.pid")
+        seaweedfs = partial(start_seaweedfs, seaweed_dir, s3_port=settings.s3_port, bucket=settings.s3_bucket)
+        _add_starter(
+            stack,
+            "seaweedfs",
+            run_dir,
+            partial(seaweedfs, access_key=access_key, secret_key=secret_key, log_dir=log_dir),
+        )
         stack.s3_endpoint = f"http://{LOOPBACK}:{settings.s3_port}"
     try:
         for start in stack.starters.values():
@@ -211,6 +192,19 @@ def start_devstack(settings: Settings) -> DevStack:
         stack.stop()
         raise
     return stack
+
+
+def _add_starter(stack: DevStack, name: str, run_dir: Path, start: Callable[[], ManagedProcess]) -> None:
+    """Register ``start`` as the stack's ``name`` process, writing ``<run_dir>/<name>.pid`` once it runs."""
+    pid_file = run_dir / f"{name}.pid"
+
+    def starter() -> ManagedProcess:
+        proc = start()
+        _write_pid(pid_file, proc)
+        return proc
+
+    stack.starters[name] = starter
+    stack.pid_files.append(pid_file)
 
 
 def _write_pid(path: Path, proc: ManagedProcess) -> Path:

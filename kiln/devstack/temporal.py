@@ -18,7 +18,14 @@ from pathlib import Path
 from kiln.core.home import make_private_dir
 from kiln.devstack.common import DevStackError, find_binary, require_free
 from kiln.devstack.isolation import OPEN_TO_LOCAL_USERS, OWNER_ONLY, gated
-from kiln.devstack.processes import LOOPBACK, ManagedProcess, port_accepts, start_process, wait_until
+from kiln.devstack.processes import (
+    LOOPBACK,
+    ManagedProcess,
+    port_accepts,
+    start_process,
+    stop_on_failure,
+    wait_until,
+)
 from kiln.core.search_attributes import SEARCH_ATTRIBUTES
 
 TEMPORAL_START_TIMEOUT_S = 60.0
@@ -95,16 +102,9 @@ def start_temporal(
     proc = _start(argv, [port] + ([] if headless else [ui_port]), log_dir=log_dir, cwd=data_dir, exposure=exposure)
     proc.ports = [port] + ([] if headless else [ui_port])
     address = f"{LOOPBACK}:{port}"
-    try:
-        wait_until(
-            lambda: temporal_healthy(address),
-            timeout_s=timeout_s,
-            what=f"the Temporal dev server at {address} to report SERVING",
-            process=proc,
-        )
-    except BaseException:
-        proc.stop()
-        raise
+    what = f"the Temporal dev server at {address} to report SERVING"
+    with stop_on_failure(proc):
+        wait_until(lambda: temporal_healthy(address), timeout_s=timeout_s, what=what, process=proc)
     return proc
 
 

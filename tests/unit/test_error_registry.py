@@ -98,7 +98,8 @@ def test_a_fresh_interpreter_catches_the_class_after_importing_the_client_alone(
 @pytest.mark.timeout(60)
 def test_no_error_class_sets_an_attribute_twice() -> None:
     """A class body that assigns ``stage`` (or ``code`` …) twice silently keeps the last value:
-    the kind of line a merge leaves behind. Each error's attributes are set once."""
+    the kind of line a merge leaves behind. Each error's attributes are set once, as a class
+    keyword (``class X(KilnError, code="x")``) or in the body, never both."""
     repeated = {}
     nodes = [
         n
@@ -108,7 +109,39 @@ def test_no_error_class_sets_an_attribute_twice() -> None:
     for node in nodes:
         if isinstance(node, ast.ClassDef):
             names = [t.id for s in node.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)]
+            names += [k.arg for k in node.keywords if k.arg is not None]
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 repeated[node.name] = twice
     assert repeated == {}
+
+
+@pytest.mark.timeout(60)
+def test_class_keywords_and_body_attributes_declare_the_same_error() -> None:
+    """A class keyword fixes the attribute as a body assignment would; an unset one is inherited."""
+    from kiln.core.errors import InvalidRequest, ReplayDrift
+
+    assert (ReplayDrift.code, ReplayDrift.http_status, ReplayDrift.retryable) == ("openenv_replay_drift", 409, False)
+    assert (InvalidRequest.code, InvalidRequest.http_status, InvalidRequest.stage) == (
+        "openenv_invalid_request",
+        400,
+        "admission",
+    )
+
+    from kiln.core.errors import base
+
+    try:
+
+        class BodyDeclared(InvalidRequest):
+            code = "test_body_declared"
+            retryable = True
+
+        class KeywordDeclared(InvalidRequest, code="test_keyword_declared", retryable=True):
+            pass
+
+        for cls in (BodyDeclared, KeywordDeclared):
+            assert (cls.retryable, cls.http_status, cls.stage) == (True, 400, "admission")
+            assert cls.__dict__["code"] == cls.code and error_type(cls.code) is cls
+    finally:  # the registry is the process's: docs/errors.md is rendered from it
+        base._REGISTRY.pop("test_body_declared", None)
+        base._REGISTRY.pop("test_keyword_declared", None)

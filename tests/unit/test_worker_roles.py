@@ -57,3 +57,25 @@ def test_a_trainer_alone_trains_on_its_own_model_and_a_gpu_worker_borrows_the_ru
                           store=None, model_path=tmp_path)
     launch, placement = ranks._train_launch()
     assert launch.devices == ("cpu", "cpu") and launch.collective_timeout_s == 9 and placement.device == "cpu"
+
+
+@pytest.mark.timeout(30)
+def test_the_control_role_registers_every_control_activity_once() -> None:
+    from activities.control import ControlActivities
+
+    control = ControlActivities.__new__(ControlActivities)  # only its activity list
+    names = [method.__name__ for method in control.all()]
+    assert sorted(names) == [
+        "admit_run",
+        "discover_environments",
+        "enqueue_run",
+        "evaluate_run",
+        "index_groups",
+        "publish_run",
+        "publish_training",
+        "revalidate_environments",
+        "split_dataset",
+        "store_iteration",
+        "store_side_bundle",
+    ]
+    assert {name for name in names if OPTIONS[name].queue != "control"} == set()

@@ -35,10 +35,31 @@ class KilnError(Exception):
     # line without a traceback, and Temporal marks it benign.
     expected: bool = False
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register the class under the code it declares itself, when it is built like KilnError
-        (so ``error_from_dict`` can rebuild it); the first class of a code keeps it."""
+    def __init_subclass__(
+        cls,
+        *,
+        code: str | None = None,
+        retryable: bool | None = None,
+        http_status: int | None = None,
+        stage: str | None = None,
+        expected: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Fix the attributes a subclass declares as class keywords
+        (``class ReplayDrift(KilnError, code="openenv_replay_drift", http_status=409)``), then register
+        the class under the code it declares itself, when it is built like KilnError (so
+        ``error_from_dict`` can rebuild it); the first class of a code keeps it."""
         super().__init_subclass__(**kwargs)
+        declared = {
+            "code": code,
+            "retryable": retryable,
+            "http_status": http_status,
+            "stage": stage,
+            "expected": expected,
+        }
+        for name, value in declared.items():
+            if value is not None:
+                setattr(cls, name, value)
         code = cls.__dict__.get("code")
         if isinstance(code, str) and "__init__" not in cls.__dict__:
             _REGISTRY.setdefault(code, cls)

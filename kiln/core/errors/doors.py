@@ -7,92 +7,56 @@ from __future__ import annotations
 from kiln.core.errors.base import KilnError
 
 
-class ApiUnavailable(KilnError):
+class ApiUnavailable(KilnError, code="api_unavailable", retryable=True):
     """The Kiln API could not be reached at all (nothing listening, DNS, TLS, a dropped socket)."""
 
-    code = "api_unavailable"
-    retryable = True
 
-
-class OutputExists(KilnError):
+class OutputExists(KilnError, code="openenv_artifact_output_exists", http_status=409):
     """A download would overwrite a file (or names a folder) and ``--force`` was not given."""
 
-    code = "openenv_artifact_output_exists"
-    http_status = 409
 
-
-class ServeConfigurationInvalid(KilnError):
+class ServeConfigurationInvalid(KilnError, code="serve_configuration_invalid"):
     """``kiln serve`` refused its configuration; nothing was started."""
 
-    code = "serve_configuration_invalid"
 
-
-class ServeStartFailed(KilnError):
+class ServeStartFailed(KilnError, code="serve_start_failed"):
     """A part of ``kiln serve`` failed to start; everything it had started was stopped."""
 
-    code = "serve_start_failed"
 
-
-class ApiConfigurationError(KilnError):
+class ApiConfigurationError(KilnError, code="api_configuration_invalid"):
     """The API's own settings are unusable (a non-loopback bind without ``KILN_API_TOKEN``)."""
 
-    code = "api_configuration_invalid"
 
-
-class IdempotencyConflict(KilnError):
+class IdempotencyConflict(KilnError, code="openenv_run_idempotency_conflict", http_status=409):
     """An ``idempotency_key`` was reused with a different request body."""
 
-    code = "openenv_run_idempotency_conflict"
-    http_status = 409
 
-
-class RunNotCancellable(KilnError):
+class RunNotCancellable(KilnError, code="openenv_run_not_cancellable", http_status=409):
     """The run already ended; there is nothing to cancel."""
 
-    code = "openenv_run_not_cancellable"
-    http_status = 409
 
-
-class Unauthorized(KilnError):
+class Unauthorized(KilnError, code="unauthorized", http_status=401):
     """The request carries no bearer token, or the wrong one."""
 
-    code = "unauthorized"
-    http_status = 401
 
-
-class RouteNotFound(KilnError):
+class RouteNotFound(KilnError, code="not_found", http_status=404):
     """No API route has this path."""
 
-    code = "not_found"
-    http_status = 404
 
-
-class MethodNotAllowed(KilnError):
+class MethodNotAllowed(KilnError, code="method_not_allowed", http_status=405):
     """The route exists, but not for this HTTP method (the answer's ``Allow`` names those that do)."""
 
-    code = "method_not_allowed"
-    http_status = 405
 
-
-class RequestBodyTimeout(KilnError):
+class RequestBodyTimeout(KilnError, code="request_body_timeout", http_status=408, retryable=True):
     """The request body did not arrive in time (``KILN_API_BODY_TIMEOUT_S``); the connection closes."""
 
-    code = "request_body_timeout"
-    http_status = 408
-    retryable = True
 
-
-class RequestTooLarge(KilnError):
+class RequestTooLarge(KilnError, code="openenv_request_too_large", http_status=413):
     """The request body is over the route's size limit."""
 
-    code = "openenv_request_too_large"
-    http_status = 413
 
-
-class ServeGaveUp(KilnError):
+class ServeGaveUp(KilnError, code="serve_gave_up"):
     """A child of ``kiln serve`` kept failing right after each restart; serve stopped everything."""
-
-    code = "serve_gave_up"
 
 
 UNCLAIMED_HINT = (
@@ -101,17 +65,11 @@ UNCLAIMED_HINT = (
 )
 
 
-class RunUnclaimed(KilnError):
+class RunUnclaimed(KilnError, code="run_unclaimed", http_status=409):
     """A follow ended on a run that no worker has picked up, and none polls its task queue."""
-
-    code = "run_unclaimed"
-    http_status = 409
 
 
 # --- The command line's own parse errors ---------------------------------
-class CliUsageError(KilnError):
+class CliUsageError(KilnError, code="cli_usage_error", http_status=400):
     """The command line did not parse (an unknown option or command, a bad choice or type, a
     missing argument); nothing ran. Under ``--json`` it is printed as the usual error envelope."""
-
-    code = "cli_usage_error"
-    http_status = 400

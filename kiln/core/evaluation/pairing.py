@@ -214,14 +214,14 @@ def _index_side(groups: list[dict], records: list[dict], side: str) -> dict[int,
     seen: dict[int, list[Any]] = {index: [] for index in by_index}
     for record in records:
         index = record.get("group_index")
-        group = by_index.get(index) if isinstance(index, int) else None
-        if group is None:
+        if not isinstance(index, int) or index not in by_index:
             raise _drift(
                 f"{side} episode names group {index!r}, which its replay does not have",
                 side=side,
                 group_index=index,
                 field="group_index",
             )
+        group = by_index[index]
         if not _same(record.get("seed", _MISSING), group["seed"]):
             raise _drift(
                 f"group {index}: {side} episode seed {_show(record.get('seed'))} differs from its "

@@ -180,7 +180,8 @@ async def inspect_environment(
             return_exceptions=True,
         )
         tools = None
-        if not any(isinstance(r, BaseException) for r in results) and _offers_mcp(results[3][1]):
+        answered = [r for r in results if not isinstance(r, BaseException)]
+        if len(answered) == len(results) and _offers_mcp(answered[3][1]):
             try:
                 tools = await list_tools(
                     client, env_url, bearer_token=token, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s

@@ -46,11 +46,6 @@ _SCHEMA_SINGLE = frozenset(
 _REF_KEYWORDS = ("$ref", "$dynamicRef")
 
 
-def _refuse_retrieval(uri: str) -> Resource:
-    # Called by ``referencing`` for any URI not in the registry: never fetch anything.
-    raise NoSuchResource(ref=uri)
-
-
 def _escape(token: object) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
 
@@ -134,7 +129,9 @@ class ActionValidator:
                 f"keyword {exc.validator!r} fails the 2020-12 meta-schema at {json_pointer(exc.absolute_path)}"
             ) from None
         resource = Resource.from_contents(action_schema, default_specification=DRAFT202012)
-        registry: Registry = Registry(retrieve=_refuse_retrieval).with_resource(root_id, resource)
+        # A Registry built without ``retrieve`` raises NoSuchResource for any URI it does not
+        # hold: nothing is ever fetched.
+        registry: Registry = Registry().with_resource(root_id, resource)
         resolver = registry.resolver(base_uri=root_id)
         for keyword, ref in refs:
             if keyword == "$dynamicRef":

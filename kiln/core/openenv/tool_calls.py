@@ -91,7 +91,8 @@ def _arguments_schema(input_schema: dict, index: int, definitions: dict) -> dict
 def tool_call_schema(action_schema: dict, tools: list[dict[str, Any]]) -> dict | None:
     """The union of one call variant per tool, or None when the schema has no tool-call form."""
     shown = policy_action_schema(action_schema)
-    root_definitions = shown.get("$defs") if isinstance(shown.get("$defs"), dict) else {}
+    given_definitions = shown.get("$defs")
+    root_definitions = given_definitions if isinstance(given_definitions, dict) else {}
     if _is_call_form(shown):
         form, others = shown, []
     else:

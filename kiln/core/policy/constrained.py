@@ -219,6 +219,7 @@ def allowed_tokens(rows: list[RowConstraint | None], live: list[bool], vocab_siz
     words = (vocab_size + 31) // 32
     bitmask = None
     restricted = []
+    grammar_vocab = vocab_size
     for i, (row, is_live) in enumerate(zip(rows, live)):
         if row is None or not is_live or not row.active:
             continue
@@ -227,10 +228,10 @@ def allowed_tokens(rows: list[RowConstraint | None], live: list[bool], vocab_siz
         bitmask[i].fill_(0)
         row.fill(bitmask, i)
         restricted.append(i)
+        grammar_vocab = min(grammar_vocab, row.grammar.vocab_size)
     if bitmask is None:
         return None
     allowed = unpack_bitmask(bitmask.to(device), vocab_size)
-    grammar_vocab = min(rows[i].grammar.vocab_size for i in restricted)
     if grammar_vocab < vocab_size:  # logits wider than the grammar's vocabulary
         index = torch.tensor(restricted, dtype=torch.long, device=allowed.device)
         allowed[index, grammar_vocab:] = False

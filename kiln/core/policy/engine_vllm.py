@@ -174,11 +174,17 @@ class VllmEngine:
         if cfg.batch_invariant:
             argv.append("--batch-invariant")
         self._log_offset = vllm_faults.log_size(cfg.log_path)
-        log = open(cfg.log_path, "ab") if cfg.log_path is not None else subprocess.DEVNULL
+        log = open(cfg.log_path, "ab") if cfg.log_path is not None else None
         try:
-            self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.DEVNULL if log is None else log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
-            if log is not subprocess.DEVNULL:
+            if log is not None:
                 log.close()
         self._port = port
         deadline = time.monotonic() + cfg.start_timeout_s
@@ -232,7 +238,7 @@ class VllmEngine:
     def identity(self) -> dict[str, Any]:
         if self._version is None:
             self.start()
-        out = {"name": self.name, "version": str(self._version)}
+        out: dict[str, Any] = {"name": self.name, "version": str(self._version)}
         if self.text_only:
             out["text_only"] = True  # a vision-language checkpoint's language model alone
         if self.served_dtype not in (None, self.config.dtype):  # the server chose it (a hybrid on a CPU)
@@ -272,19 +278,15 @@ class VllmEngine:
             return Generation(
                 ids=[], logprobs=[], finished=False, adapter_sha256=req.adapter.sha256 if req.adapter else None
             )
-        two_phase = (
-            req.thinking and req.think_close_id is not None and (req.budget is not None or req.grammar is not None)
-        )
-        if not two_phase:
-            grammar = req.grammar if not (req.thinking and req.think_close_id is not None) else None
+        close_id = req.think_close_id if req.thinking else None
+        if close_id is None or (req.budget is None and req.grammar is None):  # one phase
+            grammar = req.grammar if close_id is None else None
             out = self._call(req, req.prompt_ids, req.max_tokens, req.seed, req.stop_ids, grammar, (tag, route))
             return self._finish(req, out["ids"], out["logprobs"], out["adapter"])
         first_max = req.max_tokens if req.budget is None else min(req.max_tokens, req.budget)
-        out = self._call(
-            req, req.prompt_ids, first_max, req.seed, [*req.stop_ids, req.think_close_id], None, (tag, route)
-        )
+        out = self._call(req, req.prompt_ids, first_max, req.seed, [*req.stop_ids, close_id], None, (tag, route))
         ids, lps = list(out["ids"]), list(out["logprobs"])
-        if not ids or ids[-1] != req.think_close_id or len(ids) >= req.max_tokens:
+        if not ids or ids[-1] != close_id or len(ids) >= req.max_tokens:
             return self._finish(req, ids, lps, out["adapter"])
         rest = self._call(
             req,

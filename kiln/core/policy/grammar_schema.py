@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from kiln.core.boundedjson import MAX_INT_DIGITS
 from kiln.core.openenv.schema import SCHEMA_DATA_KEYWORDS, resolve_local_ref
@@ -252,8 +252,8 @@ class _Tightener:
     def string(self, node: dict) -> None:
         if any(key in node for key in ("enum", "const", "pattern", "format")):
             return
-        low = node.get("minLength") if isinstance(node.get("minLength"), int) else 0
-        high = node.get("maxLength") if isinstance(node.get("maxLength"), int) else None
+        low = _typed(node, "minLength", int, 0)
+        high = _typed(node, "maxLength", int, None)
         most = max(low, self.max_string_chars) if high is None else min(high, max(low, self.max_string_chars))
         # Printable: JSON forbids raw control characters inside strings, and a byte-level
         # vocabulary can offer them as single tokens. Quotes and backslashes are left out too,
@@ -297,17 +297,17 @@ class _Tightener:
             node[keyword] = bound
 
     def array(self, node: dict) -> None:
-        low = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
-        high = node.get("maxItems") if isinstance(node.get("maxItems"), int) else None
+        low = _typed(node, "minItems", int, 0)
+        high = _typed(node, "maxItems", int, None)
         cap = 1 if node.get("uniqueItems") is True else MAX_ARRAY_ITEMS
         node["maxItems"] = max(low, cap) if high is None else min(high, max(low, cap))
         if "items" not in node and "prefixItems" not in node:
             node["items"] = True  # turned into free values by the walk
 
     def object(self, node: dict) -> None:
-        declared = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = node.get("required") if isinstance(node.get("required"), list) else []
-        low = node.get("minProperties") if isinstance(node.get("minProperties"), int) else 0
+        declared: dict = _typed(node, "properties", dict, {})
+        required: list = _typed(node, "required", list, [])
+        low = _typed(node, "minProperties", int, 0)
         # ``properties: {}`` with no word on extras declares "no properties" (a tool without
         # arguments); with ``additionalProperties`` true or a schema, the object is free-form.
         extras_given = node.get("additionalProperties") is True or isinstance(node.get("additionalProperties"), dict)
@@ -323,6 +323,16 @@ class _Tightener:
         bounded = _free_object(extra, node)
         node.update({k: v for k, v in bounded.items() if k != "additionalProperties"})
         node["additionalProperties"] = extra if extra is not True else True  # walk makes it free
+
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
+
+def _typed(node: dict, key: str, kind: type[_T], default: _D) -> _T | _D:
+    """``node[key]`` when it is a ``kind``, else ``default``."""
+    value = node.get(key)
+    return value if isinstance(value, kind) else default
 
 
 def _integer_range(node: dict, limit: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.core.errors import ModelNotFound
 from kiln.core.policy.templates import QWEN3_TEMPLATE
-from kiln.core.policy.tokenizer import QWEN_SPLIT_PATTERN
+from kiln.core.policy.tokenizer import QWEN_SPLIT_PATTERN, wrap_fast
 
 QWEN_RANKS = 151643
 QWEN3_VOCAB_SIZE = 151936
@@ -87,7 +87,6 @@ def read_ranks(path: Path) -> dict[bytes, int]:
 def build_qwen_tokenizer(path: Path | None = None, *, chat_template: str = QWEN3_TEMPLATE):
     """The Qwen3 fast tokenizer (real vocabulary, special tokens at their real ids)."""
     from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     class _Converter(TikTokenConverter):
@@ -102,19 +101,14 @@ def build_qwen_tokenizer(path: Path | None = None, *, chat_template: str = QWEN3
     if base != QWEN_RANKS:
         raise ModelNotFound(f"{source} holds {base} ranks, expected Qwen's {QWEN_RANKS}")
     tok.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in QWEN3_ADDED])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
+    return wrap_fast(
+        tok,
+        chat_template=chat_template,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
         model_max_length=40960,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    fast.chat_template = chat_template
-    return fast
 
 
 def harmony_tokenizer(qwen_tok=None):
@@ -122,7 +116,6 @@ def harmony_tokenizer(qwen_tok=None):
     appended (the ones Qwen3 lacks, in gpt-oss's order), Kiln's harmony template, ``<|return|>`` as
     its end-of-sequence token and ``<|endoftext|>`` as padding. ``qwen_tok`` is not modified."""
     from tokenizers import AddedToken, Tokenizer
-    from transformers import PreTrainedTokenizerFast
 
     from kiln.core.policy import harmony
 
@@ -132,19 +125,14 @@ def harmony_tokenizer(qwen_tok=None):
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in harmony.SPECIAL_TOKENS if t not in known]
     )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=harmony.RETURN,
-        pad_token=harmony.ENDOFTEXT,
-        bos_token=None,
-        unk_token=None,
+    return wrap_fast(
+        tok,
+        chat_template=harmony.TEMPLATE,
+        eos=harmony.RETURN,
+        pad=harmony.ENDOFTEXT,
         model_max_length=131072,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    fast.chat_template = harmony.TEMPLATE
-    return fast
 
 
 __all__ = [

@@ -36,6 +36,15 @@ QWEN_EOS, QWEN_PAD = 151645, 151643  # <|im_end|>, <|endoftext|> of the copied Q
 # <|return|> and <|call|> of the harmony tokenizer (harmony's tokens appended after Qwen3's 151,669)
 HARMONY_RETURN, HARMONY_CALL = 151670, 151676
 
+# The tiny models' width (Kiln's own tiny Qwen3, the "tiny" shapes): 64 wide, 4 heads of 16, 2 KV heads.
+TINY_WIDTH: dict[str, int] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+
 _QWEN3_COMMON: dict[str, Any] = {
     "vocab_size": QWEN3_VOCAB_SIZE,
     "head_dim": 128,
@@ -145,15 +154,7 @@ SHAPES: dict[str, Shape] = {
     "tiny": Shape(
         "Qwen3Config",
         "Qwen3ForCausalLM",
-        {
-            **_QWEN3_COMMON,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-        },
+        {**_QWEN3_COMMON, **TINY_WIDTH, "num_hidden_layers": 2},
     ),
     # Qwen/Qwen3.5-0.8B's config.json (24 layers, [3 linear, 1 full] x 6, tied embeddings).
     "qwen3.5-0.8b": Shape(
@@ -213,12 +214,8 @@ SHAPES: dict[str, Shape] = {
         period=4,
         text={
             **_QWEN35_TEXT,
-            "hidden_size": 64,
-            "intermediate_size": 128,
+            **TINY_WIDTH,
             "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
             "linear_key_head_dim": 16,
             "linear_value_head_dim": 16,
             "linear_num_key_heads": 2,

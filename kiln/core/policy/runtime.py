@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -41,12 +41,18 @@ from kiln.core.policy.engine import (
     DEFAULT_DECODE_TILE,
     AdapterHandle,
     Engine,
+    Generation,
     GenerationRequest,
     engine_identity_fields,
 )
 from kiln.core.policy.engine_hf import HfEngine
 from kiln.core.policy.sampling import Sample, completion_logprobs
 from kiln.core.policy.token_glue import TokenGlue
+
+if TYPE_CHECKING:  # both imported where used (peft on the first adapter, xgrammar on the first schema)
+    from peft import PeftModel
+
+    from kiln.core.policy.constrained import ActionGrammarCache
 
 __all__ = ["PolicyRuntime", "Sample"]
 
@@ -78,11 +84,11 @@ class PolicyRuntime(TokenGlue):
         self.base_model_sha256 = model_content_sha256(self.model_path)
         self.load_fields = load_identity_fields(self.model_path)  # {"model_part": …} for a composite
         self.lock = threading.RLock()  # sampling, scoring and training leases are serialised
-        self._peft = None
+        self._peft: PeftModel | None = None
         # The rollout engine (:mod:`kiln.core.policy.engine`): hf by default; :meth:`use_engine` swaps it.
         self.engine: Engine = HfEngine(self, decode_tile)
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
-        self._action_grammars = None  # kiln.core.policy.constrained.ActionGrammarCache, built on first use
+        self._action_grammars: ActionGrammarCache | None = None  # built on first use
         self._grammar_lock = threading.Lock()  # not the runtime's lock: compiling never waits on a decode
         self._derive_glue()
 
@@ -185,18 +191,19 @@ class PolicyRuntime(TokenGlue):
         adapter_dir = Path(adapter_dir)
         digest = digest or self._adapter_digest(adapter_dir)
         name = self._adapters.get(digest)
-        if name is None:
+        peft = self._peft
+        if name is None or peft is None:
             name = "a" + digest.split(":", 1)[1][:24]
-            self._load_adapter(adapter_dir, name)
+            peft = self._load_adapter(adapter_dir, name)
             self._adapters[digest] = name
         self._adapters.move_to_end(digest)
-        self._peft.set_adapter(name)
+        peft.set_adapter(name)
         while len(self._adapters) > self.max_adapters:
             _, old = self._adapters.popitem(last=False)
-            self._peft.delete_adapter(old)
-        return _frozen(self._peft, nullcontext())
+            peft.delete_adapter(old)
+        return _frozen(peft, nullcontext())
 
-    def _load_adapter(self, adapter_dir: Path, name: str) -> None:
+    def _load_adapter(self, adapter_dir: Path, name: str) -> PeftModel:
         from peft import PeftModel
 
         try:
@@ -211,6 +218,7 @@ class PolicyRuntime(TokenGlue):
                 f"could not load the adapter at {adapter_dir}: {exc}", details={"path": str(adapter_dir)}
             ) from exc
         self._peft.eval()
+        return self._peft
 
     @property
     def loaded_adapters(self) -> list[str]:
@@ -272,7 +280,7 @@ class PolicyRuntime(TokenGlue):
         thinking: bool = True,
         action_schema: dict | None = None,
         decode_tile: int | None = None,
-    ) -> list[Sample]:
+    ) -> list[Generation]:
         """Sample all ``prompts`` in one call; rows stop at the stop token (``<|im_end|>`` …; harmony:
         ``<|return|>`` or ``<|call|>``).
 

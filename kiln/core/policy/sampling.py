@@ -37,12 +37,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from kiln.core.policy.engine import DEFAULT_DECODE_TILE
 from kiln.core.policy.faults import model_forward
+
+if TYPE_CHECKING:  # imported where used: the constrained path loads xgrammar
+    from kiln.core.policy.constrained import RowConstraint
 
 U64 = 1 << 64
 
@@ -130,7 +133,7 @@ class RowSpec:
     stop_id: int
     think_close_id: int | None = None
     budget: int | None = None  # stop a row that has not closed its thinking after this many tokens
-    constraint: object = None  # a kiln.core.policy.constrained.RowConstraint, or None
+    constraint: RowConstraint | None = None
     extra_stop_ids: tuple[int, ...] = ()  # more ids that end the row (harmony's <|call|>)
 
 
@@ -235,7 +238,7 @@ def decode_rows(
                     continue
                 slots[s] = row
                 cache.place(s, prefilled)  # decoding appends to the row's own copies, never in place
-        live = [s for s in range(tile) if slots[s] is not None]
+        live = [(s, row) for s, row in enumerate(slots) if row is not None]
         if not live:
             return
         tokens = [row.ids[-1] if row is not None else 0 for row in slots]
@@ -248,9 +251,8 @@ def decode_rows(
                 torch.tensor(tokens, dtype=torch.long, device=device).view(tile, 1),
                 torch.tensor(positions, dtype=torch.long, device=device).view(tile, 1),
             ).logits[:, -1, :]
-        feed.stepped([slots[s].key for s in live])
-        for s in live:
-            row = slots[s]
+        feed.stepped([row.key for _, row in live])
+        for s, row in live:
             row.logits = logits[s : s + 1].clone()  # a row of its own, as a batch of one's logits are
             sample = _step(row, device)
             if sample is not None:

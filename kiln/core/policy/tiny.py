@@ -32,6 +32,7 @@ import json
 import random
 from pathlib import Path
 
+from kiln.core.policy.random_model import TINY_WIDTH
 from kiln.core.policy.chat_template import (
     ENDOFTEXT,
     IM_END,
@@ -265,12 +266,8 @@ def tiny_qwen3_config(*, vocab_size: int, **overrides: Any) -> Any:
 
     values: dict[str, Any] = {
         "vocab_size": vocab_size,
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        **TINY_WIDTH,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
         "initializer_range": 0.2,
         "tie_word_embeddings": True,
     }
@@ -311,7 +308,7 @@ def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
-            model = Qwen3ForCausalLM(config).to(torch.float32)
+            model = Qwen3ForCausalLM(config).float()
             _warm_up(model, tok, rng)
         model.generation_config.do_sample = True
         model.save_pretrained(str(out_dir))

@@ -10,6 +10,7 @@ produces byte-identical files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -44,7 +45,7 @@ def train_bpe(
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()  # the byte-level decoder takes no options
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
@@ -67,8 +68,11 @@ def wrap_fast(
     pad: str = ENDOFTEXT,
     bos: str | None = None,
     model_max_length: int = 4096,
+    **options: Any,
 ):
-    """Wrap a raw tokenizer as a transformers fast tokenizer with a chat template (Kiln's by default)."""
+    """Wrap a raw tokenizer as a transformers fast tokenizer with a chat template (Kiln's by default):
+    no UNK, left padding, no clean-up of spaces; ``options`` go to the tokenizer as they are
+    (the Qwen3 and harmony ones give ``split_special_tokens``, as their checkpoints do)."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
@@ -80,6 +84,7 @@ def wrap_fast(
         model_max_length=model_max_length,
         padding_side="left",
         clean_up_tokenization_spaces=False,
+        **options,
     )
     fast.chat_template = chat_template
     return fast

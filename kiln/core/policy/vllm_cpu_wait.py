@@ -74,7 +74,7 @@ def install() -> bool:
         return False
     condition = getattr(shm_broadcast, "SpinCondition", None)
     stock = getattr(condition, "wait", None)
-    if stock is None:
+    if condition is None or stock is None:
         return False
     if getattr(stock, "kiln_napping", False):
         return True

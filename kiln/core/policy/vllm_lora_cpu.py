@@ -18,6 +18,9 @@ Imports only torch (this file runs in the engine's virtual environment, next to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 
@@ -111,7 +114,11 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = product
 
 
-_GROUPED = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
+_GROUPED: dict[str, Callable[..., Any]] = {
+    "bgmv_shrink": bgmv_shrink,
+    "bgmv_expand": bgmv_expand,
+    "bgmv_expand_slice": bgmv_expand_slice,
+}
 
 
 def install() -> bool:

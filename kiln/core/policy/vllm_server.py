@@ -206,6 +206,12 @@ def report_fault(exc: BaseException, facts: dict) -> None:
     print(FAULT_MARK + json.dumps(line), flush=True)
 
 
+# The command-line flags handed to vLLM's engine as they are (each flag names its engine argument).
+_ENGINE_FLAGS = (
+    "model max_lora_rank max_loras max_model_len max_num_seqs gpu_memory_utilization tensor_parallel_size seed"
+)
+
+
 class Server:
     def __init__(self, args: argparse.Namespace, facts: dict) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -221,15 +227,8 @@ class Server:
             **self.model_kind,
         }
         engine_args = AsyncEngineArgs(
-            model=args.model,
+            **{name: getattr(args, name) for name in _ENGINE_FLAGS.split()},
             enable_lora=True,
-            max_lora_rank=args.max_lora_rank,
-            max_loras=args.max_loras,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size,
-            seed=args.seed,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
             structured_outputs_config={"backend": "xgrammar"},
@@ -306,9 +305,12 @@ class Server:
                 final = out
         finally:
             self.in_flight.pop(request_id, None)
-            if request_id in self.met_another_run:
+            if request_id in self.met_another_run:  # only a tagged request is ever added
                 self.met_another_run.discard(request_id)
-                self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+                if tag is not None:
+                    self.overlapped[tag] = self.overlapped.get(tag, 0) + 1
+        if final is None:
+            raise RuntimeError("vLLM finished the request without an output")
         completion = final.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         logprobs = []

@@ -20,6 +20,7 @@ from kiln.core.canonical import canonical_copy, compact_json
 from kiln.core.errors import EnvironmentProtocolError
 from kiln.core.openenv.actions import ActionParseError, parse_action_text
 from kiln.core.openenv.schema import ActionValidator
+from kiln.core.openenv.tool_calls import ToolCallValidator
 from kiln.core.openenv.replies import RECOVERABLE_CODES
 from kiln.core.rollout.prompts import harness_error_content, observation_content, protocol_error_content
 
@@ -102,7 +103,7 @@ def truncation_outcome(code: str, message: str, action_ids: int, max_action_toke
 
 
 def judge_answer(
-    answer: str | None, validator: ActionValidator
+    answer: str | None, validator: ActionValidator | ToolCallValidator
 ) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
     """``(action, None)`` for a valid final answer, else ``(None, (harness code, message))``."""
     if answer is None or not answer.strip():

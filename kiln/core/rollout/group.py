@@ -235,6 +235,9 @@ class GroupCollector:
                 return
             self._check_cancel()
             seeds = [generation_seed(self.task.seed, ep.candidate_index, step) for ep in live]
+            options: dict[str, Any] = {"action_schema": self.shown_schema} if settings.constrained_actions else {}
+            if self.task.decode_tile is not None:
+                options["decode_tile"] = self.task.decode_tile
             started = now_ms()
             sampling = asyncio.ensure_future(
                 asyncio.to_thread(
@@ -246,8 +249,7 @@ class GroupCollector:
                     adapter_dir=self.task.adapter_dir,
                     stop_after_think_budget=settings.thinking_budget_tokens,
                     thinking=settings.thinking,
-                    **({"action_schema": self.shown_schema} if settings.constrained_actions else {}),
-                    **({"decode_tile": self.task.decode_tile} if self.task.decode_tile is not None else {}),
+                    **options,
                 )
             )
             samples = await self._await_with_keepalive(sampling, [sessions[ep.candidate_index] for ep in live])
@@ -318,8 +320,9 @@ class GroupCollector:
             return
         assert action is not None
         result = await session.step(action)
-        if result.kind == "observation":
-            content = ep.record_observation(action, result.observation, result.reward_value)
+        observation = result.observation
+        if result.kind == "observation" and observation is not None:
+            content = ep.record_observation(action, observation, result.reward_value)
             self._append_turn(ep, content, warning=False)
         else:
             content = ep.record_protocol_error(action, dict(result.error or {}))

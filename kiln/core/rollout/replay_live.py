@@ -246,7 +246,7 @@ async def replay_bundle(
         raise InvalidRequest(f"--ignore: {exc}", hint="paths start with result.observation. or final_state.") from None
     bundle = load_bundle(Path(summary_path), dataset_path=dataset_path, replay_path=replay_path)
     environments = bundle.summary["environments"]
-    tokens = list(credentials) if credentials else [None] * len(environments)
+    tokens: list[str | None] = list(credentials) if credentials else [None] * len(environments)
     if len(tokens) != len(environments):
         raise InvalidRequest(
             f"credentials must have one entry per environment ({len(environments)}), got {len(tokens)}"

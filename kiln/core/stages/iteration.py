@@ -14,34 +14,22 @@ from kiln.core.artifacts.iterations import iteration_key, record_bytes
 from kiln.core.artifacts.selections import full_selection
 from kiln.core.artifacts.store import S3Store
 from kiln.core.canonical import sha256_bytes
-from kiln.core.records import IterationFiles, IterationInput
+from kiln.core.records import EvaluationResult, IterationFiles, IterationInput, TrainResult
 from kiln.core.run_status import invalid_action_rate, training_figures
 from kiln.core.stages.evaluation import store_bundle
 from kiln.core.telemetry.live import put_iteration
 
 
-def _training_block(inp: IterationInput) -> dict[str, Any] | None:
-    training = inp.training
-    if training is None:
-        return None
+def _training_block(training: TrainResult) -> dict[str, Any]:
     return {
-        "trained": training.trained,
-        "skip_reason": training.skip_reason,
-        "adapter_sha256": training.adapter_sha256,
+        **training.model_dump(include={"trained", "skip_reason", "adapter_sha256", "receipt", "steps"}),
         "adapter_files": [{"name": f.name, **f.object.model_dump()} for f in training.adapter_files],
-        "receipt": training.receipt.model_dump() if training.receipt else None,
-        "steps": training.steps,
     }
 
 
-def _evaluation_block(inp: IterationInput) -> dict[str, Any] | None:
-    evaluation = inp.evaluation
-    if evaluation is None:
-        return None
+def _evaluation_block(evaluation: EvaluationResult) -> dict[str, Any]:
     return {
-        "decision": evaluation.decision,
-        "outcome": evaluation.outcome,
-        "receipt": evaluation.receipt.model_dump(),
+        **evaluation.model_dump(include={"decision", "outcome", "receipt"}),
         "sides": {
             side.side: {name: obj.model_dump() for name, obj in sorted(side.files.items())}
             for side in (evaluation.baseline, evaluation.candidate)
@@ -75,8 +63,8 @@ def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
             "behavior_policy": inp.behavior_policy,
             "files": {name: obj.model_dump() for name, obj in sorted(stored.items())},
             "stats": stats,
-            "training": _training_block(inp),
-            "evaluation": _evaluation_block(inp),
+            "training": _training_block(inp.training) if inp.training is not None else None,
+            "evaluation": _evaluation_block(inp.evaluation) if inp.evaluation is not None else None,
             **(
                 {"dynamic_sampling": inp.bundle.dynamic_sampling.model_dump(mode="json")}
                 if inp.bundle.dynamic_sampling is not None

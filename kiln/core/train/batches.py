@@ -76,19 +76,17 @@ class GroupBatch:
         return int(self.action_mask.sum().item())
 
     def to(self, device: torch.device) -> "GroupBatch":
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
+        behavior = self.behavior_logprobs
         return replace(
             self,
-            input_ids=move(self.input_ids),
-            attention_mask=move(self.attention_mask),
-            labels=move(self.labels),
-            action_mask=move(self.action_mask),
-            env_mask=move(self.env_mask),
-            obs_lengths=move(self.obs_lengths),
-            behavior_logprobs=move(self.behavior_logprobs),
-            advantages=move(self.advantages),
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            labels=self.labels.to(device),
+            action_mask=self.action_mask.to(device),
+            env_mask=self.env_mask.to(device),
+            obs_lengths=self.obs_lengths.to(device),
+            behavior_logprobs=None if behavior is None else behavior.to(device),
+            advantages=self.advantages.to(device),
         )
 
 
@@ -159,7 +157,7 @@ def collate(rows: list[Row], pad_id: int = 0) -> GroupBatch:
         attention[b, :n] = 1
         action[b, : n - 1] = row.action
         env[b, : n - 1] = row.env
-        if behavior is not None:
+        if behavior is not None and row.behavior is not None:  # have_lp: every row has one
             behavior[b, : n - 1] = row.behavior
     return GroupBatch(
         input_ids=input_ids,

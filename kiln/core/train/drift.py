@@ -31,9 +31,9 @@ import torch
 
 from kiln.core.errors import TrainingFailed
 from kiln.core.train.batches import Row, collate, pack_microbatches
-from kiln.core.train.losses import exact_kls, output_head, sequence_hidden, sequence_logprobs
+from kiln.core.train.losses import exact_kls, output_head, sequence_hidden
 from kiln.core.train.model import TRAIN_ADAPTER
-from kiln.core.train.step import StepSettings
+from kiln.core.train.step import StepSettings, batch_logprobs
 
 DRIFT_ESTIMATOR = "exact_full_vocabulary"
 START_ADAPTER = "kiln-start"
@@ -78,14 +78,7 @@ def _score(
     for micro in pack_microbatches(rows, settings.max_tokens_per_microbatch):
         batch = collate(micro).to(device)
         hidden_new = sequence_hidden(model, batch.input_ids, batch.attention_mask)
-        logprobs = sequence_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.labels,
-            temperature=settings.temperature,
-            hidden=hidden_new,
-        )
+        logprobs = batch_logprobs(model, batch, settings.temperature, hidden=hidden_new)
         for b, row in enumerate(micro):
             scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
         on = batch.action_mask > 0

@@ -232,12 +232,17 @@ def policy_loss(
     else:
         loss = (per_token * action_mask).sum() / denominator
     with torch.no_grad():
-        clipped_count = float((clipped_mask.float() * action_mask).sum().item())
-        deviation = (
-            ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
-        )
-    return loss, {
-        "clipped_tokens": clipped_count,
+        return loss, _loss_stats(log_ratio, action_mask, clipped_mask.float() * action_mask)
+
+
+def _loss_stats(log_ratio: torch.Tensor, action_mask: torch.Tensor, clipped: torch.Tensor) -> dict[str, float]:
+    """A policy term's figures: clipped tokens (the sum of ``clipped``, a count per token or per
+    row), action tokens, and the largest ``|ratio - 1|`` over the action tokens (0 without any)."""
+    deviation = (
+        ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
+    )
+    return {
+        "clipped_tokens": float(clipped.sum().item()),
         "action_tokens": float(action_mask.sum().item()),
         "max_ratio_deviation": float(deviation.item()),
     }
@@ -268,14 +273,7 @@ def _sequence_loss(
     loss = (per_seq * has_action).sum() / denominator
     with torch.no_grad():
         clipped_seq = (clipped < unclipped).to(log_ratio.dtype) * has_action
-        deviation = (
-            ((torch.exp(log_ratio) - 1.0).abs() * action_mask).max() if action_mask.any() else log_ratio.new_zeros(())
-        )
-    return loss, {
-        "clipped_tokens": float((clipped_seq * count).sum().item()),
-        "action_tokens": float(action_mask.sum().item()),
-        "max_ratio_deviation": float(deviation.item()),
-    }
+        return loss, _loss_stats(log_ratio, action_mask, clipped_seq * count)
 
 
 def truncated_is_weights(

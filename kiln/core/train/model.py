@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -46,7 +46,8 @@ def _lora_config(rank: int, alpha: float, family: Family):
 
     return LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        # peft annotates lora_alpha as an int but only scales by alpha/rank: Kiln's alpha is a float
+        lora_alpha=cast(Any, alpha),
         target_modules=list(family.lora_modules),
         target_parameters=list(family.lora_parameters) or None,
         lora_dropout=0.0,
@@ -178,6 +179,11 @@ def save_adapter(model: Any, adapter_dir: Path) -> str:
     return adapter_content_sha256(adapter_dir)
 
 
+def _factor(factors: Any, adapter: str) -> torch.Tensor:
+    """One adapter's LoRA factor weight, detached in float32 (``factors``: a layer's lora_A or lora_B)."""
+    return factors[adapter].weight.detach().float()
+
+
 def lora_delta_norms(model: Any, adapter: str = TRAIN_ADAPTER) -> tuple[float, dict[str, float]]:
     """Frobenius norm of each module's ``scale·B@A`` of the trained ``adapter`` (not of other
     adapters a shared base model holds) and the root-sum-square total."""
@@ -187,8 +193,7 @@ def lora_delta_norms(model: Any, adapter: str = TRAIN_ADAPTER) -> tuple[float, d
     for name, module in model.named_modules():
         if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
             continue
-        a = module.lora_A[adapter].weight.detach().float()
-        b = module.lora_B[adapter].weight.detach().float()
+        a, b = _factor(module.lora_A, adapter), _factor(module.lora_B, adapter)
         delta = (b @ a) * float(module.scaling[adapter])
         norms[f"{name}.{adapter}"] = float(torch.linalg.matrix_norm(delta).item())
     total = math.sqrt(math.fsum(v * v for v in norms.values()))

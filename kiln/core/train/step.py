@@ -105,8 +105,11 @@ class LogprobCache:
         return cache
 
 
-def batch_logprobs(model: Any, batch: GroupBatch, temperature: float) -> torch.Tensor:
-    return sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature)
+def batch_logprobs(model: Any, batch: GroupBatch, temperature: float, **options: Any) -> Any:
+    """:func:`sequence_logprobs` of a collated batch (``options``: its ``hidden``, ``with_entropy``)."""
+    return sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.labels, temperature=temperature, **options
+    )
 
 
 Micro = tuple[list[Row], list[list[Row]] | None]  # a micro-batch's rows, and its bins when packed
@@ -136,14 +139,7 @@ def micro_logprobs(
     if bins is not None:
         width = int(batch.input_ids.shape[1])
         return packed_logprobs(model, bins, width, settings.temperature, device, with_entropy)
-    return sequence_logprobs(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        batch.labels,
-        temperature=settings.temperature,
-        with_entropy=with_entropy,
-    )
+    return batch_logprobs(model, batch, settings.temperature, with_entropy=with_entropy)
 
 
 def _stack(rows: list[Row], store: dict, width: int, device: torch.device) -> torch.Tensor:
@@ -194,11 +190,21 @@ def _fill_reference(
         cache.ref.update(score_reference(model, missing, settings, device))
 
 
+def _recorded(batch: GroupBatch) -> torch.Tensor:
+    """The batch's recorded log-probs, for a setting that needs them (``training_rows`` refuses
+    such data without them first)."""
+    if batch.behavior_logprobs is None:
+        raise TrainingFailed(
+            "the training settings need the recorded logprobs on every action piece", code="invalid_training_data"
+        )
+    return batch.behavior_logprobs
+
+
 def _old_logprobs(
     rows: list[Row], batch: GroupBatch, logprobs: torch.Tensor, cache: LogprobCache, settings: StepSettings
 ) -> torch.Tensor:
     if settings.recorded:
-        return batch.behavior_logprobs
+        return _recorded(batch)
     for b, row in enumerate(rows):
         if row.key not in cache.old:  # not pre-scored (an older checkpoint): score at first visit
             cache.old[row.key] = logprobs[b, : row.length - 1].detach().cpu()
@@ -232,15 +238,12 @@ def _micro_step(
             kl = ((logprobs.detach() - ref) * batch.action_mask).sum() / action_total
         else:
             kl = kl_k3(logprobs, ref, batch.action_mask, denominator=action_total)
-    weights, is_stats = None, {}
-    if settings.stale_is_max_weight is not None and not settings.recorded:
-        weights, is_stats = truncated_is_weights(
-            old, batch.behavior_logprobs, batch.action_mask, settings.stale_is_max_weight
-        )
-    elif settings.engine_is_max_weight is not None:
-        weights, is_stats = truncated_is_weights(
-            old, batch.behavior_logprobs, batch.action_mask, settings.engine_is_max_weight
-        )
+    weights: torch.Tensor | None = None
+    is_stats: dict[str, float] = {}
+    cap = settings.stale_is_max_weight if not settings.recorded else None
+    cap = settings.engine_is_max_weight if cap is None else cap
+    if cap is not None:
+        weights, is_stats = truncated_is_weights(old, _recorded(batch), batch.action_mask, cap)
     p_loss, stats = policy_loss(
         logprobs,
         old,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from kiln.core.canonical import is_digest
 from kiln.core.jsondiff import same_json
@@ -64,7 +64,7 @@ def same_float(a: Any, b: Any) -> bool:
     return isinstance(a, float) and isinstance(b, float) and _bits(a) == _bits(b)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -93,6 +93,15 @@ class CandidateFacts:
     protocol_error_code: str | None
     context: dict | None = None  # the candidate's context record (it hit the model's context)
 
+    def outcome(self) -> dict[str, Any]:
+        """The episode's outcome as the record builders take it (steps, return, termination, code)."""
+        return {
+            "steps": len(self.exchanges),
+            "episode_return": self.episode_return,
+            "termination": self.termination,
+            "protocol_error_code": self.protocol_error_code,
+        }
+
 
 def recompute_return(values: list[float], protocol_errors: int, penalty: float, invalid: bool) -> float:
     """Exactly :attr:`kiln.core.rollout.episode.CandidateEpisode.episode_return`'s float order."""
@@ -333,7 +342,7 @@ def rebuild_reset_plan(groups: list[dict], environment_count: int) -> list[dict]
             templates[index] = template
         elif not same_json(templates[index], template):
             raise fail(where, "reset_payload", f"differs from environment {index}'s earlier reset template")
-    for index, template in enumerate(templates):
-        if template is None:
-            raise fail(Where(REPLAY_FILE), "groups", f"environment {index} is never exercised")
-    return templates  # type: ignore[return-value]
+    unused = [index for index, template in enumerate(templates) if template is None]
+    if unused:
+        raise fail(Where(REPLAY_FILE), "groups", f"environment {unused[0]} is never exercised")
+    return [template for template in templates if template is not None]

@@ -250,10 +250,7 @@ def check_provenance(
         inspection,
         reset_payload=group["reset_payload"],
         seed=group["seed"],
-        steps=len(facts.exchanges),
-        episode_return=facts.episode_return,
-        termination=facts.termination,
-        protocol_error_code=facts.protocol_error_code,
+        **facts.outcome(),
         behavior_policy=behavior_policy,
         context_policy=context_policy,
     )
