@@ -122,8 +122,17 @@ def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_o
     moe = vllm_server.model_facts(_config(tmp_path / "moe", {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}))
     assert moe["moe"] and not moe["text_only"]
     with pytest.raises(vllm_server.Unsupported) as caught:
-        vllm_server.model_settings(moe, on_cpu=True)
-    assert vllm_server.model_settings(moe, on_cpu=False) == {}  # GPUs run vLLM's MoE LoRA kernels
+        vllm_server.model_settings(moe, on_cpu=True, moe_lora="stock")  # without vllm_moe_lora_cpu's experts
+    # Kiln's adapters hold the experts as 3-D parameters, which vLLM loads only in its mixed format
+    assert vllm_server.model_settings(moe, on_cpu=False) == {"enable_mixed_moe_lora_format": True}
+    assert vllm_server.model_settings(moe, on_cpu=True, moe_lora="torch") == {"enable_mixed_moe_lora_format": True}
+    oss = vllm_server.model_facts(_config(tmp_path / "oss", {"architectures": ["GptOssForCausalLM"],
+                                                             "num_local_experts": 4}))
+    with pytest.raises(vllm_server.Unsupported) as other:
+        vllm_server.model_settings(oss, on_cpu=True, moe_lora="torch")  # experts it does not compute
+    assert str(other.value) == ("Kiln's CPU LoRA path for mixture-of-experts layers serves Qwen3MoeForCausalLM "
+                                "only, not GptOssForCausalLM (vLLM's own MoE LoRA kernel needs Triton)")
+    assert vllm_server.model_settings(oss, on_cpu=False) == {"enable_mixed_moe_lora_format": True}
     line = _fault_line(caught.value, moe)
     refused = vllm_faults.start_failure(Path("/m"), vllm_server.FAULT_EXIT, line, None)
     assert isinstance(refused, ModelUnsupported) and not refused.retryable
@@ -134,3 +143,16 @@ def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_o
     assert not dense["hybrid"] and vllm_server.model_settings(dense, on_cpu=True) == {}
     assert vllm_server.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False,
                                                                  "hybrid": False}
+
+
+def test_an_adapter_of_3d_expert_parameters_is_told_to_vllm_as_one(tmp_path: Path) -> None:
+    experts = tmp_path / "experts"
+    experts.mkdir()
+    (experts / "adapter_config.json").write_text(json.dumps({
+        "target_modules": ["q_proj"], "target_parameters": ["experts.down_proj", "experts.gate_up_proj"]}))
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "adapter_config.json").write_text(json.dumps({"target_modules": ["q_proj"], "target_parameters": None}))
+    assert vllm_server.adapter_is_3d(str(experts)) is True
+    assert vllm_server.adapter_is_3d(str(dense)) is False
+    assert vllm_server.adapter_is_3d(str(tmp_path / "missing")) is False

@@ -1,6 +1,6 @@
 """Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only, and
-its neighbours :mod:`vllm_lora_cpu` and :mod:`vllm_vision`, which need only torch, and
-:mod:`vllm_cpu_wait`).
+its neighbours :mod:`vllm_lora_cpu`, :mod:`vllm_moe_lora_cpu` and :mod:`vllm_vision`, which need
+only torch, and :mod:`vllm_cpu_wait`).
 
 Started by :class:`kiln.core.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
 environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln's
@@ -18,10 +18,12 @@ Endpoints (JSON bodies, one request per connection):
   ``VLLM_CPU_NUM_OF_RESERVED_CPU``), plus ``"text_only"`` (a vision-language checkpoint served as
   its language model only) and ``"torchvision"``: ``"compiled"|"text-only"|"absent"``, the
   torchvision its processes import (:mod:`vllm_vision`: vLLM's Qwen3.5 classes need one) and
-  ``"dtype"``, what the model is served in (``--dtype``, but for a hybrid model on a CPU)
+  ``"dtype"``, what the model is served in (``--dtype``, but for a hybrid model on a CPU), and
+  ``"moe_lora": "torch"|"stock"`` (whether :mod:`vllm_moe_lora_cpu`'s torch experts replaced
+  vLLM's Triton ones, which the CPU build cannot run)
 
 A server that cannot build its engine (an architecture vLLM cannot inspect or run, an MoE model on
-the CPU build, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
+the CPU build that :mod:`vllm_moe_lora_cpu` does not serve, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
 fail the same way on every start, so the client reports it instead of restarting.
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
@@ -76,6 +78,14 @@ def install_cpu_paths() -> tuple[str, str, int | None]:
     return lora_products, "napping", vllm_cpu_wait.free_reserved_cores()
 
 
+def install_moe_lora() -> str:
+    """:mod:`vllm_moe_lora_cpu`'s torch experts in place of vLLM's Triton ones (CPU build only);
+    what ``/health`` reports as ``moe_lora``."""
+    import vllm_moe_lora_cpu
+
+    return "torch" if vllm_moe_lora_cpu.install() else "stock"
+
+
 def install_vision() -> str:
     """The engine's torchvision (:mod:`vllm_vision`), before anything imports vLLM's model classes,
     here and in vLLM's model-inspection subprocess; what ``/health`` reports as ``torchvision``."""
@@ -87,10 +97,11 @@ def install_vision() -> str:
     return found
 
 
-LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES, VISION = "stock", "stock", None, "absent"
+LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES, VISION, MOE_LORA = "stock", "stock", None, "absent", "stock"
 if __name__ in ("__main__", "__mp_main__"):
     VISION = install_vision()
     LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = install_cpu_paths()
+    MOE_LORA = install_moe_lora()
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -149,31 +160,62 @@ def model_facts(model_dir: str) -> dict:
     }
 
 
+def adapter_is_3d(adapter_dir: str) -> bool:
+    """Whether a PEFT adapter adapts 3-D expert parameters (``target_parameters``: one fused
+    ``gate_up_proj`` / ``down_proj`` per layer), which vLLM loads into its per-expert MoE LoRA
+    layers only when told (``is_3d_lora_weight``, with ``enable_mixed_moe_lora_format``)."""
+    try:
+        with open(os.path.join(adapter_dir, "adapter_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("target_parameters")) if isinstance(config, dict) else False
+
+
 class Unsupported(Exception):
     """A model this server refuses before it builds vLLM's engine (reported as ``model_unsupported``)."""
 
 
-# Why an MoE model is refused on vLLM's CPU build. Measured with vLLM 0.32: with LoRA enabled, every
-# MoE layer runs vLLM's LoRA expert kernel, a Triton kernel, which the CPU build cannot run (the
-# first forward dies: ``module 'triton.language' has no attribute 'float32'``). LoRA outside the
-# experts with the plain CPU expert kernel serves, but Kiln's adapters adapt the experts (peft's
-# ``target_parameters`` on experts stored as 3-D tensors), and those adapters cannot be served.
+# Why an MoE model is refused on vLLM's CPU build without :mod:`vllm_moe_lora_cpu`. Measured with
+# vLLM 0.32: with LoRA enabled, every MoE layer runs vLLM's Triton experts (expert GEMMs and LoRA
+# products), which the CPU build cannot run (the first forward dies: ``module 'triton.language' has
+# no attribute 'float32'``), and Kiln's adapters adapt the experts (peft's ``target_parameters`` on
+# experts stored as 3-D tensors).
 MOE_ON_CPU = (
     "vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
     "and Kiln's adapters adapt the experts"
 )
+# The MoE architectures whose experts :mod:`vllm_moe_lora_cpu` computes on the CPU build (gated
+# SiLU experts without biases, measured against the trainer); any other is refused.
+MOE_SERVED_ON_CPU = ("Qwen3MoeForCausalLM",)
 
 
-def model_settings(facts: dict, on_cpu: bool) -> dict:
+def moe_refusal(architectures: list[str]) -> str:
+    """Why an MoE architecture outside :data:`MOE_SERVED_ON_CPU` is refused on the CPU build."""
+    named = ", ".join(architectures) or "this architecture"
+    return (
+        f"Kiln's CPU LoRA path for mixture-of-experts layers serves {', '.join(MOE_SERVED_ON_CPU)} only, "
+        f"not {named} (vLLM's own MoE LoRA kernel needs Triton)"
+    )
+
+
+def model_settings(facts: dict, on_cpu: bool, moe_lora: str | None = None) -> dict:
     """Engine arguments the model's kind asks for: a vision-language checkpoint is served as its
     language model only (vLLM's ``language_model_only``: no vision tower in memory, text prompts
-    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`). A hybrid model on the
+    only). An MoE model on vLLM's CPU build is served only through :mod:`vllm_moe_lora_cpu`'s torch
+    experts (``moe_lora``, default this process's :data:`MOE_LORA`, ``"torch"``) and only for the
+    architectures in :data:`MOE_SERVED_ON_CPU`; else it is refused. A hybrid model on the
     CPU build is served in bfloat16 (the build's Gated DeltaNet kernel takes nothing else: "CPU GDN
     attention requires BF16") and without prefix caching (vLLM caches a recurrent layer's state for
     prefixes only with chunked prefill, which the CPU build cannot run: :func:`prefill_settings`)."""
     if facts["moe"] and on_cpu:
-        raise Unsupported(MOE_ON_CPU)
+        if (MOE_LORA if moe_lora is None else moe_lora) != "torch":
+            raise Unsupported(MOE_ON_CPU)
+        if not set(facts["architectures"]) & set(MOE_SERVED_ON_CPU):
+            raise Unsupported(moe_refusal(facts["architectures"]))
     out: dict = {"language_model_only": True} if facts["text_only"] else {}
+    if facts["moe"]:  # Kiln's adapters hold the experts as peft's 3-D parameters (adapter_is_3d)
+        out["enable_mixed_moe_lora_format"] = True
     if facts.get("hybrid") and on_cpu:
         out.update(enable_prefix_caching=False, dtype="bfloat16")
     return out
@@ -255,7 +297,8 @@ class Server:
         name = str(adapter["name"])
         if name not in self.loras:
             self.loras[name] = len(self.loras) + 1 if not self.loras else max(self.loras.values()) + 1
-        return LoRARequest(name, self.loras[name], str(adapter["path"]))
+        path = str(adapter["path"])
+        return LoRARequest(name, self.loras[name], path, is_3d_lora_weight=adapter_is_3d(path))
 
     def _params(self, body: dict):
         from vllm import SamplingParams
@@ -344,6 +387,7 @@ class Server:
             "text_only": self.text_only,
             "torchvision": VISION,
             "dtype": self.dtype,
+            "moe_lora": MOE_LORA,
         }
 
     def stats(self) -> dict:
