@@ -171,7 +171,8 @@ def test_an_moe_architecture_the_cpu_experts_do_not_compute_is_refused_naming_wh
     import json
 
     from kiln.core.errors import ModelUnsupported
-    from kiln.core.policy.vllm_server import FAULT_MARK, moe_refusal
+    from kiln.core.policy.vllm_model_kind import moe_refusal
+    from kiln.core.policy.vllm_server import FAULT_MARK
 
     folder = tmp_path / "gpt-oss"
     folder.mkdir()

@@ -35,9 +35,7 @@ def _factor(stacked: torch.Tensor, slot: int, expert: int) -> torch.Tensor:
     return stacked[slot, expert if stacked.shape[1] > 1 else 0]
 
 
-def _lora_delta(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, width: int
-) -> torch.Tensor:
+def _lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
     """``x @ A.T @ B.T`` cut to ``width`` output features (vLLM's buffers are padded to the
     largest rank and may be wider than the layer)."""
     return (x @ a.transpose(0, 1)) @ b[:width].transpose(0, 1)
@@ -124,7 +122,7 @@ def _check_layer(experts: Any, activation: Any, expert_map: Any) -> None:
         raise ExpertsUnsupported("Kiln's CPU MoE LoRA path does not run expert parallelism")
 
 
-def apply(  # noqa: PLR0913 - vLLM's FusedMoEExpertsModular.apply signature, kept as vLLM calls it
+def apply(  # vLLM's FusedMoEExpertsModular.apply signature, as vLLM calls it
     self: Any,
     output: torch.Tensor,
     hidden_states: torch.Tensor,
@@ -163,7 +161,16 @@ def apply(  # noqa: PLR0913 - vLLM's FusedMoEExpertsModular.apply signature, kep
         x = ctx.original_hidden_states
     output.copy_(
         experts_with_lora(
-            x, w1, w2, topk_weights, topk_ids, slots, w13_a, w13_b, w2_a, w2_b,
+            x,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            slots,
+            w13_a,
+            w13_b,
+            w2_a,
+            w2_b,
             weigh_outputs=not apply_router_weight_on_input,
         )
     )
@@ -185,7 +192,7 @@ def install() -> bool:
     stock = triton_moe.TritonExperts.apply
     if stock is not apply and list(inspect.signature(stock).parameters) != list(inspect.signature(apply).parameters):
         return False
-    triton_moe.TritonExperts.apply = apply  # type: ignore[method-assign]
+    triton_moe.TritonExperts.apply = apply
     return True
 
 
