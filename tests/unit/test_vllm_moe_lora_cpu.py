@@ -123,3 +123,30 @@ def test_experts_it_does_not_compute_are_refused_naming_them(activation, bias, e
 
 def test_install_is_a_no_op_without_vllm() -> None:
     assert moe.install() is False  # Kiln's venv has no vLLM: vLLM's own kernels stay
+
+
+def test_the_installed_apply_reads_the_layers_lora_context_and_writes_the_output() -> None:
+    """vLLM calls ``apply`` on its experts object: the LoRA buffers and each token's adapter slot
+    come from the layer's LoRA context (the punica wrapper's per-token indices), the result goes
+    into ``output``; without a context every token gets the base experts."""
+    from types import SimpleNamespace
+
+    case = _case(5, fused=False)
+    ctx = SimpleNamespace(
+        w13_lora_a_stacked=case["w13_a"], w13_lora_b_stacked=case["w13_b"],
+        w2_lora_a_stacked=(case["w2_a"],), w2_lora_b_stacked=(case["w2_b"],),
+        punica_wrapper=SimpleNamespace(token_lora_indices=case["token_slots"]),
+        local_token_lora_mapping=None, original_hidden_states=None)
+    experts = _Experts()
+    experts._lora_context = ctx
+    output = torch.full((TOKENS, HIDDEN), 5.0)
+    moe.apply(experts, output, case["hidden"], case["w13"], case["w2"], case["topk_weights"], case["topk_ids"],
+              "silu", 4, None, None, None, torch.empty(0), torch.empty(0), None, False)
+    for t in range(TOKENS):
+        assert torch.allclose(output[t].to(torch.float64), _token(case, t), rtol=1e-4, atol=1e-4), t
+    bare = _Experts()
+    moe.apply(bare, output, case["hidden"], case["w13"], case["w2"], case["topk_weights"], case["topk_ids"],
+              "silu", 4, None, None, None, torch.empty(0), torch.empty(0), None, False)
+    base_case = {**case, "token_slots": torch.full((TOKENS,), -1)}
+    for t in range(TOKENS):
+        assert torch.allclose(output[t].to(torch.float64), _token(base_case, t), rtol=1e-4, atol=1e-4), t
