@@ -17,7 +17,7 @@ from kiln.core.policy import vllm_faults, vllm_model_kind, vllm_server
 
 pytestmark = pytest.mark.timeout(60)
 
-# vLLM's CPU build serving qwen3_moe with LoRA on its experts: the first forward
+# vLLM's CPU build serving qwen3_moe with LoRA on its experts before Kiln's torch experts: the first forward
 TRITON_DEATH = """\
 (Worker pid=12158) INFO 12-03 09:46:04 [unquantized.py:529] Using TritonExperts MoE backend
 (EngineCore pid=12145) WARNING 12-03 09:46:16 [cpu.py:224] Triton is not installed. triton-cpu is expected on x86 CPUs.
