@@ -1,8 +1,11 @@
 """The vllm engine (CPU build, for real) on newer families and on faults that repeat:
 
-- a mixture of experts (``Qwen3MoeForCausalLM``, random weights): vLLM's LoRA kernel for experts
-  needs Triton, which the CPU build lacks, and Kiln's adapters adapt the experts, so the engine
-  refuses it when it starts, with ``model_unsupported`` naming what is missing (nothing collected);
+- a mixture of experts (``Qwen3MoeForCausalLM``, random weights), served through the torch experts
+  the server installs on the CPU build (kiln/core/policy/vllm_moe_lora_cpu.py; vLLM's own need
+  Triton): the trainer's log-prob gap with an adapter on the experts, rows with and without it in
+  one batch, and two train iterations, iteration 2 sampling with iteration 1's adapter (one engine
+  for both); an MoE architecture those experts do not compute (gpt-oss) is refused when the engine
+  starts, with ``model_unsupported`` naming what is served;
 - the Qwen3.5 checkpoint in the hub's layout (``Qwen3_5ForConditionalGeneration``, a composite
   vision-language config, 3 Gated DeltaNet layers and 1 full-attention layer): served as its
   language model only, two train iterations, where the engine has a torchvision
@@ -11,8 +14,8 @@
 - a model folder whose weights cannot load: the run ends on its first attempt with
   ``engine_fault`` and the engine log's cause, and the engine is started exactly once.
 
-Each case starts its own engine process, which (but for the Qwen3.5 run with torchvision) exits
-while starting. Skipped, as tests/integration/test_engine_vllm.py is, where the engine is not
+Each case starts its own engine process (the MoE cases share one), which (but for the Qwen3.5 run
+with torchvision and the MoE cases) exits while starting. Skipped, as tests/integration/test_engine_vllm.py is, where the engine is not
 installed.
 """
 
@@ -82,12 +85,100 @@ def _engine(model: Path, log: Path):
                                  cpu_kvcache_gb=1, max_num_seqs=64))
 
 
-@pytest.mark.timeout(900)  # pays for the module's model builds
-def test_moe_is_refused_when_the_engine_starts_naming_what_is_missing(moe_dir: Path, tmp_path: Path) -> None:
-    from kiln.core.errors import ModelUnsupported
-    from kiln.core.policy.vllm_server import FAULT_MARK, MOE_ON_CPU
+@pytest.fixture(scope="module")
+def moe_engine(moe_dir: Path, tmp_path_factory):
+    """One engine process serving the MoE model for the module's MoE cases."""
+    engine = _engine(moe_dir, Path(tmp_path_factory.mktemp("moe-engine")) / "engine.log")
+    try:
+        engine.start()
+        yield engine
+    finally:
+        engine.close()
 
-    engine = _engine(moe_dir, tmp_path / "engine.log")
+
+@pytest.fixture(scope="module")
+def moe_adapter(moe_dir: Path, tmp_path_factory) -> Path:
+    """Kiln's own adapter for the MoE model (its family's targets: attention and the experts'
+    3-D parameters), the experts' factors given random non-zero weights; the attention factors keep
+    peft's zero ``B``, so whatever the adapter changes, the experts' LoRA changes."""
+    import torch
+
+    from kiln.core.train.model import adapted_targets, attach_lora, load_base_model, save_adapter
+
+    model = attach_lora(load_base_model(moe_dir, "cpu"), rank=4, alpha=8, seed=3, base_adapter_dir=None)
+    assert adapted_targets(model)["parameters"] == ["experts.down_proj", "experts.gate_up_proj"]
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name and "experts" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    out = Path(tmp_path_factory.mktemp("moe-lora")) / "a"
+    save_adapter(model, out)
+    return out
+
+
+MOE_LOGPROB_TOLERANCE = 1e-4  # as tests/integration/test_engine_vllm.py's, the measure in docs/engines.md
+
+
+@pytest.mark.timeout(900)  # pays for the module's model builds and the engine start
+def test_moe_rows_with_and_without_an_expert_adapter_match_the_trainers_logprobs(
+    moe_engine, moe_dir: Path, moe_adapter: Path
+) -> None:
+    import torch
+
+    from kiln.core.policy.engine import GenerationRequest
+    from kiln.core.policy.runtime import PolicyRuntime
+
+    torch.set_num_threads(1)
+    assert moe_engine.moe_lora == "torch"  # vllm_moe_lora_cpu's experts are in place
+    rt = PolicyRuntime.load(moe_dir)
+    rt.use_engine(moe_engine)
+    prompt = rt.encode_prompt([{"role": "user", "content": "Count is 0. Reply with JSON."}], thinking=False)
+    handle = rt.adapter_handle(moe_adapter)
+    adapters = [None, handle] * 3
+    rows = moe_engine.generate([
+        GenerationRequest(prompt_ids=tuple(prompt), seed=11 + i, max_tokens=16, temperature=1.0, stop_id=rt.stop_id,
+                          adapter=a)
+        for i, a in enumerate(adapters)
+    ])
+    assert [r.adapter_sha256 for r in rows] == [None if a is None else handle.sha256 for a in adapters]
+    worst, moved = 0.0, 0.0
+    for row, a in zip(rows, adapters):
+        assert len(row.ids) == len(row.logprobs) > 0
+        trainer = rt.logprobs_of(prompt, row.ids, temperature=1.0, adapter_dir=None if a is None else moe_adapter)
+        worst = max(worst, max(abs(x - y) for x, y in zip(trainer, row.logprobs)))
+        # the other side's log-probs of the same ids: what serving the wrong adapter would show
+        other = rt.logprobs_of(prompt, row.ids, temperature=1.0, adapter_dir=moe_adapter if a is None else None)
+        moved = max(moved, max(abs(x - y) for x, y in zip(other, row.logprobs)))
+    print(f"moe: max |vLLM - trainer| log-prob: {worst:.3e}; with the other adapter choice: {moved:.3e}")
+    assert worst < MOE_LOGPROB_TOLERANCE
+    assert moved > 100 * MOE_LOGPROB_TOLERANCE  # the experts' LoRA is served, not dropped
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(900)
+async def test_moe_trains_two_iterations_with_iteration_ones_adapter_behind_iteration_two(
+    kiln_settings, counter_env_url: str, moe_engine, moe_dir: Path
+) -> None:
+    status = await _train_two_iterations(kiln_settings, counter_env_url, moe_dir, moe_engine, "vllm-moe")
+    _assert_on_policy(status)
+
+
+@pytest.mark.timeout(300)
+def test_an_moe_architecture_the_cpu_experts_do_not_compute_is_refused_naming_what_is_served(tmp_path: Path) -> None:
+    """gpt-oss experts (interleaved SwiGLU with biases) are not what vllm_moe_lora_cpu computes: the
+    server refuses the model before vLLM reads any weight (the folder holds a config only)."""
+    import json
+
+    from kiln.core.errors import ModelUnsupported
+    from kiln.core.policy.vllm_model_kind import moe_refusal
+    from kiln.core.policy.vllm_server import FAULT_MARK
+
+    folder = tmp_path / "gpt-oss"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                                                    "num_local_experts": 4}))
+    engine = _engine(folder, tmp_path / "engine.log")
     try:
         with pytest.raises(ModelUnsupported) as caught:
             engine.start()
@@ -95,8 +186,9 @@ def test_moe_is_refused_when_the_engine_starts_naming_what_is_missing(moe_dir: P
         engine.close()
     error = caught.value
     assert (error.code, error.retryable) == ("model_unsupported", False)
-    assert error.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from {moe_dir}: {MOE_ON_CPU}"
-    assert "KILN_ENGINE=hf" in error.hint
+    assert error.message == f"the vllm engine cannot serve GptOssForCausalLM from {folder}: " + moe_refusal(
+        ["GptOssForCausalLM"])
+    assert "Qwen3MoeForCausalLM only" in error.message and "KILN_ENGINE=hf" in error.hint
     assert (tmp_path / "engine.log").read_text().count(FAULT_MARK) == 1 and engine.restarts == 0
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import EngineFault, EngineUnavailable, ModelUnsupported, error_type
-from kiln.core.policy import vllm_faults, vllm_server
+from kiln.core.policy import vllm_faults, vllm_model_kind, vllm_server
 
 pytestmark = pytest.mark.timeout(60)
 
-# vLLM's CPU build serving qwen3_moe with LoRA on its experts: the first forward
+# vLLM's CPU build serving qwen3_moe with LoRA on its experts before Kiln's torch experts: the first forward
 TRITON_DEATH = """\
 (Worker pid=12158) INFO 12-03 09:46:04 [unquantized.py:529] Using TritonExperts MoE backend
 (EngineCore pid=12145) WARNING 12-03 09:46:16 [cpu.py:224] Triton is not installed. triton-cpu is expected on x86 CPUs.
@@ -109,28 +109,50 @@ def _config(folder: Path, config: dict) -> str:
 
 
 def test_the_server_serves_vision_language_checkpoints_as_text_and_refuses_moe_on_cpu(tmp_path: Path) -> None:
-    hub = vllm_server.model_facts(_config(tmp_path / "q35", {
+    hub = vllm_model_kind.model_facts(_config(tmp_path / "q35", {
         "architectures": ["Qwen3_5ForConditionalGeneration"], "vision_config": {"depth": 1},
         "text_config": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}}))
     assert hub == {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_only": True, "moe": False,
                    "hybrid": True}
     # its Gated DeltaNet layers on the CPU build: bfloat16 (its kernel's only dtype), no prefix
     # caching (it needs chunked prefill there)
-    assert vllm_server.model_settings(hub, on_cpu=True) == {"language_model_only": True, "enable_prefix_caching": False,
+    assert vllm_model_kind.model_settings(hub, on_cpu=True) == {"language_model_only": True, "enable_prefix_caching": False,
                                                             "dtype": "bfloat16"}
-    assert vllm_server.model_settings(hub, on_cpu=False) == {"language_model_only": True}
-    moe = vllm_server.model_facts(_config(tmp_path / "moe", {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}))
+    assert vllm_model_kind.model_settings(hub, on_cpu=False) == {"language_model_only": True}
+    moe = vllm_model_kind.model_facts(_config(tmp_path / "moe", {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4}))
     assert moe["moe"] and not moe["text_only"]
-    with pytest.raises(vllm_server.Unsupported) as caught:
-        vllm_server.model_settings(moe, on_cpu=True)
-    assert vllm_server.model_settings(moe, on_cpu=False) == {}  # GPUs run vLLM's MoE LoRA kernels
+    with pytest.raises(vllm_model_kind.Unsupported) as caught:
+        vllm_model_kind.model_settings(moe, on_cpu=True, moe_lora="stock")  # without vllm_moe_lora_cpu's experts
+    # Kiln's adapters hold the experts as 3-D parameters, which vLLM loads only in its mixed format
+    assert vllm_model_kind.model_settings(moe, on_cpu=False) == {"enable_mixed_moe_lora_format": True}
+    assert vllm_model_kind.model_settings(moe, on_cpu=True, moe_lora="torch") == {"enable_mixed_moe_lora_format": True}
+    oss = vllm_model_kind.model_facts(_config(tmp_path / "oss", {"architectures": ["GptOssForCausalLM"],
+                                                             "num_local_experts": 4}))
+    with pytest.raises(vllm_model_kind.Unsupported) as other:
+        vllm_model_kind.model_settings(oss, on_cpu=True, moe_lora="torch")  # experts it does not compute
+    assert str(other.value) == ("Kiln's CPU LoRA path for mixture-of-experts layers serves Qwen3MoeForCausalLM "
+                                "only, not GptOssForCausalLM (vLLM's own MoE LoRA kernel needs Triton)")
+    assert vllm_model_kind.model_settings(oss, on_cpu=False) == {"enable_mixed_moe_lora_format": True}
     line = _fault_line(caught.value, moe)
     refused = vllm_faults.start_failure(Path("/m"), vllm_server.FAULT_EXIT, line, None)
     assert isinstance(refused, ModelUnsupported) and not refused.retryable
-    assert refused.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from /m: {vllm_server.MOE_ON_CPU}"
+    assert refused.message == f"the vllm engine cannot serve Qwen3MoeForCausalLM from /m: {vllm_model_kind.MOE_ON_CPU}"
     assert "KILN_ENGINE=hf" in refused.hint and "CUDA" in refused.hint
-    dense = vllm_server.model_facts(_config(tmp_path / "dense", {
+    dense = vllm_model_kind.model_facts(_config(tmp_path / "dense", {
         "architectures": ["Gemma3ForCausalLM"], "layer_types": ["sliding_attention", "full_attention"]}))
-    assert not dense["hybrid"] and vllm_server.model_settings(dense, on_cpu=True) == {}
-    assert vllm_server.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False,
+    assert not dense["hybrid"] and vllm_model_kind.model_settings(dense, on_cpu=True) == {}
+    assert vllm_model_kind.model_facts(str(tmp_path / "nothing")) == {"architectures": [], "text_only": False, "moe": False,
                                                                  "hybrid": False}
+
+
+def test_an_adapter_of_3d_expert_parameters_is_told_to_vllm_as_one(tmp_path: Path) -> None:
+    experts = tmp_path / "experts"
+    experts.mkdir()
+    (experts / "adapter_config.json").write_text(json.dumps({
+        "target_modules": ["q_proj"], "target_parameters": ["experts.down_proj", "experts.gate_up_proj"]}))
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "adapter_config.json").write_text(json.dumps({"target_modules": ["q_proj"], "target_parameters": None}))
+    assert vllm_model_kind.adapter_is_3d(str(experts)) is True
+    assert vllm_model_kind.adapter_is_3d(str(dense)) is False
+    assert vllm_model_kind.adapter_is_3d(str(tmp_path / "missing")) is False

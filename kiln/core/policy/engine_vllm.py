@@ -94,6 +94,7 @@ class VllmEngine:
         self.text_only = False  # a vision-language checkpoint served as its language model only
         self.torchvision: str | None = None  # the torchvision its processes import (vllm_vision)
         self.served_dtype: str | None = None  # what the server serves the model in (from /health)
+        self.moe_lora: str | None = None  # its MoE experts with LoRA ("torch": vllm_moe_lora_cpu's)
         self._log_offset = 0  # where the running server's lines begin in the engine log
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, config.max_num_seqs), thread_name_prefix="kiln-vllm")
@@ -205,6 +206,7 @@ class VllmEngine:
                 self.text_only = bool(health.get("text_only"))
                 self.torchvision = health.get("torchvision")
                 self.served_dtype = health.get("dtype")
+                self.moe_lora = health.get("moe_lora")
                 return
             except (httpx.HTTPError, ValueError, KeyError):
                 time.sleep(0.5)

@@ -1,6 +1,6 @@
 """Kiln's vLLM engine server: one process, token ids over loopback HTTP (stdlib + vllm only, and
-its neighbours :mod:`vllm_lora_cpu` and :mod:`vllm_vision`, which need only torch, and
-:mod:`vllm_cpu_wait`).
+its neighbours :mod:`vllm_lora_cpu`, :mod:`vllm_moe_lora_cpu` and :mod:`vllm_vision`, which need
+only torch, and :mod:`vllm_cpu_wait` and :mod:`vllm_model_kind`: what it makes of a model folder).
 
 Started by :class:`kiln.core.policy.engine_vllm.VllmEngine` with the Python of the engine's own virtual
 environment (``python vllm_server.py --model DIR --port P ...``); it imports nothing from Kiln's
@@ -18,10 +18,12 @@ Endpoints (JSON bodies, one request per connection):
   ``VLLM_CPU_NUM_OF_RESERVED_CPU``), plus ``"text_only"`` (a vision-language checkpoint served as
   its language model only) and ``"torchvision"``: ``"compiled"|"text-only"|"absent"``, the
   torchvision its processes import (:mod:`vllm_vision`: vLLM's Qwen3.5 classes need one) and
-  ``"dtype"``, what the model is served in (``--dtype``, but for a hybrid model on a CPU)
+  ``"dtype"``, what the model is served in (``--dtype``, but for a hybrid model on a CPU), and
+  ``"moe_lora": "torch"|"stock"`` (whether :mod:`vllm_moe_lora_cpu`'s torch experts replaced
+  vLLM's Triton ones, which the CPU build cannot run)
 
 A server that cannot build its engine (an architecture vLLM cannot inspect or run, an MoE model on
-the CPU build, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
+the CPU build that :mod:`vllm_moe_lora_cpu` does not serve, weights that do not load) prints one ``FAULT_MARK`` line and exits with ``FAULT_EXIT``: the same model and build
 fail the same way on every start, so the client reports it instead of restarting.
 - ``POST /generate`` ``{"prompt_ids", "seed", "max_tokens", "temperature", "top_p", "stop_ids",
   "grammar": EBNF|null, "json_schema": {...}|null, "adapter": {"name": SHA, "path": DIR}|null,
@@ -52,6 +54,11 @@ import signal
 import sys
 import uuid
 
+try:  # imported as Kiln's module (tests, benches) or run as the engine's script beside it
+    from .vllm_model_kind import Unsupported, adapter_is_3d, model_facts, model_settings
+except ImportError:
+    from vllm_model_kind import Unsupported, adapter_is_3d, model_facts, model_settings
+
 _MAX_BODY = 64 * 1024 * 1024
 MAX_LORA_RANK = 16  # the largest adapter rank served
 MAX_LORAS = 4  # adapters in one batch
@@ -76,6 +83,14 @@ def install_cpu_paths() -> tuple[str, str, int | None]:
     return lora_products, "napping", vllm_cpu_wait.free_reserved_cores()
 
 
+def install_moe_lora() -> str:
+    """:mod:`vllm_moe_lora_cpu`'s torch experts in place of vLLM's Triton ones (CPU build only);
+    what ``/health`` reports as ``moe_lora``."""
+    import vllm_moe_lora_cpu
+
+    return "torch" if vllm_moe_lora_cpu.install() else "stock"
+
+
 def install_vision() -> str:
     """The engine's torchvision (:mod:`vllm_vision`), before anything imports vLLM's model classes,
     here and in vLLM's model-inspection subprocess; what ``/health`` reports as ``torchvision``."""
@@ -87,10 +102,11 @@ def install_vision() -> str:
     return found
 
 
-LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES, VISION = "stock", "stock", None, "absent"
+LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES, VISION, MOE_LORA = "stock", "stock", None, "absent", "stock"
 if __name__ in ("__main__", "__mp_main__"):
     VISION = install_vision()
     LORA_PRODUCTS, READER_WAIT, CPU_RESERVED_CORES = install_cpu_paths()
+    MOE_LORA = install_moe_lora()
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -126,57 +142,6 @@ def prefill_settings(max_model_len: int, on_cpu: bool) -> dict:
     if not on_cpu:
         return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_PREFILL_TOKENS_PER_STEP)}
-
-
-def model_facts(model_dir: str) -> dict:
-    """What the server needs to know of the model folder's ``config.json``: its architectures,
-    whether it is a vision-language checkpoint (a ``vision_config``: served as text only, no vision
-    tower built) and whether it is a mixture of experts."""
-    try:
-        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        config = {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    experts = max(int(text.get(k) or 0) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
-    kinds = {str(kind) for kind in text.get("layer_types") or []}
-    return {
-        "architectures": [str(a) for a in config.get("architectures") or []],
-        "text_only": isinstance(config.get("vision_config"), dict),
-        "moe": experts > 0,
-        # layers that keep a recurrent state (Gated DeltaNet, Mamba) beside attention layers
-        "hybrid": bool(kinds - {"full_attention", "sliding_attention"}),
-    }
-
-
-class Unsupported(Exception):
-    """A model this server refuses before it builds vLLM's engine (reported as ``model_unsupported``)."""
-
-
-# Why an MoE model is refused on vLLM's CPU build. Measured with vLLM 0.32: with LoRA enabled, every
-# MoE layer runs vLLM's LoRA expert kernel, a Triton kernel, which the CPU build cannot run (the
-# first forward dies: ``module 'triton.language' has no attribute 'float32'``). LoRA outside the
-# experts with the plain CPU expert kernel serves, but Kiln's adapters adapt the experts (peft's
-# ``target_parameters`` on experts stored as 3-D tensors), and those adapters cannot be served.
-MOE_ON_CPU = (
-    "vLLM's CPU build has no LoRA kernel for mixture-of-experts layers (vLLM's needs Triton) "
-    "and Kiln's adapters adapt the experts"
-)
-
-
-def model_settings(facts: dict, on_cpu: bool) -> dict:
-    """Engine arguments the model's kind asks for: a vision-language checkpoint is served as its
-    language model only (vLLM's ``language_model_only``: no vision tower in memory, text prompts
-    only). An MoE model on vLLM's CPU build is refused (:data:`MOE_ON_CPU`). A hybrid model on the
-    CPU build is served in bfloat16 (the build's Gated DeltaNet kernel takes nothing else: "CPU GDN
-    attention requires BF16") and without prefix caching (vLLM caches a recurrent layer's state for
-    prefixes only with chunked prefill, which the CPU build cannot run: :func:`prefill_settings`)."""
-    if facts["moe"] and on_cpu:
-        raise Unsupported(MOE_ON_CPU)
-    out: dict = {"language_model_only": True} if facts["text_only"] else {}
-    if facts.get("hybrid") and on_cpu:
-        out.update(enable_prefix_caching=False, dtype="bfloat16")
-    return out
 
 
 # The line a server that could not build its engine prints before it exits with FAULT_EXIT: a JSON
@@ -219,7 +184,7 @@ class Server:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         on_cpu = current_platform.is_cpu()
-        self.model_kind = model_settings(facts, on_cpu)
+        self.model_kind = model_settings(facts, on_cpu, MOE_LORA)
         chosen = {
             "dtype": args.dtype,
             "enable_prefix_caching": True,
@@ -254,7 +219,8 @@ class Server:
         name = str(adapter["name"])
         if name not in self.loras:
             self.loras[name] = len(self.loras) + 1 if not self.loras else max(self.loras.values()) + 1
-        return LoRARequest(name, self.loras[name], str(adapter["path"]))
+        path = str(adapter["path"])
+        return LoRARequest(name, self.loras[name], path, is_3d_lora_weight=adapter_is_3d(path))
 
     def _params(self, body: dict):
         from vllm import SamplingParams
@@ -346,6 +312,7 @@ class Server:
             "text_only": self.text_only,
             "torchvision": VISION,
             "dtype": self.dtype,
+            "moe_lora": MOE_LORA,
         }
 
     def stats(self) -> dict:
