@@ -131,7 +131,9 @@ def _gpu_workers(
                     client,
                     task_queue=queue,
                     activities=sampling,
-                    activity_executor=concurrent.futures.ThreadPoolExecutor(max_workers=max(4, settings.gpu_concurrency)),
+                    activity_executor=concurrent.futures.ThreadPoolExecutor(
+                        max_workers=max(4, settings.gpu_concurrency)
+                    ),
                     max_concurrent_activities=settings.gpu_concurrency,
                     max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
                     default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

@@ -57,7 +57,12 @@ import uuid
 try:  # imported as Kiln's module (tests, benches) or run as the engine's script beside it
     from .vllm_model_kind import Unsupported, adapter_is_3d, model_facts, model_settings
 except ImportError:
-    from vllm_model_kind import Unsupported, adapter_is_3d, model_facts, model_settings
+    from vllm_model_kind import (  # type: ignore[no-redef]  # the same module, run beside this script
+        Unsupported,
+        adapter_is_3d,
+        model_facts,
+        model_settings,
+    )
 
 _MAX_BODY = 64 * 1024 * 1024
 MAX_LORA_RANK = 16  # the largest adapter rank served
