@@ -26,6 +26,25 @@ def _torch_single_thread() -> None:
 _torch_single_thread()
 
 
+TIER_VARIABLE = "KILN_TEST_TIER"
+TIERS = ("all", "suite", "heavy")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``KILN_TEST_TIER`` (set by ``scripts/test.sh``): ``suite`` deselects the cases marked ``heavy``,
+    ``heavy`` keeps only them, ``all`` (the default of a plain ``pytest``) keeps every case."""
+    tier = os.environ.get(TIER_VARIABLE, "all")
+    if tier not in TIERS:
+        raise pytest.UsageError(f"{TIER_VARIABLE}={tier!r} is not a test tier: use one of {', '.join(TIERS)}")
+    if tier == "all":
+        return
+    keep = [item for item in items if (item.get_closest_marker("heavy") is not None) == (tier == "heavy")]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
+
+
 @pytest.fixture(scope="session", autouse=True)
 def background_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The ``background`` jobs of the selected tests (``tests/support/background.py``), started now

@@ -35,7 +35,7 @@ from tests.support.chaos.runs import RunOutcome, connect, result_within, start_r
 from tests.support.chaos.stack import ChaosStack
 from tests.support.stack import assert_nothing_listening
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.heavy]
 
 S3_DOWN_S = 60.0
 EVAL_RECEIPT = "environment_eval/receipt.json"

@@ -166,6 +166,7 @@ def test_the_model_workers_threads_are_bound_to_every_core(vrt) -> None:
     assert len(pinned) == _physical_cores(allowed)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_a_tensor_parallel_engine_of_two_ranks_samples_what_one_rank_does(vrt, model_dir: Path, tmp_path: Path) -> None:
     """``KILN_VLLM_TENSOR_PARALLEL=2`` on the CPU build: two model workers, each bound to its own
@@ -274,6 +275,7 @@ def roomy_counter_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.heavy
 @pytest.mark.asyncio
 @pytest.mark.timeout(1500)
 async def test_two_iterations_and_two_runs_at_once_on_one_vllm_engine_worker(

@@ -30,6 +30,7 @@ import pytest
 from kiln.core.policy.engine_vllm import default_python
 
 pytestmark = [
+    pytest.mark.heavy,
     pytest.mark.slow,
     pytest.mark.skipif(not default_python().is_file(), reason="the vllm engine is not installed "
                        "(scripts/setup.sh --engine vllm)"),

@@ -24,6 +24,7 @@ from kiln.core.policy.engine_vllm import default_python
 from tests.integration.test_engine_vllm import LOGPROB_TOLERANCE
 
 pytestmark = [
+    pytest.mark.heavy,
     pytest.mark.slow,
     pytest.mark.skipif(not default_python().is_file() and os.environ.get("KILN_REQUIRE_VLLM") != "1",
                        reason="the vllm engine is not installed (scripts/setup.sh --engine vllm)"),

@@ -19,7 +19,7 @@ import pytest
 
 from kiln.core.policy import harmony as h
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.heavy]
 
 TRAIN = {
     "kind": "train", "groups": 2, "group_size": 4, "max_steps": 4, "max_action_tokens": 48,

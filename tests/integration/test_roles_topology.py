@@ -89,6 +89,7 @@ def _reproducible(status: dict) -> dict[str, str]:
             if a["name"] != "metrics.jsonl" and not a["name"].endswith("train_receipt.json")}
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_trainer_and_two_samplers_run_an_online_run(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -144,8 +144,9 @@ def test_two_ranks_continue_an_iteration_as_one_does(model_path, tmp_path):
         assert abs(x - y) <= 1e-5 * max(1.0, abs(x))
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_base_weights_per_rank_on_a_real_shape(tmp_path_factory, tmp_path):
     """qwen3-0.6b's shape (real vocabulary and widths, 2 layers; trained in float32, bfloat16
     matmuls are slow on this CPU): the embeddings are most of it, and they are sharded too."""
@@ -173,6 +174,7 @@ def _alive(pid: int) -> bool:
     return "State:\tZ" not in status  # a zombie is dead, but the launcher reaps: it is not there
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_rank_fails_the_attempt_and_the_retry_resumes(model_path, tmp_path):

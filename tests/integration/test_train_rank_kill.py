@@ -118,6 +118,7 @@ async def _kill_a_rank_after_a_checkpoint(topo: Topology, run_id: str, worker_pi
     raise AssertionError("the training attempt did not fail after one of its ranks was killed")
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_killed_rank_fails_the_attempt_and_the_retry_resumes_from_the_checkpoint(

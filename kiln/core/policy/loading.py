@@ -51,10 +51,13 @@ def load_tokenizer(path: Path) -> Any:
         ) from exc
 
 
-# ``from_pretrained`` builds the model under process-wide state (the default device and dtype, the
-# meta-device initialisation context): two loads in two threads at once (a worker's concurrent
-# activities) can give one of them uninitialised or meta weights. One load at a time per process.
-_LOAD_LOCK = threading.Lock()
+# Torch's process-wide state: the default random generator, and what model construction sets for
+# the whole process (the default device and dtype, the meta-device initialisation context). A
+# worker runs activities in threads, so every use of that state holds this lock: a model load (two
+# at once gave one of them meta weights), the seeded LoRA init of a training, and each adapter load
+# (which draws random initial weights before it overwrites them). A training's LoRA init then
+# depends on its seed alone, whatever the worker's other threads do meanwhile.
+TORCH_GLOBAL_STATE = threading.RLock()
 
 
 def _model_class(shape: Any) -> Any:
@@ -73,7 +76,7 @@ def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFo
     path = check_model_dir(path)
     shape = family_of(path)
     try:
-        with _LOAD_LOCK:
+        with TORCH_GLOBAL_STATE:
             model = _model_class(shape).from_pretrained(
                 str(path),
                 local_files_only=True,
@@ -87,4 +90,4 @@ def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFo
     return model
 
 
-__all__ = ["MODEL_HINT", "check_model_dir", "load_causal_lm", "load_tokenizer"]
+__all__ = ["MODEL_HINT", "TORCH_GLOBAL_STATE", "check_model_dir", "load_causal_lm", "load_tokenizer"]

@@ -36,7 +36,7 @@ from kiln.core.policy import harmony
 from kiln.core.policy.device import resolve_placement
 from kiln.core.policy.families import load_identity_fields
 from kiln.core.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256
-from kiln.core.policy.loading import check_model_dir, load_causal_lm, load_tokenizer
+from kiln.core.policy.loading import TORCH_GLOBAL_STATE, check_model_dir, load_causal_lm, load_tokenizer
 from kiln.core.policy.engine import (
     DEFAULT_DECODE_TILE,
     AdapterHandle,
@@ -207,12 +207,13 @@ class PolicyRuntime(TokenGlue):
         from peft import PeftModel
 
         try:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(
-                    self.model, str(adapter_dir), adapter_name=name, is_trainable=False, local_files_only=True
-                )
-            else:
-                self._peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+            with TORCH_GLOBAL_STATE, torch.random.fork_rng(devices=[]):
+                if self._peft is None:
+                    self._peft = PeftModel.from_pretrained(
+                        self.model, str(adapter_dir), adapter_name=name, is_trainable=False, local_files_only=True
+                    )
+                else:
+                    self._peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
         except (OSError, ValueError, KeyError) as exc:
             raise AdapterNotFound(
                 f"could not load the adapter at {adapter_dir}: {exc}", details={"path": str(adapter_dir)}

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from kiln.core.errors import TrainingFailed
+from kiln.core.policy.loading import TORCH_GLOBAL_STATE
 from kiln.core.train.batches import Row, collate, pack_microbatches
 from kiln.core.train.losses import exact_kls, output_head, sequence_hidden
 from kiln.core.train.model import TRAIN_ADAPTER
@@ -45,7 +46,8 @@ def frozen_adapter(model: Any, adapter_dir: Path, name: str, label: str) -> Iter
     block (``label`` names it in the error when it cannot load); afterwards the trained adapter is
     active again and ``name`` is deleted."""
     try:
-        model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+        with TORCH_GLOBAL_STATE, torch.random.fork_rng(devices=[]):
+            model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
     except (OSError, ValueError) as exc:
         raise TrainingFailed(f"cannot load {label} {adapter_dir}: {exc}", code="adapter_load_failed") from exc
     try:
@@ -107,8 +109,7 @@ def final_pass(
     ``{kl_to_previous, kl_to_base, action_tokens, estimator}`` (see the module docstring).
     ``start_adapter_dir``: the adapter training started from (None: the base model). Leaves the
     model with only its trained adapter, active, and the torch RNG untouched."""
-    with torch.random.fork_rng(devices=[]):
-        if start_adapter_dir is None:
-            return _score(model, rows, settings, device, None)
-        with frozen_adapter(model, start_adapter_dir, START_ADAPTER, "the starting adapter"):
-            return _score(model, rows, settings, device, START_ADAPTER)
+    if start_adapter_dir is None:  # scoring draws nothing; the adapter load forks the generator
+        return _score(model, rows, settings, device, None)
+    with frozen_adapter(model, start_adapter_dir, START_ADAPTER, "the starting adapter"):
+        return _score(model, rows, settings, device, START_ADAPTER)

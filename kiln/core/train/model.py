@@ -18,6 +18,7 @@ import torch
 from kiln.core.canonical import pretty_json
 from kiln.core.errors import ModelUnsupported, TrainingFailed
 from kiln.core.policy.families import FAMILIES, Family, family_named
+from kiln.core.policy.loading import TORCH_GLOBAL_STATE
 from kiln.core.policy.identity import adapter_content_sha256, model_content_sha256  # noqa: F401 - one home
 
 # The qwen3 family's targets (the benches build qwen3-shaped peft models by hand).
@@ -107,9 +108,14 @@ def attach_lora(model: Any, *, rank: int, alpha: float, seed: int, base_adapter_
     ``PeftModel`` (the policy runtime's shared base with its inference adapters) gets a new
     ``default`` adapter made active instead of a second wrapper; LoRA weights are float32 on a
     half-precision base (PEFT's adapter autocast)."""
+    with TORCH_GLOBAL_STATE:  # the init draws from torch's one generator: no other thread meanwhile
+        torch.manual_seed(seed)
+        return _attach(model, rank=rank, alpha=alpha, base_adapter_dir=base_adapter_dir)
+
+
+def _attach(model: Any, *, rank: int, alpha: float, base_adapter_dir: Path | None) -> Any:
     from peft import PeftModel, get_peft_model
 
-    torch.manual_seed(seed)
     if isinstance(model, PeftModel):
         try:
             if base_adapter_dir is not None:

@@ -74,7 +74,7 @@ def score_behavior(
     """``rows`` with ``behavior`` set to the behaviour policy's log-probs (see the module
     docstring). Leaves the model as it found it: the training adapter active and trainable, the
     behaviour adapter deleted, the torch RNG untouched."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.no_grad():  # scoring draws nothing; the adapter load forks the generator
         if behavior_adapter_dir is None:
             with model.disable_adapter():
                 return _score(model, rows, settings, device)

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from kiln.core.errors import AdapterNotFound, TrainingFailed
+from kiln.core.policy.loading import TORCH_GLOBAL_STATE
 from kiln.core.train.losses import sequence_logprobs
 from kiln.core.train.model import load_base_model
 from kiln.core.train.tokens import tokenize_completion
@@ -81,7 +82,8 @@ def _load(model_path: Path, adapter_dir: Path | None) -> Any:
     if not (adapter_dir / "adapter_config.json").is_file():
         raise AdapterNotFound(f"adapter not found: {adapter_dir}")
     try:
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+        with TORCH_GLOBAL_STATE, torch.random.fork_rng(devices=[]):
+            peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     except (OSError, ValueError) as exc:
         raise TrainingFailed(f"cannot load adapter {adapter_dir}: {exc}", code="adapter_load_failed") from exc
     peft_model.eval()
