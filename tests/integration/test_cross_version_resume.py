@@ -35,6 +35,7 @@ from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402
 from tests.support.mixed_version import HEARTBEAT_TIMEOUT_S, PREVIOUS_RELEASE, run_across_releases  # noqa: E402
 from tests.support.mixed_version import clone_release  # noqa: E402
+from tests.support.chaos.assertions import record  # noqa: E402
 from tests.support.replay import head_replayer  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
 
@@ -184,7 +185,7 @@ async def test_a_run_started_on_the_previous_release_through_temporal_finishes_o
     checkpoint, and the history (kept as tests/histories/mixed-0051d57-to-aa15cce/) replays here."""
     old, commit = previous_release
     run = await run_across_releases(old, kiln_settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S), counter_env_url,
-                                    tmp_path)
+                                    tmp_path, undisturbed=True)
     assert run.final["state"] == "completed", run.final.get("failure")
     receipt = run.receipt
     written_by = receipt["checkpoint"]["written_by"]
@@ -195,6 +196,12 @@ async def test_a_run_started_on_the_previous_release_through_temporal_finishes_o
                           check=True).stdout.strip()
     assert written_by["commit"] == commit and receipt["trainer"]["commit"] == head != commit
     assert receipt["trainer"]["train_code_sha256"] != written_by["train_code_sha256"]
+    # Recovery within the heartbeat timeout plus the chaos matrix's 20 s slack (a fresh poll).
+    assert 0 < run.kill_to_retry_s < HEARTBEAT_TIMEOUT_S + 20
+    # The same request run whole on this release: the same steps, the same adapter.
+    assert run.undisturbed_receipt is not None
+    assert receipt["steps"] == run.undisturbed_receipt["steps"]
+    assert receipt["adapter_sha256"] == run.undisturbed_receipt["adapter_sha256"]
 
     events = json.loads(run.history_json)["events"]
     tasks = [e["workflowTaskCompletedEventAttributes"]["identity"].split("@")[0] for e in events
@@ -204,6 +211,9 @@ async def test_a_run_started_on_the_previous_release_through_temporal_finishes_o
                for a in [e["activityTaskStartedEventAttributes"]] if a.get("attempt", 1) > 1]
     assert [(a["attempt"], a["identity"].split("@")[0]) for a in retried] == [(2, str(os.getpid()))]
     assert retried[0]["lastFailure"]["timeoutFailureInfo"]["timeoutType"] == "TIMEOUT_TYPE_HEARTBEAT"
+    record("previous release's worker SIGKILLed after the step-2 checkpoint, finished here",
+           kill_to_retry_s=run.kill_to_retry_s, resumed_from_step=receipt["resumed_from_step"],
+           steps_redone=run.steps_before_kill - receipt["resumed_from_step"], adapter_identical=True)
     for name, text in (("run", run.history_json), ("queue", run.queue_history_json)):
         replayed = await head_replayer().replay_workflow(WorkflowHistory.from_json(name, text))
         assert replayed.replay_failure is None

@@ -96,6 +96,8 @@ class MixedRun:
     queue_history_json: str
     old_pid: int
     steps_before_kill: int
+    kill_to_retry_s: float  # from the SIGKILL to the training's next attempt starting (Temporal's clock)
+    undisturbed_receipt: dict[str, Any] | None  # the same request run whole on this release's workers
 
 
 @contextlib.contextmanager
@@ -147,9 +149,25 @@ def _wait_event(
     raise AssertionError(f"no train_checkpoint {match} within {timeout_s}s: {log.read_text(errors='replace')[-3000:]}")
 
 
-async def run_across_releases(release: Path, settings: Any, env_url: str, work: Path) -> MixedRun:
+def _retry_started_at(history_json: str) -> float:
+    """When (epoch seconds) the first retried activity attempt started, from the history."""
+    from datetime import datetime
+
+    for event in json.loads(history_json)["events"]:
+        started = event.get("activityTaskStartedEventAttributes")
+        if started and started.get("attempt", 1) > 1:
+            stamp = event["eventTime"].rstrip("Z")
+            whole, _, fraction = stamp.partition(".")
+            return datetime.fromisoformat(f"{whole}.{fraction[:6].ljust(6, '0')}+00:00").timestamp()
+    raise AssertionError("no activity attempt was retried")
+
+
+async def run_across_releases(
+    release: Path, settings: Any, env_url: str, work: Path, *, undisturbed: bool = False
+) -> MixedRun:
     """Start a training run on ``release``'s workers, SIGKILL them after the step-2 checkpoint,
-    finish the run on this release's workers; what it left."""
+    finish the run on this release's workers; what it left. With ``undisturbed``, the same request
+    then runs whole on this release's workers, for its receipt."""
     from kiln.core.artifacts.store import S3Store
     from tests.support.chaos.assertions import read_uri
     from tests.support.kiln_workers import running_workers
@@ -172,19 +190,34 @@ async def run_across_releases(release: Path, settings: Any, env_url: str, work: 
         await asyncio.to_thread(_wait_event, hooks, proc, log, 240, run_id=run_id, attempt=1, step=2)
         await asyncio.sleep(KILL_AFTER_CHECKPOINT_S)
         os.killpg(proc.pid, signal.SIGKILL)  # mid-training, its checkpoint heartbeated
+        killed_at = time.time()
         proc.wait(timeout=30)
         old_pid = proc.pid
     hooks.clear(TRAIN_STEP_DELAY)
     steps_before_kill = max(e["step"] for e in hooks.events("train_step", run_id=run_id))
+    store = S3Store.from_settings(settings)
+
+    def receipt_of(status: dict[str, Any]) -> dict[str, Any]:
+        entry = next(a for a in status["artifacts"] if a["name"] == "train_receipt.json")
+        return dict(json.loads(read_uri(store, entry["uri"])))
+
+    whole = None
     async with running_workers(settings):
         final = await workflow_result(handle, 240)
         queue = client.get_workflow_handle(queue_workflow_id(settings.control_task_queue))
+        if undisturbed:
+            again = await client.start_workflow(
+                WORKFLOW_NAME,
+                {**TRAIN_REQUEST, "environment_urls": [env_url]},
+                id=f"{run_id}-undisturbed",
+                task_queue=settings.control_task_queue,
+            )
+            whole = receipt_of(await workflow_result(again, 240))
         await queue.terminate("recorded")
     history = (await handle.fetch_history()).to_json()
     queue_history = (await queue.fetch_history()).to_json()
-    entry = next(a for a in final["artifacts"] if a["name"] == "train_receipt.json")
-    receipt = json.loads(read_uri(S3Store.from_settings(settings), entry["uri"]))
-    return MixedRun(final, receipt, history, queue_history, old_pid, steps_before_kill)
+    retry_s = _retry_started_at(history) - killed_at
+    return MixedRun(final, receipt_of(final), history, queue_history, old_pid, steps_before_kill, retry_s, whole)
 
 
 def main(commit: str = PREVIOUS_RELEASE) -> None:
@@ -216,6 +249,7 @@ def main(commit: str = PREVIOUS_RELEASE) -> None:
                 "folder": str(out),
                 "histories": sorted(p.name for p in out.glob("*.json")),
                 "checkpoint": run.receipt["checkpoint"],
+                "kill_to_retry_s": round(run.kill_to_retry_s, 1),
                 "trainer": run.receipt["trainer"],
             }
         )
