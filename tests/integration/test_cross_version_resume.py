@@ -8,24 +8,35 @@ numerics are the same).
 And a kill: the trainer of the previous release (commit 0051d57, a clone of it so it knows its
 commit) is SIGKILLed right after its step-2 checkpoint; the current trainer finishes from that
 checkpoint, and the receipt names both trainers (``trainer`` and ``checkpoint.written_by``, with
-that commit and a different training-code digest) and that the checkpoint was used."""
+that commit and a different training-code digest) and that the checkpoint was used.
+
+And the same through Temporal (``tests.support.mixed_version``): a run started on the previous
+release's workers, SIGKILLed after its step-2 checkpoint, finished by this release's workers; its
+history, kept as ``tests/histories/mixed-0051d57-to-aa15cce/``, replays on HEAD."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
 from io import BytesIO
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
+from temporalio.client import WorkflowHistory
 
 torch = pytest.importorskip("torch")
 
 from kiln.core.training_config import TrainingConfig
 from kiln.core.policy.identity import ADAPTER_FILES  # noqa: E402
 from kiln.core.train.trainer import train_grpo  # noqa: E402
+from tests.support.mixed_version import HEARTBEAT_TIMEOUT_S, PREVIOUS_RELEASE, run_across_releases  # noqa: E402
+from tests.support.mixed_version import clone_release  # noqa: E402
+from tests.support.chaos.assertions import record  # noqa: E402
+from tests.support.replay import head_replayer  # noqa: E402
 from tests.unit.test_train_support import bandit_groups, build_tiny_qwen3  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +105,6 @@ def test_a_training_interrupted_on_an_earlier_release_finishes_on_this_one(tmp_p
         n: (whole.adapter_dir / n).read_bytes() for n in ADAPTER_FILES}
 
 
-# The release just before the kiln/core layout: it records its trainer in every checkpoint.
-PREVIOUS_RELEASE = "0051d57"
 KILLED_TRAINER = """
 import json, sys, time
 from pathlib import Path
@@ -115,25 +124,24 @@ train_grpo(model_path=Path(model), groups=json.loads(Path(groups_file).read_text
 """
 
 
-def _previous_release(target: Path) -> tuple[Path, str]:
-    """A checkout of PREVIOUS_RELEASE (a clone sharing this repository's objects, so the trainer
-    it runs knows its commit); its full commit hash."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{PREVIOUS_RELEASE}^{{commit}}"],
-                            capture_output=True, text=True, timeout=30, check=False).stdout.strip()
-    if not commit:
+@pytest.fixture(scope="module")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One checkout of PREVIOUS_RELEASE for the module (a clone sharing this repository's objects,
+    so the code it runs knows its commit) and its full commit hash."""
+    target = tmp_path_factory.mktemp("previous") / "release"
+    commit = clone_release(PREVIOUS_RELEASE, target)
+    if commit is None:
         pytest.skip(f"commit {PREVIOUS_RELEASE} is not in this checkout (a shallow clone)")
-    for argv in (["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(target)],
-                 ["git", "-C", str(target), "checkout", "--quiet", "--detach", commit]):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
     return target, commit
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_training_killed_on_the_previous_release_finishes_here_naming_both_trainers(tmp_path: Path) -> None:
+def test_a_training_killed_on_the_previous_release_finishes_here_naming_both_trainers(
+    previous_release: tuple[Path, str], tmp_path: Path
+) -> None:
     torch.set_num_threads(1)
-    old, commit = _previous_release(tmp_path / "previous")
+    old, commit = previous_release
     model = build_tiny_qwen3(tmp_path / "model")
     groups = bandit_groups(3)
     (tmp_path / "groups.json").write_text(json.dumps(groups))
@@ -163,3 +171,49 @@ def test_a_training_killed_on_the_previous_release_finishes_here_naming_both_tra
     assert receipt["resumed_from_step"] == 2 and receipt["steps"] == whole.receipt["steps"]
     assert {n: (finished.adapter_dir / n).read_bytes() for n in ADAPTER_FILES} == {
         n: (whole.adapter_dir / n).read_bytes() for n in ADAPTER_FILES}
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+@pytest.mark.timeout(240)
+async def test_a_run_started_on_the_previous_release_through_temporal_finishes_on_this_one(
+    previous_release: tuple[Path, str], kiln_settings: Callable[..., Any], counter_env_url: str, tmp_path: Path
+) -> None:
+    """Through the real Temporal dev server: the previous release's workers start a training run,
+    are SIGKILLed after its step-2 checkpoint; this release's workers finish it (the control worker
+    replaying the earlier workflow code's history). The receipt names both trainers and the used
+    checkpoint, and the history (kept as tests/histories/mixed-0051d57-to-aa15cce/) replays here."""
+    old, commit = previous_release
+    run = await run_across_releases(old, kiln_settings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S), counter_env_url,
+                                    tmp_path, undisturbed=True)
+    assert run.final["state"] == "completed", run.final.get("failure")
+    receipt = run.receipt
+    written_by = receipt["checkpoint"]["written_by"]
+    assert receipt["checkpoint"] == {"used": True, "step": 2, "reason": None, "written_by": written_by}
+    assert receipt["resumed_from_step"] == 2 and run.steps_before_kill in (2, 3)
+    assert len(receipt["steps"]) > run.steps_before_kill  # killed before the training ended
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.strip()
+    assert written_by["commit"] == commit and receipt["trainer"]["commit"] == head != commit
+    assert receipt["trainer"]["train_code_sha256"] != written_by["train_code_sha256"]
+    # Recovery within the heartbeat timeout plus the chaos matrix's 20 s slack (a fresh poll).
+    assert 0 < run.kill_to_retry_s < HEARTBEAT_TIMEOUT_S + 20
+    # The same request run whole on this release: the same steps, the same adapter.
+    assert run.undisturbed_receipt is not None
+    assert receipt["steps"] == run.undisturbed_receipt["steps"]
+    assert receipt["adapter_sha256"] == run.undisturbed_receipt["adapter_sha256"]
+
+    events = json.loads(run.history_json)["events"]
+    tasks = [e["workflowTaskCompletedEventAttributes"]["identity"].split("@")[0] for e in events
+             if e["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED"]
+    assert tasks[0] == str(run.old_pid) and tasks[-1] == str(os.getpid()) and set(tasks) == {tasks[0], tasks[-1]}
+    retried = [a for e in events if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_STARTED"
+               for a in [e["activityTaskStartedEventAttributes"]] if a.get("attempt", 1) > 1]
+    assert [(a["attempt"], a["identity"].split("@")[0]) for a in retried] == [(2, str(os.getpid()))]
+    assert retried[0]["lastFailure"]["timeoutFailureInfo"]["timeoutType"] == "TIMEOUT_TYPE_HEARTBEAT"
+    record("previous release's worker SIGKILLed after the step-2 checkpoint, finished here",
+           kill_to_retry_s=run.kill_to_retry_s, resumed_from_step=receipt["resumed_from_step"],
+           steps_redone=run.steps_before_kill - receipt["resumed_from_step"], adapter_identical=True)
+    for name, text in (("run", run.history_json), ("queue", run.queue_history_json)):
+        replayed = await head_replayer().replay_workflow(WorkflowHistory.from_json(name, text))
+        assert replayed.replay_failure is None

@@ -12,20 +12,15 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
 
-from workers.converter import kiln_data_converter
-from workers.sandbox import workflow_runner
-from workflows.chunk import CollectChunkWorkflow
-from workflows.openenv_run import OpenEnvRunWorkflow
-from workflows.preflight import PreflightWorkflow
-from workflows.run_queue import RunQueueWorkflow
-from workflows.train_dataset import TrainDatasetWorkflow
+from tests.support.replay import head_replayer
 
 ROOT = Path(__file__).resolve().parents[1] / "histories"
 HISTORIES = sorted(ROOT.glob("*/*.json"))
 # The release at which issue 24 was filed: its histories are the first kept ones.
 FIRST_KEPT = ROOT / "a71a5c5"
+# A run started on 0051d57's workers and finished on aa15cce's (tests/support/mixed_version.py).
+MIXED = ROOT / "mixed-0051d57-to-aa15cce"
 
 
 def _named(stem: str) -> Path:
@@ -78,11 +73,7 @@ def test_model_rollout_history_routes_gpu_work_to_the_model_queue() -> None:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("path", HISTORIES, ids=[f"{p.parent.name}/{p.stem}" for p in HISTORIES])
 async def test_history_replays_deterministically(path: Path) -> None:
-    replayer = Replayer(
-        workflows=[OpenEnvRunWorkflow, CollectChunkWorkflow, RunQueueWorkflow, PreflightWorkflow, TrainDatasetWorkflow],
-        data_converter=kiln_data_converter,  # the workers' converter
-        workflow_runner=workflow_runner(),  # the workers' sandbox
-    )
+    replayer = head_replayer()  # the control workers' workflows, converter and sandbox
     history = WorkflowHistory.from_json(f"{path.parent.name}-{path.stem}", path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
@@ -120,3 +111,28 @@ def test_online_rl_history_trains_twice_each_from_the_last() -> None:
     assert names.count("train_adapter") == 2 and names.count("store_iteration") == 2
     assert names.index("store_iteration") < names.index("publish_run")
     assert names[-1] == "publish_run"
+
+
+def test_the_mixed_version_history_holds_both_releases_workers() -> None:
+    """The kept mixed run: its first workflow tasks and activities ran on the earlier release's
+    worker process, the training's second attempt (after that worker's kill: a heartbeat timeout)
+    and everything after it on the later release's, and the run completed."""
+    import json
+
+    events = json.loads((MIXED / "train_killed_mid_training.json").read_text())["events"]
+    tasks = [e["workflowTaskCompletedEventAttributes"]["identity"] for e in events
+             if e["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED"]
+    old, new = tasks[0], tasks[-1]
+    assert old != new and set(tasks) == {old, new}
+    scheduled = {e["eventId"]: e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                 if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"}
+    started = [(scheduled[a["scheduledEventId"]], a.get("attempt", 1), a["identity"], a.get("lastFailure"))
+               for e in events if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_STARTED"
+               for a in [e["activityTaskStartedEventAttributes"]]]
+    train = [s for s in started if s[0] == "train_adapter"]
+    assert [(s[1], s[2]) for s in train] == [(2, new)] and train[0][3]["timeoutFailureInfo"]["timeoutType"] == (
+        "TIMEOUT_TYPE_HEARTBEAT")
+    assert {s[2] for s in started[: started.index(train[0])]} == {old}
+    assert {s[2] for s in started[started.index(train[0]):]} == {new}
+    assert [s[0] for s in started].count("collect_group") == 4 and started[-1][0] == "publish_run"
+    assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
