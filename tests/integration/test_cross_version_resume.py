@@ -173,9 +173,10 @@ def test_a_training_killed_on_the_previous_release_finishes_here_naming_both_tra
         n: (whole.adapter_dir / n).read_bytes() for n in ADAPTER_FILES}
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.asyncio
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 async def test_a_run_started_on_the_previous_release_through_temporal_finishes_on_this_one(
     previous_release: tuple[Path, str], kiln_settings: Callable[..., Any], counter_env_url: str, tmp_path: Path
 ) -> None:

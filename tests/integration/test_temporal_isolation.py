@@ -219,7 +219,7 @@ def test_another_local_user_is_refused_and_the_owner_is_not(serve: Serve, counte
     assert health["components"]["temporal"]["exposure"] == "owner_only"
     assert WARNING not in serve.output()
 
-    final = serve.run_completes(counter_env, 150)  # Kiln's API and workers reach Temporal
+    final = serve.run_completes(counter_env, 300)  # Kiln's API and workers reach Temporal
     assert final["state"] == "completed", final
     run_id = final["run_id"]
     # The owner's CLI: a workflow no worker polls stays running, so terminate below means something.
