@@ -44,7 +44,7 @@ RUN = {
     "constrained_actions": True,  # valid counter actions, rewards spread by a hot temperature
     "temperature": 4.0,
     "output_adapter": "counter-rank-kill",
-    "training_config": {"echo": None, "epochs": 4, "learning_rate": 5e-2, "checkpoint_interval": INTERVAL},
+    "training_config": {"echo": None, "epochs": 8, "learning_rate": 5e-2, "checkpoint_interval": INTERVAL},
 }
 
 

@@ -71,7 +71,8 @@ def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits
     made_up = _model(tmp_path, "made-up")
     (made_up / "config.json").write_text('{"model_type": "kiln_made_up", "architectures": ["MadeUpForCausalLM"]}')
     moe = _model(tmp_path, "moe")
-    (moe / "config.json").write_text('{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}')
+    # an MoE family the vllm CPU build does not serve (its experts are not Kiln's CPU experts' kind)
+    (moe / "config.json").write_text('{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}')
     hybrid = _model(tmp_path, "hybrid")
     (hybrid / "config.json").write_text('{"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"]}')
     require_served("qwen", tmp_path, engine="hf")
@@ -87,6 +88,7 @@ def test_a_named_model_of_an_unsupported_family_is_refused_and_the_worker_splits
     kept, refused = servable_split(models, "vllm", cpu=True)
     assert set(kept) == {None, "hybrid", "absent"} and set(refused) == {"made-up", "moe"}
     assert refused["moe"].details["engine"] == "vllm" and "Triton" in refused["moe"].details["missing"]
+    assert "qwen3_moe" in refused["moe"].details["supported"]  # served on the CPU build through Kiln's experts
     require_served("hybrid", tmp_path, engine="hf")  # the hf engine keeps conv and recurrent states per row
     kept, refused = servable_split(models, "hf", cpu=True)
     assert set(kept) == {None, "moe", "hybrid", "absent"} and set(refused) == {"made-up"}
