@@ -10,7 +10,6 @@ no seed can vary (``flat`` reset), the refill stops at the cap with a warning.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from kiln.core.contracts import parse_run_request
 from kiln.core.rollout.verify import VerificationFailed
 from kiln.core.rollout.verify.run import verify_run
 from tests.support.kiln_workers import running_workers
-from tests.support.run_folders import download_run
+from tests.support.run_folders import download_run, rewrite_artifact
 from tests.support.waiting import workflow_result
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -60,17 +59,6 @@ def _downloaded(settings: Any, final: dict[str, Any], folder: Path) -> Path:
     store = S3Store.from_settings(settings)
     manifest = json.loads(store.get_key(f"runs/{final['run_id']}/manifest.json"))
     return download_run(store, final["run_id"], manifest, folder)
-
-
-def _rewrite(folder: Path, name: str, change: Any) -> None:
-    """Change one downloaded JSON file and fix its manifest entry's digest and size."""
-    data = (json.dumps(change(json.loads((folder / name).read_bytes())), indent=2, sort_keys=True) + "\n").encode()
-    (folder / name).write_bytes(data)
-    manifest = json.loads((folder / "manifest.json").read_bytes())
-    for entry in manifest["artifacts"]:
-        if entry["name"] == name:
-            entry.update(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
-    (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
 
 
 def _varying_groups(summary: dict[str, Any]) -> list[int]:
@@ -131,7 +119,7 @@ async def test_refill_trains_on_groups_with_variation_and_verifies(
         summary["dynamic_sampling"]["rounds"][1]["seeds"] = [12]
         return summary
 
-    _rewrite(folder, name, other_seed)
+    rewrite_artifact(folder, name, other_seed)
     with pytest.raises(VerificationFailed, match="dynamic_sampling.rounds.1..seeds"):
         verify_run(folder)
 

@@ -16,7 +16,6 @@ outcome and artifacts. (Learning over many iterations at length:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from kiln.core.rollout.verify import VerificationFailed
 from kiln.core.rollout.verify.run import verify_run
 from tests.support.counter_loop import ONE_PASS_TRAINING
 from tests.support.kiln_workers import child_gpu_worker, running_workers
-from tests.support.run_folders import artifact_bytes, download_run
+from tests.support.run_folders import artifact_bytes, download_run, rewrite_artifact
 from tests.support.waiting import workflow_result
 
 pytestmark = pytest.mark.asyncio
@@ -48,17 +47,6 @@ ONLINE_RUN = {
     "training_config": {"echo": None},  # the defaults (AdamW 3e-4, CISPO), ECHO off
     "environment_eval": {"groups": 20, "group_size": 2},
 }
-
-
-def _rewrite(folder: Path, name: str, change: Any) -> None:
-    """Change one downloaded JSON file and fix its manifest entry's digest and size."""
-    data = (json.dumps(change(json.loads((folder / name).read_bytes())), indent=2, sort_keys=True) + "\n").encode()
-    (folder / name).write_bytes(data)
-    manifest = json.loads((folder / "manifest.json").read_bytes())
-    for entry in manifest["artifacts"]:
-        if entry["name"] == name:
-            entry.update(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
-    (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
 
 
 def _per_seed_returns(summary: dict[str, Any]) -> dict[int, float]:
@@ -130,25 +118,25 @@ async def test_four_iterations_learn_on_policy(background_jobs: Any, tmp_path: P
     assert report["evaluations"]["environment_eval/"]["decision"] == final["environment_evaluation"]["decision"]
     # A receipt claiming a better candidate than its two sides show fails (digests fixed up).
     original = (folder / "environment_eval/receipt.json").read_bytes()
-    _rewrite(folder, "environment_eval/receipt.json", lambda r: {**r, "evidence": {
+    rewrite_artifact(folder, "environment_eval/receipt.json", lambda r: {**r, "evidence": {
         **r["evidence"], "candidate_mean_return": r["evidence"]["candidate_mean_return"] + 1.0,
         "mean_return_improvement": r["evidence"]["mean_return_improvement"] + 1.0}})
     with pytest.raises(VerificationFailed) as failed:
         verify_run(folder)
     assert failed.value.details["file"] == "environment_eval/receipt.json"
     assert failed.value.details["field"].startswith("evidence"), failed.value.details
-    _rewrite(folder, "environment_eval/receipt.json", lambda r: json.loads(original))
+    rewrite_artifact(folder, "environment_eval/receipt.json", lambda r: json.loads(original))
     second = json.loads((folder / "iterations/000002/environment_eval/receipt.json").read_bytes())
-    _rewrite(folder, "iterations/000002/environment_eval/receipt.json",
+    rewrite_artifact(folder, "iterations/000002/environment_eval/receipt.json",
              lambda r: {**r, "baseline_summary_sha256": "sha256:" + "2" * 64})
     with pytest.raises(VerificationFailed) as failed:
         verify_run(folder)
     assert failed.value.details["file"] == "iterations/000002/environment_eval/receipt.json"
     assert failed.value.details["field"] == "baseline_summary_sha256"
-    _rewrite(folder, "iterations/000002/environment_eval/receipt.json", lambda r: second)
+    rewrite_artifact(folder, "iterations/000002/environment_eval/receipt.json", lambda r: second)
     verify_run(folder)
     # A receipt that names another adapter breaks the chain at the next iteration (digests fixed up).
-    _rewrite(folder, "iterations/000002/train_receipt.json", lambda r: {**r, "adapter_sha256": "sha256:" + "1" * 64})
+    rewrite_artifact(folder, "iterations/000002/train_receipt.json", lambda r: {**r, "adapter_sha256": "sha256:" + "1" * 64})
     with pytest.raises(VerificationFailed) as failed:
         verify_run(folder)
     assert failed.value.details["file"] == "iterations/000003/summary.json"

@@ -3,8 +3,10 @@ that verify whole runs offline."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kiln.core.artifacts.store import ObjectRef, S3Store
 
@@ -23,3 +25,15 @@ def download_run(store: S3Store, run_id: str, manifest: dict[str, Any], folder: 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(artifact_bytes(store, entry))
     return folder
+
+
+def rewrite_artifact(folder: Path, name: str, change: Callable[[Any], Any]) -> None:
+    """Change one downloaded JSON file of a run folder and fix its manifest entry's digest and size
+    (a tampering a verifier must catch by what the file says, not by its digest)."""
+    data = (json.dumps(change(json.loads((folder / name).read_bytes())), indent=2, sort_keys=True) + "\n").encode()
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_bytes())
+    for entry in manifest["artifacts"]:
+        if entry["name"] == name:
+            entry.update(bytes=len(data), sha256="sha256:" + hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
