@@ -63,7 +63,7 @@ def kiln_errors(fn: F) -> F:
             except KilnError as err:
                 raise _surface(err) from None
 
-        return async_wrapper  # type: ignore[return-value]
+        return async_wrapper  # type: ignore[return-value]  # functools.wraps keeps fn's signature
 
     @functools.wraps(fn)
     def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -72,7 +72,7 @@ def kiln_errors(fn: F) -> F:
         except KilnError as err:
             raise _surface(err) from None
 
-    return sync_wrapper  # type: ignore[return-value]
+    return sync_wrapper  # type: ignore[return-value]  # functools.wraps keeps fn's signature
 
 
 class CommitGate:

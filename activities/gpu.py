@@ -116,7 +116,7 @@ def _size_default_executor(activities: int) -> None:
     import concurrent.futures
 
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=activities + 4))
-    loop._kiln_executor_size = activities  # type: ignore[attr-defined]
+    loop._kiln_executor_size = activities  # type: ignore[attr-defined]  # Kiln's mark on the loop it sized
 
 
 class GpuActivities:

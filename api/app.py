@@ -102,7 +102,7 @@ def _document_errors_as_400(app: FastAPI) -> None:
             app.openapi_schema = document
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to override the schema
 
 
 def _set_enum(schema: dict, values: list[str]) -> None:

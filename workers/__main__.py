@@ -65,7 +65,7 @@ async def _main(roles: list[str]) -> None:
     if set(roles) & set(GPU_ROLES):
         # Import torch/transformers before polling: a gpu worker that says "polling" takes a task
         # at once, instead of spending its first heartbeat timeout importing (cold-start timeouts).
-        import kiln.core.policy.runtime  # noqa: F401
+        import kiln.core.policy.runtime  # noqa: F401 - imported for its import time only
     workers = build_workers(client, settings, roles, store=store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -110,7 +110,7 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
         return []
     request = AddSearchAttributesRequest(
         namespace=namespace,
-        search_attributes={name: _indexed_type(kind) for name, kind in missing.items()},  # type: ignore[misc]
+        search_attributes={name: _indexed_type(kind) for name, kind in missing.items()},  # type: ignore[misc]  # protobuf enum map
     )
     try:
         await client.operator_service.add_search_attributes(request)

@@ -49,7 +49,7 @@ def literal_enum(name: str, literal: Any) -> type[enum.Enum]:
     values = [v for v in typing.get_args(literal) if isinstance(v, str)]
     if not values:
         raise TypeError(f"{literal!r} is not a Literal of strings")
-    return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]
+    return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]  # functional API: a class
 
 
 def literal_choices(name: str, model: type[BaseModel], field: str) -> type[enum.Enum]:
@@ -57,7 +57,7 @@ def literal_choices(name: str, model: type[BaseModel], field: str) -> type[enum.
     values = [v for v in choices(model, field) if isinstance(v, str)]
     if not values:
         raise TypeError(f"{model.__name__}.{field} is not a Literal of strings")
-    return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]
+    return enum.Enum(name, {value: value for value in values}, type=str)  # type: ignore[return-value]  # functional API: a class
 
 
 def flag_for(path: str) -> str:

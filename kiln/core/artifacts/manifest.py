@@ -101,7 +101,7 @@ def validate_manifest(manifest: Any) -> dict:
         raise ValueError("a manifest is a JSON object")
     if manifest.get("schema") != MANIFEST_SCHEMA:
         raise ValueError(f"unknown manifest schema {manifest.get('schema')!r}")
-    _check_run_id(manifest.get("run_id"))  # type: ignore[arg-type]
+    _check_run_id(manifest.get("run_id"))  # type: ignore[arg-type]  # any JSON value: the check refuses a non-str
     ordered = _check_artifacts(manifest.get("artifacts"))
     if [a["name"] for a in ordered] != [a["name"] for a in manifest["artifacts"]]:
         raise ValueError("manifest artifacts must be sorted by name")

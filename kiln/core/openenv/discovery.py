@@ -191,7 +191,7 @@ async def inspect_environment(
     for result in results:  # report the first failure in route order (deterministic)
         if isinstance(result, BaseException):
             raise result
-    (_, metadata), (_, schema), (env_status, environments), (_, openapi) = results  # type: ignore[misc]
+    (_, metadata), (_, schema), (env_status, environments), (_, openapi) = results  # type: ignore[misc]  # no exception is left
     metadata = check_metadata(metadata, env_url.route("/metadata"))
     schema = check_schema_document(schema, env_url.route("/schema"))
     # Older servers (openenv-core 0.3.0) have no /list_environments: no environments, no Task API.

@@ -56,7 +56,7 @@ def napping_wait(stock: Callable[..., None]) -> Callable[..., None]:
             return None
         return stock(self, timeout_ms)
 
-    wait.kiln_napping = True  # type: ignore[attr-defined]
+    wait.kiln_napping = True  # type: ignore[attr-defined]  # marks the patch as installed, once
     return wait
 
 

@@ -30,7 +30,7 @@ class Where:
     def at(self, **changes: int | None) -> "Where":
         values = {"file": self.file, "group": self.group, "candidate": self.candidate, "step": self.step}
         values.update(changes)
-        return Where(**values)  # type: ignore[arg-type]
+        return Where(**values)  # type: ignore[arg-type]  # file is a str, the rest int | None
 
 
 def fail(where: Where, field: str, reason: str) -> VerificationFailed:
