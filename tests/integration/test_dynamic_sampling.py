@@ -45,7 +45,7 @@ TRAINING = {"learning_rate": 1e-3, "epochs": 1, "echo": None}
 def signal_env_url() -> Iterator[str]:
     from tests.support.servers import serve_module
 
-    with serve_module("tests.support.signal_env") as url:
+    with serve_module("tests.support.signal_env", "--max-concurrent-envs", "8") as url:
         yield url
 
 

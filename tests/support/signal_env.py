@@ -12,7 +12,6 @@ Run: ``python -m tests.support.signal_env --port P``.
 
 from __future__ import annotations
 
-import argparse
 import threading
 from typing import Any, Optional
 
@@ -20,6 +19,8 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
+
+from tests.support.server_main import serve_main
 
 FLAT_REWARD = 0.5
 
@@ -81,12 +82,7 @@ def build_app(max_concurrent_envs: int = 8) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args(argv)
-    uvicorn.run(build_app(), host="127.0.0.1", port=args.port, log_level="warning")
+    serve_main(build_app, __doc__, argv)
 
 
 if __name__ == "__main__":
