@@ -271,6 +271,11 @@ class RunRequest(EpisodeFields):
             raise ValueError("eval_every needs environment_eval (the held-out seeds it evaluates on)")
         if self.max_staleness and self.iterations < 2:
             raise ValueError("max_staleness 1 needs iterations >= 2 (it overlaps consecutive iterations)")
+        if self.max_staleness and self.effective_training_config().adapter == "full":
+            raise ValueError(
+                "training_config.adapter full does not support max_staleness >= 1 (the stale behaviour policy "
+                "would need a second full copy of the model): set max_staleness to 0 or train adapter lora"
+            )
         if self.credential_ids and len(self.credential_ids) != urls:
             raise ValueError("credential_ids must be empty or have one entry per environment URL")
         if self.reset_options and self.environment_reset_options:

@@ -22,6 +22,7 @@ LATER_SETTINGS: dict[str, Any] = {
     "entropy_coeff": 0.0,
     "packing": False,
     "dynamic_sampling": None,
+    "adapter": "lora",
 }
 
 

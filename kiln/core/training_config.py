@@ -184,6 +184,23 @@ class TrainingConfig(StrictModel):
         "Refused for models with recurrent layers (Gated DeltaNet, Mamba, short convolutions).",
     )
 
+    adapter: Literal["lora", "full"] = Field(
+        default="lora",
+        description="What training updates: lora (a LoRA adapter of lora_rank/lora_alpha on the frozen base) "
+        "or full (every base parameter: the output is a full model folder, config.json + model.safetensors, "
+        "about 4x the model's parameter count in bytes of optimizer state and weights more memory). "
+        "full is refused with kl_coeff > 0, max_staleness >= 1 and the vllm engine.",
+    )
+
+    @model_validator(mode="after")
+    def _full_fits(self) -> "TrainingConfig":
+        if self.adapter == "full" and self.kl_coeff > 0 and self.kl_estimator != "none":
+            raise ValueError(
+                "adapter full does not support the KL penalty to the base model (it would need a second "
+                "frozen copy of the model): set kl_coeff to 0 or train adapter lora"
+            )
+        return self
+
     @model_validator(mode="after")
     def _normaliser_fits_the_objective(self) -> "TrainingConfig":
         if self.is_level == "sequence" and self.loss_normaliser != "tokens":

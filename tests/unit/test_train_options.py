@@ -57,7 +57,10 @@ def _choices(model: type, prefix: str = "") -> dict[str, list]:
     return out
 
 
-OPTIONS = {**_choices(TrainingConfig), **_choices(EchoConfig, "echo.")}
+# adapter (lora | full) changes what is trained altogether (LoRA factors vs every base weight):
+# tests/unit/test_train_full.py compares the two paths' gradients and checks every weight moves.
+OWN_TESTS = {"adapter": "tests/unit/test_train_full.py"}
+OPTIONS = {k: v for k, v in {**_choices(TrainingConfig), **_choices(EchoConfig, "echo.")}.items() if k not in OWN_TESTS}
 
 
 IDENTITY = with_inference(BEHAVIOR, {"max_action_tokens": 3})

@@ -6,7 +6,8 @@ sha256_of_file_bytes]`` over every regular file below the directory, skipping on
 changes the digest; modification times and directory order do not.
 
 ``adapter_content_sha256``: the same construction over exactly ``adapter_config.json`` and
-``adapter_model.safetensors`` (the two files PEFT needs to load a LoRA adapter).
+``adapter_model.safetensors`` (the two files PEFT needs to load a LoRA adapter); a full-weights
+folder (``adapter: full`` training's output) digests as a model folder.
 
 ``inference_config``: every setting that changes the sampling distribution of an action
 (temperature, top-p, thinking, thinking budget, max action tokens, constrained decoding), in a fixed
@@ -49,10 +50,20 @@ def model_content_sha256(model_dir: Path) -> str:
     return digest_json({"files": entries})
 
 
+def is_full_weights(adapter_dir: Path) -> bool:
+    """Whether ``adapter_dir`` holds full model weights (``adapter: full``: a model folder with a
+    ``config.json`` and no ``adapter_config.json``) rather than a LoRA adapter."""
+    root = Path(adapter_dir)
+    return (root / "config.json").is_file() and not (root / ADAPTER_FILES[0]).exists()
+
+
 def adapter_content_sha256(adapter_dir: Path) -> str:
     """Digest over ``adapter_config.json`` and ``adapter_model.safetensors`` of ``adapter_dir``
-    (``adapter_not_found`` when either is missing)."""
+    (``adapter_not_found`` when either is missing); for a full-weights folder
+    (:func:`is_full_weights`) its :func:`model_content_sha256`, over every file it holds."""
     root = Path(adapter_dir)
+    if is_full_weights(root):
+        return model_content_sha256(root)
     entries = []
     for name in ADAPTER_FILES:
         path = root / name

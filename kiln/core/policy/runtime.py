@@ -14,7 +14,9 @@ decode/score the final answer under a grammar compiled from the schema
 
 Adapters are PEFT LoRA directories, loaded from local paths only and kept in an LRU keyed by their
 content digest (:func:`kiln.core.policy.identity.adapter_content_sha256`); ``adapter_dir=None`` is the
-base model (adapters disabled). The identity of every action is
+base model (adapters disabled). A full-weights folder (``adapter: full`` training's output, a model
+folder) is served by a model of its own held beside the base (one at a time), digested as a model
+folder. The identity of every action is
 ``{"base_model_sha256", "runtime": {...versions, device, dtype}, "adapter_sha256"}``.
 """
 
@@ -31,11 +33,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from kiln.core.errors import AdapterNotFound
+from kiln.core.errors import AdapterNotFound, ModelNotFound
 from kiln.core.policy import harmony
-from kiln.core.policy.device import resolve_placement
+from kiln.core.policy.device import Placement, resolve_placement
 from kiln.core.policy.families import load_identity_fields
-from kiln.core.policy.identity import ADAPTER_FILES, adapter_content_sha256, model_content_sha256
+from kiln.core.policy.identity import ADAPTER_FILES, adapter_content_sha256, is_full_weights, model_content_sha256
 from kiln.core.policy.loading import TORCH_GLOBAL_STATE, check_model_dir, load_causal_lm, load_tokenizer
 from kiln.core.policy.engine import (
     DEFAULT_DECODE_TILE,
@@ -88,6 +90,7 @@ class PolicyRuntime(TokenGlue):
         # The rollout engine (:mod:`kiln.core.policy.engine`): hf by default; :meth:`use_engine` swaps it.
         self.engine: Engine = HfEngine(self, decode_tile)
         self._adapters: OrderedDict[str, str] = OrderedDict()  # digest -> peft adapter name
+        self._full: dict[str, Any] = {}  # digest -> its full-weights model (adapter: full), one at most
         self._action_grammars: ActionGrammarCache | None = None  # built on first use
         self._grammar_lock = threading.Lock()  # not the runtime's lock: compiling never waits on a decode
         self._derive_glue()
@@ -170,11 +173,14 @@ class PolicyRuntime(TokenGlue):
 
     def _forget_adapter(self, digest: str) -> None:
         with self.lock:
+            self._full.pop(digest, None)
             name = self._adapters.pop(digest, None)
             if name is not None and self._peft is not None:
                 self._peft.delete_adapter(name)
 
     def _adapter_digest(self, adapter_dir: Path) -> str:
+        if is_full_weights(adapter_dir):
+            return adapter_content_sha256(adapter_dir)
         missing = [name for name in ADAPTER_FILES if not (adapter_dir / name).is_file()]
         if missing:
             raise AdapterNotFound(
@@ -190,6 +196,8 @@ class PolicyRuntime(TokenGlue):
             return _frozen(self._peft, self._peft.disable_adapter()) if self._peft is not None else nullcontext()
         adapter_dir = Path(adapter_dir)
         digest = digest or self._adapter_digest(adapter_dir)
+        if is_full_weights(adapter_dir):
+            return self._full_weights(adapter_dir, digest)
         name = self._adapters.get(digest)
         peft = self._peft
         if name is None or peft is None:
@@ -202,6 +210,33 @@ class PolicyRuntime(TokenGlue):
             _, old = self._adapters.popitem(last=False)
             peft.delete_adapter(old)
         return _frozen(peft, nullcontext())
+
+    def _full_weights(self, adapter_dir: Path, digest: str):
+        """Full weights (``adapter: full`` training's output): a model of their own, loaded once
+        and held (one at a time) beside the base model, which stays untouched; ``self.model`` is
+        that model for the block."""
+        model = self._full.get(digest)
+        if model is None:
+            self._full.clear()  # at most one full copy besides the base
+            try:
+                model = load_causal_lm(adapter_dir, Placement(self.device, self.dtype))
+            except ModelNotFound as exc:
+                raise AdapterNotFound(
+                    f"could not load the full weights at {adapter_dir}: {exc.message}",
+                    details={"path": str(adapter_dir)},
+                ) from exc
+            model.requires_grad_(False)
+            self._full[digest] = model
+        return self._swapped(model)
+
+    @contextmanager
+    def _swapped(self, model: Any) -> Iterator[Any]:
+        base = self.model
+        self.model = model
+        try:
+            yield model
+        finally:
+            self.model = base
 
     def _load_adapter(self, adapter_dir: Path, name: str) -> PeftModel:
         from peft import PeftModel

@@ -16,13 +16,14 @@ states of the action positions go through the output head in chunks of positions
 (:func:`kiln.core.train.losses.exact_kls`), so no full-vocabulary tensor of a batch is ever built.
 π_start is the base model itself for a training from the base (a fresh LoRA's B is zero, so it
 adds exactly nothing), else ``base_adapter_dir`` loaded next to the trained adapter, frozen, and
-removed afterwards.
+removed afterwards. A full training (``adapter: full``, :func:`final_pass_full`) scores π_start
+and π_base with frozen copies of those weights, each through its own output head.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,14 @@ def _hidden_under(model: Any, adapter: str | None, batch: Any) -> torch.Tensor:
         model.set_adapter(TRAIN_ADAPTER)
 
 
+Ref = tuple[Callable[[Any], torch.Tensor], Any]  # (batch -> hidden states, output head) of one π
+
+
 def _score(
-    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, start: str | None
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, refs: list[Ref]
 ) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    """Every row's log-probs under ``model`` and the KL to each reference policy of ``refs``
+    (``refs[0]``: π_start, ``refs[-1]``: π_base; one entry when they are the same)."""
     head = output_head(model)
     scored: dict[tuple[int, int], torch.Tensor] = {}
     to_previous: list[float] = []
@@ -84,10 +90,10 @@ def _score(
         for b, row in enumerate(micro):
             scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
         on = batch.action_mask > 0
-        hiddens = [_hidden_under(model, start, batch)[on]]
-        if start is not None:
-            hiddens.append(_hidden_under(model, None, batch)[on])
-        kls = exact_kls(head, hidden_new[on], hiddens, temperature=settings.temperature)
+        hiddens = [hidden_of(batch)[on] for hidden_of, _ in refs]
+        kls = exact_kls(
+            head, hidden_new[on], hiddens, temperature=settings.temperature, heads_q=[h for _, h in refs]
+        )
         to_previous.append(float(kls[0].double().sum().item()))
         to_base.append(float(kls[-1].double().sum().item()))
         tokens += int(on.sum().item())
@@ -100,6 +106,25 @@ def _score(
     return scored, figures
 
 
+def _adapter_ref(model: Any, adapter: str | None) -> Ref:
+    head = output_head(model)
+    return (lambda batch: _hidden_under(model, adapter, batch)), head
+
+
+def _model_ref(other: Any) -> Ref:
+    return (lambda batch: sequence_hidden(other, batch.input_ids, batch.attention_mask)), output_head(other)
+
+
+@torch.no_grad()
+def final_pass_full(
+    model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *, start: Any, base: Any | None
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any]]:
+    """:func:`final_pass` of a full training: π_start is the frozen model ``start`` (the weights
+    training began from), π_base the frozen ``base`` (None: ``start`` is the base model)."""
+    refs = [_model_ref(start)] + ([_model_ref(base)] if base is not None else [])
+    return _score(model, rows, settings, device, refs)
+
+
 @torch.no_grad()
 def final_pass(
     model: Any, rows: list[Row], settings: StepSettings, device: torch.device, *, start_adapter_dir: Path | None
@@ -110,6 +135,7 @@ def final_pass(
     ``start_adapter_dir``: the adapter training started from (None: the base model). Leaves the
     model with only its trained adapter, active, and the torch RNG untouched."""
     if start_adapter_dir is None:  # scoring draws nothing; the adapter load forks the generator
-        return _score(model, rows, settings, device, None)
+        return _score(model, rows, settings, device, [_adapter_ref(model, None)])
     with frozen_adapter(model, start_adapter_dir, START_ADAPTER, "the starting adapter"):
-        return _score(model, rows, settings, device, START_ADAPTER)
+        refs = [_adapter_ref(model, START_ADAPTER), _adapter_ref(model, None)]
+        return _score(model, rows, settings, device, refs)

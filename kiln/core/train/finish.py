@@ -16,7 +16,8 @@ import torch
 
 from kiln.core.train.continuation import write_final_state
 from kiln.core.train.distributed import resident_base_bytes
-from kiln.core.train.drift import final_pass
+from kiln.core.train.drift import final_pass, final_pass_full
+from kiln.core.train.full import folder_bytes, is_full, load_full_model, save_full, weights_delta_norms, weights_source
 from kiln.core.train.loop import Loop
 from kiln.core.train.mismatch import DEFAULT_IS_CAP, mismatch_figures
 from kiln.core.train.model import (
@@ -101,7 +102,11 @@ def finish(
 ) -> TrainedAdapter | None:
     """Final evaluation, adapter, continuation state, receipt (every rank scores; rank 0 writes)."""
     flat = [row for group in loop.rows for row in group]
-    final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
+    if is_full(config):
+        final, drift, deltas = _full_final_pass(loop, plan, model_path, flat, dev, dtype)
+    else:
+        final, drift = final_pass(loop.model, flat, plan.settings, dev, start_adapter_dir=loop.start_adapter_dir)
+        deltas = lora_delta_norms(loop.model)
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
     mismatch = engine_mismatch(loop, plan)
@@ -111,7 +116,7 @@ def finish(
     adapter_dir = output_dir / "adapter"
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
-    adapter_sha = save_adapter(loop.model, adapter_dir)
+    adapter_sha = save_full(loop.model, adapter_dir) if is_full(config) else save_adapter(loop.model, adapter_dir)
     final_state, final_state_sha = None, None
     steps_taken = len(loop.history)
     if keep_state:
@@ -142,6 +147,8 @@ def finish(
             "base_bytes": base_bytes,
             "adapter_sha": adapter_sha,
             "final_state_sha": final_state_sha,
+            "deltas": deltas,
+            "adapter_bytes": folder_bytes(adapter_dir),
         },
     )
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +167,23 @@ def finish(
     )
 
 
+def _full_final_pass(
+    loop: Loop, plan: Plan, model_path: Path, flat: list[Any], dev: torch.device, dtype: str
+) -> tuple[dict[tuple[int, int], torch.Tensor], dict[str, Any], tuple[float, dict[str, float]]]:
+    """A full training's final pass (:func:`kiln.core.train.drift.final_pass_full`) against frozen
+    copies of the starting weights (and of the base, when training started from earlier full
+    weights), and the per-parameter ``W_new − W_start`` norms; the copies are freed afterwards."""
+    start = load_full_model(weights_source(model_path, loop.start_adapter_dir), dev, dtype, trainable=False)
+    base = None
+    if loop.start_adapter_dir is not None:
+        base = load_full_model(Path(model_path), dev, dtype, trainable=False)
+    try:
+        final, drift = final_pass_full(loop.model, flat, plan.settings, dev, start=start, base=base)
+        return final, drift, weights_delta_norms(loop.model, start)
+    finally:
+        del start, base
+
+
 def _receipt(
     loop: Loop,
     plan: Plan,
@@ -176,7 +200,8 @@ def _receipt(
     """The receipt of a finished training (:func:`kiln.core.train.receipt.build_receipt`) from the
     loop and what :func:`finish` measured and wrote (``figures``)."""
     final_eval, drift, mismatch = figures["final_eval"], figures["drift"], figures["mismatch"]
-    delta_total, delta_norms = lora_delta_norms(loop.model)
+    delta_total, delta_norms = figures["deltas"]
+    full = is_full(config)
     t_start, t_loaded, t_trained = timings
     echo = {**plan.echo, "initial_env_ce": loop.initial_eval["env_ce"], "final_env_ce": final_eval["env_ce"]}
     return build_receipt(
@@ -192,8 +217,8 @@ def _receipt(
         token_counts=plan.token_counts,
         evaluation={"initial": loop.initial_eval, "final": final_eval},
         adapter_sha256=figures["adapter_sha"],
-        lora_delta_norm=delta_total,
-        lora_delta_norms=delta_norms,
+        lora_delta_norm=None if full else delta_total,
+        lora_delta_norms={} if full else delta_norms,
         behavior_policy=behavior,
         runtime=runtime_block(
             dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1, base_weight_bytes=figures["base_bytes"]
@@ -213,7 +238,15 @@ def _receipt(
             "policy_drift": drift,
             "early_stop": loop.early_stop,
             "trainer": trainer_version(),
-            "lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER),
+            **(
+                {
+                    "adapter": {"kind": "full", "sha256": figures["adapter_sha"], "bytes": figures["adapter_bytes"]},
+                    "weights_delta_norm": delta_total,
+                    "weights_delta_norms": delta_norms,
+                }
+                if full
+                else {"lora_targets": adapted_targets(loop.model, TRAIN_ADAPTER)}
+            ),
             **({"checkpoint": loop.checkpoint} if loop.checkpoint is not None else {}),
             **({"engine_mismatch": mismatch} if mismatch is not None else {}),
         },

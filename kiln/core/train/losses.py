@@ -135,10 +135,12 @@ def exact_kls(
     *,
     temperature: float = 1.0,
     chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+    heads_q: list[Any] | None = None,
 ) -> list[torch.Tensor]:
     """Per position, the exact ``KL(p ‖ q) = Σ_v p(v)·(log p(v) − log q(v))`` over the whole
     vocabulary, for each ``q`` in ``hidden_qs``: ``p = softmax(head(hidden_p)/T)``, ``q`` likewise
-    from its hidden states (all ``(N, d)``, the same N positions). Returns one ``(N,)`` float64
+    from its hidden states (all ``(N, d)``, the same N positions) through ``heads_q[i]`` when given
+    (another model's head: full training), else ``head``. Returns one ``(N,)`` float64
     tensor per ``q`` (the fp32 logits are taken to float64 first). Positions are taken in chunks so that the logits alive at a time stay within
     ``chunk_elements`` floats (as :func:`sequence_logprobs`); no ``(N, V)`` tensor is ever built."""
     t = _scoring_temperature(temperature)
@@ -150,7 +152,8 @@ def exact_kls(
         log_p = F.log_softmax(head(hidden_p[start : start + step]).float().double() / t, dim=-1)
         p = torch.exp(log_p)
         for i, hidden_q in enumerate(hidden_qs):
-            log_q = F.log_softmax(head(hidden_q[start : start + step]).float().double() / t, dim=-1)
+            head_q = heads_q[i] if heads_q is not None else head
+            log_q = F.log_softmax(head_q(hidden_q[start : start + step]).float().double() / t, dim=-1)
             out[i].append((p * (log_p - log_q)).sum(dim=-1).clamp(min=0.0))
     empty = hidden_p.new_zeros((0,), dtype=torch.float64)
     return [torch.cat(parts) if parts else empty for parts in out]

@@ -18,6 +18,7 @@ from kiln.core.errors import TrainingFailed
 from kiln.core.train.batches import Row, group_rows
 from kiln.core.train.checkpoints import restore_checkpoint, restore_optimizer_state
 from kiln.core.train.continuation import read_init_state, reset_first_moments
+from kiln.core.train.full import is_full, load_full_model, weights_source
 from kiln.core.train.loop import Loop
 from kiln.core.train.model import adapter_content_sha256, attach_lora, load_base_model, trainable_parameters
 from kiln.core.train.optim import build_optimizer
@@ -41,6 +42,8 @@ def load_model(
     """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
     it (one copy per worker), else on a freshly loaded one; with ``ranks`` loaded on the CPU and
     sharded across the ranks' devices (:mod:`kiln.core.train.distributed`)."""
+    if is_full(config):
+        return _load_full(model_path, config, base_adapter_dir, dev, dtype, ranks)
     load_on = torch.device("cpu") if ranks is not None else dev
     base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), load_on, dtype)
     model = attach_lora(
@@ -60,6 +63,28 @@ def load_model(
         from kiln.core.train.distributed import shard_base_model
 
         shard_base_model(model, ranks, dev)
+    return model
+
+
+def _load_full(
+    model_path: Path, config: Any, base_adapter_dir: Path | None, dev: torch.device, dtype: str, ranks: Any
+) -> Any:
+    """``adapter: full``: its own trainable copy (never the runtime's shared base, which sampling
+    keeps using), from the base model or the previous iteration's full weights."""
+    if ranks is not None:
+        raise TrainingFailed(
+            "training_config.adapter full trains on one device: several train devices shard LoRA training only",
+            code="full_training_unsupported",
+            retryable=False,
+            hint="set KILN_TRAIN_DEVICES to 1 for full training, or train adapter lora",
+        )
+    model = load_full_model(weights_source(model_path, base_adapter_dir), dev, dtype, trainable=True)
+    if config.gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # transformers checkpoints only in training mode; the model has no dropout
     return model
 
 

@@ -34,7 +34,7 @@ def build_receipt(
     token_counts: dict[str, int],
     evaluation: dict[str, Any],
     adapter_sha256: str,
-    lora_delta_norm: float,
+    lora_delta_norm: float | None,
     lora_delta_norms: dict[str, float],
     behavior_policy: dict[str, Any] | None,
     runtime: dict[str, Any],
