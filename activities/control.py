@@ -16,7 +16,8 @@ from kiln.core.artifacts.store import S3Store
 from kiln.core.contracts import parse_run_request, reset_plan_sha256
 from kiln.core.request_digest import request_digest
 from kiln.core.openenv.urls import normalize_url, require_allowed_host
-from kiln.core.served_models import model_task_queue, require_served
+from kiln.core.full_admission import require_full_fits
+from kiln.core.served_models import model_task_queue, require_served, served_models
 from kiln.core.stages.discovery import discover, revalidate
 from kiln.core.stages.publication import publish
 from kiln.core.settings import Settings
@@ -68,6 +69,14 @@ class ControlActivities:
             check_credential(self.settings.credentials, credential_id, request.environment_urls[index])
         if request.post_eval is not None:
             load_suite(request.post_eval.suite)  # post_eval_suite_not_found names the installed ones
+        model_dir = served_models(self.settings.models_dir).get(request.model) if request.model else None
+        require_full_fits(
+            request,
+            engine=self.settings.engine,
+            model_dir=model_dir or self.settings.default_model_path,
+            dtype=self.settings.dtype,
+            budget_bytes=self.settings.retained_budget_bytes,
+        )
         templates = request.reset_templates()
         return AdmissionResult(
             request=request,

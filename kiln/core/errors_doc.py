@@ -57,9 +57,6 @@ OWN_CODES: dict[str, str] = {
     "post_eval_suite_invalid": "a static suite file breaks its schema",
     "post_eval_suite_mismatch": "a static suite's recorded digest does not match its file",
     "training_unshardable": "`KILN_TRAIN_DEVICES` above 1 on a model with no repeated layers to shard: train it on one device",
-    "full_training_unsupported": "`training_config.adapter: full` with what it does not support: a LoRA "
-    "adapter to start from, several train devices, the vllm engine, or a plan whose full weights exceed "
-    "`KILN_RETAINED_BUDGET_BYTES` (docs/training.md)",
     "executor_interrupted": "recorded in status for an interruption that was recovered (the attempt was retried)",
 }
 

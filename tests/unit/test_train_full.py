@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from pydantic import ValidationError  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from kiln.core.errors import TrainingFailed  # noqa: E402
+from kiln.core.errors import FullTrainingUnsupported  # noqa: E402
 from kiln.core.policy.identity import adapter_content_sha256, is_full_weights, model_content_sha256  # noqa: E402
 from kiln.core.train.batches import group_rows  # noqa: E402
 from kiln.core.train.full import load_full_model  # noqa: E402
@@ -120,7 +120,7 @@ def test_full_training_moves_every_tensor_and_names_its_weights(qwen3_path, tmp_
 
 def test_full_training_from_a_lora_adapter_is_refused(qwen3_path, tmp_path):
     adapter = make_lora_adapter(qwen3_path, tmp_path / "lora")
-    with pytest.raises(TrainingFailed) as info:
+    with pytest.raises(FullTrainingUnsupported) as info:
         _train(qwen3_path, tmp_path / "out", base_adapter_dir=adapter)
     assert info.value.code == "full_training_unsupported" and not info.value.retryable
     assert "adapter full" in info.value.message and "Error" not in info.value.message
@@ -193,3 +193,29 @@ def test_the_lora_default_digests_and_identifies_as_before():
     assert full_plan.identity["settings_sha256"] != lora_plan.identity["settings_sha256"]
     with pytest.raises(InvalidRequest, match="adapter full does not support max_staleness"):
         parse_run_request({**BASE, "iterations": 2, "max_staleness": 1, "training_config": {"adapter": "full"}})
+
+
+def test_admission_refuses_the_vllm_engine_and_a_plan_over_the_retained_budget(qwen3_path):
+    from kiln.core.contracts import parse_run_request
+    from kiln.core.full_admission import full_weight_bytes, require_full_fits
+    from tests.unit.test_online_plan import BASE
+
+    full = parse_run_request({**BASE, "iterations": 3, "training_config": {"adapter": "full"}})
+    lora = parse_run_request({**BASE, "iterations": 3})
+    # brute force: every tensor's elements × 4 bytes, plus the safetensors header and config.json
+    state = load_file(str(qwen3_path / "model.safetensors"))
+    raw = (qwen3_path / "model.safetensors").read_bytes()
+    header = 8 + int.from_bytes(raw[:8], "little")
+    one = sum(t.numel() for t in state.values()) * 4 + header + (qwen3_path / "config.json").stat().st_size
+    assert full_weight_bytes(qwen3_path, "float32") == one
+    assert full_weight_bytes(qwen3_path, "float32") == len(raw) + (qwen3_path / "config.json").stat().st_size
+    fits = {"engine": "hf", "model_dir": qwen3_path, "dtype": "float32"}
+    require_full_fits(full, **fits, budget_bytes=4 * one)  # 3 iterations + the final adapter: 4 copies
+    with pytest.raises(FullTrainingUnsupported) as info:
+        require_full_fits(full, **fits, budget_bytes=4 * one - 1)
+    assert info.value.details == {"field": "training_config.adapter", "weights_bytes": one, "copies": 4,
+                                  "budget_bytes": 4 * one - 1}
+    assert "KILN_RETAINED_BUDGET_BYTES" in info.value.hint
+    require_full_fits(lora, **fits, budget_bytes=1)  # LoRA runs are not estimated here
+    with pytest.raises(FullTrainingUnsupported, match="not served by the vllm engine"):
+        require_full_fits(full, **{**fits, "engine": "vllm"}, budget_bytes=1 << 40)

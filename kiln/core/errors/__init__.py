@@ -72,6 +72,7 @@ from kiln.core.errors.domain import (
     TrainingRankFailed,
     EngineFault,
     EngineSettingsInvalid,
+    FullTrainingUnsupported,
 )
 from kiln.core.errors.doors import (
     ApiUnavailable,
@@ -150,6 +151,7 @@ __all__ = [
     "TrainingRankFailed",
     "EngineFault",
     "EngineSettingsInvalid",
+    "FullTrainingUnsupported",
     "ApiUnavailable",
     "OutputExists",
     "ServeConfigurationInvalid",

@@ -248,3 +248,11 @@ class EngineSettingsInvalid(KilnError, code="engine_settings_invalid", retryable
     """``KILN_VLLM_TENSOR_PARALLEL`` / ``KILN_VLLM_ENGINES`` ask for a vllm engine topology that has
     no meaning (below 1) or that this machine cannot provide (more GPUs than are visible); the
     message names the setting, the value and the GPUs visible."""
+
+
+# --- Full fine-tuning (training_config.adapter: full) ---
+class FullTrainingUnsupported(KilnError, code="full_training_unsupported", retryable=False, http_status=400):
+    """``training_config.adapter: full`` asked for with what full training does not support: the vllm
+    engine (it serves LoRA adapters only), a LoRA adapter to start from, several train devices, or
+    a plan whose full weights alone exceed ``KILN_RETAINED_BUDGET_BYTES``; the message names the
+    setting and the fix."""

@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from kiln.core.errors import AdapterNotFound, ModelNotFound
+from kiln.core.errors import AdapterNotFound, FullTrainingUnsupported, ModelNotFound
 from kiln.core.policy import harmony
 from kiln.core.policy.device import Placement, resolve_placement
 from kiln.core.policy.families import load_identity_fields
@@ -169,6 +169,12 @@ class PolicyRuntime(TokenGlue):
         if adapter_dir is None:
             return None
         adapter_dir = Path(adapter_dir)
+        if self.engine.name != "hf" and is_full_weights(adapter_dir):
+            raise FullTrainingUnsupported(
+                f"the {self.engine.name} engine serves LoRA adapters only, not the full weights at {adapter_dir}",
+                hint="sample full-weights adapters (training_config.adapter full) on workers with KILN_ENGINE=hf",
+                details={"path": str(adapter_dir), "engine": self.engine.name},
+            )
         return AdapterHandle(path=adapter_dir, sha256=self._adapter_digest(adapter_dir))
 
     def _forget_adapter(self, digest: str) -> None:

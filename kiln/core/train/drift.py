@@ -91,9 +91,7 @@ def _score(
             scored[row.key] = logprobs[b, : row.length - 1].detach().cpu()
         on = batch.action_mask > 0
         hiddens = [hidden_of(batch)[on] for hidden_of, _ in refs]
-        kls = exact_kls(
-            head, hidden_new[on], hiddens, temperature=settings.temperature, heads_q=[h for _, h in refs]
-        )
+        kls = exact_kls(head, hidden_new[on], hiddens, temperature=settings.temperature, heads_q=[h for _, h in refs])
         to_previous.append(float(kls[0].double().sum().item()))
         to_base.append(float(kls[-1].double().sum().item()))
         tokens += int(on.sum().item())

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kiln.core.errors import TrainingFailed
+from kiln.core.errors import FullTrainingUnsupported
 from kiln.core.policy.identity import adapter_content_sha256, is_full_weights
 
 FULL = "full"
@@ -36,10 +36,8 @@ def weights_source(model_path: Path, base_adapter_dir: Path | None) -> Path:
     if base_adapter_dir is None:
         return Path(model_path)
     if not is_full_weights(Path(base_adapter_dir)):
-        raise TrainingFailed(
+        raise FullTrainingUnsupported(
             f"training_config.adapter full cannot start from the LoRA adapter at {base_adapter_dir}",
-            code="full_training_unsupported",
-            retryable=False,
             hint="train adapter full from the base model (adapter base) or from a full-weights adapter",
         )
     return Path(base_adapter_dir)

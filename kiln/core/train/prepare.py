@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kiln.core.errors import TrainingFailed
+from kiln.core.errors import FullTrainingUnsupported, TrainingFailed
 from kiln.core.train.batches import Row, group_rows
 from kiln.core.train.checkpoints import restore_checkpoint, restore_optimizer_state
 from kiln.core.train.continuation import read_init_state, reset_first_moments
@@ -72,10 +72,8 @@ def _load_full(
     """``adapter: full``: its own trainable copy (never the runtime's shared base, which sampling
     keeps using), from the base model or the previous iteration's full weights."""
     if ranks is not None:
-        raise TrainingFailed(
+        raise FullTrainingUnsupported(
             "training_config.adapter full trains on one device: several train devices shard LoRA training only",
-            code="full_training_unsupported",
-            retryable=False,
             hint="set KILN_TRAIN_DEVICES to 1 for full training, or train adapter lora",
         )
     model = load_full_model(weights_source(model_path, base_adapter_dir), dev, dtype, trainable=True)

@@ -25,6 +25,7 @@ import torch
 
 from kiln.core.errors import AdapterNotFound, TrainingFailed
 from kiln.core.policy.loading import TORCH_GLOBAL_STATE
+from kiln.core.policy.identity import is_full_weights
 from kiln.core.train.losses import sequence_logprobs
 from kiln.core.train.model import load_base_model
 from kiln.core.train.tokens import tokenize_completion
@@ -73,6 +74,8 @@ def observation_cross_entropy_with_model(model: Any, lines: list[dict[str, Any]]
 
 
 def _load(model_path: Path, adapter_dir: Path | None) -> Any:
+    if adapter_dir is not None and is_full_weights(Path(adapter_dir)):  # adapter: full: the weights themselves
+        return load_base_model(Path(adapter_dir), torch.device("cpu"))
     model = load_base_model(Path(model_path), torch.device("cpu"))
     if adapter_dir is None:
         return model
@@ -102,7 +105,11 @@ def observation_cross_entropy(
 def world_model_comparison(
     model_path: Path, lines: list[dict[str, Any]], *, adapter_dir: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(base, candidate)`` observation CE with one model load (adapter disabled, then enabled)."""
+    """``(base, candidate)`` observation CE with one model load (adapter disabled, then enabled);
+    full weights (``adapter: full``) are a second model beside the base."""
+    if is_full_weights(Path(adapter_dir)):
+        base = observation_cross_entropy(model_path, lines)
+        return base, observation_cross_entropy(model_path, lines, adapter_dir=adapter_dir)
     model = _load(model_path, adapter_dir)
     with model.disable_adapter():
         base = observation_cross_entropy_with_model(model, lines)
