@@ -2,7 +2,7 @@
 ``training_config.adapter: full`` (Temporal dev server, SeaweedFS, real workers, the tiny demo
 model, the counter ``openenv`` server). Iteration 2 samples under iteration 1's full weights (its
 behaviour identity names their digest), each iteration publishes a full model folder whose digest
-is its receipt's, ``verify --run`` passes, and every retained byte the manifest reports is the
+is its receipt's, the held-out evaluation's candidate samples under the final weights, ``verify --run`` passes, and every retained byte the manifest reports is the
 size of the stored object (brute force from the S3 listing)."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ RUN = {
     "iterations": 2,
     "output_adapter": "counter-full",
     "training_config": {"adapter": "full", "echo": None, "epochs": 1, "learning_rate": 1e-4},
+    "environment_eval": {"groups": 2, "group_size": 1},
 }
 
 
@@ -74,7 +75,12 @@ async def test_two_full_iterations_chain_verify_and_count_their_bytes(
         curve[0]["adapter_sha256"]
     assert model_content_sha256(folder / "adapter") == curve[1]["adapter_sha256"]
 
+    # the held-out evaluation's candidate side sampled under the final full weights
+    candidate = json.loads((folder / "environment_eval/candidate/summary.json").read_bytes())
+    assert candidate["behavior_policy"]["adapter_sha256"] == curve[1]["adapter_sha256"]
+
     report = verify_run(folder)
+    assert report["evaluations"]["environment_eval/"]["paired_groups"] == 2
     assert [r["sampled_by"] for r in report["iterations"]] == [None, curve[0]["adapter_sha256"]]
     assert [r["adapter_sha256"] for r in report["iterations"]] == [r["adapter_sha256"] for r in curve]
 
