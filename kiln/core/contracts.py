@@ -273,8 +273,7 @@ class RunRequest(EpisodeFields):
             raise ValueError("max_staleness 1 needs iterations >= 2 (it overlaps consecutive iterations)")
         if self.max_staleness and self.effective_training_config().adapter == "full":
             raise ValueError(
-                "training_config.adapter full does not support max_staleness >= 1 (the stale behaviour policy "
-                "would need a second full copy of the model): set max_staleness to 0 or train adapter lora"
+                "training_config.adapter full does not support max_staleness >= 1: set it to 0 or train lora"
             )
         if self.credential_ids and len(self.credential_ids) != urls:
             raise ValueError("credential_ids must be empty or have one entry per environment URL")

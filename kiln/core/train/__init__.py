@@ -1,4 +1,4 @@
-"""GRPO + ECHO LoRA training over collected OpenEnv seed groups.
+"""GRPO + ECHO training (LoRA, or every weight with ``adapter: full``) over collected OpenEnv seed groups.
 
 Modules (import them directly; this package imports nothing, so ``kiln.core.train.selection``
 stays usable without torch in the control worker):
@@ -13,6 +13,7 @@ stays usable without torch in the control worker):
 - ``muon``        Kiln's Muon (float32 Newton–Schulz)
 - ``plan``        admission (on-policy check, sampling settings), selection, step schedule
 - ``model``       base model + LoRA, adapter save and content digests (torch, peft)
+- ``full``        full fine-tuning (``adapter: full``): its own trainable copy, the full-weights folder
 - ``checkpoints`` exact checkpoints: weights, optimizer, RNG, cached log-probs, data cursor; tar packing
 - ``continuation`` the optimizer state handed from one online-run iteration's training to the next
 - ``staleness``   stale data: the behaviour policy's log-probs, scored by the behaviour adapter
