@@ -219,3 +219,31 @@ def test_admission_refuses_the_vllm_engine_and_a_plan_over_the_retained_budget(q
     require_full_fits(lora, **fits, budget_bytes=1)  # LoRA runs are not estimated here
     with pytest.raises(FullTrainingUnsupported, match="not served by the vllm engine"):
         require_full_fits(full, **{**fits, "engine": "vllm"}, budget_bytes=1 << 40)
+
+
+def test_a_full_training_resumes_from_its_checkpoint_to_the_same_weights(qwen3_path, tmp_path):
+    from kiln.core.errors import RunCancelled
+
+    groups = bandit_groups(3)
+    config = TrainingConfig(adapter="full", seed=3, checkpoint_interval=2, epochs=2, learning_rate=1e-3)  # 6 steps
+    whole = train_grpo(model_path=qwen3_path, groups=groups, config=config, output_dir=tmp_path / "whole")
+    calls = {"n": 0}
+
+    def cancel_after_three() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    with pytest.raises(RunCancelled):
+        train_grpo(model_path=qwen3_path, groups=groups, config=config, output_dir=tmp_path / "killed",
+                   should_cancel=cancel_after_three)
+    checkpoint = tmp_path / "killed" / "checkpoints" / "step-000002"
+    resumed = train_grpo(model_path=qwen3_path, groups=groups, config=config, output_dir=tmp_path / "again",
+                         resume_from=checkpoint)
+    assert resumed.receipt["checkpoint"]["used"] is True and resumed.receipt["resumed_from_step"] == 2
+    assert (resumed.adapter_dir / "model.safetensors").read_bytes() == \
+        (whole.adapter_dir / "model.safetensors").read_bytes()
+    assert resumed.receipt["adapter_sha256"] == whole.receipt["adapter_sha256"]
+    # a LoRA checkpoint of the same data and seed is not this training's (the settings digest differs)
+    lora = train_grpo(model_path=qwen3_path, groups=groups, config=TrainingConfig(seed=3, checkpoint_interval=2,
+                      epochs=2, learning_rate=1e-3), output_dir=tmp_path / "lora", resume_from=checkpoint)
+    assert lora.receipt["checkpoint"]["used"] is False and "settings" in lora.receipt["checkpoint"]["reason"]
