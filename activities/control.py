@@ -16,7 +16,7 @@ from kiln.core.artifacts.store import S3Store
 from kiln.core.contracts import parse_run_request, reset_plan_sha256
 from kiln.core.request_digest import request_digest
 from kiln.core.openenv.urls import normalize_url, require_allowed_host
-from kiln.core.full_admission import require_full_fits
+from kiln.core.full_admission import require_full_fits, training_dtype
 from kiln.core.served_models import model_task_queue, require_served, served_models
 from kiln.core.stages.discovery import discover, revalidate
 from kiln.core.stages.publication import publish
@@ -74,7 +74,7 @@ class ControlActivities:
             request,
             engine=self.settings.engine,
             model_dir=model_dir or self.settings.default_model_path,
-            dtype=self.settings.dtype,
+            dtype=training_dtype(self.settings.dtype, self.settings.device),
             budget_bytes=self.settings.retained_budget_bytes,
         )
         templates = request.reset_templates()

@@ -8,7 +8,8 @@ Refused with ``full_training_unsupported`` before anything runs:
   (``iterations/<k>/adapter/…``) and, in an online run, the final adapter (``adapter/…``) once more,
   so the weights count ``iterations + 1`` times (once for a single-iteration run). One copy's bytes
   are estimated from the base model's safetensors headers: every tensor's element count × the
-  training dtype's width (``KILN_DTYPE``; ``auto`` counts 2 bytes, the narrowest it picks) plus the
+  training dtype's width (``KILN_DTYPE``; ``auto`` is float32 with ``KILN_DEVICE=cpu``, else counts
+  2 bytes, the narrowest it picks) plus the
   headers and ``config.json``. A model folder the control worker cannot see is not estimated
   (publication still enforces the budget).
 """
@@ -24,6 +25,13 @@ from typing import Any
 from kiln.core.errors import FullTrainingUnsupported
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+
+
+def training_dtype(dtype: str, device: str) -> str:
+    """The dtype a training on ``device`` runs in for the ``KILN_DTYPE`` setting ``dtype``: ``auto``
+    is float32 on ``cpu`` (:mod:`kiln.core.policy.device`); on ``auto``/CUDA devices it stays
+    ``auto`` (counted at 2 bytes, the narrowest it picks)."""
+    return "float32" if dtype == "auto" and device == "cpu" else dtype
 
 
 def full_weight_bytes(model_dir: Path, dtype: str) -> int | None:

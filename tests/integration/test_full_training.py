@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowFailureError
 
 from api.runs import RunService
 from kiln.core.artifacts.store import S3Store
@@ -99,3 +100,26 @@ async def test_two_full_iterations_chain_verify_and_count_their_bytes(
                                                   "iterations/000001/adapter/model.safetensors",
                                                   "iterations/000002/adapter/model.safetensors"]
     assert weights[0]["bytes"] == (folder / "adapter/model.safetensors").stat().st_size
+
+
+@pytest.mark.timeout(300)
+async def test_a_plan_whose_full_weights_exceed_the_budget_is_refused_at_admission(
+    kiln_settings: Any, counter_env_url: str, tiny_model_dir: Path
+) -> None:
+    # brute force: the float32 tiny model's own files (KILN_DEVICE cpu, KILN_DTYPE auto: float32)
+    one = sum((tiny_model_dir / name).stat().st_size for name in ("model.safetensors", "config.json"))
+    settings = kiln_settings(retained_budget_bytes=3 * one - 1, device="cpu")  # 2 iterations + the final: 3 copies
+    async with running_workers(settings) as client:
+        status, _ = await RunService(client, settings).submit(parse_run_request({**RUN, "environment_urls": [counter_env_url]}))
+        handle = client.get_workflow_handle(status.run_id)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await workflow_result(handle, timeout_s=240)
+        final = await handle.query("status")
+    assert failed.value.cause.type == "full_training_unsupported"
+    assert final["state"] == "failed"
+    failure = final["failure"]
+    assert (failure["code"], failure["retryable"]) == ("full_training_unsupported", False), failure
+    assert "KILN_RETAINED_BUDGET_BYTES" in failure["hint"] and "retains 3 copies" in failure["message"]
+    assert final["iterations"] == []  # nothing ran
+    assert failure["details"] == {"field": "training_config.adapter", "weights_bytes": one, "copies": 3,
+                                  "budget_bytes": 3 * one - 1}
