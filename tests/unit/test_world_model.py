@@ -176,3 +176,23 @@ def test_missing_adapter_raises(model_path, tmp_path) -> None:
 
     with pytest.raises(AdapterNotFound):
         observation_cross_entropy(model_path, _lines(), adapter_dir=tmp_path / "nope")
+
+
+@pytest.mark.timeout(120)
+def test_full_weights_are_the_candidate_model(model_path, tmp_path) -> None:
+    """adapter: full: the candidate is the full-weights folder itself (a model of its own)."""
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    with torch.no_grad():
+        for param in full.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.05)
+    folder = tmp_path / "full"
+    full.save_pretrained(str(folder))
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    lines = _lines()
+    base, candidate = world_model_comparison(model_path, lines, adapter_dir=folder)
+    assert base["mean_env_ce"] == pytest.approx(_manual(_load(model_path), lines)[0], abs=1e-5)
+    expected, tokens = _manual(_load(folder), lines)
+    assert candidate["env_tokens"] == tokens and candidate["mean_env_ce"] == pytest.approx(expected, abs=1e-5)
+    assert abs(candidate["mean_env_ce"] - base["mean_env_ce"]) > 1e-3
