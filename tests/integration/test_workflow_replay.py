@@ -136,3 +136,22 @@ def test_the_mixed_version_history_holds_both_releases_workers() -> None:
     assert {s[2] for s in started[started.index(train[0]):]} == {new}
     assert [s[0] for s in started].count("collect_group") == 4 and started[-1][0] == "publish_run"
     assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
+
+
+def test_the_stale_overlap_history_collects_while_it_trains() -> None:
+    """d788376's three-iteration ``max_staleness`` 1 run, recorded before the setting could exceed 1
+    (it replays on HEAD above, so staleness 1 keeps its commands): the collections of iterations 2
+    and 3 (two groups each) were scheduled while iterations 1 and 2 trained; iteration 3 overlaps nothing."""
+    import json
+
+    events = json.loads((ROOT / "d788376" / "online_rl_stale.json").read_text())["events"]
+    scheduled = {e["eventId"]: e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                 if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"}
+    order = [("scheduled", scheduled[e["eventId"]]) if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+             else ("completed", scheduled[e["activityTaskCompletedEventAttributes"]["scheduledEventId"]])
+             for e in events
+             if e["eventType"] in ("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED", "EVENT_TYPE_ACTIVITY_TASK_COMPLETED")]
+    starts = [i for i, item in enumerate(order) if item == ("scheduled", "train_adapter")]
+    ends = [i for i, item in enumerate(order) if item == ("completed", "train_adapter")]
+    during = [order[a:b].count(("scheduled", "collect_group")) for a, b in zip(starts, ends)]
+    assert during == [2, 2, 0]
