@@ -20,12 +20,24 @@ from api.runs import RunService
 from kiln.core.artifacts.store import S3Store
 from kiln.core.contracts import parse_run_request
 from kiln.core.rollout.verify.run import verify_run
-from tests.integration.test_online_rl import STALE_RUN
 from tests.support.kiln_workers import running_workers
 from tests.support.run_folders import artifact_bytes, download_run
 from tests.support.waiting import workflow_result
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+# The staleness-1 test's run (tests/integration/test_online_rl.py), four iterations deep two.
+RUN = {
+    "kind": "train",
+    "groups": 2,
+    "group_size": 4,
+    "max_steps": 6,
+    "max_action_tokens": 48,
+    "iterations": 4,
+    "max_staleness": 2,
+    "output_adapter": "counter-stale2",
+    "training_config": {"echo": None},
+}
 
 
 @pytest.mark.timeout(780)
@@ -36,9 +48,7 @@ async def test_staleness_two_pipelines_collection_across_continue_as_new(
 
     monkeypatch.setattr(kiln.core.run_plan, "HISTORY_EVENTS_BUDGET", 1)  # continue as new every iteration
     settings = kiln_settings()
-    request = parse_run_request(
-        {**STALE_RUN, "groups": 2, "iterations": 4, "max_staleness": 2, "environment_urls": [counter_env_url]}
-    )
+    request = parse_run_request({**RUN, "environment_urls": [counter_env_url]})
     async with running_workers(settings) as client:
         service = RunService(client, settings)
         status, _ = await service.submit(request)
