@@ -117,6 +117,11 @@ def test_the_trainer_bound_applies_only_to_pipelined_runs() -> None:
     assert bound is not None and bound.lags == {"2": 3} and bound.dropped_at == {}
     past = stale_bound(_train_input(iteration=5, staleness=3, max_staleness=2, behavior_version=1), 2)
     assert past is not None and past.dropped_at == {0: 3, 1: 3}
+    with pytest.raises(TrainingFailed) as caught:
+        stale_bound(_train_input(iteration=5, staleness=2, max_staleness=2, behavior_version=1), 2)
+    assert caught.value.code == "staleness_invalid" and "staleness 2 disagrees with behavior_version 1" in str(
+        caught.value.message
+    )
 
 
 def test_the_bundle_record_is_checked_field_by_field() -> None:

@@ -46,6 +46,13 @@ def stale_bound(inp: TrainInput, groups: int) -> StaleBound | None:
     sampled by ``behavior_version``; training starts from version ``iteration − 1``); None otherwise."""
     if inp.max_staleness is None or inp.behavior_version is None or inp.iteration is None:
         return None
+    if inp.staleness != inp.iteration - 1 - inp.behavior_version:
+        raise TrainingFailed(
+            f"staleness {inp.staleness} disagrees with behavior_version {inp.behavior_version} at iteration "
+            f"{inp.iteration} (the lag is iteration − 1 − behavior_version)",
+            code="staleness_invalid",
+            hint="give the staleness the pipeline's versions imply",
+        )
     return bound_groups([inp.behavior_version] * groups, inp.iteration - 1, inp.max_staleness)
 
 
