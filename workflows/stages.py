@@ -6,7 +6,8 @@ the queue and discovery). A one-iteration train run is one pass of ``_iterate``;
 ``iterations`` > 1 each iteration collects fresh seeds (``kiln.core.run_plan.iteration_schedule``) with
 the adapter the previous one trained, trains from that adapter and its optimizer state, and is
 stored as an iteration record whose digest extends the run's chain. With ``max_staleness`` 1 the
-next iteration's collection runs while the current one trains. Whenever the history has grown
+next iteration's collection runs while the current one trains; with N > 1 collection runs up to N
+adapter versions ahead, one iteration at a time (``kiln.core.stale_pipeline``). Whenever the history has grown
 past ``HISTORY_EVENTS_BUDGET`` between iterations the run continues as new, carrying ``RunCarry``.
 """
 
@@ -26,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         GroupSet,
         IterationFiles,
         IterationInput,
+        PendingIteration,
         PolicyResult,
         PostEvalResult,
         PublishInput,
@@ -38,12 +40,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from kiln.core.run_plan import (
         BundleSpec,
-        DynamicSamplingRecord,
         EvaluationPlan,
         behavior_lag,
         evaluates_after,
         extend_chain,
-        iteration_schedule,
         iteration_seed_start,
         promotion_decision,
         should_continue_as_new,
@@ -51,8 +51,8 @@ with workflow.unsafe.imports_passed_through():
     from kiln.core.run_status import IterationStatus, Progress, RunStatus, invalid_action_rate, training_figures
     from workflows.collection import RunContext, resolve_policy, run_policy_input
     from workflows.evaluation import candidate_ref, evaluate_adapter, post_evaluate
-    from workflows.refill import collect_refilled
-    from workflows.status import StatusKeeper, failure_from
+    from workflows.pipeline import STALE_PIPELINE_PATCH, Ahead, IterationCollection
+    from workflows.status import failure_from
 
 
 # Patch id: a run that fails after collecting publishes the collected bundle (not promoted) first.
@@ -62,15 +62,13 @@ KEEP_EVIDENCE_PATCH = "keep-failed-run-evidence"
 RUN_LR_HORIZON_PATCH = "run-lr-horizon"
 
 
-class RunStages(StatusKeeper):
+class RunStages(IterationCollection):
     """Collection → revalidation → training (per iteration) → evaluation → publication."""
 
     _status: RunStatus
     # The latest collection not yet published: (context, groups, the policy that sampled them,
     # iteration); a failure after it publishes them as the run's evidence.
     _collected: tuple[RunContext, GroupSet, PolicyResult, int] | None = None
-    # How dynamic sampling refilled each iteration's groups in this history (by iteration).
-    _refills: dict[int, DynamicSamplingRecord | None]  # set by the workflow's __init__
 
     async def _keep_evidence(self, failure: Any) -> None:
         """A run failing after collection (``zero_groups`` in training, a changed identity, a
@@ -94,31 +92,6 @@ class RunStages(StatusKeeper):
             return
         self._status.record_evidence(published, failure.code)
 
-    async def _collect(
-        self, ctx: RunContext, policy: PolicyResult, iteration: int, progress: Progress | None = None
-    ) -> GroupSet:
-        """One iteration's groups (a one-iteration run's are iteration 1's), sampled by ``policy``."""
-        request = ctx.request
-        single = request.iterations == 1
-        groups, refill = await collect_refilled(
-            ctx,
-            policy,
-            iteration=iteration,
-            slots=iteration_schedule(request, iteration, len(ctx.discovery.environments)),
-            settings=request.episode_settings(ctx.thinking),
-            progress=progress or self._status.progress,
-            label="group" if single else f"iteration {iteration} group",
-            scope="collection" if single else f"iteration-{iteration}",
-        )
-        self._refilled(iteration, refill)
-        return groups
-
-    def _refilled(self, iteration: int, refill: DynamicSamplingRecord | None) -> None:
-        """Keep iteration ``iteration``'s refill record for its bundle; warn when it hit the cap."""
-        self._refills[iteration] = refill
-        if refill is not None and refill.capped:
-            self._status.warn(refill.warning(f"iteration {iteration}"))
-
     async def _revalidate(self, ctx: RunContext) -> None:
         """Identity revalidation before any artifact is derived."""
         self._enter("revalidation")
@@ -139,6 +112,8 @@ class RunStages(StatusKeeper):
         ctx.thinking = carry.start.thinking
         pending: asyncio.Task[GroupSet] | None = None
         pending_progress: Progress | None = None
+        self._deep = request.max_staleness > 1 and workflow.patched(STALE_PIPELINE_PATCH)
+        ahead: dict[int, Ahead] = {}
         for k in range(carry.next_iteration, total + 1):
             began = workflow.now()
             status = self._status
@@ -146,7 +121,9 @@ class RunStages(StatusKeeper):
             lag = behavior_lag(request, k)
             sampler = carry.previous if lag and carry.previous is not None else carry.current
             self._enter("collection")
-            if pending is not None:
+            if self._deep:
+                sampler, groups = await self._take(ctx, carry, k, ahead)
+            elif pending is not None:
                 status.progress = pending_progress or status.progress
                 groups = await pending
             elif carry.pending is not None:
@@ -160,7 +137,9 @@ class RunStages(StatusKeeper):
             pending, carry.pending, carry.pending_progress, carry.pending_refill = None, None, None, None
             self._collected = (ctx, groups, sampler.policy, k)
             await self._revalidate(ctx)
-            if request.max_staleness and k < total:  # iteration k+1 samples while k trains
+            if self._deep:
+                self._launch(ctx, carry, k, ahead)
+            elif request.max_staleness and k < total:  # iteration k+1 samples while k trains
                 pending_progress = Progress.planned(request.groups, request.group_size)
                 pending = asyncio.create_task(self._collect(ctx, carry.current.policy, k + 1, pending_progress))
             training = await self._train(ctx, carry, sampler, groups, k, lag)
@@ -182,6 +161,17 @@ class RunStages(StatusKeeper):
                 if pending is not None:
                     carry.pending, carry.pending_progress = await pending, pending_progress
                     carry.pending_refill = self._refills.get(k + 1)
+                for j in sorted(ahead):
+                    task, ahead_sampler, ahead_progress = ahead.pop(j)
+                    carry.pipeline.append(
+                        PendingIteration(
+                            iteration=j,
+                            sampler=ahead_sampler,
+                            groups=await task,
+                            progress=ahead_progress,
+                            refill=self._refills.get(j),
+                        )
+                    )
                 carry.status = status
                 workflow.continue_as_new(args=[{}, carry])
         assert carry.last_training and carry.last_groups and carry.last_sampler
@@ -266,6 +256,8 @@ class RunStages(StatusKeeper):
         refill = self._refills.get(iteration)
         if refill is not None:
             spec = spec.model_copy(update={"dynamic_sampling": refill})
+        if self._deep:
+            spec = spec.model_copy(update={"staleness": self._stale_record(request, iteration)})
         if iteration == 1:
             return spec
         return spec.model_copy(
@@ -315,6 +307,7 @@ class RunStages(StatusKeeper):
                 behavior_adapter=sampler.policy.adapter_ref if lag else None,
                 staleness=lag,
                 report_to=request.report_to,
+                **(self._trainer_bound(request, k) if self._deep else {}),
             ),
             summary=f"GRPO+ECHO training of {request.output_adapter}" + (f" (iteration {k})" if multi else ""),
         )

@@ -24,6 +24,7 @@ from kiln.core.request_fields import (
     CREDENTIAL_ID_RE,
     IDEMPOTENCY_RE,
     MAX_ITERATIONS,
+    MAX_STALENESS,
     MAX_RESET_OPTIONS_BYTES,
     MAX_SEED,
     StrictModel,
@@ -197,10 +198,13 @@ class RunRequest(EpisodeFields):
         le=MAX_ITERATIONS,
         description="Online RL: held-out evaluation after every N-th iteration (the last one always).",
     )
-    max_staleness: Literal[0, 1] = Field(
+    max_staleness: int = Field(
         default=0,
-        description="Online RL: 1 = collect iteration k+1 with adapter k-1 while k trains (truncated "
-        "importance sampling corrects); 0 = strictly on-policy.",
+        ge=0,
+        le=MAX_STALENESS,
+        description="Online RL: how many adapter versions collection may run ahead of training "
+        f"(0..{MAX_STALENESS}). N >= 1: iteration k's groups are sampled by adapter max(0, k-1-N) while "
+        "earlier iterations train (truncated importance sampling corrects); 0 = strictly on-policy.",
     )
 
     @field_validator("idempotency_key")
@@ -270,7 +274,10 @@ class RunRequest(EpisodeFields):
         if self.eval_every is not None and self.environment_eval is None:
             raise ValueError("eval_every needs environment_eval (the held-out seeds it evaluates on)")
         if self.max_staleness and self.iterations < 2:
-            raise ValueError("max_staleness 1 needs iterations >= 2 (it overlaps consecutive iterations)")
+            raise ValueError(
+                f"max_staleness {self.max_staleness} needs iterations >= 2 (it overlaps consecutive iterations); "
+                "set iterations >= 2 or max_staleness 0"
+            )
         if self.max_staleness and self.effective_training_config().adapter == "full":
             raise ValueError(
                 "training_config.adapter full does not support max_staleness >= 1: set it to 0 or train lora"

@@ -50,7 +50,8 @@ OWN_CODES: dict[str, str] = {
     "short convolutions) would carry state from one packed row into the next",
     "training_dtype_unsupported": "training in float16 is refused: use bfloat16 or float32",
     "optimizer_unavailable": "Muon asked for over a LoRA parameter that is not a 2-D matrix",
-    "staleness_invalid": "a training input names a behaviour adapter for on-policy data (docs/training.md)",
+    "staleness_invalid": "a training input's staleness is inconsistent: a behaviour adapter for on-policy data, "
+    "a lag that disagrees with its behaviour version, or data from a newer version (docs/training.md)",
     "s3_credentials_invalid": "the home's `s3-credentials.json` is unreadable: remove it to generate a new pair",
     "home_not_private": "`KILN_HOME` is a shared folder such as `/tmp`",
     "post_eval_suite_not_found": "the request's `post_eval.suite` is not an installed static suite",

@@ -255,6 +255,10 @@ class TrainInput(Record):
     # bare base model) and behavior_policy stays the identity recorded in the groups.
     behavior_adapter: AdapterRef | None = None
     staleness: int = Field(default=0, ge=0)
+    # max_staleness > 1 (kiln.core.stale_pipeline): the run's bound and the adapter version that
+    # sampled the groups; the trainer drops groups whose lag behind version iteration−1 exceeds it.
+    max_staleness: int | None = None
+    behavior_version: int | None = None
 
 
 class TrainResult(ActivityResult):
@@ -415,6 +419,16 @@ class TrainedPolicy(Record):
     state: StoredObject | None = None  # the optimizer state its training ended with
 
 
+class PendingIteration(Record):
+    """With max_staleness > 1: a later iteration's collected groups, carried across continue-as-new."""
+
+    iteration: int
+    sampler: TrainedPolicy  # the policy that sampled them
+    groups: GroupSet
+    progress: Progress | None = None
+    refill: DynamicSamplingRecord | None = None
+
+
 class RunCarry(Record):
     """What an online-RL run carries across continue-as-new (``workflows/openenv_run.py``)."""
 
@@ -433,3 +447,4 @@ class RunCarry(Record):
     pending_progress: Progress | None = None  # … and their collection's progress
     pending_refill: DynamicSamplingRecord | None = None  # … and how dynamic sampling refilled them
     baseline: SideBundle | None = None  # the evaluation baseline side, once collected
+    pipeline: list[PendingIteration] = []  # max_staleness > 1: the later iterations collected so far

@@ -16,6 +16,9 @@ from kiln.core.tolerant import Tolerant
 
 MAX_SEED = 2**63 - 1
 MAX_ITERATIONS = 1000
+# The deepest collection pipeline an online run may ask for (TRL's async trainer defaults to 4;
+# AReaL evaluates its decoupled objective at a staleness of 4).
+MAX_STALENESS = 4
 MAX_RESET_OPTIONS_BYTES = 16 * 1024 * 1024 - 1024
 _ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

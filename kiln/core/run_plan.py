@@ -13,6 +13,7 @@ from pydantic import ConfigDict
 
 from kiln.core.contracts import EpisodeSettings, RunRequest
 from kiln.core.request_fields import normalize_adapter
+from kiln.core.stale_pipeline import StalenessRecord
 from kiln.core.training_config import EnvironmentEvalConfig
 from kiln.core.tolerant import Tolerant
 
@@ -52,12 +53,14 @@ class DynamicSamplingRecord(_Plan):
 class BundleSpec(_Plan):
     """What a rollout bundle (rollouts.jsonl, replay.json, summary.json) records about its groups:
     the policy label, the first seed and the episode settings they were collected with, and how
-    dynamic sampling refilled them (None: no refill was planned)."""
+    dynamic sampling refilled them (None: no refill was planned) and, in a run with
+    ``max_staleness`` > 1, which adapter version sampled them (None otherwise)."""
 
     adapter: str | None  # None = the base model
     seed_start: int
     settings: EpisodeSettings
     dynamic_sampling: DynamicSamplingRecord | None = None
+    staleness: StalenessRecord | None = None
 
     @classmethod
     def of_run(cls, request: RunRequest, thinking: bool | None = None) -> "BundleSpec":
@@ -152,9 +155,10 @@ def evaluates_after(request: RunRequest, iteration: int) -> bool:
 
 def behavior_lag(request: RunRequest, iteration: int) -> int:
     """How many updates older than the adapter training starts from the data of ``iteration`` is:
-    0 strictly on-policy; with ``max_staleness`` 1 every iteration after the first is collected
-    (with the adapter of iteration k−2, the start policy for k = 2) while iteration k−1 trains."""
-    return request.max_staleness if iteration >= 2 else 0
+    0 strictly on-policy; with ``max_staleness`` N iteration k is collected with adapter
+    ``max(0, k−1−N)`` (``kiln.core.stale_pipeline.sampler_version``; with N = 1 the adapter of
+    iteration k−2 while iteration k−1 trains), so its lag is ``min(N, k−1)``."""
+    return min(request.max_staleness, iteration - 1) if iteration >= 2 else 0
 
 
 class EvaluationPlan(_Plan):

@@ -96,7 +96,7 @@ class TrainingConfig(StrictModel):
         default=2.0,
         gt=0.0,
         description="Cap of the behaviour importance weight of data sampled by an older adapter "
-        "(online runs with max_staleness 1).",
+        "(online runs with max_staleness >= 1).",
     )
     kl_coeff: float = Field(default=0.0, ge=0.0, description="KL penalty to the base policy (0 = off).")
     kl_estimator: Literal["k1", "k3", "none"] = Field(

@@ -137,3 +137,31 @@ def test_stale_behaviour_logprobs_reproduce_the_samplers(tiny_model_dir: Path, c
             own = batch_logprobs(loop.model, scored, 0.7)
         start_deviation = max(start_deviation, float(((own - recorded.behavior_logprobs).abs() * mask).max()))
     assert checked > 50 and start_deviation > 1e-2
+
+
+def test_data_past_the_version_bound_is_dropped_and_counted(s3_server: dict[str, str], tmp_path: Path) -> None:
+    """max_staleness 2, iteration 5 (training starts from version 4) on groups that version 1
+    sampled (lag 3): every group is dropped before training, each with its warning, and counted;
+    without allow_empty_training that is zero_groups, naming the bound."""
+    store = S3Store(endpoint=s3_server["endpoint"], access_key=s3_server["access_key"],
+                    secret_key=s3_server["secret_key"], bucket=s3_server["bucket"])
+    groups = bandit_groups(3, behavior=BEHAVIOR)
+    past = {"iteration": 5, "staleness": 3, "max_staleness": 2, "behavior_version": 1}
+
+    def run(name: str, inp: TrainInput) -> TrainResult:
+        return train(inp, store=store, model_path=tmp_path / "unused", work_dir=tmp_path / name,
+                     cache_dir=tmp_path / "cache", heartbeat=lambda _d: None, should_cancel=lambda: False)
+
+    result = run("empty", _inputs(store, groups, BEHAVIOR, allow_empty_training=True, **past))
+    assert not result.trained and result.selection_ref is not None
+    selection = json.loads(store.get_bytes(result.selection_ref.ref()))
+    assert selection["stale"] == {"max_staleness": 2, "trained_from_version": 4, "lags": {"3": 3}, "dropped_groups": 3}
+    assert selection["stale_groups_dropped"] == 3 and selection["groups_submitted"] == 3
+    assert selection["warnings"] == [
+        f"group {g} was sampled 3 adapter versions behind version 4, past max_staleness 2; dropped before training"
+        for g in range(3)
+    ]
+    with pytest.raises(TrainingFailed) as err:
+        run("refused", _inputs(store, groups, BEHAVIOR, **past))
+    assert err.value.code == "training_failed" and "past max_staleness 2" in err.value.message
+    assert err.value.details["reason"] == "zero_groups"

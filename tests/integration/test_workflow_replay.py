@@ -136,3 +136,66 @@ def test_the_mixed_version_history_holds_both_releases_workers() -> None:
     assert {s[2] for s in started[started.index(train[0]):]} == {new}
     assert [s[0] for s in started].count("collect_group") == 4 and started[-1][0] == "publish_run"
     assert events[-1]["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
+
+
+
+def _collections_during_trainings(path: Path) -> list[int]:
+    """For each train_adapter of the history at ``path``: how many collect_group activities were
+    scheduled between its scheduling and its completion."""
+    import json
+
+    events = json.loads(path.read_text())["events"]
+    scheduled = {e["eventId"]: e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                 if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"}
+    order = [("scheduled", scheduled[e["eventId"]]) if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+             else ("completed", scheduled[e["activityTaskCompletedEventAttributes"]["scheduledEventId"]])
+             for e in events
+             if e["eventType"] in ("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED", "EVENT_TYPE_ACTIVITY_TASK_COMPLETED")]
+    starts = [i for i, item in enumerate(order) if item == ("scheduled", "train_adapter")]
+    ends = [i for i, item in enumerate(order) if item == ("completed", "train_adapter")]
+    return [order[a:b].count(("scheduled", "collect_group")) for a, b in zip(starts, ends)]
+
+
+def _patch_ids(path: Path) -> list[str]:
+    import base64
+    import json
+
+    events = json.loads(path.read_text())["events"]
+    return [json.loads(base64.b64decode(p["data"]))["id"] for e in events
+            if e["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+            for p in e["markerRecordedEventAttributes"]["details"].get("patch-data", {}).get("payloads", [])]
+
+
+def test_the_stale_overlap_history_collects_while_it_trains() -> None:
+    """d788376's three-iteration ``max_staleness`` 1 run, recorded before the setting could exceed 1
+    (it replays on HEAD above, so staleness 1 keeps its commands): the collections of iterations 2
+    and 3 (two groups each) were scheduled while iterations 1 and 2 trained; iteration 3 overlaps nothing."""
+    path = ROOT / "d788376" / "online_rl_stale.json"
+    assert _collections_during_trainings(path) == [2, 2, 0]
+    assert "stale-pipeline" not in _patch_ids(path)
+
+
+def test_the_stale_pipeline_history_collects_ahead_one_collection_at_a_time() -> None:
+    """7c1fee2's four-iteration ``max_staleness`` 2 run (two groups an iteration), behind its patch:
+    iteration 3's groups were collected before iteration 2 trained and iteration 4's before 3 did
+    (strictly on-policy, 2, 4, 6 groups precede the trainings), and never more than one iteration's
+    collection (two groups) was in flight."""
+    import json
+
+    path = ROOT / "7c1fee2" / "online_rl_stale2.json"
+    assert "stale-pipeline" in _patch_ids(path)
+    events = json.loads(path.read_text())["events"]
+    scheduled = {e["eventId"]: e["activityTaskScheduledEventAttributes"]["activityType"]["name"] for e in events
+                 if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"}
+    before, collected, in_flight, most = [], 0, 0, 0
+    for e in events:
+        if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED":
+            name = scheduled[e["eventId"]]
+            collected += name == "collect_group"
+            in_flight += name == "collect_group"
+            if name == "train_adapter":
+                before.append(collected)
+        elif e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED":
+            in_flight -= scheduled[e["activityTaskCompletedEventAttributes"]["scheduledEventId"]] == "collect_group"
+        most = max(most, in_flight)
+    assert before == [2, 6, 8, 8] and most == 2

@@ -57,6 +57,7 @@ WORKFLOW_KILN_MODULES = {
     "kiln.core.side_records",
     "kiln.core.contracts",
     "kiln.core.run_plan",
+    "kiln.core.stale_pipeline",
     "kiln.core.openenv.capacity",
     "kiln.core.openenv.urls",
     "kiln.core.run_status",

@@ -59,7 +59,7 @@ def test_held_out_seeds_may_not_overlap_any_iteration() -> None:
         ({"max_staleness": 1}, "max_staleness 1 needs iterations >= 2"),
         ({"iterations": 1001}, "iterations"),
         ({"iterations": 0}, "iterations"),
-        ({"max_staleness": 2, "iterations": 3}, "max_staleness"),
+        ({"max_staleness": 5, "iterations": 6}, "max_staleness: Input should be less than or equal to 4"),
     ],
 )
 def test_online_fields_are_validated(extra: dict, message: str) -> None:
@@ -90,6 +90,8 @@ def test_evaluation_schedule_and_staleness() -> None:
     assert [k for k in range(1, 6) if evaluates_after(no_eval, k)] == []
     stale = parse_run_request({**BASE, "iterations": 4, "max_staleness": 1})
     assert [behavior_lag(stale, k) for k in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    deeper = parse_run_request({**BASE, "iterations": 4, "max_staleness": 2})
+    assert [behavior_lag(deeper, k) for k in (1, 2, 3, 4)] == [0, 1, 2, 2]
     assert [behavior_lag(no_eval, k) for k in (1, 2, 3)] == [0, 0, 0]
 
 

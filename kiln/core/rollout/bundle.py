@@ -135,6 +135,8 @@ def summary_document(
     }
     if spec.dynamic_sampling is not None:
         out["dynamic_sampling"] = spec.dynamic_sampling.model_dump(mode="json")
+    if spec.staleness is not None:
+        out["staleness"] = spec.staleness.model_dump(mode="json")
     if training_selection is not None:
         out["training_selection"] = training_selection
     return out

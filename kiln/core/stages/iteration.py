@@ -70,6 +70,7 @@ def store_iteration(store: S3Store, inp: IterationInput) -> IterationFiles:
                 if inp.bundle.dynamic_sampling is not None
                 else {}
             ),
+            **({"stale": inp.bundle.staleness.model_dump(mode="json")} if inp.bundle.staleness is not None else {}),
         }
     )
     store.put_key(iteration_key(inp.run_id, inp.iteration), data, action="put iteration record")

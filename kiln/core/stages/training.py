@@ -14,6 +14,7 @@ from kiln.core.errors import ArtifactIntegrityFailed, ArtifactNotFound, PolicyId
 from kiln.core.policy.identity import model_content_sha256
 from kiln.core.artifacts.group_sets import read_group_documents
 from kiln.core.records import AdapterFile, GroupSet, StoredObject, TrainInput, TrainResult
+from kiln.core.stale_pipeline import StaleBound, bound_groups
 from kiln.core.artifacts.adapters import materialise
 from kiln.core.artifacts.selections import brief_selection, store_selection
 from kiln.core.train.checkpoints import pack_folder, unpack_folder
@@ -40,6 +41,21 @@ def _train(launch: Any, **kwargs: Any) -> Any:
     return train_across(launch, **kwargs)
 
 
+def stale_bound(inp: TrainInput, groups: int) -> StaleBound | None:
+    """The version bound of a run with ``max_staleness`` > 1 over this training's ``groups`` (all
+    sampled by ``behavior_version``; training starts from version ``iteration − 1``); None otherwise."""
+    if inp.max_staleness is None or inp.behavior_version is None or inp.iteration is None:
+        return None
+    if inp.staleness != inp.iteration - 1 - inp.behavior_version:
+        raise TrainingFailed(
+            f"staleness {inp.staleness} disagrees with behavior_version {inp.behavior_version} at iteration "
+            f"{inp.iteration} (the lag is iteration − 1 − behavior_version)",
+            code="staleness_invalid",
+            hint="give the staleness the pipeline's versions imply",
+        )
+    return bound_groups([inp.behavior_version] * groups, inp.iteration - 1, inp.max_staleness)
+
+
 def train(
     inp: TrainInput,
     *,
@@ -60,7 +76,11 @@ def train(
     when given) and store what it made; the record names the adapter files and the receipt."""
     lines = load_group_lines(store, inp.groups)
     config = inp.training_config
-    kept, selection = select_groups(lines, config.on_no_output)  # once: train_grpo reuses it
+    bound = stale_bound(inp, len(lines))
+    dropped = bound.warnings() if bound is not None else None
+    kept, selection = select_groups(lines, config.on_no_output, dropped)  # once: train_grpo reuses it
+    if bound is not None:
+        selection["stale"] = bound.block()
     if not kept:
         return _nothing_to_train(store, inp, lines, selection)
     live_base = model_content_sha256(model_path)

@@ -33,9 +33,10 @@ def _no_output_view(completions: list[dict[str, Any]], on_no_output: str) -> lis
 
 
 def select_groups(
-    groups: list[dict[str, Any]], on_no_output: str = "penalty"
+    groups: list[dict[str, Any]], on_no_output: str = "penalty", too_stale: dict[int, str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Return ``(kept_groups, selection)``.
+    """Return ``(kept_groups, selection)``; ``too_stale``: positions refused before any other check
+    (data past ``max_staleness``, :mod:`kiln.core.stale_pipeline`), each with its warning.
 
     Kept groups are shallow copies with filtered completions.
 
@@ -52,6 +53,9 @@ def select_groups(
     for number, group in enumerate(groups):
         completions = list(group.get("completions") or [])
         rollouts += len(completions)
+        if too_stale and number in too_stale:
+            warnings.append(too_stale[number])
+            continue
         inside = [c for c in completions if trained_on(c)]
         context_excluded += len(completions) - len(inside)
         completions = inside
@@ -85,4 +89,6 @@ def select_groups(
     }
     if context_excluded:
         selection["context_exhausted_rollouts_excluded"] = context_excluded
+    if too_stale:
+        selection["stale_groups_dropped"] = len(too_stale)
     return kept, selection

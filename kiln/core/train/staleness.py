@@ -1,7 +1,8 @@
 """Stale training data (opt-in asynchronous overlap): the behaviour policy's log-probs of every row.
 
-With ``max_staleness: 1`` an online run may train iteration k+1 starting from adapter k on groups
-that adapter k−1 sampled while iteration k trained. The trainer's importance weights then need
+With ``max_staleness: N`` an online run may train iteration k starting from adapter k−1 on groups
+that adapter ``k−1−lag`` sampled (lag ≤ N; with N = 1, adapter k−2 while iteration k−1 trained;
+:mod:`kiln.core.stale_pipeline` plans the pipeline and bounds the lag). The trainer's importance weights then need
 ``π_behaviour``: the log-probs of the policy that actually sampled each token. Kiln recomputes them
 instead of trusting the recorded ones (with constrained decoding those are of the grammar-masked
 distribution, which the trainer never scores): before the first step every row is scored once by

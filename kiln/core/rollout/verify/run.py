@@ -7,8 +7,9 @@ artifact at its manifest name. Checked, failing closed on the first violation:
 2. every bundle (the top-level one and, for an online-RL run, each ``iterations/<k>/`` one)
    verifies as ``verify_bundle`` does;
 3. the on-policy chain: iteration 1 was sampled by the run's starting policy, iteration k (k > 1)
-   by exactly the adapter iteration k−1's receipt names (or, for a stale batch, one iteration
-   older, as its receipt's staleness block declares), and the top-level adapter and receipt are
+   by exactly the adapter iteration k−1's receipt names (or, for stale data, the one ``lag``
+   iterations older, as its receipt's staleness block and — ``max_staleness`` > 1 — its bundle's
+   ``staleness`` record declare, in agreement with the trainer's version bound), and the top-level adapter and receipt are
    the last trained iteration's;
 4. every paired held-out evaluation (``environment_eval/``, top level and per iteration): both
    side bundles, and a receipt whose evidence is what pairing those sides gives
@@ -57,6 +58,34 @@ def _json(folder: Path, name: str) -> dict[str, Any] | None:
     return value
 
 
+def _stale_lag(prefix: str, k: int, summary: dict[str, Any], receipt: dict[str, Any] | None) -> int:
+    """Iteration ``k``'s lag: its receipt's staleness block, or — with ``max_staleness`` > 1 — its
+    bundle's ``staleness`` record, which the receipt and the trainer's selection must then agree
+    with (the version it names is ``k−1−lag``; data past the bound was dropped, none trained)."""
+    declared = int(((receipt or {}).get("staleness") or {}).get("staleness") or 0)
+    record = summary.get("staleness")
+    if record is None:
+        return declared
+    where = Where(prefix + "summary.json")
+    lag, bound = record["lag"], record["max_staleness"]
+    if record["behavior_version"] != k - 1 - lag:
+        raise fail(where, "staleness.behavior_version", f"must be {k - 1 - lag} (iteration {k} − 1 − lag {lag})")
+    if receipt is not None and declared != lag:
+        raise fail(
+            Where(prefix + "train_receipt.json"), "staleness.staleness", f"is {declared}; the bundle's lag is {lag}"
+        )
+    stale = (summary.get("training_selection") or {}).get("stale")
+    if stale is not None:
+        groups = summary.get("groups")
+        if stale.get("lags") != {str(lag): groups} or stale.get("max_staleness") != bound:
+            raise fail(where, "training_selection.stale.lags", f"must be {{'{lag}': {groups}}} under bound {bound}")
+        if stale.get("dropped_groups") != (groups if lag > bound else 0):
+            raise fail(where, "training_selection.stale.dropped_groups", f"disagrees with lag {lag} and bound {bound}")
+    if lag > bound and receipt is not None:
+        raise fail(where, "staleness.lag", f"is {lag}, past max_staleness {bound}, yet the iteration trained")
+    return lag
+
+
 def _check_chain(folder: Path, iterations: int) -> list[dict[str, Any]]:
     """Iteration k's sampler against the adapters earlier iterations produced.
 
@@ -69,7 +98,7 @@ def _check_chain(folder: Path, iterations: int) -> list[dict[str, Any]]:
         summary = _json(folder, prefix + "summary.json") or {}
         receipt = _json(folder, prefix + "train_receipt.json")
         sampled_by = (summary.get("behavior_policy") or {}).get("adapter_sha256")
-        staleness = int(((receipt or {}).get("staleness") or {}).get("staleness") or 0)
+        staleness = _stale_lag(prefix, k, summary, receipt)
         if k == 1:
             after.append(sampled_by)
         elif k - 1 - staleness < 0 or sampled_by != after[k - 1 - staleness]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.canonical import digest_json, is_digest
-from kiln.core.request_fields import MAX_SEED
+from kiln.core.request_fields import MAX_SEED, MAX_STALENESS
 from kiln.core.openenv.discovery import CLIENT_PROFILE, IDENTITY_SCHEMA
 from kiln.core.rollout.bundle import MAX_ARTIFACT_BYTES, SUMMARY_SCHEMA
 from kiln.core.rollout.prompts import PROMPT_VERSION
@@ -77,8 +77,10 @@ _SUMMARY_OPTIONAL = frozenset(
         "context_tokens",
         "context_policy",
         "dynamic_sampling",
+        "staleness",
     }
 )
+_STALENESS_KEYS = frozenset({"max_staleness", "behavior_version", "lag"})
 _DYNAMIC_KEYS = frozenset({"target_groups", "max_refill_rounds", "rounds", "signal_groups", "capped"})
 
 
@@ -143,6 +145,8 @@ def check_summary(summary: dict) -> None:
         need_dict(summary["training_selection"], where, "training_selection")
     if "dynamic_sampling" in summary:
         check_dynamic_sampling(summary["dynamic_sampling"], groups, seed_start, where)
+    if "staleness" in summary:
+        check_staleness(summary["staleness"], where)
     if "replay_ignore" in summary:
         paths = need_list(summary["replay_ignore"], where, "replay_ignore")
         try:
@@ -181,6 +185,17 @@ def check_dynamic_sampling(block: Any, groups: int, seed_start: int, where: Wher
     capped = need_bool(block, "capped", where)
     if capped != (signal < target):
         raise fail(where, f"{field}.capped", "must be true exactly when fewer than target_groups carry variation")
+
+
+def check_staleness(block: Any, where: Where) -> None:
+    """The age of the bundle's data (``kiln.core.stale_pipeline.StalenessRecord``): whole numbers,
+    a bound of 1 … ``MAX_STALENESS``. The run verifier checks the version against the chain."""
+    block = need_dict(block, where, "staleness")
+    need_keys(block, _STALENESS_KEYS, where, "staleness")
+    for key, lo, hi in (("max_staleness", 1, MAX_STALENESS), ("behavior_version", 0, None), ("lag", 0, None)):
+        value = block[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise fail(where, f"staleness.{key}", f"must be a whole number in {lo}..{hi if hi is not None else ''}")
 
 
 def check_behavior_policy(policy: Any, adapter: str | None, where: Where) -> None:
