@@ -71,3 +71,31 @@ def test_tokenizer_and_template(tiny_model_dir: Path) -> None:
         assert jinja == render(messages, thinking=thinking, add_generation_prompt=True)
     text = "héllo wörld {\"amount\": 3} 12345 <think>\n</think>\n\n"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.timeout(120)
+def test_the_guess_warm_up_writes_the_guess_format(tmp_path):
+    """``warmup="guess"``: every assistant turn of its transcripts is ``{"guess": N}`` with N in 1..64,
+    each observation after the first answers the previous guess, and the counter's transcripts are
+    the default's (the demo model's generator is unchanged)."""
+    import json
+    import random
+
+    from kiln.core.policy import tiny
+    from kiln.core.policy.tiny_formats import GUESS
+
+    rng = random.Random(7)
+    for _ in range(50):
+        messages, _thinking = tiny._transcript(rng, fmt=GUESS)
+        users = [m for m in messages if m["role"] == "user"]
+        actions = [json.loads(m["content"]) for m in messages if m["role"] == "assistant"]
+        assert 1 <= len(actions) <= 8 and all(set(a) == {"guess"} and 1 <= a["guess"] <= 64 for a in actions)
+        assert users[0]["content"] == "I picked a number from 1 to 64. You have 8 guesses."
+        for turn, (user, previous) in enumerate(zip(users[1:], actions), start=1):
+            assert user["content"].startswith(str(previous["guess"]) + " is too") or user["content"].startswith(
+                f"You already guessed {previous['guess']};"
+            )
+            assert user["content"].endswith(f" {8 - turn} guesses left.")
+    a, b = random.Random(3), random.Random(3)
+    assert tiny._transcript(a) == tiny._transcript(b, fmt=tiny.COUNTER)
+    assert json.loads(tiny._transcript(random.Random(3))[0][-1]["content"]).keys() == {"amount"}

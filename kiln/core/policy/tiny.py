@@ -33,6 +33,7 @@ import random
 from pathlib import Path
 
 from kiln.core.policy.random_model import TINY_WIDTH
+from kiln.core.policy.tiny_formats import GUESS, WarmupFormat
 from kiln.core.policy.chat_template import (
     ENDOFTEXT,
     IM_END,
@@ -164,32 +165,47 @@ def _user_text(rng: random.Random) -> str:
     return (state + " " + request).strip() if rng.random() < 0.9 else request or state
 
 
-def _transcript(rng: random.Random, turns: int | None = None) -> tuple[list[dict], bool]:
-    """One synthetic conversation (messages, thinking) ending with an assistant turn."""
+def _counter_user(rng: random.Random, turn: int, previous: dict[str, Any] | None) -> str:
+    return _user_text(rng)
+
+
+COUNTER = WarmupFormat(
+    name="counter",
+    kiln_system=_kiln_system_prompt,
+    systems=_SYSTEMS,
+    turns=TURNS,
+    user=_counter_user,
+    action=lambda rng: {"amount": rng.randint(1, 5)},
+    reasoning=_REASONING,
+    extra_corpus=list(_REQUESTS),
+    steps=WARMUP_STEPS,
+)
+WARMUPS = {fmt.name: fmt for fmt in (COUNTER, GUESS)}
+
+
+def _transcript(rng: random.Random, turns: int | None = None, fmt: WarmupFormat = COUNTER) -> tuple[list[dict], bool]:
+    """One synthetic conversation (messages, thinking) of ``fmt``'s game, ending with an assistant turn."""
     thinking = rng.random() < 0.7
     messages: list[dict] = []
     roll = rng.random()
     if roll < 0.5:
-        messages.append({"role": "system", "content": _kiln_system_prompt(rng)})
+        messages.append({"role": "system", "content": fmt.kiln_system(rng)})
     elif roll < 0.9:
-        messages.append({"role": "system", "content": rng.choice(_SYSTEMS)})
-    turns = turns or rng.choice(TURNS)
-    for _ in range(turns):
-        messages.append({"role": "user", "content": _user_text(rng)})
-        messages.append(
-            {
-                "role": "assistant",
-                "reasoning_content": rng.choice(_REASONING),
-                "content": json.dumps({"amount": rng.randint(1, 5)}),
-            }
-        )
+        messages.append({"role": "system", "content": rng.choice(list(fmt.systems))})
+    turns = turns or rng.choice(list(fmt.turns))
+    previous: dict[str, Any] | None = None
+    for turn in range(turns):
+        messages.append({"role": "user", "content": fmt.user(rng, turn, previous)})
+        reasoning = rng.choice(list(fmt.reasoning))
+        previous = fmt.action(rng)
+        messages.append({"role": "assistant", "reasoning_content": reasoning, "content": json.dumps(previous)})
     return messages, thinking
 
 
-def _tokenizer_corpus(rng: random.Random) -> list[str]:
-    corpus = list(_FILLER) * 3 + list(_SYSTEMS) + list(_REQUESTS) + list(_REASONING)
+def _tokenizer_corpus(rng: random.Random, fmt: WarmupFormat = COUNTER) -> list[str]:
+    corpus = list(_FILLER) * 3 + list(fmt.systems) + list(fmt.extra_corpus) + list(fmt.reasoning)
     for _ in range(400):
-        messages, thinking = _transcript(rng)
+        messages, thinking = _transcript(rng, fmt=fmt)
         corpus.append(render(messages, thinking=thinking, add_generation_prompt=False))
     return corpus
 
@@ -221,19 +237,19 @@ def _encode_transcript(tok, messages: list[dict], thinking: bool) -> tuple[list[
     return ids, mask
 
 
-def _warm_up(model, tok, rng: random.Random) -> None:
+def _warm_up(model, tok, rng: random.Random, fmt: WarmupFormat = COUNTER) -> None:
     import torch
 
     pad = tok.convert_tokens_to_ids(ENDOFTEXT)
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARMUP_LR, weight_decay=0.0)
     model.train()
-    for step in range(WARMUP_STEPS):
+    for step in range(fmt.steps):
         # One turn count per batch (little padding); fewer rows for longer transcripts so every
         # step costs about the same number of tokens.
-        turns = rng.choice(TURNS)
+        turns = rng.choice(list(fmt.turns))
         rows = []
         for _ in range(max(2, (2 * WARMUP_BATCH) // (turns + 1))):
-            ids, mask = _encode_transcript(tok, *_transcript(rng, turns))
+            ids, mask = _encode_transcript(tok, *_transcript(rng, turns, fmt))
             rows.append((ids[:MAX_WARMUP_TOKENS], mask[:MAX_WARMUP_TOKENS]))
         width = max(len(r[0]) for r in rows)
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -250,7 +266,7 @@ def _warm_up(model, tok, rng: random.Random) -> None:
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
         ).view_as(weights)
         loss = (nll * weights).sum() / weights.sum()
-        lr_scale = min(1.0, (step + 1) / 20) * (1.0 - 0.8 * step / WARMUP_STEPS)
+        lr_scale = min(1.0, (step + 1) / 20) * (1.0 - 0.8 * step / fmt.steps)
         for group in optimizer.param_groups:
             group["lr"] = WARMUP_LR * lr_scale
         optimizer.zero_grad(set_to_none=True)
@@ -275,11 +291,12 @@ def tiny_qwen3_config(*, vocab_size: int, **overrides: Any) -> Any:
     return Qwen3Config(**values)
 
 
-def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
+def build_tiny_model(out_dir: Path, *, head_dim: int | None = None, warmup: str = "counter") -> Path:
     """Write the tiny warmed-up model and its tokenizer into ``out_dir``; returns ``out_dir``.
 
     ``head_dim`` widens the attention heads (vLLM's CPU build refuses the tiny shape's 16; 32 is
-    its narrowest): the same recipe, a different model."""
+    its narrowest): the same recipe, a different model. ``warmup`` names the game whose action
+    format the warm-up teaches (:data:`WARMUPS`: ``counter``, the demo model, or ``guess``)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -291,7 +308,8 @@ def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
-    tok = train_and_save(_tokenizer_corpus(rng), out_dir, VOCAB_SIZE)
+    fmt = WARMUPS[warmup]
+    tok = train_and_save(_tokenizer_corpus(rng, fmt), out_dir, VOCAB_SIZE)
 
     config = tiny_qwen3_config(
         vocab_size=len(tok),
@@ -309,7 +327,7 @@ def build_tiny_model(out_dir: Path, *, head_dim: int | None = None) -> Path:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
             model = Qwen3ForCausalLM(config).float()
-            _warm_up(model, tok, rng)
+            _warm_up(model, tok, rng, fmt)
         model.generation_config.do_sample = True
         model.save_pretrained(str(out_dir))
     finally:
