@@ -30,6 +30,7 @@ from kiln.core.request_fields import (
     StrictModel,
     check_adapter_name,
     check_free_json,
+    check_staleness,
     check_model_name,
     format_validation_error,
     normalize_adapter,
@@ -273,15 +274,7 @@ class RunRequest(EpisodeFields):
             raise ValueError("iterations, eval_every and max_staleness need kind 'train'")
         if self.eval_every is not None and self.environment_eval is None:
             raise ValueError("eval_every needs environment_eval (the held-out seeds it evaluates on)")
-        if self.max_staleness and self.iterations < 2:
-            raise ValueError(
-                f"max_staleness {self.max_staleness} needs iterations >= 2 (it overlaps consecutive iterations); "
-                "set iterations >= 2 or max_staleness 0"
-            )
-        if self.max_staleness and self.effective_training_config().adapter == "full":
-            raise ValueError(
-                "training_config.adapter full does not support max_staleness >= 1: set it to 0 or train lora"
-            )
+        check_staleness(self.max_staleness, self.iterations, self.effective_training_config().adapter)
         if self.credential_ids and len(self.credential_ids) != urls:
             raise ValueError("credential_ids must be empty or have one entry per environment URL")
         if self.reset_options and self.environment_reset_options:

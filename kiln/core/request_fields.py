@@ -69,6 +69,18 @@ class StrictModel(Tolerant):
 MAX_FREE_JSON_DEPTH = 32
 
 
+def check_staleness(max_staleness: int, iterations: int, adapter: str) -> None:
+    """A run's ``max_staleness`` against its plan: overlap needs two iterations, and full training
+    keeps no second frozen copy for the decoupled correction."""
+    if max_staleness and iterations < 2:
+        raise ValueError(
+            f"max_staleness {max_staleness} needs iterations >= 2 (it overlaps consecutive iterations); "
+            "set iterations >= 2 or max_staleness 0"
+        )
+    if max_staleness and adapter == "full":
+        raise ValueError("training_config.adapter full does not support max_staleness >= 1: set it to 0 or train lora")
+
+
 def check_free_json(value: Any, field: str) -> Any:
     """Bound a free-form JSON value (reset options, policy identity): depth, finite numbers, size."""
     try:
