@@ -18,6 +18,7 @@ from kiln.core.train.continuation import write_final_state
 from kiln.core.train.distributed import resident_base_bytes
 from kiln.core.train.drift import final_pass
 from kiln.core.train.loop import Loop
+from kiln.core.train.memory import process_memory
 from kiln.core.train.mismatch import DEFAULT_IS_CAP, mismatch_figures
 from kiln.core.train.model import (
     TRAIN_ADAPTER,
@@ -105,7 +106,10 @@ def finish(
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
     mismatch = engine_mismatch(loop, plan)
+    if loop.memory is not None:
+        loop.memory.ended()
     base_bytes = resident_base_bytes(loop.model, loop.ranks)
+    memory = process_memory(loop.memory, loop.ranks)
     if loop.ranks is not None and not loop.ranks.is_main:
         return None
     adapter_dir = output_dir / "adapter"
@@ -140,6 +144,7 @@ def finish(
             "drift": drift,
             "mismatch": mismatch,
             "base_bytes": base_bytes,
+            "memory": memory,
             "adapter_sha": adapter_sha,
             "final_state_sha": final_state_sha,
         },
@@ -196,7 +201,11 @@ def _receipt(
         lora_delta_norms=delta_norms,
         behavior_policy=behavior,
         runtime=runtime_block(
-            dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1, base_weight_bytes=figures["base_bytes"]
+            dev,
+            dtype,
+            world_size=loop.ranks.world_size if loop.ranks else 1,
+            base_weight_bytes=figures["base_bytes"],
+            process_memory=figures["memory"],
         ),
         phase_timings={
             "setup_s": t_loaded - t_start,

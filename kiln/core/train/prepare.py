@@ -20,6 +20,7 @@ from kiln.core.train.batches import Row, group_rows
 from kiln.core.train.checkpoints import restore_checkpoint, restore_optimizer_state
 from kiln.core.train.continuation import read_init_state, reset_first_moments
 from kiln.core.train.loop import Loop
+from kiln.core.train.memory import MemoryMarks
 from kiln.core.train.model import adapter_content_sha256, attach_lora, load_base_model, trainable_parameters
 from kiln.core.train.optim import build_optimizer
 from kiln.core.train.packing import require_packable
@@ -131,7 +132,9 @@ def prepare_training(
         iteration=iteration,
     )
     dev = torch.device(device or "cpu")
+    memory = MemoryMarks.before_load()
     model = load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
+    memory.loaded()
     if plan.settings.packing:
         require_packable(model)
     rows = training_rows(model, plan)
@@ -158,6 +161,7 @@ def prepare_training(
         engine_logprobs=engine_logprobs,
         ranks=ranks,
         continued_from=init.continued_from(base_adapter_sha) if init is not None else None,
+        memory=memory,
     )
     _place_schedule(loop, plan, lr_horizon_steps, iteration, iterations_total)
     if (resume_from is not None or resume_refused is not None) and _resume(loop, plan, resume_from, resume_refused):

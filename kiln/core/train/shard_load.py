@@ -43,6 +43,7 @@ from kiln.core.errors import TrainingFailed
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+BLOCK_BYTES = 16 << 20  # rows read (and mapped) at once, at most
 PLACEHOLDER = "_kiln_placeholder"  # marks a parameter :func:`weightless_model` made
 ONE_DEVICE = "train this model on one device (KILN_TRAIN_DEVICES=1), or re-save the checkpoint with transformers"
 
@@ -171,32 +172,27 @@ def _made_here(param: torch.Tensor) -> bool:
     return hasattr(param, "to_local") or bool(getattr(param, PLACEHOLDER, False))
 
 
-def fill_shards(model: Any, model_path: Path) -> int:
+def fill_shards(model: Any, model_path: Path) -> None:
     """Fill every base parameter's local shard of the LoRA-wrapped, sharded ``model`` from the
-    checkpoint at ``model_path``; the bytes read. ``training_checkpoint_mismatch`` when names or
-    shapes differ."""
-    from safetensors import safe_open
-
+    checkpoint at ``model_path`` (``training_checkpoint_mismatch`` when names or shapes differ)."""
     files = checkpoint_files(model_path)
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = {checkpoint_name(n): p for n, p in lm.named_parameters() if _made_here(p)}
     aliases = {checkpoint_name(n) for n, p in lm.named_parameters(remove_duplicate=False) if _made_here(p)}
     _refuse_mismatch(model_path, set(files), set(params), aliases)
-    read = 0
-    by_file: dict[Path, list[str]] = {}
-    for name in params:
-        by_file.setdefault(files[name], []).append(name)
     with torch.no_grad():
-        for file, names in sorted(by_file.items()):
-            with safe_open(str(file), framework="pt") as handle:
-                for name in names:
-                    read += _fill_one(params[name], name, handle.get_slice(name), model_path)
-    return read
+        for name, param in params.items():
+            _fill_one(param, name, files[name], model_path)
 
 
-def _fill_one(param: torch.Tensor, name: str, stored: Any, model_path: Path) -> int:
-    """One parameter's rows from its checkpoint slice; the bytes read."""
-    shape = tuple(stored.get_shape())
+def _fill_one(param: torch.Tensor, name: str, file: Path, model_path: Path) -> None:
+    """One parameter's rows from its checkpoint tensor, in blocks of at most ``BLOCK_BYTES``, the
+    file mapped for one block at a time (its pages count in the process's resident set while
+    mapped), each block converted to the parameter's dtype as it is copied in."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        shape = tuple(handle.get_slice(name).get_shape())
     if shape != tuple(param.shape):
         raise TrainingFailed(
             f"checkpoint tensor {name} in {model_path} has shape {list(shape)}, the model's parameter "
@@ -209,11 +205,16 @@ def _fill_one(param: torch.Tensor, name: str, stored: Any, model_path: Path) -> 
     if not hasattr(param, "to_local"):  # a parameter FSDP2 does not manage: its whole tensor
         param.data = torch.empty(param.shape, dtype=param.dtype, device=param.device)
         local = param.data
-    if stop <= start and param.dim():
-        return 0
-    rows = stored[start:stop] if param.dim() else stored[:]
-    local.copy_(rows.to(local.dtype))
-    return rows.numel() * rows.element_size()
+    if not param.dim():
+        with safe_open(str(file), framework="pt") as handle:
+            local.copy_(handle.get_slice(name)[:])
+        return
+    row_bytes = max(1, math.prod(shape[1:]) * local.element_size())
+    step = max(1, BLOCK_BYTES // row_bytes)
+    for first in range(start, stop, step):
+        last = min(stop, first + step)
+        with safe_open(str(file), framework="pt") as handle:
+            local[first - start : last - start].copy_(handle.get_slice(name)[first:last])
 
 
 def _refuse_mismatch(model_path: Path, stored: set[str], wanted: set[str], aliases: set[str]) -> None:
