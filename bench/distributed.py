@@ -1,18 +1,22 @@
 """Distributed trainer benchmark: training step time and peak memory per rank, 1 rank vs N ranks.
 
 Both sides run the same training (``kiln.core.train.trainer.train_grpo`` on the same groups and
-config) through the same launcher (:func:`kiln.core.train.launch.train_across`: fresh spawned ranks,
-FSDP2 over the base model, gloo on the CPU, NCCL on CUDA), so the only difference is the world
-size; one rank holds every base weight. Sides alternate, each repeated ``--repeats`` times; the
-figures are medians. Per side:
+config), each in fresh processes: the N-rank side through the launcher
+(:func:`kiln.core.train.launch.train_across`: spawned ranks, FSDP2 over the base model, each rank
+reading only its shards, gloo on the CPU, NCCL on CUDA), the 1-rank side the plain trainer (what
+``KILN_TRAIN_DEVICES=1`` runs) in a spawned process. Sides alternate, each repeated ``--repeats``
+times; the figures are medians. Per side:
 
 - ``step_s``: the receipt's training time (``phase_timings.train_s``) over its optimizer steps;
   ``tokens_per_s``: the tokens trained (every row's tokens, every step) over that time;
 - ``base_weight_bytes``: the receipt's resident base weights of the rank holding the most (its
   local FSDP2 shards, :func:`kiln.core.train.distributed.resident_base_bytes`);
+- ``base_load_peak_bytes`` / ``training_peak_bytes``: the receipt's ``process_memory``
+  (:mod:`kiln.core.train.memory`): the largest rank's ``VmHWM`` after loading (and sharding) the
+  base model, and at the end of training, minus its ``VmRSS`` before the load;
 - ``peak_rss_bytes`` (CPU): the largest ``VmHWM`` (the kernel's peak resident set) of any rank,
-  read from ``/proc/<pid>/status`` while the ranks run: everything the rank held, the model load
-  (every rank loads the whole model on the CPU before sharding) and the gathered units included;
+  read by the bench from ``/proc/<pid>/status`` while the ranks run (the brute-force reading of
+  the same counter, imports included);
 - ``peak_device_bytes`` (CUDA): the most memory in use on any of the ranks' GPUs during the
   training (``torch.cuda.mem_get_info`` sampled every 0.1 s, minus what was in use before);
 - ``adapter_rel_diff``: the largest relative difference (Frobenius) of an adapter tensor from the
@@ -118,9 +122,20 @@ class PeakWatch:
                 "peak_device_bytes": max(self.device.values()) if self.cuda else None}
 
 
+def _train_alone(kwargs: dict[str, Any], threads: int) -> None:
+    """The 1-rank side: the plain trainer (what ``KILN_TRAIN_DEVICES=1`` runs), in a fresh process."""
+    from kiln.core.train.trainer import train_grpo
+
+    torch.set_num_threads(threads)
+    train_grpo(**kwargs)
+
+
 def run_side(world: int, *, model: Path, groups: list[dict], config: Any, device: str, dtype: str,
              work: Path) -> dict[str, Any]:
-    """One training across ``world`` ranks; its figures and adapter tensors."""
+    """One training across ``world`` ranks (1: the plain trainer in a process of its own); its
+    figures and adapter tensors."""
+    import multiprocessing
+
     from safetensors.torch import load_file
 
     from kiln.core.train.launch import Launch, rank_devices, train_across
@@ -129,20 +144,32 @@ def run_side(world: int, *, model: Path, groups: list[dict], config: Any, device
     launch = Launch(devices=rank_devices(device, world), collective_timeout_s=600.0, threads_per_rank=threads)
     watch = PeakWatch(launch.devices)
     out = work / f"world-{world}-{time.monotonic_ns()}"
+    kwargs = dict(output_dir=out, model_path=model, groups=groups, config=config,
+                  expected_behavior_policy=BEHAVIOR, dtype=dtype)
     try:
-        result = train_across(launch, output_dir=out, on_start=lambda ranks: watch.pids.extend(ranks.pids),
-                              model_path=model, groups=groups, config=config,
-                              expected_behavior_policy=BEHAVIOR, dtype=dtype)
+        if world == 1:
+            alone = multiprocessing.get_context("spawn").Process(
+                target=_train_alone, args=({**kwargs, "device": launch.devices[0]}, threads))
+            alone.start()
+            watch.pids.append(alone.pid)
+            alone.join()
+            if alone.exitcode != 0:
+                raise RuntimeError(f"the 1-rank training exited with {alone.exitcode}")
+        else:
+            train_across(launch, on_start=lambda ranks: watch.pids.extend(ranks.pids), **kwargs)
     finally:
         peaks = watch.stop()
-    receipt = result.receipt
+    receipt = json.loads((out / "train_receipt.json").read_text())
     train_s = receipt["phase_timings"]["train_s"]
-    steps = max(1, result.steps)
+    steps = max(1, len(receipt["steps"]))
     trained_tokens = group_tokens(groups) * config.epochs
-    return {"world_size": receipt["runtime"]["world_size"], "steps": result.steps, "step_s": train_s / steps,
+    memory = receipt["runtime"]["process_memory"] or {}
+    return {"world_size": receipt["runtime"]["world_size"], "steps": steps, "step_s": train_s / steps,
             "tokens_per_s": trained_tokens / train_s, "base_weight_bytes": receipt["runtime"]["base_weight_bytes"],
+            "base_load_peak_bytes": memory.get("base_load_peak_bytes"),
+            "training_peak_bytes": memory.get("training_peak_bytes"),
             **peaks, "losses": [h["loss"] for h in receipt["steps"]],
-            "adapter": load_file(str(result.adapter_dir / "adapter_model.safetensors"))}
+            "adapter": load_file(str(out / "adapter" / "adapter_model.safetensors"))}
 
 
 def _relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -163,7 +190,8 @@ def compare(worlds: list[int], *, model: Path, groups: list[dict], config: Any, 
     for world in worlds:
         sides = runs[world]
         row: dict[str, Any] = {"world_size": world, "steps": sides[0]["steps"]}
-        for key in ("step_s", "tokens_per_s", "base_weight_bytes", "peak_rss_bytes", "peak_device_bytes"):
+        for key in ("step_s", "tokens_per_s", "base_weight_bytes", "base_load_peak_bytes", "training_peak_bytes",
+                    "peak_rss_bytes", "peak_device_bytes"):
             values = [s[key] for s in sides if s[key] is not None]
             row[key] = statistics.median(values) if values else None
         row["adapter_rel_diff"] = max(_relative(s["adapter"], baseline) for s in sides)
@@ -209,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(json.dumps(row))
     print(f"ratios {args.ranks} ranks / 1 rank: step_s {_ratio(rows, 'step_s')}, base_weight_bytes per rank "
-          f"{_ratio(rows, 'base_weight_bytes')}, peak_rss per rank {_ratio(rows, 'peak_rss_bytes')}, peak device "
+          f"{_ratio(rows, 'base_weight_bytes')}, process-measured base-weights load peak per rank "
+          f"{_ratio(rows, 'base_load_peak_bytes')}, whole-training peak per rank {_ratio(rows, 'training_peak_bytes')}, "
+          f"peak_rss per rank {_ratio(rows, 'peak_rss_bytes')}, peak device "
           f"memory per GPU {_ratio(rows, 'peak_device_bytes')}; adapter max relative diff "
           f"{rows[-1]['adapter_rel_diff']:.2e}, loss max abs diff {rows[-1]['loss_max_abs_diff']:.2e}")
     if args.json:

@@ -58,6 +58,8 @@ OWN_CODES: dict[str, str] = {
     "post_eval_suite_invalid": "a static suite file breaks its schema",
     "post_eval_suite_mismatch": "a static suite's recorded digest does not match its file",
     "training_unshardable": "`KILN_TRAIN_DEVICES` above 1 on a model with no repeated layers to shard: train it on one device",
+    "training_checkpoint_mismatch": "`KILN_TRAIN_DEVICES` above 1 and the checkpoint's tensor names or shapes differ "
+    "from the model class's (each rank reads its own shards by name): re-save it with transformers, or train on one device",
     "executor_interrupted": "recorded in status for an interruption that was recovered (the attempt was retried)",
 }
 

@@ -19,6 +19,7 @@ from kiln.core.train.distributed import resident_base_bytes
 from kiln.core.train.drift import final_pass, final_pass_full
 from kiln.core.train.full import folder_bytes, is_full, load_full_model, save_full, weights_delta_norms, weights_source
 from kiln.core.train.loop import Loop
+from kiln.core.train.memory import process_memory
 from kiln.core.train.mismatch import DEFAULT_IS_CAP, mismatch_figures
 from kiln.core.train.model import (
     TRAIN_ADAPTER,
@@ -110,7 +111,10 @@ def finish(
     final_eval = evaluation_of(loop.rows, final)
     sums = final_eval.pop("action_logprob_sums")
     mismatch = engine_mismatch(loop, plan)
+    if loop.memory is not None:
+        loop.memory.ended()
     base_bytes = resident_base_bytes(loop.model, loop.ranks)
+    memory = process_memory(loop.memory, loop.ranks)
     if loop.ranks is not None and not loop.ranks.is_main:
         return None
     adapter_dir = output_dir / "adapter"
@@ -145,6 +149,7 @@ def finish(
             "drift": drift,
             "mismatch": mismatch,
             "base_bytes": base_bytes,
+            "memory": memory,
             "adapter_sha": adapter_sha,
             "final_state_sha": final_state_sha,
             "deltas": deltas,
@@ -221,7 +226,11 @@ def _receipt(
         lora_delta_norms={} if full else delta_norms,
         behavior_policy=behavior,
         runtime=runtime_block(
-            dev, dtype, world_size=loop.ranks.world_size if loop.ranks else 1, base_weight_bytes=figures["base_bytes"]
+            dev,
+            dtype,
+            world_size=loop.ranks.world_size if loop.ranks else 1,
+            base_weight_bytes=figures["base_bytes"],
+            process_memory=figures["memory"],
         ),
         phase_timings={
             "setup_s": t_loaded - t_start,

@@ -52,6 +52,7 @@ class Loop:
     horizon_steps: int | None = None
     checkpoint: dict[str, Any] | None = None  # receipt block: the checkpoint a retry resumed from, or why not
     ranks: Any = None  # kiln.core.train.distributed.RankGroup of a trainer across devices; None: one process
+    memory: Any = None  # kiln.core.train.memory.MemoryMarks: this process's memory readings
 
 
 def write_checkpoint(

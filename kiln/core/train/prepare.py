@@ -3,8 +3,9 @@ optimizer and the starting state (fresh, an online run's continuation state, or 
 attempt's own checkpoint).
 
 :func:`prepare_training` returns the :class:`kiln.core.train.loop.Loop` the step loop advances and
-the :class:`kiln.core.train.plan.Plan` it follows; with ``ranks`` (a trainer across devices) the
-model is loaded on the CPU and sharded (:mod:`kiln.core.train.distributed`).
+the :class:`kiln.core.train.plan.Plan` it follows; with ``ranks`` (a trainer across devices) each
+rank loads only its shards of the base model (:mod:`kiln.core.train.shard_load`,
+:mod:`kiln.core.train.distributed`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kiln.core.train.checkpoints import restore_checkpoint, restore_optimizer_st
 from kiln.core.train.continuation import read_init_state, reset_first_moments
 from kiln.core.train.full import is_full, load_full_model, weights_source
 from kiln.core.train.loop import Loop
+from kiln.core.train.memory import MemoryMarks
 from kiln.core.train.model import adapter_content_sha256, attach_lora, load_base_model, trainable_parameters
 from kiln.core.train.optim import build_optimizer
 from kiln.core.train.packing import require_packable
@@ -40,12 +42,20 @@ def load_model(
     ranks: Any = None,
 ) -> Any:
     """The LoRA-wrapped model: on the policy runtime's own base model when ``shared_base`` lends
-    it (one copy per worker), else on a freshly loaded one; with ``ranks`` loaded on the CPU and
-    sharded across the ranks' devices (:mod:`kiln.core.train.distributed`)."""
+    it (one copy per worker), else on a freshly loaded one; with ``ranks`` built without its
+    weights, sharded across the ranks' devices (:mod:`kiln.core.train.distributed`), and each
+    rank's shards read from the checkpoint (:mod:`kiln.core.train.shard_load`)."""
     if is_full(config):
         return _load_full(model_path, config, base_adapter_dir, dev, dtype, ranks)
-    load_on = torch.device("cpu") if ranks is not None else dev
-    base = shared_base.model if shared_base is not None else load_base_model(Path(model_path), load_on, dtype)
+    shard_only = ranks is not None and shared_base is None  # each rank reads its own shards
+    if shared_base is not None:
+        base = shared_base.model
+    elif shard_only:
+        from kiln.core.train.shard_load import weightless_model
+
+        base = weightless_model(Path(model_path), dtype, dev)
+    else:
+        base = load_base_model(Path(model_path), torch.device("cpu") if ranks is not None else dev, dtype)
     model = attach_lora(
         base, rank=config.lora_rank, alpha=config.lora_alpha, seed=config.seed, base_adapter_dir=base_adapter_dir
     )
@@ -61,8 +71,14 @@ def load_model(
         model.train()  # transformers checkpoints only in training mode; the model has no dropout
     if ranks is not None:
         from kiln.core.train.distributed import shard_base_model
+        from kiln.core.train.shard_load import fill_shards, materialise, to_meta
 
+        if shard_only:
+            to_meta(model)
         shard_base_model(model, ranks, dev)
+        if shard_only:
+            materialise(model, dev)
+            fill_shards(model, Path(model_path))
     return model
 
 
@@ -139,7 +155,9 @@ def prepare_training(
         iteration=iteration,
     )
     dev = torch.device(device or "cpu")
+    memory = MemoryMarks.before_load()
     model = load_model(model_path, config, base_adapter_dir, dev, dtype, shared_base, ranks)
+    memory.loaded()
     if plan.settings.packing:
         require_packable(model)
     rows = training_rows(model, plan)
@@ -166,6 +184,7 @@ def prepare_training(
         engine_logprobs=engine_logprobs,
         ranks=ranks,
         continued_from=init.continued_from(base_adapter_sha) if init is not None else None,
+        memory=memory,
     )
     _place_schedule(loop, plan, lr_horizon_steps, iteration, iterations_total)
     if (resume_from is not None or resume_refused is not None) and _resume(loop, plan, resume_from, resume_refused):

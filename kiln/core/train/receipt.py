@@ -84,11 +84,18 @@ def last_epoch_mean(history: list[dict[str, Any]], key: str) -> float | None:
     return math.fsum(values) / len(values)
 
 
-def runtime_block(device: Any, dtype: str, world_size: int = 1, base_weight_bytes: int | None = None) -> dict[str, Any]:
+def runtime_block(
+    device: Any,
+    dtype: str,
+    world_size: int = 1,
+    base_weight_bytes: int | None = None,
+    process_memory: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The receipt's ``runtime``: library versions, device, dtype, torch threads (per rank), the
-    trainer's world size (ranks, one device each; :mod:`kiln.core.train.distributed`) and the bytes of
+    trainer's world size (ranks, one device each; :mod:`kiln.core.train.distributed`), the bytes of
     frozen base weights resident on the rank holding the most (its FSDP2 shards; the whole model
-    on one rank)."""
+    on one rank) and the process memory the kernel counted (:mod:`kiln.core.train.memory`, the
+    largest rank's)."""
     import peft
     import torch
     import transformers
@@ -102,6 +109,7 @@ def runtime_block(device: Any, dtype: str, world_size: int = 1, base_weight_byte
         "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
         "base_weight_bytes": base_weight_bytes,
+        "process_memory": process_memory,
     }
 
 
