@@ -9,7 +9,6 @@ trainer's selection records the version bound (nothing past it here), and ``veri
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from kiln.core.contracts import parse_run_request
 from kiln.core.rollout.verify.run import verify_run
 from tests.support.kiln_workers import running_workers
 from tests.support.run_folders import artifact_bytes, download_run
-from tests.support.waiting import workflow_result
+from tests.support.waiting import run_executions, workflow_result
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -54,12 +53,7 @@ async def test_staleness_two_pipelines_collection_across_continue_as_new(
         status, _ = await service.submit(request)
         run_id = status.run_id
         final = await workflow_result(client.get_workflow_handle(run_id), timeout_s=720)
-        executions: list[Any] = []
-        for _ in range(50):  # visibility catches up within moments
-            executions = [w async for w in client.list_workflows(f'WorkflowId = "{run_id}"')]
-            if len(executions) == 4 and sum(e.status.name == "COMPLETED" for e in executions) == 1:
-                break
-            await asyncio.sleep(0.2)
+        executions = await run_executions(client, run_id, continued=3)
     assert final["state"] == "completed", final.get("failure")
     assert sorted(e.status.name for e in executions) == ["COMPLETED"] + ["CONTINUED_AS_NEW"] * 3
     curve = final["iterations"]

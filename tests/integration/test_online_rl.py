@@ -31,7 +31,7 @@ from kiln.core.rollout.verify.run import verify_run
 from tests.support.counter_loop import ONE_PASS_TRAINING
 from tests.support.kiln_workers import child_gpu_worker, running_workers
 from tests.support.run_folders import artifact_bytes, download_run, rewrite_artifact
-from tests.support.waiting import workflow_result
+from tests.support.waiting import run_executions, workflow_result
 
 pytestmark = pytest.mark.asyncio
 
@@ -196,12 +196,7 @@ async def test_stale_overlap_across_continue_as_new(
         status, _ = await service.submit(request)
         run_id = status.run_id
         final = await workflow_result(client.get_workflow_handle(run_id), timeout_s=540)
-        executions: list[Any] = []
-        for _ in range(50):  # visibility catches up within moments
-            executions = [w async for w in client.list_workflows(f'WorkflowId = "{run_id}"')]
-            if sorted(e.status.name for e in executions).count("CONTINUED_AS_NEW") == 2 and len(executions) == 3:
-                break
-            await asyncio.sleep(0.2)
+        executions = await run_executions(client, run_id, continued=2)
         described = await service.status(run_id)
     assert final["state"] == "completed", final.get("failure")
     assert len(executions) == 3  # iterations 1 and 2 each ended with continue-as-new
