@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import sys
 import pickle
 import queue as queue_module
 import signal
@@ -279,7 +280,20 @@ def rank_main(rank: int, launch: Launch, job: str, rendezvous: str, parent_pid: 
         messages.close()
         messages.join_thread()
         os._exit(1)
+    _leave(dist, messages)
+
+
+def _leave(dist: Any, messages: Any) -> None:
+    """A rank's clean exit: a last barrier (no rank closes its connections while another still
+    talks), the group torn down, rank 0's messages flushed, then ``os._exit(0)``: the interpreter's
+    own teardown, where a native thread left joinable aborts the process ("terminate called without
+    an active exception", seen once under load), has nothing left to do for a rank."""
+
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
     messages.close()
     messages.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
