@@ -72,22 +72,38 @@ def _model_class(shape: Any) -> Any:
 def load_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFound) -> Any:
     """The causal LM at ``path`` in eval mode on ``placement``, with its family's attention
     implementation (``model_unsupported`` for an architecture the family table does not know)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = check_model_dir(path)
-    shape = family_of(path)
-    try:
-        with TORCH_GLOBAL_STATE:
-            model = _model_class(shape).from_pretrained(
-                str(path),
-                local_files_only=True,
-                dtype=placement.torch_dtype,
-                attn_implementation=shape.family.attn_implementation,
-            )
-    except (OSError, ValueError) as exc:
-        raise error(f"could not load the model at {path}: {exc}", hint=MODEL_HINT, details={"path": str(path)}) from exc
+    model = _build(path, placement, error, weights=True)
     model.to(placement.torch_device)
     model.eval()
     return model
 
 
-__all__ = ["MODEL_HINT", "TORCH_GLOBAL_STATE", "check_model_dir", "load_causal_lm", "load_tokenizer"]
+def empty_causal_lm(path: Path, placement: Placement, *, error: type = ModelNotFound) -> Any:
+    """The causal LM of ``path``'s config as :func:`load_causal_lm` builds it (class, dtype,
+    attention implementation), its parameters on the meta device and its buffers real (each
+    module's own init), no weights read: what a training rank shards before it reads its rows."""
+    return _build(path, placement, error, weights=False)
+
+
+def _build(path: Path, placement: Placement, error: type, *, weights: bool) -> Any:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = check_model_dir(path)
+    shape = family_of(path)
+    options = {"dtype": placement.torch_dtype, "attn_implementation": shape.family.attn_implementation}
+    try:
+        with TORCH_GLOBAL_STATE:
+            if weights:
+                return _model_class(shape).from_pretrained(str(path), local_files_only=True, **options)
+            from accelerate import init_empty_weights
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+            if shape.composite:
+                config = config.get_text_config()
+            with init_empty_weights(include_buffers=False):
+                return _model_class(shape).from_config(config, **options)
+    except (OSError, ValueError) as exc:
+        raise error(f"could not load the model at {path}: {exc}", hint=MODEL_HINT, details={"path": str(path)}) from exc
+
+
+__all__ = ["MODEL_HINT", "TORCH_GLOBAL_STATE", "check_model_dir", "empty_causal_lm", "load_causal_lm", "load_tokenizer"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -51,64 +51,48 @@ ONE_DEVICE = "train this model on one device (KILN_TRAIN_DEVICES=1), or re-save 
 def weightless_model(model_path: Path, dtype: str, device: torch.device) -> Any:
     """The causal LM of ``model_path`` in eval mode with placeholder parameters on ``device``
     (FSDP2 then allocates only this rank's shards there) and real buffers."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig
-
     from kiln.core.policy.device import Placement
-    from kiln.core.policy.families import family_of
-    from kiln.core.policy.loading import MODEL_HINT, TORCH_GLOBAL_STATE, _model_class, check_model_dir
+    from kiln.core.policy.loading import empty_causal_lm
 
-    path = check_model_dir(Path(model_path))
-    shape = family_of(path)
-    placement = Placement("cpu", dtype)
-    try:
-        with TORCH_GLOBAL_STATE:
-            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-            if shape.composite:
-                config = config.get_text_config()
-            with init_empty_weights(include_buffers=False):
-                model = _model_class(shape).from_config(
-                    config, dtype=placement.torch_dtype, attn_implementation=shape.family.attn_implementation
-                )
-    except (OSError, ValueError) as exc:
-        raise TrainingFailed(
-            f"could not build the model at {path}: {exc}", hint=MODEL_HINT, details={"path": str(path)}
-        ) from exc
+    model = empty_causal_lm(Path(model_path), Placement("cpu", dtype), error=TrainingFailed)
     model.tie_weights()  # as from_pretrained ties them after loading (tied embeddings: one parameter)
     _placeholders(model, device)
     model.eval()
     return model
 
 
-def _placeholders(model: torch.nn.Module, device: torch.device) -> None:
-    """Each meta parameter replaced by a zero-stride tensor on ``device`` of its shape and dtype (one
-    element of storage); a parameter two modules share (tied embeddings) stays shared."""
+def _swap_parameters(model: torch.nn.Module, wanted: Callable[[torch.nn.Parameter], bool], make: Callable) -> None:
+    """Each parameter ``wanted`` selects replaced by ``make(param)`` (a tensor, made a parameter
+    marked :data:`PLACEHOLDER`); a parameter two modules share (tied embeddings) stays shared."""
     made: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
-            if param is None or not param.is_meta:
+            if param is None or not wanted(param):
                 continue
             if id(param) not in made:
-                one = torch.zeros((), dtype=param.dtype, device=device)
-                made[id(param)] = torch.nn.Parameter(one.expand(param.shape), requires_grad=param.requires_grad)
+                made[id(param)] = torch.nn.Parameter(make(param), requires_grad=param.requires_grad)
                 setattr(made[id(param)], PLACEHOLDER, True)
             module._parameters[name] = made[id(param)]
+
+
+def _placeholders(model: torch.nn.Module, device: torch.device) -> None:
+    """Each meta parameter replaced by a zero-stride tensor on ``device`` of its shape and dtype
+    (one element of storage)."""
+    _swap_parameters(
+        model,
+        lambda p: p.is_meta,
+        lambda p: torch.zeros((), dtype=p.dtype, device=device).expand(p.shape),
+    )
 
 
 def to_meta(model: Any) -> None:
     """Every placeholder parameter of ``model`` (LoRA attached) replaced by a meta parameter of
-    its shape and dtype, what FSDP2 shards; a parameter two modules share stays shared."""
-    made: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None or not getattr(param, PLACEHOLDER, False):
-                continue
-            if id(param) not in made:
-                empty = torch.empty(param.shape, dtype=param.dtype, device="meta")
-                made[id(param)] = torch.nn.Parameter(empty, requires_grad=param.requires_grad)
-                setattr(made[id(param)], PLACEHOLDER, True)
-            module._parameters[name] = made[id(param)]
+    its shape and dtype, what FSDP2 shards."""
+    _swap_parameters(
+        model,
+        lambda p: bool(getattr(p, PLACEHOLDER, False)),
+        lambda p: torch.empty(p.shape, dtype=p.dtype, device="meta"),
+    )
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
